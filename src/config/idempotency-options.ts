@@ -1,0 +1,87 @@
+import type { Kysely } from 'kysely';
+import { z } from 'zod';
+import { ValidationError } from '../errors.js';
+import type { Fingerprinter } from '../fingerprint.js';
+import { sha256Fingerprint } from '../fingerprint.js';
+
+/** Options for {@link IdempotencyKeys}: where keys live and how long leases and results last. */
+export interface IdempotencyOptions {
+  /** The Kysely instance (Postgres dialect). Effects run in transactions opened on it. */
+  readonly db: Kysely<any>;
+  /**
+   * Postgres schema holding the `idempotency_keys` table.
+   * @defaultValue `'idempotent_jobs'`
+   */
+  readonly schema?: string;
+  /**
+   * How long a claim is leased before another worker may take the key over.
+   * Longer than your slowest handler; the worker heartbeats it while a handler runs.
+   * @defaultValue `30_000`
+   */
+  readonly leaseMs?: number;
+  /**
+   * How long completed and failed keys are kept (and so replayed) before the janitor deletes them.
+   * @defaultValue `86_400_000` (24 h, as Stripe keeps keys)
+   */
+  readonly retentionMs?: number;
+  /**
+   * Largest JSON result, in bytes, that may be stored; larger results fail the effect.
+   * @defaultValue `1_048_576` (1 MiB)
+   */
+  readonly maxResultBytes?: number;
+  /**
+   * How long a claim waits on a concurrent uncommitted claim of the same key (a fast-path
+   * transaction still running) before it reports `in-progress` instead.
+   * @defaultValue `2_000`
+   */
+  readonly claimLockTimeoutMs?: number;
+  /**
+   * Computes the fingerprint of what identifies a request.
+   * @defaultValue SHA-256 of RFC 8785 canonical JSON
+   */
+  readonly fingerprint?: Fingerprinter;
+}
+
+/** {@link IdempotencyOptions} with every default applied and every value checked. */
+export interface ResolvedIdempotencyOptions {
+  readonly db: Kysely<any>;
+  readonly schema: string;
+  readonly leaseMs: number;
+  readonly retentionMs: number;
+  readonly maxResultBytes: number;
+  readonly claimLockTimeoutMs: number;
+  readonly fingerprint: Fingerprinter;
+}
+
+const positiveMs = z.number().int().positive();
+
+const optionsSchema = z.object({
+  schema: z
+    .string()
+    .regex(/^[a-z_][a-z0-9_]{0,62}$/, 'must be a lower-case Postgres identifier (letters, digits, _; at most 63)')
+    .default('idempotent_jobs'),
+  leaseMs: positiveMs.default(30_000),
+  retentionMs: positiveMs.default(86_400_000),
+  maxResultBytes: positiveMs.default(1_048_576),
+  claimLockTimeoutMs: positiveMs.default(2_000),
+});
+
+/** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */
+export function resolveIdempotencyOptions(options: IdempotencyOptions): ResolvedIdempotencyOptions {
+  if (!options || !options.db) {
+    throw new ValidationError('INVALID_OPTIONS', 'db', 'IdempotencyOptions.db is required: pass a Kysely<any> instance.');
+  }
+  const parsed = optionsSchema.safeParse({
+    schema: options.schema,
+    leaseMs: options.leaseMs,
+    retentionMs: options.retentionMs,
+    maxResultBytes: options.maxResultBytes,
+    claimLockTimeoutMs: options.claimLockTimeoutMs,
+  });
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    const field = issue.path.join('.');
+    throw new ValidationError('INVALID_OPTIONS', field, `Invalid option ${field}: ${issue.message}`);
+  }
+  return Object.freeze({ ...parsed.data, db: options.db, fingerprint: options.fingerprint ?? sha256Fingerprint });
+}

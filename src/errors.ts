@@ -1,0 +1,132 @@
+/**
+ * The library's error hierarchy: one base class with a stable `code`, so callers (and other
+ * languages reading stored errors) can branch on the code rather than on message text.
+ *
+ * SQLSTATEs are mapped to these in `src/store/` only.
+ */
+
+/** Stable machine-readable codes carried by every {@link IdempotencyError}. */
+export type IdempotencyErrorCode =
+  | 'INVALID_KEY'
+  | 'INVALID_SCOPE'
+  | 'INVALID_JOB_DATA'
+  | 'INVALID_OPTIONS'
+  | 'KEY_REUSED'
+  | 'KEY_FAILED'
+  | 'LEASE_LOST'
+  | 'RESULT_NOT_STORABLE'
+  | 'CLAIM_CONTENDED'
+  | 'CONFIG_INVALID';
+
+/** Base class of every error this library throws on purpose. */
+export class IdempotencyError extends Error {
+  /** Stable code; safe to persist and to compare. */
+  readonly code: IdempotencyErrorCode;
+
+  constructor(code: IdempotencyErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+    this.name = new.target.name;
+  }
+}
+
+/** A key, scope, option or job field failed validation; `field` names which. */
+export class ValidationError extends IdempotencyError {
+  /** The input field that was wrong, e.g. `'key'`, `'scope'`, `'job.data.payload'`. */
+  readonly field: string;
+
+  constructor(
+    code: 'INVALID_KEY' | 'INVALID_SCOPE' | 'INVALID_JOB_DATA' | 'INVALID_OPTIONS',
+    field: string,
+    message: string,
+  ) {
+    super(code, message);
+    this.field = field;
+  }
+}
+
+/** The key was used before with a different payload (its fingerprint differs). Never executed. */
+export class KeyReusedError extends IdempotencyError {
+  constructor(
+    readonly scope: string,
+    readonly key: string,
+  ) {
+    super(
+      'KEY_REUSED',
+      `Idempotency key "${key}" in scope "${scope}" was already used with a different payload; ` +
+        'the request was refused and nothing ran. Use a new key for a different request.',
+    );
+  }
+}
+
+/** The key failed permanently earlier; its stored error is replayed. */
+export class KeyFailedError extends IdempotencyError {
+  constructor(
+    readonly scope: string,
+    readonly key: string,
+    /** The error stored when the key failed. */
+    readonly storedError: unknown,
+  ) {
+    super(
+      'KEY_FAILED',
+      `Idempotency key "${key}" in scope "${scope}" failed permanently before: ${describeStoredError(storedError)}. ` +
+        'Release it with `idempotent-jobs keys release` to allow a new attempt.',
+    );
+  }
+}
+
+/**
+ * The worker's claim on the key was taken over (or released/completed by someone else), so
+ * this worker may not complete it. Thrown inside the effect transaction, which rolls back.
+ */
+export class LeaseLostError extends IdempotencyError {
+  constructor(
+    readonly scope: string,
+    readonly key: string,
+    readonly fence: number,
+  ) {
+    super(
+      'LEASE_LOST',
+      `Lease on idempotency key "${key}" in scope "${scope}" (fence ${fence}) was lost: another worker ` +
+        'took the key over, so this worker\'s effect was rolled back. Nothing to do; the new owner finishes it. ' +
+        'If this happens often, raise leaseMs above the longest handler run.',
+    );
+  }
+}
+
+/** The effect's result cannot be stored as JSON (not serialisable, too large, or has NUL bytes). */
+export class ResultNotStorableError extends IdempotencyError {
+  constructor(scope: string, key: string, reason: string, options?: { cause?: unknown }) {
+    super(
+      'RESULT_NOT_STORABLE',
+      `Result for idempotency key "${key}" in scope "${scope}" cannot be stored: ${reason}. ` +
+        'The effect was rolled back. Return a smaller, JSON-serialisable value.',
+      options,
+    );
+  }
+}
+
+/**
+ * The claim statement kept racing concurrent writers and could not settle on an outcome.
+ * Retryable; in practice it needs several concurrent writers per retry loop.
+ */
+export class ClaimContendedError extends IdempotencyError {
+  constructor(scope: string, key: string, attempts: number) {
+    super(
+      'CLAIM_CONTENDED',
+      `Claim of idempotency key "${key}" in scope "${scope}" raced concurrent writers ${attempts} times; retry later.`,
+    );
+  }
+}
+
+/** Process configuration (usually environment variables) is missing or wrong. */
+export class ConfigError extends IdempotencyError {
+  constructor(message: string) {
+    super('CONFIG_INVALID', message);
+  }
+}
+
+function describeStoredError(error: unknown): string {
+  if (error && typeof error === 'object' && 'message' in error) return String((error as { message: unknown }).message);
+  return JSON.stringify(error);
+}

@@ -1,0 +1,223 @@
+import { randomUUID } from 'node:crypto';
+import { sql, type Kysely, type Transaction } from 'kysely';
+import {
+  resolveIdempotencyOptions,
+  type IdempotencyOptions,
+  type ResolvedIdempotencyOptions,
+} from '../config/idempotency-options.js';
+import { LeaseLostError, ResultNotStorableError } from '../errors.js';
+import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
+import { isHeld } from '../store/claim-outcome.js';
+import type { KeyStore } from '../store/key-store.js';
+import type { KeyRecord } from '../store/key-record.js';
+import { PostgresKeyStore } from '../store/postgres-key-store.js';
+import { assertValidKeyPart, serializeResult, toStoredError } from './validate.js';
+
+/** Per-claim options of {@link IdempotencyKeys.claim}. */
+export interface ClaimOptions {
+  /** Lease length for this claim. @defaultValue the instance's `leaseMs` */
+  readonly leaseMs?: number;
+  /** BullMQ job id that made the claim, kept on the row for operators. */
+  readonly jobId?: string;
+  /** Queue and job name, kept on the row for operators and the sweeper. */
+  readonly queue?: string;
+  readonly jobName?: string;
+  /** Payload to keep with the key so the sweeper can re-enqueue a lost job. Omitted: not stored. */
+  readonly payload?: unknown;
+}
+
+/** What to do with the key when an effect throws: make it claimable again, or fail it for good. */
+export type EffectFailureAction = 'release' | 'fail';
+
+/** Options of {@link IdempotencyKeys.runEffect}. */
+export interface RunEffectOptions {
+  /**
+   * Decides what a thrown error does to the key. `LeaseLostError` never reaches it (the key is
+   * someone else's).
+   * @defaultValue `'fail'` for {@link ResultNotStorableError} (the same effect would produce it
+   * again), `'release'` for everything else
+   */
+  readonly onError?: (error: unknown) => EffectFailureAction;
+}
+
+/** Outcome of the fast path: the effect ran and committed, or the claim outcome that stopped it. */
+export type ExecuteOnceOutcome<T> =
+  | { readonly kind: 'executed'; readonly result: T; readonly claim: Claim }
+  | Exclude<ClaimOutcome, { kind: 'claimed' | 'taken-over' }>;
+
+/** A transactional effect: runs on the transaction that also completes the key. */
+export type Effect<T> = (tx: Transaction<any>) => Promise<T>;
+
+/**
+ * The claim protocol over the `idempotency_keys` table: claim a key under a lease, run the
+ * effect and complete the key in one transaction (fenced), or release/fail it.
+ *
+ * @example
+ * ```ts
+ * const keys = new IdempotencyKeys({ db });
+ * const outcome = await keys.claim('payments', 'order-42', keys.fingerprint({ amount: 100 }));
+ * if (outcome.kind === 'claimed' || outcome.kind === 'taken-over') {
+ *   await keys.runEffect(outcome, (tx) => tx.insertInto('ledger').values({ amount: 100 }).execute());
+ * }
+ * ```
+ */
+export class IdempotencyKeys {
+  readonly #options: ResolvedIdempotencyOptions;
+  readonly #store: KeyStore;
+
+  constructor(options: IdempotencyOptions, store?: KeyStore) {
+    this.#options = resolveIdempotencyOptions(options);
+    this.#store = store ?? new PostgresKeyStore(this.#options.db, this.#options.schema);
+  }
+
+  /** The resolved options (defaults applied). */
+  get options(): ResolvedIdempotencyOptions {
+    return this.#options;
+  }
+
+  /** The Kysely instance effects run on. */
+  get db(): Kysely<any> {
+    return this.#options.db;
+  }
+
+  /** Fingerprint of what identifies a request, with the configured fingerprinter. */
+  fingerprint(identity: unknown): string {
+    return this.#options.fingerprint(identity);
+  }
+
+  /**
+   * Claims `key` in `scope` under a lease (one round trip unless a concurrent writer races it).
+   * See {@link ClaimOutcome} for the six outcomes.
+   */
+  async claim(scope: string, key: string, fingerprint: string, options: ClaimOptions = {}): Promise<ClaimOutcome> {
+    assertValidKeyPart('scope', scope);
+    assertValidKeyPart('key', key);
+    return this.#store.claim(this.db, this.#claimInput(scope, key, fingerprint, 'lease', options));
+  }
+
+  /**
+   * Fenced completion inside the caller's transaction: stores `result` and marks the key
+   * completed, or throws {@link LeaseLostError} (so the caller's transaction, effect included,
+   * rolls back) when the claim was taken over. Throws {@link ResultNotStorableError} for a
+   * result that is not JSON or exceeds `maxResultBytes`.
+   */
+  async complete(tx: Kysely<any>, claim: Claim, result: unknown): Promise<void> {
+    const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
+    const completed = await this.#store.complete(tx, claim, json, this.#options.retentionMs);
+    if (!completed) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
+  }
+
+  /**
+   * The effect boundary: opens a transaction, runs `effect(tx)`, completes the claim in that
+   * same transaction with the effect's return value, and commits both or neither. If the
+   * effect throws, nothing commits and the key is released (or failed, per `onError`) before
+   * the error is rethrown. Returns the effect's value.
+   */
+  async runEffect<T>(claim: Claim, effect: Effect<T>, options: RunEffectOptions = {}): Promise<T> {
+    try {
+      return await this.db.transaction().execute(async (tx) => {
+        const result = await effect(tx);
+        await this.complete(tx, claim, result);
+        return result;
+      });
+    } catch (error) {
+      if (!(error instanceof LeaseLostError)) {
+        const action = (options.onError ?? defaultFailureAction)(error);
+        await this.#settleFailedClaim(claim, error, action);
+      }
+      throw error;
+    }
+  }
+
+  /**
+   * The single-transaction fast path for effects that only touch this database: the key is
+   * claimed as `completed` and the effect runs in one transaction, so one commit covers both.
+   * A concurrent duplicate waits on the key's index entry (at most `claimLockTimeoutMs`, then
+   * it sees `in-progress`) and after the commit sees `completed`. Interoperates with leased
+   * claims: it takes over an expired or released lease, and defers to a live one.
+   *
+   * If the effect throws, the transaction rolls back and the key is exactly as before.
+   */
+  async executeOnce<T>(
+    scope: string,
+    key: string,
+    fingerprint: string,
+    effect: (tx: Transaction<any>, claim: Claim) => Promise<T>,
+    options: Omit<ClaimOptions, 'leaseMs'> = {},
+  ): Promise<ExecuteOnceOutcome<T>> {
+    assertValidKeyPart('scope', scope);
+    assertValidKeyPart('key', key);
+    return this.db.transaction().execute(async (tx) => {
+      const outcome = await this.#store.claim(tx, this.#claimInput(scope, key, fingerprint, 'complete', options));
+      if (!isHeld(outcome)) return outcome;
+      // The claim bounded its own lock wait; the effect gets the session's usual lock_timeout.
+      await sql`set local lock_timeout to default`.execute(tx);
+      const result = await effect(tx, outcome);
+      if (result !== undefined) {
+        const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
+        await this.#store.storeFastPathResult(tx, outcome, json);
+      }
+      return { kind: 'executed', result, claim: outcome };
+    });
+  }
+
+  /** Heartbeat: extends the lease from now; null when the lease was lost. */
+  extend(claim: Claim, leaseMs: number = this.#options.leaseMs): Promise<Date | null> {
+    return this.#store.extend(claim, leaseMs);
+  }
+
+  /**
+   * Retryable failure: the key becomes claimable at once; attempts and `error` are kept.
+   * Returns false when this claim no longer owned the key.
+   */
+  release(claim: Claim, error?: unknown): Promise<boolean> {
+    const errorJson = error === undefined ? null : JSON.stringify(toStoredError(error));
+    return this.#store.release(claim, errorJson);
+  }
+
+  /**
+   * Permanent failure: stores `error`; later claims replay it (`failed`) instead of running.
+   * Returns false when this claim no longer owned the key.
+   */
+  fail(claim: Claim, error: unknown): Promise<boolean> {
+    return this.#store.fail(claim, JSON.stringify(toStoredError(error)), this.#options.retentionMs);
+  }
+
+  /** Inspects one key. */
+  get(scope: string, key: string): Promise<KeyRecord | undefined> {
+    assertValidKeyPart('scope', scope);
+    assertValidKeyPart('key', key);
+    return this.#store.get(scope, key);
+  }
+
+  #claimInput(scope: string, key: string, fingerprint: string, mode: 'lease' | 'complete', options: ClaimOptions) {
+    return {
+      scope,
+      key,
+      fingerprint,
+      owner: randomUUID(),
+      leaseMs: options.leaseMs ?? this.#options.leaseMs,
+      lockTimeoutMs: this.#options.claimLockTimeoutMs,
+      retentionMs: this.#options.retentionMs,
+      mode,
+      jobId: options.jobId ?? null,
+      queue: options.queue ?? null,
+      jobName: options.jobName ?? null,
+      payloadJson: options.payload === undefined ? null : JSON.stringify(options.payload),
+    };
+  }
+
+  async #settleFailedClaim(claim: Claim, error: unknown, action: EffectFailureAction): Promise<void> {
+    try {
+      if (action === 'fail') await this.fail(claim, error);
+      else await this.release(claim, error);
+    } catch {
+      // The store is unreachable: leave the key to its lease, which expires and lets the next
+      // claim take it over. The effect's error is the one worth surfacing.
+    }
+  }
+}
+
+function defaultFailureAction(error: unknown): EffectFailureAction {
+  return error instanceof ResultNotStorableError ? 'fail' : 'release';
+}

@@ -1,0 +1,31 @@
+import type { Kysely } from 'kysely';
+import type { Claim, ClaimOutcome } from './claim-outcome.js';
+import type { KeyRecord } from './key-record.js';
+import type { ClaimStatementInput } from './sql/claim.js';
+
+/** What {@link KeyStore.claim} needs; the schema is the store's own. */
+export type ClaimInput = Omit<ClaimStatementInput, 'schema'>;
+
+/**
+ * The seam between the claim protocol and SQL: every atomic operation on a key, and
+ * nothing else. `executor` parameters accept the store's Kysely instance or an open
+ * transaction, so operations can join the caller's transaction.
+ */
+export interface KeyStore {
+  /** Schema holding the tables. */
+  readonly schema: string;
+  /** Claims a key (see `sql/claim.ts`). */
+  claim(executor: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome>;
+  /** Fenced completion inside `tx`; false when the claim no longer owns the key. */
+  complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean>;
+  /** Stores a fast-path result on a key claimed as completed in `tx`. */
+  storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void>;
+  /** Extends the lease; the new expiry, or null when the lease is lost. */
+  extend(claim: Claim, leaseMs: number): Promise<Date | null>;
+  /** Releases the key for an immediate retry; false when the claim no longer owns it. */
+  release(claim: Claim, errorJson: string | null): Promise<boolean>;
+  /** Fails the key permanently; false when the claim no longer owns it. */
+  fail(claim: Claim, errorJson: string, retentionMs: number): Promise<boolean>;
+  /** Reads one key. */
+  get(scope: string, key: string): Promise<KeyRecord | undefined>;
+}

@@ -1,0 +1,60 @@
+import { sql, type Kysely, type Migration } from 'kysely';
+
+/**
+ * The schema's history, oldest first. Each migration takes the schema name because the
+ * schema is configurable; never edit a migration that has shipped, add a new one.
+ */
+export function migrationsFor(schema: string): Record<string, Migration> {
+  const t = (table: string) => sql.id(schema, table);
+  return {
+    '001_idempotency_keys': {
+      async up(db: Kysely<any>) {
+        await sql`
+          create table ${t('idempotency_keys')} (
+            scope         text        not null,
+            key           text        not null,
+            fingerprint   text        not null,
+            status        text        not null check (status in ('processing', 'completed', 'failed')),
+            owner         uuid,
+            fence         bigint      not null default 1,
+            attempts      integer     not null default 1,
+            locked_until  timestamptz,
+            result        jsonb,
+            error         jsonb,
+            job_id        text,
+            queue         text,
+            job_name      text,
+            payload       jsonb,
+            created_at    timestamptz not null default now(),
+            updated_at    timestamptz not null default now(),
+            completed_at  timestamptz,
+            expires_at    timestamptz,
+            primary key (scope, key)
+          )`.execute(db);
+        // Takeover candidates and the sweeper: processing keys ordered by lease expiry.
+        await sql`create index idempotency_keys_processing_lease
+          on ${t('idempotency_keys')} (locked_until) where status = 'processing'`.execute(db);
+        // The janitor: finished keys ordered by expiry.
+        await sql`create index idempotency_keys_expiry
+          on ${t('idempotency_keys')} (expires_at) where expires_at is not null`.execute(db);
+      },
+    },
+    '002_outbox': {
+      async up(db: Kysely<any>) {
+        await sql`
+          create table ${t('outbox')} (
+            id          bigint generated always as identity primary key,
+            queue       text        not null,
+            job_name    text        not null,
+            job_id      text        not null,
+            data        jsonb       not null,
+            opts        jsonb       not null default '{}'::jsonb,
+            created_at  timestamptz not null default now(),
+            sent_at     timestamptz
+          )`.execute(db);
+        // The relay reads unsent rows oldest first.
+        await sql`create index outbox_unsent on ${t('outbox')} (id) where sent_at is null`.execute(db);
+      },
+    },
+  };
+}

@@ -1,0 +1,65 @@
+import type { Kysely } from 'kysely';
+import { ResultNotStorableError } from '../errors.js';
+import type { Claim, ClaimOutcome } from './claim-outcome.js';
+import type { ClaimInput, KeyStore } from './key-store.js';
+import type { KeyRecord } from './key-record.js';
+import { isUnstorableJson } from './pg-errors.js';
+import { claimKey } from './sql/claim.js';
+import { completeKey, storeFastPathResult } from './sql/complete.js';
+import { extendLease } from './sql/extend.js';
+import { failKey } from './sql/fail.js';
+import { getKey } from './sql/get-key.js';
+import { releaseKey } from './sql/release.js';
+
+/** {@link KeyStore} over Postgres: each method is one statement in `sql/`. */
+export class PostgresKeyStore implements KeyStore {
+  readonly #db: Kysely<any>;
+  readonly schema: string;
+
+  constructor(db: Kysely<any>, schema: string) {
+    this.#db = db;
+    this.schema = schema;
+  }
+
+  claim(executor: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome> {
+    return claimKey(executor, { ...input, schema: this.schema });
+  }
+
+  async complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean> {
+    try {
+      return await completeKey(tx, this.schema, claim, resultJson, retentionMs);
+    } catch (error) {
+      throw this.#mapResultError(error, claim);
+    }
+  }
+
+  async storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void> {
+    try {
+      await storeFastPathResult(tx, this.schema, claim, resultJson);
+    } catch (error) {
+      throw this.#mapResultError(error, claim);
+    }
+  }
+
+  extend(claim: Claim, leaseMs: number): Promise<Date | null> {
+    return extendLease(this.#db, this.schema, claim, leaseMs);
+  }
+
+  release(claim: Claim, errorJson: string | null): Promise<boolean> {
+    return releaseKey(this.#db, this.schema, claim, errorJson);
+  }
+
+  fail(claim: Claim, errorJson: string, retentionMs: number): Promise<boolean> {
+    return failKey(this.#db, this.schema, claim, errorJson, retentionMs);
+  }
+
+  get(scope: string, key: string): Promise<KeyRecord | undefined> {
+    return getKey(this.#db, this.schema, scope, key);
+  }
+
+  #mapResultError(error: unknown, claim: Claim): unknown {
+    if (!isUnstorableJson(error)) return error;
+    const reason = `Postgres refused it as jsonb (${(error as Error).message})`;
+    return new ResultNotStorableError(claim.scope, claim.key, reason, { cause: error });
+  }
+}

@@ -1,0 +1,28 @@
+import { sql, type Kysely } from 'kysely';
+import type { Claim } from '../claim-outcome.js';
+
+/**
+ * Permanent failure: the key becomes `failed` with its error, which later claims replay
+ * instead of running the effect. Fenced like completion. Returns false when this claim no
+ * longer owned the key.
+ */
+export async function failKey(
+  db: Kysely<any>,
+  schema: string,
+  claim: Claim,
+  errorJson: string,
+  retentionMs: number,
+): Promise<boolean> {
+  const { numAffectedRows } = await sql`
+    update ${sql.id(schema, 'idempotency_keys')}
+       set status = 'failed',
+           error = ${errorJson}::jsonb,
+           locked_until = null,
+           completed_at = now(),
+           updated_at = now(),
+           expires_at = now() + ${retentionMs}::bigint * interval '1 millisecond'
+     where scope = ${claim.scope} and key = ${claim.key}
+       and owner = ${claim.owner}::uuid and fence = ${claim.fence}
+       and status = 'processing'`.execute(db);
+  return numAffectedRows === 1n;
+}

@@ -1,0 +1,82 @@
+/**
+ * Per-test-file isolation: a Postgres schema and a Redis key prefix of the file's own, both
+ * removed afterwards. Nothing outside them is touched (no FLUSHDB, no DROP of shared objects).
+ */
+import { randomBytes } from 'node:crypto';
+import { Redis } from 'ioredis';
+import type { Kysely } from 'kysely';
+import { sql } from 'kysely';
+import { inject } from 'vitest';
+import { createPostgresDb } from '../../src/store/create-postgres-db.js';
+import { migrate } from '../../src/store/migrate.js';
+
+export interface TestEnv {
+  readonly databaseUrl: string;
+  readonly redisUrl: string;
+  /** This file's Postgres schema (idempotency tables live here). */
+  readonly schema: string;
+  /** This file's BullMQ prefix / Redis key prefix. */
+  readonly redisPrefix: string;
+  /** A Kysely instance for the file (pool of 20). */
+  readonly db: Kysely<any>;
+  /** Opens another Kysely instance the env will close at teardown. */
+  openDb(maxConnections?: number): Kysely<any>;
+  /** An ioredis connection the env will close at teardown. */
+  openRedis(options?: { maxRetriesPerRequest?: number | null }): Redis;
+  /** Drops the schema, deletes the prefix's Redis keys, closes every pool and connection. */
+  teardown(): Promise<void>;
+}
+
+/** Creates the schema (migrated) and prefix for one test file. */
+export async function createTestEnv(name: string): Promise<TestEnv> {
+  const databaseUrl = inject('databaseUrl');
+  const redisUrl = inject('redisUrl');
+  const suffix = randomBytes(4).toString('hex');
+  const schema = `t_${name.replace(/[^a-z0-9]/gi, '_').toLowerCase()}_${suffix}`.slice(0, 63);
+  const redisPrefix = `ijtest-${name}-${suffix}`;
+  const dbs: Kysely<any>[] = [];
+  const redises: Redis[] = [];
+
+  const openDb = (maxConnections = 20) => {
+    const db = createPostgresDb({ connectionString: databaseUrl, maxConnections, applicationName: `test:${name}` }, () => {});
+    dbs.push(db);
+    return db;
+  };
+  const db = openDb();
+  await migrate(db, { schema });
+
+  return {
+    databaseUrl,
+    redisUrl,
+    schema,
+    redisPrefix,
+    db,
+    openDb,
+    openRedis(options = {}) {
+      const redis = new Redis(redisUrl, { maxRetriesPerRequest: options.maxRetriesPerRequest ?? null });
+      redises.push(redis);
+      return redis;
+    },
+    async teardown() {
+      await sql`drop schema if exists ${sql.id(schema)} cascade`.execute(db);
+      const cleaner = new Redis(redisUrl);
+      try {
+        await deleteKeysWithPrefix(cleaner, redisPrefix);
+      } finally {
+        cleaner.disconnect();
+      }
+      for (const redis of redises) redis.disconnect();
+      for (const each of dbs) await each.destroy();
+    },
+  };
+}
+
+/** Deletes only keys under `prefix` (SCAN, never FLUSHDB). */
+export async function deleteKeysWithPrefix(redis: Redis, prefix: string): Promise<void> {
+  let cursor = '0';
+  do {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', `${prefix}:*`, 'COUNT', 1000);
+    cursor = next;
+    if (keys.length > 0) await redis.del(...keys);
+  } while (cursor !== '0');
+}

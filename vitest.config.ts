@@ -1,0 +1,14 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    include: ['test/**/*.test.ts'],
+    exclude: ['test/chaos/**', 'node_modules/**'],
+    globalSetup: ['test/support/global-setup.ts'],
+    pool: 'forks',
+    // Two cores here; files run in pairs. Each file has its own schema and Redis prefix.
+    maxWorkers: 2,
+    testTimeout: 60_000,
+    hookTimeout: 60_000,
+  },
+});
