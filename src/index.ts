@@ -28,3 +28,27 @@ export type { StoredError } from './protocol/validate.js';
 export { DEFAULT_SCOPE, MAX_KEY_LENGTH, toStoredError } from './protocol/validate.js';
 export type { PostgresDbOptions } from './store/create-postgres-db.js';
 export { createPostgresDb } from './store/create-postgres-db.js';
+export type { FaultHook, FaultPoint } from './fault-hook.js';
+export type { WorkerTimingOptions, ResolvedWorkerTiming } from './config/worker-timing.js';
+export { resolveWorkerTiming } from './config/worker-timing.js';
+export { KeySettledListener } from './store/key-settled-listener.js';
+export type { JobIdentity, JobLike, WireJobData } from './bullmq/job-identity.js';
+export { identityFromWireContract, jobIdFor, toWireJobData } from './bullmq/job-identity.js';
+export type {
+  ErrorDisposition,
+  IdempotentWorkerOptions,
+  JobContext,
+  JobHandler,
+  WorkerEvent,
+  WorkerEventKind,
+} from './bullmq/idempotent-worker.js';
+export { IdempotentWorker, createIdempotentWorker } from './bullmq/idempotent-worker.js';
+export type { EnqueueRequest, EnqueueResult, IdempotentProducerOptions } from './bullmq/idempotent-producer.js';
+export { IdempotentProducer } from './bullmq/idempotent-producer.js';
+export type { OutboxRelayOptions } from './bullmq/outbox-relay.js';
+export { OutboxRelay } from './bullmq/outbox-relay.js';
+export type { EnvConfig } from './config/env-config.js';
+export { loadEnvConfig } from './config/env-config.js';
+export type { WorkerProcess, WorkerProcessOptions } from './runtime/worker-process.js';
+export { startWorkerProcess } from './runtime/worker-process.js';
+export { onShutdownSignals } from './runtime/shutdown-signals.js';

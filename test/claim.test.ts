@@ -7,7 +7,7 @@ import {
   ResultNotStorableError,
   ValidationError,
   isHeld,
-  type Claim,
+  type HeldClaim,
   type ClaimOutcome,
 } from '../src/index.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
@@ -27,7 +27,7 @@ afterAll(async () => {
   await env?.teardown();
 });
 
-function held(outcome: ClaimOutcome): Claim {
+function held(outcome: ClaimOutcome): HeldClaim {
   if (!isHeld(outcome)) throw new Error(`expected a held claim, got ${outcome.kind}`);
   return outcome;
 }

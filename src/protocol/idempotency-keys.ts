@@ -115,11 +115,7 @@ export class IdempotencyKeys {
    */
   async runEffect<T>(claim: Claim, effect: Effect<T>, options: RunEffectOptions = {}): Promise<T> {
     try {
-      return await this.db.transaction().execute(async (tx) => {
-        const result = await effect(tx);
-        await this.complete(tx, claim, result);
-        return result;
-      });
+      return await this.commitEffect(claim, effect);
     } catch (error) {
       if (!(error instanceof LeaseLostError)) {
         const action = (options.onError ?? defaultFailureAction)(error);
@@ -127,6 +123,38 @@ export class IdempotencyKeys {
       }
       throw error;
     }
+  }
+
+  /**
+   * The effect boundary without failure handling: `effect(tx)` and the fenced completion in one
+   * transaction; on any error nothing commits and the key is left as it was (still held by
+   * `claim`), for the caller to release or fail. `beforeCommit` runs last inside the
+   * transaction (the chaos suite crashes there).
+   */
+  async commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void): Promise<T> {
+    return this.db.transaction().execute(async (tx) => {
+      const result = await effect(tx);
+      await this.complete(tx, claim, result);
+      await beforeCommit?.();
+      return result;
+    });
+  }
+
+  /**
+   * Records a permanent failure for a key nobody holds (the fast path's last attempt failed
+   * and rolled its claim back): claims it and fails it. Returns the claim outcome when the key
+   * turned out to be held or settled by someone else, in which case nothing was recorded.
+   */
+  async recordFailure(
+    scope: string,
+    key: string,
+    fingerprint: string,
+    error: unknown,
+    options: ClaimOptions = {},
+  ): Promise<ClaimOutcome> {
+    const outcome = await this.claim(scope, key, fingerprint, options);
+    if (isHeld(outcome)) await this.fail(outcome, error);
+    return outcome;
   }
 
   /**

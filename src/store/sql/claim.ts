@@ -1,5 +1,6 @@
 import { sql, type Kysely } from 'kysely';
 import { ClaimContendedError } from '../../errors.js';
+import { keySettledChannel } from '../channels.js';
 import type { ClaimOutcome } from '../claim-outcome.js';
 import { isLockTimeout } from '../pg-errors.js';
 
@@ -107,6 +108,11 @@ function claimStatement(input: ClaimStatementInput) {
   const completedAt = completing ? sql`now()` : sql`null::timestamptz`;
   const expiresAt = completing ? sql`now() + ${input.retentionMs}::bigint * interval '1 millisecond'` : sql`null::timestamptz`;
   const payload = input.payloadJson ?? null;
+  // A completing claim commits as completed, so it tells waiters (delivered at commit, and
+  // not at all if the effect rolls back).
+  const notify = completing
+    ? sql`pg_notify(${keySettledChannel(input.schema)}, json_build_object('scope', ${input.scope}::text, 'key', ${input.key}::text)::text)`
+    : sql`null`;
 
   return sql<ClaimRow>`
     with settings as (
@@ -143,16 +149,16 @@ function claimStatement(input: ClaimStatementInput) {
     )
     select 'claimed' as outcome, fence, attempts, locked_until,
            null as status, null as fingerprint, false as claimable, null::jsonb as result, null::jsonb as error,
-           0::bigint as retry_after_ms
+           0::bigint as retry_after_ms, ${notify} as notified
       from inserted
     union all
-    select 'taken-over', fence, attempts, locked_until, null, null, false, null, null, 0
+    select 'taken-over', fence, attempts, locked_until, null, null, false, null, null, 0, ${notify}
       from taken_over
     union all
     select 'existing', k.fence, k.attempts, k.locked_until, k.status, k.fingerprint,
            k.status = 'processing' and (k.owner is null or k.locked_until <= now()),
            k.result, k.error,
-           ceil(extract(epoch from (k.locked_until - now())) * 1000)::bigint
+           ceil(extract(epoch from (k.locked_until - now())) * 1000)::bigint, null
       from ${table} as k
      where k.scope = ${input.scope} and k.key = ${input.key}
        and not exists (select from inserted)

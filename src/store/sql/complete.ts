@@ -1,4 +1,5 @@
 import { sql, type Kysely } from 'kysely';
+import { keySettledChannel } from '../channels.js';
 import type { Claim } from '../claim-outcome.js';
 
 /**
@@ -17,7 +18,9 @@ export async function completeKey(
   resultJson: string,
   retentionMs: number,
 ): Promise<boolean> {
-  const { numAffectedRows } = await sql`
+  // The notification is transactional: waiters hear of the completion only once it commits.
+  const { rows } = await sql`
+    with completed as (
     update ${sql.id(schema, 'idempotency_keys')}
        set status = 'completed',
            result = ${resultJson}::jsonb,
@@ -27,8 +30,12 @@ export async function completeKey(
            expires_at = now() + ${retentionMs}::bigint * interval '1 millisecond'
      where scope = ${claim.scope} and key = ${claim.key}
        and owner = ${claim.owner}::uuid and fence = ${claim.fence}
-       and status = 'processing'`.execute(tx);
-  return numAffectedRows === 1n;
+       and status = 'processing'
+    returning scope, key
+    )
+    select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
+      from completed`.execute(tx);
+  return rows.length === 1;
 }
 
 /**

@@ -1,4 +1,5 @@
 import { sql, type Kysely } from 'kysely';
+import { keySettledChannel } from '../channels.js';
 import type { Claim } from '../claim-outcome.js';
 
 /**
@@ -13,7 +14,8 @@ export async function failKey(
   errorJson: string,
   retentionMs: number,
 ): Promise<boolean> {
-  const { numAffectedRows } = await sql`
+  const { rows } = await sql`
+    with failed as (
     update ${sql.id(schema, 'idempotency_keys')}
        set status = 'failed',
            error = ${errorJson}::jsonb,
@@ -23,6 +25,10 @@ export async function failKey(
            expires_at = now() + ${retentionMs}::bigint * interval '1 millisecond'
      where scope = ${claim.scope} and key = ${claim.key}
        and owner = ${claim.owner}::uuid and fence = ${claim.fence}
-       and status = 'processing'`.execute(db);
-  return numAffectedRows === 1n;
+       and status = 'processing'
+    returning scope, key
+    )
+    select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
+      from failed`.execute(db);
+  return rows.length === 1;
 }

@@ -1,0 +1,137 @@
+import { Queue, type ConnectionOptions, type JobsOptions } from 'bullmq';
+import type { Kysely } from 'kysely';
+import { KeyReusedError } from '../errors.js';
+import { sha256Fingerprint, type Fingerprinter } from '../fingerprint.js';
+import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
+import { insertOutboxRows } from '../store/sql/outbox.js';
+import { identityFromWireContract, jobIdFor, toWireJobData } from './job-identity.js';
+
+/** Options of {@link IdempotentProducer}. */
+export interface IdempotentProducerOptions {
+  /** BullMQ queue name. */
+  readonly queue: string;
+  /** BullMQ connection (ioredis options or instance). */
+  readonly connection: ConnectionOptions;
+  /** BullMQ key prefix. @defaultValue `'bull'` */
+  readonly prefix?: string;
+  /** Scope for requests that name none. @defaultValue `'default'` */
+  readonly defaultScope?: string;
+  /** Schema of the outbox table, for transactional enqueues. @defaultValue `'idempotent_jobs'` */
+  readonly schema?: string;
+  /** Must match the workers' fingerprinter. @defaultValue SHA-256 of canonical JSON */
+  readonly fingerprint?: Fingerprinter;
+  /** Options for every job (attempts, backoff, removeOnComplete…). */
+  readonly defaultJobOptions?: Omit<JobsOptions, 'jobId'>;
+}
+
+/** One job to enqueue. */
+export interface EnqueueRequest<P = unknown> {
+  /** Job name; part of the fingerprint. */
+  readonly name: string;
+  readonly scope?: string;
+  readonly key: string;
+  /** The payload the handler receives. */
+  readonly data: P;
+  /** BullMQ options; `jobId` is derived from scope + key and cannot be set. */
+  readonly opts?: Omit<JobsOptions, 'jobId'>;
+}
+
+/** What happened to one enqueue. */
+export interface EnqueueResult {
+  readonly jobId: string;
+  readonly scope: string;
+  readonly key: string;
+  /**
+   * `added`: a new job; `duplicate`: the job for this key already exists with the same payload,
+   * so BullMQ kept the existing one; `outboxed`: written to the outbox in the caller's transaction.
+   */
+  readonly status: 'added' | 'duplicate' | 'outboxed';
+}
+
+/**
+ * Enqueues jobs carrying idempotency keys, under the wire contract. The job id is derived from
+ * scope + key, so a duplicate add while the job exists is a no-op; with a different payload it
+ * is refused with {@link KeyReusedError}. Given a transaction, it writes to the outbox instead,
+ * and the relay delivers the jobs once that transaction commits.
+ *
+ * @example
+ * ```ts
+ * const producer = new IdempotentProducer({ queue: 'payments', connection: { host: '127.0.0.1' } });
+ * await producer.enqueue({ name: 'charge', scope: 'acme', key: 'order-42', data: { cents: 1999 } });
+ * ```
+ */
+export class IdempotentProducer {
+  readonly #options: IdempotentProducerOptions;
+  readonly #queue: Queue;
+  readonly #fingerprint: Fingerprinter;
+
+  constructor(options: IdempotentProducerOptions) {
+    this.#options = Object.freeze({ ...options });
+    this.#fingerprint = options.fingerprint ?? sha256Fingerprint;
+    this.#queue = new Queue(options.queue, { connection: options.connection, prefix: options.prefix });
+  }
+
+  /** The underlying BullMQ queue. */
+  get queue(): Queue {
+    return this.#queue;
+  }
+
+  /** Enqueues one job; with `tx`, into the outbox within that transaction. */
+  async enqueue<P>(request: EnqueueRequest<P>, options: { tx?: Kysely<any> } = {}): Promise<EnqueueResult> {
+    const [result] = await this.enqueueBulk([request], options);
+    return result!;
+  }
+
+  /** Enqueues several jobs (one BullMQ round trip, or one outbox insert with `tx`). */
+  async enqueueBulk<P>(requests: readonly EnqueueRequest<P>[], options: { tx?: Kysely<any> } = {}): Promise<EnqueueResult[]> {
+    const jobs = requests.map((request) => this.#toJob(request));
+    if (options.tx) {
+      await insertOutboxRows(
+        options.tx,
+        this.#options.schema ?? 'idempotent_jobs',
+        jobs.map((job) => ({ queue: this.#options.queue, jobName: job.name, jobId: job.jobId, data: job.data, opts: job.opts })),
+      );
+      return jobs.map((job) => ({ jobId: job.jobId, scope: job.scope, key: job.key, status: 'outboxed' }));
+    }
+    const added = await this.#queue.addBulk(jobs.map((job) => ({ name: job.name, data: job.data, opts: { ...job.opts, jobId: job.jobId } })));
+    // A duplicate add returns our data, not the stored job's: read the stored jobs back to
+    // learn whether each was ours, or an existing job with the same or another payload.
+    const stored = await Promise.all(jobs.map((job) => this.#queue.getJob(job.jobId)));
+    return jobs.map((job, i) => {
+      const existing = stored[i];
+      if (!existing) return { jobId: job.jobId, scope: job.scope, key: job.key, status: 'added' };
+      if (this.#fingerprintOfStored(existing) !== job.fingerprint) throw new KeyReusedError(job.scope, job.key);
+      const ours = existing.timestamp === added[i]!.timestamp;
+      return { jobId: job.jobId, scope: job.scope, key: job.key, status: ours ? 'added' : 'duplicate' };
+    });
+  }
+
+  /** Closes the queue's Redis connection. */
+  close(): Promise<void> {
+    return this.#queue.close();
+  }
+
+  #toJob<P>(request: EnqueueRequest<P>) {
+    const scope = request.scope ?? this.#options.defaultScope ?? DEFAULT_SCOPE;
+    assertValidKeyPart('scope', scope);
+    assertValidKeyPart('key', request.key);
+    const data = toWireJobData(scope, request.key, request.data);
+    return {
+      name: request.name,
+      scope,
+      key: request.key,
+      jobId: jobIdFor(scope, request.key),
+      data,
+      opts: { ...this.#options.defaultJobOptions, ...request.opts },
+      fingerprint: this.#fingerprint({ name: request.name, payload: request.data }),
+    };
+  }
+
+  #fingerprintOfStored(job: { name: string; data: unknown }): string | undefined {
+    try {
+      return this.#fingerprint(identityFromWireContract(job).fingerprintOf);
+    } catch {
+      return undefined;
+    }
+  }
+}

@@ -1,0 +1,88 @@
+import { createHash } from 'node:crypto';
+import { ValidationError } from '../errors.js';
+import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
+
+/**
+ * The wire contract, for producers in any language:
+ *
+ * ```json
+ * { "idempotencyKey": "order-42", "scope": "payments", "payload": { "amount": 100 } }
+ * ```
+ *
+ * `idempotencyKey`: required, 1–255 characters. `scope`: optional, defaults to `"default"`.
+ * `payload`: required, any JSON (null included); it is what the handler receives. The key's
+ * fingerprint covers the job name and the payload, so the same key with another payload (or
+ * another job name) is refused as reused.
+ */
+export interface WireJobData<P = unknown> {
+  readonly idempotencyKey: string;
+  readonly scope?: string;
+  readonly payload: P;
+}
+
+/** What a job is, for the claim: its key, scope, payload, and what its fingerprint covers. */
+export interface JobIdentity<P = unknown> {
+  readonly scope: string;
+  readonly key: string;
+  readonly payload: P;
+  /** The value fingerprinted; same key + different identity = key reused. */
+  readonly fingerprintOf: unknown;
+}
+
+/** The parts of a BullMQ job that identify it. */
+export interface JobLike {
+  readonly id?: string;
+  readonly name: string;
+  readonly data: unknown;
+}
+
+/** Reads a job under the default wire contract; throws a {@link ValidationError} saying what is wrong. */
+export function identityFromWireContract(job: JobLike): JobIdentity {
+  const data = job.data;
+  if (data === null || typeof data !== 'object' || Array.isArray(data)) {
+    throw malformed('job.data', `job.data must be an object, got ${describe(data)}`);
+  }
+  const record = data as Record<string, unknown>;
+  if (!('idempotencyKey' in record)) throw malformed('job.data.idempotencyKey', '"idempotencyKey" is missing');
+  const scope = record.scope === undefined ? DEFAULT_SCOPE : record.scope;
+  assertValidKeyPart('key', record.idempotencyKey);
+  assertValidKeyPart('scope', scope);
+  if (!('payload' in record) || record.payload === undefined) {
+    throw malformed('job.data.payload', `"payload" is missing (scope "${scope}", key "${record.idempotencyKey}")`);
+  }
+  return {
+    scope,
+    key: record.idempotencyKey,
+    payload: record.payload,
+    fingerprintOf: { name: job.name, payload: record.payload },
+  };
+}
+
+/** Builds the wire-contract job data. */
+export function toWireJobData<P>(scope: string, key: string, payload: P): WireJobData<P> {
+  return { idempotencyKey: key, scope, payload };
+}
+
+/**
+ * The BullMQ job id for a key: deterministic, so BullMQ itself ignores a duplicate add while
+ * the job exists. BullMQ ids may not contain `:` and keys may, so the id is a hash: `ij_` and
+ * 32 hex digits of SHA-256 over the scope and key (128 bits; collisions are not a concern).
+ */
+export function jobIdFor(scope: string, key: string): string {
+  return `ij_${createHash('sha256').update(JSON.stringify([scope, key])).digest('hex').slice(0, 32)}`;
+}
+
+function malformed(field: string, problem: string): ValidationError {
+  return new ValidationError(
+    'INVALID_JOB_DATA',
+    field,
+    `Malformed job data: ${problem}. Expected { idempotencyKey: string, scope?: string, payload: JSON } ` +
+      '(see "Wire contract" in the README).',
+  );
+}
+
+function describe(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return typeof value;
+}

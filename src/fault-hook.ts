@@ -1,0 +1,14 @@
+/**
+ * Named points inside the protocol where the chaos suite crashes a process:
+ * - `after-claim`: the key is claimed, the handler has not started;
+ * - `before-commit`: inside the effect transaction, completion written, COMMIT not yet sent;
+ * - `after-commit`: effect and completion committed, BullMQ not yet told the job finished;
+ * - `relay-after-add`: the outbox relay added jobs to BullMQ but has not marked them sent.
+ */
+export type FaultPoint = 'after-claim' | 'before-commit' | 'after-commit' | 'relay-after-add';
+
+/**
+ * Called at each {@link FaultPoint} when set. Off by default: an unset hook costs one
+ * `undefined` check. A hook may throw, or end the process, to simulate a crash there.
+ */
+export type FaultHook = (point: FaultPoint, context: { readonly scope?: string; readonly key?: string }) => void | Promise<void>;

@@ -1,0 +1,86 @@
+import { pino, type Logger } from 'pino';
+import type { EnvConfig } from '../config/env-config.js';
+import type { FaultHook } from '../fault-hook.js';
+import { createIdempotentWorker, type IdempotentWorker, type JobHandler } from '../bullmq/idempotent-worker.js';
+import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { createPostgresDb } from '../store/create-postgres-db.js';
+import { KeySettledListener } from '../store/key-settled-listener.js';
+import { migrate } from '../store/migrate.js';
+import { onShutdownSignals } from './shutdown-signals.js';
+
+/** What {@link startWorkerProcess} needs besides the environment. */
+export interface WorkerProcessOptions<P, R> {
+  readonly config: EnvConfig;
+  readonly handler: JobHandler<P, R>;
+  /** Overrides `FAST_PATH`. */
+  readonly fastPath?: boolean;
+  readonly logger?: Logger;
+  /** Chaos testing only. */
+  readonly faultHook?: FaultHook;
+  /** Install SIGTERM/SIGINT handlers that close gracefully and exit. @defaultValue `true` */
+  readonly handleSignals?: boolean;
+}
+
+/** A running worker process's parts. */
+export interface WorkerProcess<P, R> {
+  readonly worker: IdempotentWorker<P, R>;
+  readonly keys: IdempotencyKeys;
+  readonly logger: Logger;
+  /** Graceful stop (force: release unfinished jobs' keys at once), then close every connection. */
+  stop(options?: { force?: boolean }): Promise<void>;
+}
+
+/**
+ * Builds and starts a worker process from validated configuration: the Postgres pool,
+ * migrations, the claim protocol, the BullMQ worker, and signal handling (first SIGTERM or
+ * SIGINT: graceful shutdown within SHUTDOWN_TIMEOUT_MS; second: force).
+ */
+export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, R>): Promise<WorkerProcess<P, R>> {
+  const { config } = options;
+  const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
+  const db = createPostgresDb(
+    { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? config.CONCURRENCY + 2, applicationName: `idempotent-jobs:worker:${config.QUEUE}` },
+    (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
+  );
+  if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
+  const keys = new IdempotencyKeys({ db, schema: config.SCHEMA, leaseMs: config.LEASE_MS, retentionMs: config.RETENTION_MS });
+  const listener =
+    config.WAIT_MS > 0
+      ? new KeySettledListener({ connectionString: config.DATABASE_URL, schema: config.SCHEMA, onError: (e) => logger.warn({ err: e }, 'listener error') })
+      : undefined;
+  const worker = createIdempotentWorker<P, R>({
+    queue: config.QUEUE,
+    connection: { url: config.REDIS_URL },
+    prefix: config.REDIS_PREFIX,
+    keys,
+    handler: options.handler,
+    concurrency: config.CONCURRENCY,
+    leaseMs: config.LEASE_MS,
+    heartbeatMs: config.HEARTBEAT_MS,
+    lockDurationMs: config.LOCK_DURATION_MS,
+    stalledIntervalMs: config.STALLED_INTERVAL_MS,
+    deferMaxMs: config.DEFER_MAX_MS,
+    waitMs: config.WAIT_MS,
+    shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
+    fastPath: options.fastPath ?? config.FAST_PATH,
+    storePayload: config.STORE_PAYLOAD,
+    listener,
+    logger,
+    faultHook: options.faultHook,
+  });
+  await worker.waitUntilReady();
+  logger.info({ pid: process.pid, queue: config.QUEUE, concurrency: config.CONCURRENCY, leaseMs: config.LEASE_MS }, 'worker ready');
+
+  let stopped: Promise<void> | undefined;
+  const stop = (stopOptions: { force?: boolean } = {}) => {
+    if (stopOptions.force) return worker.close({ force: true });
+    stopped ??= (async () => {
+      await worker.close();
+      await listener?.close();
+      await db.destroy();
+    })();
+    return stopped;
+  };
+  if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
+  return { worker, keys, logger, stop };
+}

@@ -1,0 +1,29 @@
+/**
+ * The handler the worker tests run, in-process and in child processes. Its payload steers it:
+ * sleep (a slow effect), fail N times (transient), fail for good (permanent). The effect is a
+ * row in `<schema>.effects`, which has no unique constraint, so a duplicate would show.
+ */
+import { UnrecoverableError } from 'bullmq';
+import { sql } from 'kysely';
+import type { JobContext } from '../../src/index.js';
+
+export interface TestPayload {
+  readonly sleepMs?: number;
+  readonly failTimes?: number;
+  readonly permanent?: boolean;
+  readonly value?: unknown;
+}
+
+export function testHandler(schema: string, worker: string) {
+  return async (ctx: JobContext<TestPayload>) => {
+    const payload = ctx.data ?? {};
+    if (payload.sleepMs) await new Promise((resolve) => setTimeout(resolve, payload.sleepMs));
+    if (payload.permanent) throw new UnrecoverableError('account closed (permanent)');
+    if (payload.failTimes && ctx.job.attemptsMade < payload.failTimes) throw new Error('provider timed out (transient)');
+    return ctx.transaction(async (tx) => {
+      await sql`insert into ${sql.id(schema, 'effects')} (scope, key, fence, worker)
+                values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, ${worker})`.execute(tx);
+      return { value: payload.value ?? null, fence: ctx.fence, worker };
+    });
+  };
+}
