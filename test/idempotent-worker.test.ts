@@ -15,7 +15,7 @@ import {
   type WorkerEvent,
 } from '../src/index.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
-import { sleep, waitFor, waitForJobState } from './support/queue-helpers.js';
+import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { testHandler, type TestPayload } from './support/test-handler.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 import { startWorkerChild, stopChildren, type WorkerChild } from './support/worker-child.js';

@@ -1,0 +1,42 @@
+/**
+ * The `idempotent-jobs` command. Exit codes: 0 success, 1 runtime failure, 2 bad usage or
+ * configuration, 3 not found (for commands that look a key up).
+ */
+import { Command, CommanderError } from 'commander';
+import { ConfigError, ValidationError } from '../errors.js';
+import { registerMigrateCommand } from './migrate-command.js';
+import { registerWorkerCommand } from './worker-command.js';
+
+export const EXIT_OK = 0;
+export const EXIT_FAILURE = 1;
+export const EXIT_USAGE = 2;
+export const EXIT_NOT_FOUND = 3;
+
+export function buildCli(): Command {
+  const program = new Command('idempotent-jobs')
+    .description('Exactly-once BullMQ jobs: workers, migrations and key inspection.')
+    .exitOverride()
+    .showHelpAfterError();
+  registerWorkerCommand(program);
+  registerMigrateCommand(program);
+  return program;
+}
+
+export async function runCli(argv: string[]): Promise<number> {
+  try {
+    await buildCli().parseAsync(argv, { from: 'user' });
+    return process.exitCode === undefined ? EXIT_OK : Number(process.exitCode);
+  } catch (error) {
+    if (error instanceof CommanderError) return error.exitCode === 0 ? EXIT_OK : EXIT_USAGE;
+    if (error instanceof ConfigError || error instanceof ValidationError) {
+      console.error(error.message);
+      return EXIT_USAGE;
+    }
+    console.error(error instanceof Error ? error.message : error);
+    return EXIT_FAILURE;
+  }
+}
+
+// Long-running commands (worker) keep the process alive; the others exit with their code.
+const code = await runCli(process.argv.slice(2));
+if (code !== EXIT_OK) process.exit(code);

@@ -1,0 +1,24 @@
+import type { Command } from 'commander';
+import { loadEnvConfig } from '../config/env-config.js';
+import { createPostgresDb } from '../store/create-postgres-db.js';
+import { migrate } from '../store/migrate.js';
+
+/** `migrate`: creates or upgrades the tables in $SCHEMA of $DATABASE_URL. */
+export function registerMigrateCommand(program: Command): void {
+  program
+    .command('migrate')
+    .description('create or upgrade the idempotency tables (safe to run from many processes at once)')
+    .option('--json', 'print the result as JSON')
+    .action(async (options: { json?: boolean }) => {
+      const config = loadEnvConfig();
+      const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 1 });
+      try {
+        const { results = [] } = await migrate(db, { schema: config.SCHEMA });
+        const applied = results.filter((r) => r.status === 'Success').map((r) => r.migrationName);
+        if (options.json) console.log(JSON.stringify({ schema: config.SCHEMA, applied }));
+        else console.log(applied.length ? `Applied to schema ${config.SCHEMA}: ${applied.join(', ')}` : `Schema ${config.SCHEMA} is up to date.`);
+      } finally {
+        await db.destroy();
+      }
+    });
+}

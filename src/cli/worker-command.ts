@@ -1,0 +1,15 @@
+import type { Command } from 'commander';
+
+/** `worker --queue <name> --handler <module> [--concurrency N]`: runs a user's handler. */
+export function registerWorkerCommand(program: Command): void {
+  program
+    .command('worker')
+    .description("run an idempotent worker with your handler module (its default export: async (ctx) => result)")
+    .requiredOption('--handler <module>', 'path to the handler module')
+    .option('--queue <name>', 'BullMQ queue (default: $QUEUE or "payments")')
+    .option('--concurrency <n>', 'jobs at once (default: $CONCURRENCY or 8)', (v) => Number.parseInt(v, 10))
+    .action(async (options: { handler: string; queue?: string; concurrency?: number }) => {
+      const { runGenericWorker } = await import('../../workers/generic-worker.js');
+      await runGenericWorker(options);
+    });
+}
