@@ -1,0 +1,222 @@
+/**
+ * The checker: reads a run's history (what the producer saw acknowledged, the workers' log
+ * lines, process deaths) and the database's record of what happened (effect rows, external
+ * call rows, the keys), and decides whether anything ran twice or was lost. Pure: it takes
+ * data, not connections, so it can be tested on hand-made histories.
+ */
+import type { WorkerExit, WorkerLogLine } from './worker-fleet.js';
+import { FAULT_LOG_MESSAGE } from './fault-injection.js';
+
+/** One row of `effects` or `external_calls`. */
+export interface ExecutionRow {
+  readonly scope: string;
+  readonly key: string;
+  readonly fence: number;
+  readonly workerPid: number;
+  /** ms since epoch (database clock). */
+  readonly at: number;
+}
+
+/** One row of `idempotency_keys`. */
+export interface KeyRow {
+  readonly scope: string;
+  readonly key: string;
+  readonly status: string;
+  readonly fence: number;
+}
+
+/** Everything the checker reads. */
+export interface History {
+  /** Every key the producer tried, by `scope/key`, with how many of its adds were acknowledged. */
+  readonly produced: ReadonlyMap<string, { readonly acks: number }>;
+  readonly effects: readonly ExecutionRow[];
+  readonly externalCalls: readonly ExecutionRow[];
+  readonly keys: readonly KeyRow[];
+  readonly lines: readonly WorkerLogLine[];
+  readonly exits: readonly WorkerExit[];
+  /** When the harness began stopping workers on purpose; later deaths are not faults. */
+  readonly stoppedAt: number;
+}
+
+/** Summary of a distribution, in ms. */
+export interface Percentiles {
+  readonly samples: number;
+  readonly p50: number | null;
+  readonly p99: number | null;
+  readonly max: number | null;
+}
+
+/** The verdict. Every list holds `scope/key` ids (capped in the report, counted in full here). */
+export interface CheckResult {
+  readonly acknowledgedKeys: number;
+  /** Acknowledged keys with no committed effect (never completed, or failed for good). */
+  readonly lost: string[];
+  /** Keys whose status is `failed` (also counted in `lost` when acknowledged). */
+  readonly failedKeys: string[];
+  /** Keys with more than one effect row. */
+  readonly duplicated: string[];
+  /** Effects for keys the producer never sent. */
+  readonly unexpected: string[];
+  /** Completed keys whose single effect row carries another fence than the completion. */
+  readonly fenceMismatches: string[];
+  /** Keys with two owners whose lease windows overlapped and which both committed an effect. */
+  readonly committedOverlaps: string[];
+  /** Keys with two owners whose windows overlapped (a zombie still running): fenced, allowed. */
+  readonly leaseOverlaps: number;
+  /** External calls: keys called more than once (only after a takeover), and the extra calls. */
+  readonly externalCalls: { readonly total: number; readonly keysCalledMoreThanOnce: number; readonly extraCalls: number };
+  /** (key, fence) pairs with more than one external call: a repeat within one lease. */
+  readonly repeatedWithinLease: string[];
+  readonly outcomes: Readonly<Record<string, number>>;
+  readonly injectedCrashes: Readonly<Record<string, number>>;
+  /** Deaths by SIGKILL before the stop (nemesis kills and injected crashes). */
+  readonly killedProcesses: number;
+  /** Per key a killed worker held: from its death to the key's effect committing elsewhere. */
+  readonly recoveryMs: Percentiles;
+  /** True when every required check is zero. */
+  readonly ok: boolean;
+}
+
+const TERMINAL = new Set(['completed', 'fenced', 'released', 'failed', 'lease-lost']);
+const idOf = (row: { scope?: string; key?: string }) => `${row.scope}/${row.key}`;
+
+/** Checks one history. */
+export function checkHistory(history: History): CheckResult {
+  const effectsByKey = groupBy(history.effects, idOf);
+  const keyRows = new Map(history.keys.map((row) => [idOf(row), row]));
+
+  const acknowledged = [...history.produced].filter(([, p]) => p.acks > 0).map(([id]) => id);
+  const lost = acknowledged.filter((id) => !effectsByKey.has(id) || keyRows.get(id)?.status !== 'completed');
+  const failedKeys = history.keys.filter((row) => row.status === 'failed').map(idOf);
+  const duplicated = [...effectsByKey].filter(([, rows]) => rows.length > 1).map(([id]) => id);
+  const unexpected = [...effectsByKey.keys()].filter((id) => !history.produced.has(id));
+  const fenceMismatches = [...effectsByKey]
+    .filter(([id, rows]) => rows.length === 1 && keyRows.get(id)?.status === 'completed' && keyRows.get(id)!.fence !== rows[0]!.fence)
+    .map(([id]) => id);
+
+  // External calls: one per lease at most; more per key only after takeovers.
+  const callsByKey = groupBy(history.externalCalls, idOf);
+  const callsByLease = groupBy(history.externalCalls, (row) => `${idOf(row)}#${row.fence}`);
+  let keysCalledMoreThanOnce = 0;
+  let extraCalls = 0;
+  for (const rows of callsByKey.values()) {
+    if (rows.length > 1) {
+      keysCalledMoreThanOnce++;
+      extraCalls += rows.length - 1;
+    }
+  }
+  const repeatedWithinLease = [...callsByLease].filter(([, rows]) => rows.length > 1).map(([id]) => id);
+
+  // Outcomes and injected crashes, from the workers' logs.
+  const outcomes: Record<string, number> = {};
+  const injectedCrashes: Record<string, number> = {};
+  const faultTimes = new Map<number, number>();
+  for (const line of history.lines) {
+    if (line.outcome) outcomes[line.outcome] = (outcomes[line.outcome] ?? 0) + 1;
+    if (line.msg === FAULT_LOG_MESSAGE && line.point) {
+      injectedCrashes[line.point] = (injectedCrashes[line.point] ?? 0) + 1;
+      faultTimes.set(line.pid, line.time);
+    }
+  }
+
+  // Owners of each key: who claimed it (fence), from when, until when they stopped acting.
+  const exitAt = new Map(history.exits.map((exit) => [exit.pid, exit.at]));
+  interface Owner { pid: number; fence: number; start: number; end: number }
+  const owners = new Map<string, Owner[]>();
+  const terminal = new Map<string, number>();
+  for (const line of history.lines) {
+    if (line.outcome && TERMINAL.has(line.outcome) && line.fence !== undefined) {
+      const lease = `${line.pid}:${idOf(line)}#${line.fence}`;
+      if (!terminal.has(lease)) terminal.set(lease, line.time);
+    }
+  }
+  const endOfRun = history.lines.reduce((latest, line) => Math.max(latest, line.time), history.stoppedAt);
+  for (const line of history.lines) {
+    if ((line.outcome === 'claimed' || line.outcome === 'taken-over') && line.fence !== undefined) {
+      const id = idOf(line);
+      const died = Math.min(exitAt.get(line.pid) ?? Infinity, faultTimes.get(line.pid) ?? Infinity);
+      const end = terminal.get(`${line.pid}:${id}#${line.fence}`) ?? (Number.isFinite(died) ? died : endOfRun);
+      const list = owners.get(id) ?? [];
+      list.push({ pid: line.pid, fence: line.fence, start: line.time, end });
+      owners.set(id, list);
+    }
+  }
+  let leaseOverlaps = 0;
+  const committedOverlaps: string[] = [];
+  for (const [id, list] of owners) {
+    const committedFences = new Set((effectsByKey.get(id) ?? []).map((row) => row.fence));
+    let overlapped = false;
+    let committedOverlap = false;
+    for (const a of list) {
+      for (const b of list) {
+        if (a.fence < b.fence && b.start < a.end) {
+          overlapped = true;
+          if (committedFences.has(a.fence) && committedFences.has(b.fence)) committedOverlap = true;
+        }
+      }
+    }
+    if (overlapped) leaseOverlaps++;
+    if (committedOverlap) committedOverlaps.push(id);
+  }
+
+  // Recovery after each SIGKILL: keys the dead worker held, until their effect committed.
+  const samples: number[] = [];
+  let killedProcesses = 0;
+  const firstEffectAt = new Map([...effectsByKey].map(([id, rows]) => [id, Math.min(...rows.map((r) => r.at))]));
+  for (const exit of history.exits) {
+    if (exit.signal !== 'SIGKILL' || exit.at >= history.stoppedAt) continue;
+    killedProcesses++;
+    const diedAt = Math.min(exit.at, faultTimes.get(exit.pid) ?? Infinity);
+    for (const [id, list] of owners) {
+      for (const owner of list) {
+        if (owner.pid !== exit.pid || terminal.has(`${owner.pid}:${id}#${owner.fence}`)) continue;
+        const doneAt = firstEffectAt.get(id);
+        if (doneAt !== undefined && doneAt > diedAt) samples.push(doneAt - diedAt);
+      }
+    }
+  }
+
+  const ok =
+    lost.length === 0 &&
+    duplicated.length === 0 &&
+    unexpected.length === 0 &&
+    committedOverlaps.length === 0 &&
+    fenceMismatches.length === 0 &&
+    repeatedWithinLease.length === 0;
+  return {
+    acknowledgedKeys: acknowledged.length,
+    lost,
+    failedKeys,
+    duplicated,
+    unexpected,
+    fenceMismatches,
+    committedOverlaps,
+    leaseOverlaps,
+    externalCalls: { total: history.externalCalls.length, keysCalledMoreThanOnce, extraCalls },
+    repeatedWithinLease,
+    outcomes,
+    injectedCrashes,
+    killedProcesses,
+    recoveryMs: percentiles(samples),
+    ok,
+  };
+}
+
+/** p50, p99 and max of `values` (nearest rank). */
+export function percentiles(values: readonly number[]): Percentiles {
+  if (values.length === 0) return { samples: 0, p50: null, p99: null, max: null };
+  const sorted = [...values].sort((a, b) => a - b);
+  const rank = (q: number) => sorted[Math.max(0, Math.ceil(q * sorted.length) - 1)]!;
+  return { samples: sorted.length, p50: rank(0.5), p99: rank(0.99), max: sorted[sorted.length - 1]! };
+}
+
+function groupBy<T>(items: readonly T[], keyOf: (item: T) => string): Map<string, T[]> {
+  const groups = new Map<string, T[]>();
+  for (const item of items) {
+    const key = keyOf(item);
+    const list = groups.get(key);
+    if (list) list.push(item);
+    else groups.set(key, [item]);
+  }
+  return groups;
+}

@@ -1,0 +1,267 @@
+/**
+ * One chaos run: a private Redis, a per-run Postgres schema, K worker processes, the producer
+ * and the nemesis at once for the chaos phase; then a drain (faults stop, the system must
+ * finish every acknowledged key), a graceful stop, and the check. Everything the run created
+ * is removed afterwards, also when it fails or is interrupted.
+ */
+import { randomBytes } from 'node:crypto';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
+import { sql, type Kysely } from 'kysely';
+import { createPostgresDb, migrate } from '../../src/index.js';
+import { createChaosTables } from './chaos-handler.js';
+import { checkHistory, type CheckResult, type ExecutionRow, type KeyRow } from './checker.js';
+import { abortableSleep, nemesisSchedule, runNemesis, type NemesisEvent, type NemesisOp } from './nemesis.js';
+import { PrivateRedis } from './private-redis.js';
+import { runProducerLoad, type LoadResult } from './producer-load.js';
+import { WorkerFleet, type WorkerExit, type WorkerLogLine } from './worker-fleet.js';
+
+/** Parameters of a run (see `run-chaos.ts` for the command-line flags and defaults). */
+export interface ChaosOptions {
+  readonly seed: number;
+  readonly workers: number;
+  readonly jobs: number;
+  /** Length of the chaos phase (producer and nemesis running). */
+  readonly durationMs: number;
+  readonly concurrency: number;
+  /** Share of requests that repeat a key, in [0, 1). */
+  readonly duplicateRatio: number;
+  readonly leaseMs: number;
+  /** Mean time between faults. */
+  readonly faultIntervalMs: number;
+  /** Longest simulated work per job. */
+  readonly maxWorkMs: number;
+  /** Random crash probabilities for the workers (`FAULT_POINTS`), on top of the scheduled ones. */
+  readonly faultPoints: string;
+  /** How long the system may take to finish after the faults stop. */
+  readonly drainTimeoutMs: number;
+  readonly databaseUrl: string;
+  /** Keep the schema afterwards (for investigating a failed run). */
+  readonly keepSchema: boolean;
+  /** Progress lines go here. */
+  readonly log: (line: string) => void;
+}
+
+/** Everything a run produced: the input to the report. */
+export interface ChaosRun {
+  readonly options: ChaosOptions;
+  readonly names: { readonly schema: string; readonly queue: string; readonly prefix: string; readonly redisPort: number };
+  readonly schedule: readonly NemesisOp[];
+  readonly events: readonly NemesisEvent[];
+  readonly load: LoadResult;
+  readonly check: CheckResult;
+  readonly drained: boolean;
+  /** BullMQ job counts after the drain (all but `failed` should be 0). */
+  readonly queueCounts: Record<string, number>;
+  readonly workerStarts: number;
+  readonly timings: { readonly chaosMs: number; readonly drainMs: number; readonly totalMs: number };
+  /** For keys that failed a check: their log lines and rows, to read the history. */
+  readonly evidence: Record<string, unknown>;
+}
+
+const QUEUE_STATES = ['wait', 'active', 'delayed', 'prioritized', 'waiting-children', 'failed'] as const;
+
+/** Runs one chaos run. Rejects when the run itself could not be carried out (not on a failed check). */
+export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): Promise<ChaosRun> {
+  const began = Date.now();
+  const suffix = randomBytes(3).toString('hex');
+  const queue = `chaos_${suffix}`;
+  const names = { schema: `chaos_${options.seed}_${suffix}`, queue, prefix: `ijchaos-${options.seed}-${suffix}`, redisPort: 0 };
+  const applicationName = `idempotent-jobs:worker:${queue}`;
+  const { log } = options;
+
+  const db = createPostgresDb({ connectionString: options.databaseUrl, maxConnections: 3, applicationName: 'idempotent-jobs:chaos-harness' }, () => {});
+  let redis: PrivateRedis | undefined;
+  let redisAdmin: Redis | undefined;
+  let bullQueue: Queue | undefined;
+  let fleet: WorkerFleet | undefined;
+  try {
+    await migrate(db, { schema: names.schema });
+    await createChaosTables(db, names.schema);
+    redis = await PrivateRedis.start();
+    names.redisPort = redis.port;
+    log(`schema ${names.schema}, private redis-server on port ${redis.port} (${redis.dir}), queue ${queue}`);
+    redisAdmin = new Redis(redis.url, { maxRetriesPerRequest: null });
+    redisAdmin.on('error', () => {});
+    bullQueue = new Queue(queue, { connection: { url: redis.url }, prefix: names.prefix });
+    bullQueue.on('error', () => {});
+
+    fleet = new WorkerFleet({
+      count: options.workers,
+      env: {
+        DATABASE_URL: options.databaseUrl,
+        REDIS_URL: redis.url,
+        SCHEMA: names.schema,
+        REDIS_PREFIX: names.prefix,
+        QUEUE: queue,
+        CONCURRENCY: String(options.concurrency),
+        LEASE_MS: String(options.leaseMs),
+        DEFER_MAX_MS: String(Math.min(1_000, options.leaseMs)),
+        SHUTDOWN_TIMEOUT_MS: '5000',
+        PG_POOL_SIZE: String(options.concurrency + 2),
+        LOG_LEVEL: 'info',
+        MIGRATE: 'false',
+        FAULT_POINTS: options.faultPoints,
+        FAULT_SEED: String(options.seed),
+      },
+    });
+    await fleet.start();
+    log(`${options.workers} workers ready; chaos for ${Math.round(options.durationMs / 1000)} s`);
+
+    // Chaos phase: producer and nemesis together.
+    const schedule = nemesisSchedule({
+      seed: options.seed,
+      durationMs: options.durationMs,
+      intervalMs: options.faultIntervalMs,
+      workers: options.workers,
+      leaseMs: options.leaseMs,
+    });
+    const chaosStart = Date.now();
+    const stopProducer = new AbortController();
+    const giveUp = new AbortController();
+    const stopNemesis = new AbortController();
+    const onInterrupt = () => {
+      stopProducer.abort();
+      giveUp.abort();
+      stopNemesis.abort();
+    };
+    interrupt.addEventListener('abort', onInterrupt, { once: true });
+    const loadDone = runProducerLoad({
+      seed: options.seed,
+      jobs: options.jobs,
+      duplicateRatio: options.duplicateRatio,
+      spreadMs: options.durationMs * 0.85,
+      maxWorkMs: options.maxWorkMs,
+      queue,
+      prefix: names.prefix,
+      redisUrl: redis.url,
+      stop: stopProducer.signal,
+      giveUp: giveUp.signal,
+    });
+    const nemesisDone = runNemesis(schedule, { fleet, redis, redisAdmin, db, applicationName }, chaosStart, stopNemesis.signal, options.seed);
+    const progress = setInterval(() => void reportProgress(db, names.schema, fleet!, chaosStart, log), 10_000);
+    try {
+      await abortableSleep(options.durationMs, interrupt);
+      stopNemesis.abort();
+      const events = await nemesisDone;
+      const chaosMs = Date.now() - chaosStart;
+      log(`faults stopped after ${Math.round(chaosMs / 1000)} s (${events.filter((e) => !e.skipped).length} carried out); draining`);
+
+      // Drain: the producer finishes its requests, then every acknowledged key must complete.
+      const drainStart = Date.now();
+      const drainDeadline = drainStart + options.drainTimeoutMs;
+      const giveUpTimer = setTimeout(() => giveUp.abort(), options.drainTimeoutMs);
+      const load = await loadDone;
+      clearTimeout(giveUpTimer);
+      let drained = false;
+      let queueCounts: Record<string, number> = {};
+      while (!interrupt.aborted && Date.now() < drainDeadline) {
+        if (fleet.failure) throw fleet.failure;
+        const acknowledged = [...load.keys.values()].filter((k) => k.acks > 0).length;
+        const completed = await countCompleted(db, names.schema);
+        queueCounts = await bullQueue.getJobCounts(...QUEUE_STATES).catch(() => ({}));
+        const pending = QUEUE_STATES.filter((s) => s !== 'failed').reduce((sum, s) => sum + (queueCounts[s] ?? 0), 0);
+        if (completed >= acknowledged && pending === 0 && Object.keys(queueCounts).length > 0) {
+          drained = true;
+          break;
+        }
+        await abortableSleep(500, interrupt);
+      }
+      if (interrupt.aborted) throw new Error('interrupted');
+      const drainMs = Date.now() - drainStart;
+      log(drained ? `drained in ${Math.round(drainMs / 1000)} s` : `NOT drained within ${Math.round(options.drainTimeoutMs / 1000)} s`);
+
+      const stoppedAt = Date.now();
+      await fleet.stop(10_000);
+      const rows = await readRows(db, names.schema);
+      const check = checkHistory({ produced: load.keys, ...rows, lines: fleet.lines, exits: fleet.exits, stoppedAt });
+      return {
+        options,
+        names,
+        schedule,
+        events,
+        load,
+        check,
+        drained,
+        queueCounts,
+        workerStarts: fleet.starts.length,
+        timings: { chaosMs, drainMs, totalMs: Date.now() - began },
+        evidence: evidenceFor(check, rows, fleet.lines, fleet.exits),
+      };
+    } finally {
+      clearInterval(progress);
+      interrupt.removeEventListener('abort', onInterrupt);
+      stopProducer.abort();
+      giveUp.abort();
+      stopNemesis.abort();
+      await Promise.allSettled([loadDone, nemesisDone]);
+    }
+  } finally {
+    await fleet?.killAll().catch(() => {});
+    await bullQueue?.close().catch(() => {});
+    redisAdmin?.disconnect();
+    // The private server holds only this run's keys; stopping it and deleting its directory
+    // removes them all.
+    await redis?.destroy().catch(() => {});
+    if (!options.keepSchema) await sql`drop schema if exists ${sql.id(names.schema)} cascade`.execute(db).catch(() => {});
+    await db.destroy();
+  }
+}
+
+async function countCompleted(db: Kysely<any>, schema: string): Promise<number> {
+  const { rows } = await sql<{ n: string }>`
+    select count(*) as n from ${sql.id(schema, 'idempotency_keys')} where status = 'completed'`.execute(db);
+  return Number(rows[0]!.n);
+}
+
+async function reportProgress(db: Kysely<any>, schema: string, fleet: WorkerFleet, start: number, log: (line: string) => void) {
+  const completed = await countCompleted(db, schema).catch(() => NaN);
+  log(`  t+${Math.round((Date.now() - start) / 1000)} s: ${completed} keys completed, ${fleet.starts.length} worker starts, ${fleet.exits.length} exits`);
+}
+
+interface Rows {
+  effects: ExecutionRow[];
+  externalCalls: ExecutionRow[];
+  keys: KeyRow[];
+}
+
+async function readRows(db: Kysely<any>, schema: string): Promise<Rows> {
+  const executions = async (table: string) => {
+    const { rows } = await sql<{ scope: string; key: string; fence: string; worker_pid: number; at: Date }>`
+      select scope, key, fence, worker_pid, at from ${sql.id(schema, table)} order by id`.execute(db);
+    return rows.map((r) => ({ scope: r.scope, key: r.key, fence: Number(r.fence), workerPid: r.worker_pid, at: r.at.getTime() }));
+  };
+  const { rows: keyRows } = await sql<{ scope: string; key: string; status: string; fence: string }>`
+    select scope, key, status, fence from ${sql.id(schema, 'idempotency_keys')}`.execute(db);
+  return {
+    effects: await executions('effects'),
+    externalCalls: await executions('external_calls'),
+    keys: keyRows.map((r) => ({ scope: r.scope, key: r.key, status: r.status, fence: Number(r.fence) })),
+  };
+}
+
+/** The full history of up to 20 keys that failed a check, and the deaths around them. */
+function evidenceFor(check: CheckResult, rows: Rows, lines: readonly WorkerLogLine[], exits: readonly WorkerExit[]): Record<string, unknown> {
+  const bad = [
+    ...check.lost,
+    ...check.duplicated,
+    ...check.unexpected,
+    ...check.committedOverlaps,
+    ...check.fenceMismatches,
+    ...check.repeatedWithinLease.map((id) => id.split('#')[0]!),
+  ];
+  const evidence: Record<string, unknown> = {};
+  for (const id of [...new Set(bad)].slice(0, 20)) {
+    const match = (row: { scope?: string; key?: string }) => `${row.scope}/${row.key}` === id;
+    const keyLines = lines.filter(match);
+    const pids = new Set(keyLines.map((l) => l.pid));
+    evidence[id] = {
+      key: rows.keys.find(match),
+      effects: rows.effects.filter(match),
+      externalCalls: rows.externalCalls.filter(match),
+      lines: keyLines,
+      exitsOfItsWorkers: exits.filter((e) => pids.has(e.pid)),
+    };
+  }
+  return evidence;
+}

@@ -1,0 +1,199 @@
+/**
+ * The nemesis: a fault schedule drawn from a seed, then carried out against the running system.
+ * Faults come in shuffled rounds of every kind, so even a short run sees each kind at least once.
+ */
+import type { Redis } from 'ioredis';
+import { sql, type Kysely } from 'kysely';
+import type { CrashPoint } from './fault-injection.js';
+import type { PrivateRedis } from './private-redis.js';
+import { seededRandom } from './random.js';
+import type { WorkerFleet } from './worker-fleet.js';
+
+/** Kinds of faults, and what each one tests (see docs/chaos.md). */
+export const FAULT_KINDS = [
+  'kill',
+  'pause',
+  'pg-terminate',
+  'redis-client-kill',
+  'redis-restart',
+  'crash-after-claim',
+  'crash-before-commit',
+  'crash-after-commit',
+] as const;
+export type FaultKind = (typeof FAULT_KINDS)[number];
+
+/** One scheduled fault. */
+export interface NemesisOp {
+  /** When, from the start of the chaos phase. */
+  readonly atMs: number;
+  readonly kind: FaultKind;
+  /** Target worker slot (for worker faults). */
+  readonly slot: number;
+  /** `pause`: how long the worker stays stopped. */
+  readonly pauseMs?: number;
+  /** `redis-restart`: how long Redis stays down. */
+  readonly downMs?: number;
+  /** `pg-terminate`, `redis-client-kill`: the share of connections cut. */
+  readonly fraction?: number;
+}
+
+/** A fault as it was carried out. */
+export interface NemesisEvent extends NemesisOp {
+  /** Wall-clock time it was carried out. */
+  readonly at: number;
+  /** Target process, when there was one. */
+  readonly pid?: number;
+  /** Connections cut. */
+  readonly cut?: number;
+  /** Why nothing was done (no live target). */
+  readonly skipped?: string;
+}
+
+/** What the schedule depends on; the same seed and parameters give the same schedule. */
+export interface ScheduleOptions {
+  readonly seed: number;
+  readonly durationMs: number;
+  readonly intervalMs: number;
+  readonly workers: number;
+  readonly leaseMs: number;
+}
+
+/** The seeded fault schedule. */
+export function nemesisSchedule(options: ScheduleOptions): NemesisOp[] {
+  const random = seededRandom(options.seed, 1);
+  const ops: NemesisOp[] = [];
+  let round: FaultKind[] = [];
+  // Let the workers settle before the first fault; stop one lease before the end.
+  let atMs = Math.min(3_000, options.intervalMs);
+  while (atMs < options.durationMs - options.leaseMs) {
+    if (round.length === 0) round = random.shuffle(FAULT_KINDS);
+    const kind = round.pop()!;
+    const slot = random.int(0, options.workers - 1);
+    const op: NemesisOp = { atMs, kind, slot };
+    if (kind === 'pause') ops.push({ ...op, pauseMs: Math.round(options.leaseMs * (1.5 + random.next())) });
+    else if (kind === 'redis-restart') ops.push({ ...op, downMs: random.int(200, 2_000) });
+    else if (kind === 'pg-terminate' || kind === 'redis-client-kill') ops.push({ ...op, fraction: 0.25 + 0.75 * random.next() });
+    else ops.push(op);
+    atMs += Math.round(options.intervalMs * (0.5 + random.next()));
+  }
+  return ops;
+}
+
+/** What the nemesis acts on. */
+export interface NemesisTargets {
+  readonly fleet: WorkerFleet;
+  readonly redis: PrivateRedis;
+  /** An admin connection to the private Redis (never cut by the nemesis itself). */
+  readonly redisAdmin: Redis;
+  /** The harness's own Postgres pool. */
+  readonly db: Kysely<any>;
+  /** The workers' `application_name`, which identifies their Postgres backends. */
+  readonly applicationName: string;
+}
+
+/**
+ * Carries out `schedule` from `startedAt`, until done or `signal` aborts. Paused workers are
+ * resumed before it returns.
+ */
+export async function runNemesis(
+  schedule: readonly NemesisOp[],
+  targets: NemesisTargets,
+  startedAt: number,
+  signal: AbortSignal,
+  seed: number,
+): Promise<NemesisEvent[]> {
+  const random = seededRandom(seed, 2);
+  const events: NemesisEvent[] = [];
+  const resumes: Array<Promise<void>> = [];
+  for (const op of schedule) {
+    const wait = startedAt + op.atMs - Date.now();
+    if (wait > 0) await abortableSleep(wait, signal);
+    if (signal.aborted) break;
+    try {
+      events.push(await carryOut(op, targets, random.next, resumes, signal));
+    } catch (error) {
+      events.push({ ...op, at: Date.now(), skipped: `failed: ${(error as Error).message}` });
+    }
+  }
+  await Promise.all(resumes);
+  return events;
+}
+
+async function carryOut(
+  op: NemesisOp,
+  targets: NemesisTargets,
+  next: () => number,
+  resumes: Array<Promise<void>>,
+  signal: AbortSignal,
+): Promise<NemesisEvent> {
+  const { fleet } = targets;
+  const at = Date.now();
+  const done = (extra: Partial<NemesisEvent>): NemesisEvent => ({ ...op, at, ...extra });
+  switch (op.kind) {
+    case 'kill': {
+      const pid = fleet.signal(op.slot, 'SIGKILL');
+      return pid === undefined ? done({ skipped: 'no live worker in slot' }) : done({ pid });
+    }
+    case 'pause': {
+      if (fleet.isPaused(op.slot)) return done({ skipped: 'already paused' });
+      const pid = fleet.signal(op.slot, 'SIGSTOP');
+      if (pid === undefined) return done({ skipped: 'no live worker in slot' });
+      resumes.push(
+        abortableSleep(op.pauseMs!, signal).then(() => {
+          if (fleet.pidOf(op.slot) === pid) fleet.signal(op.slot, 'SIGCONT');
+        }),
+      );
+      return done({ pid });
+    }
+    case 'pg-terminate': {
+      const { rows } = await sql<{ pid: number }>`
+        select pid from pg_stat_activity
+         where application_name = ${targets.applicationName} and pid <> pg_backend_pid()
+         order by pid`.execute(targets.db);
+      const chosen = choose(rows.map((r) => r.pid), op.fraction!, next);
+      for (const pid of chosen) await sql`select pg_terminate_backend(${pid}::int)`.execute(targets.db);
+      return done({ cut: chosen.length });
+    }
+    case 'redis-client-kill': {
+      const own = Number(await targets.redisAdmin.client('ID'));
+      const list = String(await targets.redisAdmin.client('LIST'));
+      const ids = [...list.matchAll(/^id=(\d+) /gm)].map((m) => Number(m[1])).filter((id) => id !== own).sort((a, b) => a - b);
+      const chosen = choose(ids, op.fraction!, next);
+      for (const id of chosen) await targets.redisAdmin.client('KILL', 'ID', String(id)).catch(() => 0);
+      return done({ cut: chosen.length });
+    }
+    case 'redis-restart':
+      await targets.redis.restart(op.downMs!);
+      return done({});
+    case 'crash-after-claim':
+    case 'crash-before-commit':
+    case 'crash-after-commit': {
+      const pid = fleet.arm(op.slot, op.kind.slice('crash-'.length) as CrashPoint);
+      return pid === undefined ? done({ skipped: 'no live worker in slot' }) : done({ pid });
+    }
+  }
+}
+
+/** At least one, about `fraction` of `items`, chosen with the seeded generator. */
+function choose<T>(items: readonly T[], fraction: number, next: () => number): T[] {
+  if (items.length === 0) return [];
+  const count = Math.max(1, Math.round(items.length * fraction));
+  const pool = [...items];
+  const chosen: T[] = [];
+  while (chosen.length < count) chosen.push(pool.splice(Math.floor(next() * pool.length), 1)[0]!);
+  return chosen;
+}
+
+/** Sleeps `ms`, or less if `signal` aborts. */
+export function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const timer = setTimeout(done, ms);
+    function done() {
+      clearTimeout(timer);
+      signal.removeEventListener('abort', done);
+      resolve();
+    }
+    signal.addEventListener('abort', done, { once: true });
+  });
+}

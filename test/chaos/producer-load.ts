@@ -1,0 +1,159 @@
+/**
+ * The producer side of a chaos run: N enqueue requests paced over the run, D% of them
+ * duplicates of a key — repeated `enqueue` calls (same job id), foreign raw BullMQ adds under
+ * other job ids (the wire contract, as a producer in another language would send), and bursts
+ * of concurrent adds of a fresh key. A request is retried until Redis acknowledges it; only
+ * acknowledged keys are held to "never lost".
+ */
+import { Queue, type JobsOptions } from 'bullmq';
+import { IdempotentProducer, toWireJobData } from '../../src/index.js';
+import type { ChaosPayload } from './chaos-handler.js';
+import { abortableSleep } from './nemesis.js';
+import { seededRandom } from './random.js';
+
+/** A key as the producer knows it. */
+export interface ProducedKey {
+  readonly scope: string;
+  readonly key: string;
+  readonly payload: ChaosPayload;
+  /** Adds of this key that Redis acknowledged. */
+  acks: number;
+  /** First acknowledgement (ms since epoch). */
+  firstAckAt?: number;
+}
+
+/** How each request was sent. */
+export type RequestMode = 'new' | 'repeat' | 'foreign' | 'concurrent';
+
+/** What the producer did. */
+export interface LoadResult {
+  /** Every key the producer tried to enqueue, by `scope/key`. */
+  readonly keys: Map<string, ProducedKey>;
+  readonly requests: Record<RequestMode, number>;
+  readonly acknowledged: number;
+  /** Failed attempts that were retried (Redis down, connection cut). */
+  readonly retries: number;
+  /** Requests given up unacknowledged at the deadline. */
+  readonly unacknowledged: number;
+}
+
+/** Options of {@link runProducerLoad}. */
+export interface LoadOptions {
+  readonly seed: number;
+  readonly jobs: number;
+  readonly duplicateRatio: number;
+  /** Requests are spread evenly over this long. */
+  readonly spreadMs: number;
+  readonly maxWorkMs: number;
+  readonly queue: string;
+  readonly prefix: string;
+  readonly redisUrl: string;
+  /** Stops sending new requests. */
+  readonly stop: AbortSignal;
+  /** Stops retrying unacknowledged ones. */
+  readonly giveUp: AbortSignal;
+}
+
+const JOB_NAME = 'charge';
+const MAX_IN_FLIGHT = 32;
+
+/** BullMQ options of every chaos job: retried practically forever, completed jobs removed. */
+export const CHAOS_JOB_OPTIONS: JobsOptions = {
+  attempts: 1_000,
+  backoff: { type: 'fixed', delay: 200 },
+  removeOnComplete: true,
+  removeOnFail: false,
+};
+
+/** Runs the producer; resolves when every request was acknowledged or given up. */
+export async function runProducerLoad(options: LoadOptions): Promise<LoadResult> {
+  const random = seededRandom(options.seed, 3);
+  const connection = { url: options.redisUrl };
+  const producer = new IdempotentProducer({ queue: options.queue, connection, prefix: options.prefix, defaultJobOptions: CHAOS_JOB_OPTIONS });
+  const foreign = new Queue(options.queue, { connection, prefix: options.prefix });
+  producer.queue.on('error', () => {});
+  foreign.on('error', () => {});
+
+  const keys = new Map<string, ProducedKey>();
+  const order: ProducedKey[] = [];
+  const requests: Record<RequestMode, number> = { new: 0, repeat: 0, foreign: 0, concurrent: 0 };
+  let acknowledged = 0;
+  let retries = 0;
+  let unacknowledged = 0;
+  const inFlight = new Set<Promise<void>>();
+
+  const send = (mode: RequestMode, produced: ProducedKey, foreignJobId?: string) => {
+    requests[mode]++;
+    const add = foreignJobId
+      ? () => foreign.add(JOB_NAME, toWireJobData(produced.scope, produced.key, produced.payload), { ...CHAOS_JOB_OPTIONS, jobId: foreignJobId })
+      : () => producer.enqueue({ name: JOB_NAME, scope: produced.scope, key: produced.key, data: produced.payload });
+    const task = (async () => {
+      for (;;) {
+        try {
+          await add();
+          produced.acks++;
+          produced.firstAckAt ??= Date.now();
+          acknowledged++;
+          return;
+        } catch {
+          if (options.giveUp.aborted) {
+            unacknowledged++;
+            return;
+          }
+          retries++;
+          await abortableSleep(100, options.giveUp);
+        }
+      }
+    })();
+    inFlight.add(task);
+    void task.finally(() => inFlight.delete(task));
+  };
+
+  const newKey = (): ProducedKey => {
+    const n = order.length;
+    const produced: ProducedKey = {
+      scope: n % 2 === 0 ? 'acme' : 'globex',
+      key: `order-${n}`,
+      payload: { n, workMs: random.int(0, options.maxWorkMs) },
+      acks: 0,
+    };
+    keys.set(`${produced.scope}/${produced.key}`, produced);
+    order.push(produced);
+    return produced;
+  };
+  // Half the duplicates hit a recent key (likely still in flight), half any earlier key.
+  const earlierKey = () => (random.next() < 0.5 ? order[random.int(Math.max(0, order.length - 100), order.length - 1)]! : random.pick(order));
+
+  const startedAt = Date.now();
+  const gapMs = options.spreadMs / options.jobs;
+  let sent = 0;
+  try {
+    while (sent < options.jobs && !options.stop.aborted) {
+      const wait = startedAt + sent * gapMs - Date.now();
+      if (wait > 0) await abortableSleep(wait, options.stop);
+      while (inFlight.size >= MAX_IN_FLIGHT) await Promise.race(inFlight);
+      if (order.length === 0 || random.next() >= options.duplicateRatio) {
+        send('new', newKey());
+        sent++;
+        continue;
+      }
+      const mode = random.pick(['repeat', 'foreign', 'concurrent'] as const);
+      if (mode === 'repeat') send('repeat', earlierKey());
+      else if (mode === 'foreign') send('foreign', earlierKey(), `foreign-${sent}`);
+      else {
+        // A fresh key, added three times at once: twice through the producer, once raw.
+        const produced = newKey();
+        send('new', produced);
+        send('concurrent', produced);
+        send('concurrent', produced, `foreign-${sent}`);
+        sent += 2;
+      }
+      sent++;
+    }
+    await Promise.all(inFlight);
+  } finally {
+    await producer.close().catch(() => {});
+    await foreign.close().catch(() => {});
+  }
+  return { keys, requests, acknowledged, retries, unacknowledged };
+}

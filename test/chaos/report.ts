@@ -1,0 +1,179 @@
+/**
+ * The report of a chaos run: a summary table for the terminal and a JSON file with the same
+ * numbers, the fault schedule as carried out, and the history of every key that failed a check.
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { ChaosRun } from './harness.js';
+
+/** The numbers of a run, as written to the JSON report. */
+export interface ChaosSummary {
+  readonly verdict: 'PASS' | 'FAIL';
+  readonly seed: number;
+  readonly workers: number;
+  readonly concurrency: number;
+  readonly leaseMs: number;
+  readonly chaosSeconds: number;
+  readonly jobs: number;
+  readonly requests: Readonly<Record<string, number>>;
+  readonly uniqueKeys: number;
+  readonly acknowledgedKeys: number;
+  readonly faults: {
+    readonly kills: number;
+    readonly pauses: number;
+    readonly pgTerminations: number;
+    readonly pgBackendsTerminated: number;
+    readonly redisClientKills: number;
+    readonly redisClientsKilled: number;
+    readonly redisRestarts: number;
+    readonly crashesArmed: number;
+    readonly injectedCrashes: Readonly<Record<string, number>>;
+    readonly skipped: number;
+  };
+  readonly workerProcessesStarted: number;
+  readonly takeovers: number;
+  readonly fencedCommits: number;
+  readonly leaseLost: number;
+  readonly deferrals: number;
+  readonly replays: number;
+  readonly released: number;
+  readonly recoveryAfterKillMs: { readonly samples: number; readonly p50: number | null; readonly p99: number | null; readonly max: number | null };
+  readonly externalCalls: { readonly total: number; readonly keysCalledMoreThanOnce: number; readonly extraCalls: number };
+  readonly leaseOverlaps: number;
+  readonly lost: number;
+  readonly duplicated: number;
+  readonly unexpected: number;
+  readonly committedOverlaps: number;
+  readonly fenceMismatches: number;
+  readonly externalCallsRepeatedWithinLease: number;
+  readonly failedKeys: number;
+  readonly producerRetries: number;
+  readonly unacknowledgedRequests: number;
+  readonly drained: boolean;
+  readonly drainSeconds: number;
+  readonly totalSeconds: number;
+}
+
+/** Reduces a run to its summary. */
+export function summarize(run: ChaosRun): ChaosSummary {
+  const { check, load, events, options } = run;
+  const done = events.filter((e) => !e.skipped);
+  const count = (kind: string) => done.filter((e) => e.kind === kind).length;
+  const cut = (kind: string) => done.filter((e) => e.kind === kind).reduce((sum, e) => sum + (e.cut ?? 0), 0);
+  const outcome = (name: string) => check.outcomes[name] ?? 0;
+  return {
+    verdict: check.ok && run.drained ? 'PASS' : 'FAIL',
+    seed: options.seed,
+    workers: options.workers,
+    concurrency: options.concurrency,
+    leaseMs: options.leaseMs,
+    chaosSeconds: Math.round(run.timings.chaosMs / 1000),
+    jobs: load.acknowledged,
+    requests: load.requests,
+    uniqueKeys: load.keys.size,
+    acknowledgedKeys: check.acknowledgedKeys,
+    faults: {
+      kills: count('kill'),
+      pauses: count('pause'),
+      pgTerminations: count('pg-terminate'),
+      pgBackendsTerminated: cut('pg-terminate'),
+      redisClientKills: count('redis-client-kill'),
+      redisClientsKilled: cut('redis-client-kill'),
+      redisRestarts: count('redis-restart'),
+      crashesArmed: done.filter((e) => e.kind.startsWith('crash-')).length,
+      injectedCrashes: {
+        'after-claim': check.injectedCrashes['after-claim'] ?? 0,
+        'before-commit': check.injectedCrashes['before-commit'] ?? 0,
+        'after-commit': check.injectedCrashes['after-commit'] ?? 0,
+      },
+      skipped: events.length - done.length,
+    },
+    workerProcessesStarted: run.workerStarts,
+    takeovers: outcome('taken-over'),
+    fencedCommits: outcome('fenced'),
+    leaseLost: outcome('lease-lost'),
+    deferrals: outcome('deferred'),
+    replays: outcome('replayed'),
+    released: outcome('released'),
+    recoveryAfterKillMs: check.recoveryMs,
+    externalCalls: check.externalCalls,
+    leaseOverlaps: check.leaseOverlaps,
+    lost: check.lost.length,
+    duplicated: check.duplicated.length,
+    unexpected: check.unexpected.length,
+    committedOverlaps: check.committedOverlaps.length,
+    fenceMismatches: check.fenceMismatches.length,
+    externalCallsRepeatedWithinLease: check.repeatedWithinLease.length,
+    failedKeys: check.failedKeys.length,
+    producerRetries: load.retries,
+    unacknowledgedRequests: load.unacknowledged,
+    drained: run.drained,
+    drainSeconds: Math.round(run.timings.drainMs / 1000),
+    totalSeconds: Math.round(run.timings.totalMs / 1000),
+  };
+}
+
+/** The summary as a two-column table (Markdown, so it pastes into the README as is). */
+export function formatTable(summary: ChaosSummary): string {
+  const s = summary;
+  const ms = (v: number | null) => (v === null ? 'n/a' : `${(v / 1000).toFixed(2)} s`);
+  const crashes = s.faults.injectedCrashes;
+  const rows: Array<[string, string]> = [
+    ['verdict', s.verdict],
+    ['seed', String(s.seed)],
+    ['workers × concurrency', `${s.workers} × ${s.concurrency} (lease ${s.leaseMs} ms)`],
+    ['chaos phase', `${s.chaosSeconds} s (drain ${s.drainSeconds} s, total ${s.totalSeconds} s)`],
+    ['jobs (acknowledged adds)', `${s.jobs} (new ${s.requests.new}, repeated ${s.requests.repeat}, foreign ${s.requests.foreign}, concurrent ${s.requests.concurrent})`],
+    ['unique keys (acknowledged)', `${s.uniqueKeys} (${s.acknowledgedKeys})`],
+    ['worker kills (SIGKILL)', String(s.faults.kills)],
+    ['pauses (SIGSTOP past the lease)', String(s.faults.pauses)],
+    ['Postgres backends terminated', `${s.faults.pgBackendsTerminated} in ${s.faults.pgTerminations} rounds`],
+    ['Redis connections killed', `${s.faults.redisClientsKilled} in ${s.faults.redisClientKills} rounds`],
+    ['Redis restarts (crash + AOF reload)', String(s.faults.redisRestarts)],
+    ['injected crashes by point', `after-claim ${crashes['after-claim']}, before-commit ${crashes['before-commit']}, after-commit ${crashes['after-commit']} (${s.faults.crashesArmed} armed)`],
+    ['worker processes started', String(s.workerProcessesStarted)],
+    ['takeovers', String(s.takeovers)],
+    ['fenced commits', `${s.fencedCommits} (leases lost: ${s.leaseLost})`],
+    ['deferrals', String(s.deferrals)],
+    ['replays', String(s.replays)],
+    ['recovery after a kill p50 / p99 / max', `${ms(s.recoveryAfterKillMs.p50)} / ${ms(s.recoveryAfterKillMs.p99)} / ${ms(s.recoveryAfterKillMs.max)} (${s.recoveryAfterKillMs.samples} keys)`],
+    ['external calls (keys called > once, extra calls)', `${s.externalCalls.total} (${s.externalCalls.keysCalledMoreThanOnce}, ${s.externalCalls.extraCalls}; all after takeovers)`],
+    ['lease overlaps (zombie still running, fenced)', String(s.leaseOverlaps)],
+    ['**lost**', String(s.lost)],
+    ['**duplicated**', String(s.duplicated)],
+    ['**unexpected**', String(s.unexpected)],
+    ['**committed overlaps**', String(s.committedOverlaps)],
+    ['**fence mismatches / external calls repeated within a lease**', `${s.fenceMismatches} / ${s.externalCallsRepeatedWithinLease}`],
+    ['drained', s.drained ? 'yes' : 'NO'],
+  ];
+  const width = Math.max(...rows.map(([name]) => name.length));
+  return ['| metric | value |', '| --- | --- |', ...rows.map(([name, value]) => `| ${name.padEnd(width)} | ${value} |`)].join('\n');
+}
+
+/** Writes `<dir>/report-<seed>.json`; returns its path. */
+export function writeJsonReport(run: ChaosRun, summary: ChaosSummary, dir: string): string {
+  mkdirSync(dir, { recursive: true });
+  const path = join(dir, `report-${summary.seed}.json`);
+  const cap = (ids: readonly string[]) => ids.slice(0, 100);
+  const { log: _log, ...options } = run.options;
+  const json = {
+    summary,
+    options,
+    names: run.names,
+    queueCountsAfterDrain: run.queueCounts,
+    outcomes: run.check.outcomes,
+    violations: {
+      lost: cap(run.check.lost),
+      duplicated: cap(run.check.duplicated),
+      unexpected: cap(run.check.unexpected),
+      committedOverlaps: cap(run.check.committedOverlaps),
+      fenceMismatches: cap(run.check.fenceMismatches),
+      externalCallsRepeatedWithinLease: cap(run.check.repeatedWithinLease),
+      failedKeys: cap(run.check.failedKeys),
+    },
+    faults: run.events,
+    evidence: run.evidence,
+  };
+  writeFileSync(path, `${JSON.stringify(json, null, 2)}\n`);
+  return path;
+}

@@ -1,0 +1,216 @@
+/**
+ * K chaos worker processes, each in a slot. A worker that dies (killed by the nemesis, or
+ * crashed by its fault hook) is replaced in its slot at once. Every worker's JSON log lines
+ * that matter to the checker are kept, with the time and pid pino writes on each.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import type { CrashPoint } from './fault-injection.js';
+import { FAULT_LOG_MESSAGE } from './fault-injection.js';
+
+/** One worker log line, reduced to what the checker reads. */
+export interface WorkerLogLine {
+  readonly time: number;
+  readonly pid: number;
+  readonly msg: string;
+  readonly level: number;
+  readonly outcome?: string;
+  readonly scope?: string;
+  readonly key?: string;
+  readonly fence?: number;
+  readonly jobId?: string;
+  /** On fault lines: where the worker crashed. */
+  readonly point?: string;
+  /** On error lines: the error's message. */
+  readonly err?: string;
+}
+
+/** How a worker process ended. */
+export interface WorkerExit {
+  readonly pid: number;
+  readonly slot: number;
+  readonly at: number;
+  readonly code: number | null;
+  readonly signal: string | null;
+}
+
+/** Options of {@link WorkerFleet}. */
+export interface WorkerFleetOptions {
+  readonly count: number;
+  /** Environment of every worker (on top of this process's). */
+  readonly env: Record<string, string>;
+  /** Gives up when a worker exits on its own, by code, this many times before it was ready. */
+  readonly maxStartFailures?: number;
+}
+
+interface Slot {
+  child: ChildProcess | undefined;
+  ready: boolean;
+  paused: boolean;
+}
+
+const ENTRY = fileURLToPath(new URL('./chaos-worker.ts', import.meta.url));
+const KEPT_MESSAGES = new Set(['worker ready', FAULT_LOG_MESSAGE]);
+
+/** The worker processes of one chaos run. */
+export class WorkerFleet {
+  readonly lines: WorkerLogLine[] = [];
+  readonly exits: WorkerExit[] = [];
+  readonly starts: Array<{ pid: number; slot: number; at: number }> = [];
+  readonly #options: WorkerFleetOptions;
+  readonly #slots: Slot[];
+  readonly #stderr = new Map<number, string>();
+  #stopping = false;
+  #startFailures = 0;
+  #failure: Error | undefined;
+
+  constructor(options: WorkerFleetOptions) {
+    this.#options = options;
+    this.#slots = Array.from({ length: options.count }, () => ({ child: undefined, ready: false, paused: false }));
+  }
+
+  /** Set when workers cannot start (a configuration or environment problem): the run is void. */
+  get failure(): Error | undefined {
+    return this.#failure;
+  }
+
+  get size(): number {
+    return this.#slots.length;
+  }
+
+  /** Starts every slot's worker and waits until all are ready. */
+  async start(timeoutMs = 60_000): Promise<void> {
+    for (let slot = 0; slot < this.#slots.length; slot++) this.#spawn(slot);
+    const deadline = Date.now() + timeoutMs;
+    while (!this.#slots.every((s) => s.ready)) {
+      if (this.#failure) throw this.#failure;
+      if (Date.now() > deadline) throw new Error(`chaos workers not ready within ${timeoutMs} ms`);
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+
+  /** The pid running in `slot`, if any. */
+  pidOf(slot: number): number | undefined {
+    return this.#slots[slot]?.child?.pid;
+  }
+
+  /** Sends `signal` to the worker in `slot`; returns its pid, or undefined when none runs. */
+  signal(slot: number, signal: NodeJS.Signals): number | undefined {
+    const s = this.#slots[slot];
+    const child = s?.child;
+    if (!s || !child || child.exitCode !== null || child.signalCode !== null) return undefined;
+    if (signal === 'SIGSTOP') s.paused = true;
+    if (signal === 'SIGCONT') s.paused = false;
+    child.kill(signal);
+    return child.pid;
+  }
+
+  /** Whether the worker in `slot` is stopped by SIGSTOP. */
+  isPaused(slot: number): boolean {
+    return this.#slots[slot]?.paused ?? false;
+  }
+
+  /** Arms one crash at `point` in the worker of `slot` (it crashes the next time it gets there). */
+  arm(slot: number, point: CrashPoint): number | undefined {
+    const child = this.#slots[slot]?.child;
+    if (!child || !child.connected) return undefined;
+    child.send({ arm: point }, () => {});
+    return child.pid;
+  }
+
+  /** Recent stderr of a worker, for diagnostics. */
+  stderrOf(pid: number): string {
+    return this.#stderr.get(pid) ?? '';
+  }
+
+  /** Graceful stop: SIGCONT, SIGTERM, wait; SIGKILL whatever is left after `timeoutMs`. */
+  async stop(timeoutMs: number): Promise<void> {
+    this.#stopping = true;
+    const children = this.#slots.map((s) => s.child).filter((c): c is ChildProcess => alive(c));
+    for (const child of children) {
+      child.kill('SIGCONT');
+      child.kill('SIGTERM');
+    }
+    const all = Promise.all(children.map((child) => (alive(child) ? once(child, 'exit') : undefined)));
+    const timer = new Promise((resolve) => setTimeout(resolve, timeoutMs).unref());
+    await Promise.race([all, timer]);
+    await this.killAll();
+  }
+
+  /** SIGKILLs every worker (cleanup, also on failure or Ctrl-C). */
+  async killAll(): Promise<void> {
+    this.#stopping = true;
+    const children = this.#slots.map((s) => s.child).filter((c): c is ChildProcess => alive(c));
+    for (const child of children) {
+      child.kill('SIGCONT');
+      child.kill('SIGKILL');
+    }
+    await Promise.all(children.map((child) => (alive(child) ? once(child, 'exit') : undefined)));
+  }
+
+  #spawn(slot: number): void {
+    const child = spawn(process.execPath, ['--import', 'tsx', ENTRY], {
+      env: { ...process.env, ...this.#options.env },
+      stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
+    });
+    const s = this.#slots[slot]!;
+    s.child = child;
+    s.ready = false;
+    s.paused = false;
+    const pid = child.pid!;
+    this.starts.push({ pid, slot, at: Date.now() });
+    child.on('error', () => {});
+    child.stderr!.on('data', (chunk: Buffer) => this.#stderr.set(pid, ((this.#stderr.get(pid) ?? '') + chunk.toString()).slice(-4000)));
+    createInterface({ input: child.stdout! }).on('line', (text) => {
+      const line = parseLine(text);
+      if (!line) return;
+      if (line.msg === 'worker ready' && s.child === child) s.ready = true;
+      this.lines.push(line);
+    });
+    child.once('exit', (code, signal) => {
+      this.exits.push({ pid, slot, at: Date.now(), code, signal });
+      if (this.#stopping || s.child !== child) return;
+      s.child = undefined;
+      if (signal === null && !s.ready) {
+        this.#startFailures++;
+        if (this.#startFailures >= (this.#options.maxStartFailures ?? 3)) {
+          this.#failure = new Error(`chaos worker ${pid} exited with code ${code} before it was ready:\n${this.stderrOf(pid)}`);
+          return;
+        }
+      }
+      this.#spawn(slot);
+    });
+  }
+}
+
+function alive(child: ChildProcess | undefined): child is ChildProcess {
+  return child !== undefined && child.exitCode === null && child.signalCode === null;
+}
+
+function parseLine(text: string): WorkerLogLine | undefined {
+  let raw: Record<string, unknown>;
+  try {
+    raw = JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+  const msg = String(raw.msg ?? '');
+  const level = Number(raw.level ?? 30);
+  if (raw.outcome === undefined && !KEPT_MESSAGES.has(msg) && level < 50) return undefined;
+  const err = raw.err as { message?: string } | undefined;
+  return {
+    time: Number(raw.time),
+    pid: Number(raw.pid),
+    msg,
+    level,
+    ...(typeof raw.outcome === 'string' ? { outcome: raw.outcome } : {}),
+    ...(typeof raw.scope === 'string' ? { scope: raw.scope } : {}),
+    ...(typeof raw.key === 'string' ? { key: raw.key } : {}),
+    ...(raw.fence !== undefined ? { fence: Number(raw.fence) } : {}),
+    ...(typeof raw.jobId === 'string' ? { jobId: raw.jobId } : {}),
+    ...(typeof raw.point === 'string' ? { point: raw.point } : {}),
+    ...(err?.message ? { err: err.message } : {}),
+  };
+}
