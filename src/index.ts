@@ -52,3 +52,33 @@ export { loadEnvConfig } from './config/env-config.js';
 export type { WorkerProcess, WorkerProcessOptions } from './runtime/worker-process.js';
 export { startWorkerProcess } from './runtime/worker-process.js';
 export { onShutdownSignals } from './runtime/shutdown-signals.js';
+// Operations (issue 7): retention, the sweeper, metrics and health.
+export type {
+  JanitorOptions,
+  MaintenanceIntervals,
+  ResolvedJanitorOptions,
+  ResolvedSweeperOptions,
+  RetryPolicy,
+  SweeperAction,
+  SweeperJobQueues,
+  SweeperOptions,
+} from './config/maintenance-options.js';
+export { parseQueueActions, resolveJanitorOptions, resolveSweeperOptions, retryHorizonMs } from './config/maintenance-options.js';
+export type { JanitorReport, RetentionWarning } from './ops/janitor.js';
+export { Janitor } from './ops/janitor.js';
+export type { SweepRecovery, SweepReport } from './ops/sweeper.js';
+export { Sweeper } from './ops/sweeper.js';
+export type { MaintenanceEvents, MaintenanceOptions } from './ops/maintenance.js';
+export { Maintenance } from './ops/maintenance.js';
+export type { ConfiguredMaintenance, MaintenanceProcess, MaintenanceProcessOptions } from './ops/maintenance-process.js';
+export { createMaintenanceFromConfig, retryPolicyFromConfig, startMaintenanceProcess } from './ops/maintenance-process.js';
+export type { LockedRun, MaintenanceTask } from './store/maintenance-lock.js';
+export { withMaintenanceLock } from './store/maintenance-lock.js';
+export type { KeyStats } from './store/sql/key-stats.js';
+export type { BullmqJobLookupOptions, JobPresence, ReenqueueRequest } from './bullmq/job-lookup.js';
+export { BullmqJobLookup } from './bullmq/job-lookup.js';
+export type { HealthCheck, HealthReport, MetricsServer, MetricsServerOptions } from './metrics/metrics-server.js';
+export { runHealthChecks, startMetricsServer } from './metrics/metrics-server.js';
+export { instrumentWorker } from './metrics/worker-metrics.js';
+export { instrumentMaintenance } from './metrics/maintenance-metrics.js';
+export { METRIC_PREFIX } from './metrics/metric-registry.js';

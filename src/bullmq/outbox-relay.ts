@@ -2,6 +2,7 @@ import { Queue, type ConnectionOptions, type JobsOptions } from 'bullmq';
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
 import type { FaultHook } from '../fault-hook.js';
+import { relayMetrics } from '../metrics/relay-metrics.js';
 import { lockUnsentOutboxRows, markOutboxRowsSent } from '../store/sql/outbox.js';
 
 /** Options of {@link OutboxRelay}. */
@@ -52,7 +53,7 @@ export class OutboxRelay {
   /** Relays one batch; returns how many rows were delivered. */
   async relayOnce(): Promise<number> {
     const schema = this.#options.schema ?? 'idempotent_jobs';
-    return this.#options.db.transaction().execute(async (tx) => {
+    const relayed = await this.#options.db.transaction().execute(async (tx) => {
       const rows = await lockUnsentOutboxRows(tx, schema, this.#options.batchSize ?? 100);
       if (rows.length === 0) return 0;
       const byQueue = new Map<string, typeof rows>();
@@ -66,6 +67,8 @@ export class OutboxRelay {
       await markOutboxRowsSent(tx, schema, rows.map((row) => row.id));
       return rows.length;
     });
+    relayMetrics().relayed.inc({ schema }, relayed); // counted once committed
+    return relayed;
   }
 
   /** Starts relaying in the background until {@link stop}. */
@@ -89,6 +92,7 @@ export class OutboxRelay {
         if (relayed > 0) this.#log.debug({ relayed }, 'relayed outbox rows');
       } catch (error) {
         this.#log.error({ err: error }, 'outbox relay batch failed; retrying');
+        relayMetrics().errors.inc({ schema: this.#options.schema ?? 'idempotent_jobs' });
       }
       if (relayed === 0 && !this.#stopping) {
         await new Promise<void>((resolve) => {

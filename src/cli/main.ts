@@ -1,16 +1,19 @@
 /**
  * The `idempotent-jobs` command. Exit codes: 0 success, 1 runtime failure, 2 bad usage or
- * configuration, 3 not found (for commands that look a key up).
+ * configuration, 3 not found (for commands that look a key up), 4 refused by the key's state
+ * (see exit-codes.ts).
  */
 import { Command, CommanderError } from 'commander';
 import { ConfigError, ValidationError } from '../errors.js';
 import { registerMigrateCommand } from './migrate-command.js';
+import { registerKeysCommand } from './keys-command.js';
+import { registerStatsCommand } from './stats-command.js';
 import { registerWorkerCommand } from './worker-command.js';
 
-export const EXIT_OK = 0;
-export const EXIT_FAILURE = 1;
-export const EXIT_USAGE = 2;
-export const EXIT_NOT_FOUND = 3;
+import { EXIT_FAILURE, EXIT_OK, EXIT_USAGE } from './exit-codes.js';
+
+// Defined in exit-codes.ts so that commands can import them without importing (and running) this module.
+export { EXIT_CONFLICT, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE } from './exit-codes.js';
 
 export function buildCli(): Command {
   const program = new Command('idempotent-jobs')
@@ -19,6 +22,8 @@ export function buildCli(): Command {
     .showHelpAfterError();
   registerWorkerCommand(program);
   registerMigrateCommand(program);
+  registerKeysCommand(program);
+  registerStatsCommand(program);
   return program;
 }
 

@@ -30,10 +30,29 @@ const envSchema = z.object({
   FAST_PATH: bool.default(false),
   STORE_PAYLOAD: bool.default(false),
   PG_POOL_SIZE: int(1).optional(),
-  METRICS_PORT: int(1).max(65_535).optional(),
+  /** Port of /metrics and /healthz; 0 picks a free port. Unset: no metrics server. */
+  METRICS_PORT: int(0).max(65_535).optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   /** Run migrations at start (safe with many processes). */
   MIGRATE: bool.default(true),
+  /** Janitor (expired keys, old outbox rows) in this process, one active across processes. */
+  JANITOR_ENABLED: bool.default(true),
+  JANITOR_INTERVAL_MS: int(100).default(60_000),
+  JANITOR_BATCH_SIZE: int(1).max(100_000).default(1_000),
+  /** Sweeper (lost jobs) in this process, one active across processes. */
+  SWEEPER_ENABLED: bool.default(true),
+  SWEEPER_INTERVAL_MS: int(100).default(60_000),
+  /** How long after its lease ended a processing key may sit before the sweeper checks its job. */
+  SWEEP_AFTER_MS: int(0).default(900_000),
+  SWEEPER_ACTION: z.enum(['reenqueue', 'abandon']).default('reenqueue'),
+  /** Per-queue sweeper actions: `payments=reenqueue,emails=abandon`. */
+  SWEEPER_QUEUE_ACTIONS: z.string().regex(/^\s*[^=,\s]+\s*=\s*(reenqueue|abandon)\s*(,\s*[^=,\s]+\s*=\s*(reenqueue|abandon)\s*)*$/, 'must look like payments=reenqueue,emails=abandon').optional(),
+  /** Key statistics refresh (the idempotent_jobs_keys gauges); 0 turns it off. */
+  STATS_INTERVAL_MS: int(0).default(60_000),
+  /** The BullMQ attempts/backoff producers give QUEUE's jobs: checked against RETENTION_MS, given to re-enqueued jobs. */
+  JOB_ATTEMPTS: int(1).default(1),
+  JOB_BACKOFF_MS: int(0).default(0),
+  JOB_BACKOFF_TYPE: z.enum(['fixed', 'exponential']).default('fixed'),
 });
 
 /** The validated process configuration. */

@@ -6,6 +6,12 @@ import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { KeySettledListener } from '../store/key-settled-listener.js';
 import { migrate } from '../store/migrate.js';
+import { startMetricsServer, type MetricsServer } from '../metrics/metrics-server.js';
+import { instrumentWorker } from '../metrics/worker-metrics.js';
+import { pingBullWorker } from '../bullmq/job-lookup.js';
+import type { Maintenance } from '../ops/maintenance.js';
+import { createMaintenanceFromConfig } from '../ops/maintenance-process.js';
+import { pingDatabase } from '../store/sql/ping.js';
 import { onShutdownSignals } from './shutdown-signals.js';
 
 /** What {@link startWorkerProcess} needs besides the environment. */
@@ -26,6 +32,10 @@ export interface WorkerProcess<P, R> {
   readonly worker: IdempotentWorker<P, R>;
   readonly keys: IdempotencyKeys;
   readonly logger: Logger;
+  /** `/metrics` and `/healthz`, when `METRICS_PORT` is set. */
+  readonly metricsServer?: MetricsServer;
+  /** Janitor, sweeper and key statistics (one process at a time runs each), unless all turned off. */
+  readonly maintenance?: Maintenance;
   /** Graceful stop (force: release unfinished jobs' keys at once), then close every connection. */
   stop(options?: { force?: boolean }): Promise<void>;
 }
@@ -68,7 +78,24 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     logger,
     faultHook: options.faultHook,
   });
+  const uninstrument = instrumentWorker(worker, config.QUEUE);
   await worker.waitUntilReady();
+  // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
+  const maintenance = createMaintenanceFromConfig(config, db, logger, { stats: config.METRICS_PORT !== undefined });
+  maintenance?.maintenance.start();
+  const metricsServer =
+    config.METRICS_PORT === undefined
+      ? undefined
+      : await startMetricsServer({
+          port: config.METRICS_PORT,
+          checks: {
+            postgres: () => pingDatabase(db),
+            redis: () => pingBullWorker(worker.bullWorker),
+            worker: () => {
+              if (!worker.bullWorker.isRunning()) throw new Error('the worker is not running (closing or closed)');
+            },
+          },
+        });
   logger.info({ pid: process.pid, queue: config.QUEUE, concurrency: config.CONCURRENCY, leaseMs: config.LEASE_MS }, 'worker ready');
 
   let stopped: Promise<void> | undefined;
@@ -77,10 +104,13 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     stopped ??= (async () => {
       await worker.close();
       await listener?.close();
+      await maintenance?.stop();
+      await metricsServer?.close();
+      uninstrument();
       await db.destroy();
     })();
     return stopped;
   };
   if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
-  return { worker, keys, logger, stop };
+  return { worker, keys, logger, stop, metricsServer, maintenance: maintenance?.maintenance };
 }

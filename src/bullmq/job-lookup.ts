@@ -1,0 +1,93 @@
+import { Queue, type ConnectionOptions, type JobsOptions, type Worker } from 'bullmq';
+
+/**
+ * Whether BullMQ still has a job: `pending` (waiting, delayed, prioritized, active, waiting for
+ * children: it will run or is running), `finished` (completed or failed: it will not run
+ * again) or `missing` (removed, evicted, or never added).
+ */
+export type JobPresence = 'pending' | 'finished' | 'missing';
+
+/** A job the sweeper puts back, under the wire contract. */
+export interface ReenqueueRequest {
+  readonly queue: string;
+  /** The deterministic id (`jobIdFor(scope, key)`). */
+  readonly jobId: string;
+  readonly name: string;
+  readonly data: unknown;
+  readonly opts?: Omit<JobsOptions, 'jobId'>;
+}
+
+/** Options of {@link BullmqJobLookup}. */
+export interface BullmqJobLookupOptions {
+  readonly connection: ConnectionOptions;
+  /** BullMQ key prefix. @defaultValue `'bull'` */
+  readonly prefix?: string;
+}
+
+/**
+ * The sweeper's view of BullMQ: asks whether a key's job still exists and re-adds lost jobs.
+ * Keeps one `Queue` per queue name it has been asked about; {@link close} closes them.
+ *
+ * @example
+ * ```ts
+ * const lookup = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
+ * const presence = await lookup.presence('payments', ['ij_0123']);
+ * await lookup.close();
+ * ```
+ */
+export class BullmqJobLookup {
+  readonly #options: BullmqJobLookupOptions;
+  readonly #queues = new Map<string, Queue>();
+
+  constructor(options: BullmqJobLookupOptions) {
+    this.#options = Object.freeze({ ...options });
+  }
+
+  /** The presence of the first of `jobIds` that is pending, else finished, else `missing`. */
+  async presence(queue: string, jobIds: readonly string[]): Promise<JobPresence> {
+    const states = await Promise.all([...new Set(jobIds)].map((id) => this.#queue(queue).getJobState(id)));
+    if (states.some((state) => state !== 'unknown' && state !== 'completed' && state !== 'failed')) return 'pending';
+    if (states.some((state) => state === 'completed' || state === 'failed')) return 'finished';
+    return 'missing';
+  }
+
+  /**
+   * Adds the job under its deterministic id. A finished job with that id is removed first
+   * (BullMQ ignores an add whose id exists in any state); a pending one is left alone and
+   * `'exists'` is returned, as it will run anyway.
+   */
+  async reenqueue(request: ReenqueueRequest): Promise<'added' | 'exists'> {
+    const queue = this.#queue(request.queue);
+    const state = await queue.getJobState(request.jobId);
+    if (state === 'completed' || state === 'failed') await queue.remove(request.jobId);
+    else if (state !== 'unknown') return 'exists';
+    await queue.add(request.name, request.data, { ...request.opts, jobId: request.jobId });
+    return 'added';
+  }
+
+  /** Closes the queues' Redis connections. */
+  async close(): Promise<void> {
+    const queues = [...this.#queues.values()];
+    this.#queues.clear();
+    await Promise.all(queues.map((queue) => queue.close()));
+  }
+
+  #queue(name: string): Queue {
+    let queue = this.#queues.get(name);
+    if (!queue) {
+      queue = new Queue(name, { connection: this.#options.connection, prefix: this.#options.prefix });
+      this.#queues.set(name, queue);
+    }
+    return queue;
+  }
+}
+
+/**
+ * A health check of a BullMQ worker's Redis connection: one round trip (HEXISTS on the queue's
+ * meta hash). Throws when Redis does not answer or the connection is not ready.
+ */
+export async function pingBullWorker(worker: Worker): Promise<void> {
+  const client = await worker.getBackend().client;
+  if (client.status !== 'ready') throw new Error(`Redis connection is ${client.status}`);
+  await client.hexists(worker.toKey('meta'), 'version');
+}

@@ -1,0 +1,219 @@
+import { InvalidArgumentError, type Command } from 'commander';
+import type { Kysely } from 'kysely';
+import { loadEnvConfig } from '../config/env-config.js';
+import { ValidationError } from '../errors.js';
+import { assertValidKeyPart } from '../protocol/validate.js';
+import { createPostgresDb } from '../store/create-postgres-db.js';
+import type { KeyRecord, KeyStatus } from '../store/key-record.js';
+import { getKey } from '../store/sql/get-key.js';
+import { listKeys } from '../store/sql/list-keys.js';
+import { operatorReleaseKey } from '../store/sql/operator-release.js';
+import { purgeKeys } from '../store/sql/purge-keys.js';
+import { EXIT_CONFLICT, EXIT_NOT_FOUND } from './exit-codes.js';
+import { formatDuration, formatTable, formatTime } from './table.js';
+
+const STATUSES: readonly KeyStatus[] = ['processing', 'completed', 'failed'];
+const MAX_LIST_LIMIT = 10_000;
+const PURGE_BATCH = 1_000;
+const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
+
+/**
+ * Parses a duration such as `30m`, `24h`, `7d` (units ms, s, m, h, d, w) into milliseconds.
+ * Throws commander's `InvalidArgumentError` (exit code 2) on anything else.
+ */
+export function parseDuration(text: string): number {
+  const match = /^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$/.exec(text);
+  if (!match) throw new InvalidArgumentError(`"${text}" is not a duration; use a number and a unit: 90s, 30m, 24h, 7d, 2w.`);
+  const ms = Number(match[1]) * DURATION_UNITS[match[2]!]!;
+  if (!Number.isSafeInteger(ms) || ms <= 0) throw new InvalidArgumentError(`"${text}" must be a positive duration.`);
+  return ms;
+}
+
+function parseLimit(text: string): number {
+  const n = Number(text);
+  if (!/^\d+$/.test(text.trim()) || n < 1 || n > MAX_LIST_LIMIT) {
+    throw new InvalidArgumentError(`must be a whole number from 1 to ${MAX_LIST_LIMIT}, got "${text}".`);
+  }
+  return n;
+}
+
+function parseStatus(text: string): KeyStatus {
+  if (!(STATUSES as readonly string[]).includes(text)) {
+    throw new InvalidArgumentError(`must be one of ${STATUSES.join(', ')}, got "${text}".`);
+  }
+  return text as KeyStatus;
+}
+
+/** Opens a one-connection pool on $DATABASE_URL, runs `fn` with it and $SCHEMA, closes it. */
+async function withDatabase<T>(fn: (db: Kysely<any>, schema: string) => Promise<T>): Promise<T> {
+  const config = loadEnvConfig();
+  const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 1, applicationName: 'idempotent-jobs:cli' });
+  try {
+    return await fn(db, config.SCHEMA);
+  } finally {
+    await db.destroy();
+  }
+}
+
+function checkKey(scope: string, key: string): void {
+  assertValidKeyPart('scope', scope);
+  assertValidKeyPart('key', key);
+}
+
+/** A key as JSON for scripts: the record with times in ISO 8601. */
+function keyJson(record: KeyRecord): Record<string, unknown> {
+  return JSON.parse(JSON.stringify(record)) as Record<string, unknown>;
+}
+
+function describeKey(record: KeyRecord): string {
+  const rows: Array<[string, string]> = [
+    ['scope', record.scope],
+    ['key', record.key],
+    ['status', record.status],
+    ['fence', String(record.fence)],
+    ['attempts', String(record.attempts)],
+    ['owner', record.owner ?? '-'],
+    ['locked until', formatTime(record.lockedUntil)],
+    ['job id', record.jobId ?? '-'],
+    ['queue', record.queue ?? '-'],
+    ['job name', record.jobName ?? '-'],
+    ['fingerprint', record.fingerprint],
+    ['created', formatTime(record.createdAt)],
+    ['updated', formatTime(record.updatedAt)],
+    ['completed', formatTime(record.completedAt)],
+    ['expires', formatTime(record.expiresAt)],
+    ['result', record.result === null || record.result === undefined ? '-' : JSON.stringify(record.result)],
+    ['error', record.error === null || record.error === undefined ? '-' : JSON.stringify(record.error)],
+    ['payload', record.payload === null || record.payload === undefined ? '-' : JSON.stringify(record.payload)],
+  ];
+  const width = Math.max(...rows.map(([name]) => name.length));
+  return rows.map(([name, value]) => `${name.padEnd(width)}  ${value}`).join('\n');
+}
+
+function notFound(scope: string, key: string, json: boolean | undefined): void {
+  const message = `No key "${key}" in scope "${scope}" (it never existed, or the janitor deleted it after its retention).`;
+  if (json) console.log(JSON.stringify({ found: false, scope, key }));
+  console.error(message);
+  process.exitCode = EXIT_NOT_FOUND;
+}
+
+/**
+ * `keys get|list|release|purge`: inspect and repair idempotency keys in $SCHEMA of
+ * $DATABASE_URL. Exit codes: see `exit-codes.ts`.
+ */
+export function registerKeysCommand(program: Command): void {
+  const keys = program.command('keys').description('inspect and repair idempotency keys');
+
+  keys
+    .command('get')
+    .description('show one key: status, owner, fence, lease, job, result or error')
+    .argument('<scope>', 'the key\'s scope ("default" when the producer named none)')
+    .argument('<key>', 'the idempotency key')
+    .option('--json', 'print the key as JSON')
+    .action(async (scope: string, key: string, options: { json?: boolean }) => {
+      checkKey(scope, key);
+      const record = await withDatabase((db, schema) => getKey(db, schema, scope, key));
+      if (!record) return notFound(scope, key, options.json);
+      console.log(options.json ? JSON.stringify(keyJson(record)) : describeKey(record));
+    });
+
+  keys
+    .command('list')
+    .description('list keys, most recently updated first')
+    .option('--status <status>', `only keys in this status (${STATUSES.join(', ')})`, parseStatus)
+    .option('--expired', 'only keys whose time is up: finished past expires_at, or processing with an ended lease')
+    .option('--scope <scope>', 'only keys in this scope')
+    .option('--limit <n>', `at most this many (1 to ${MAX_LIST_LIMIT})`, parseLimit, 50)
+    .option('--json', 'print a JSON array')
+    .action(async (options: { status?: KeyStatus; expired?: boolean; scope?: string; limit: number; json?: boolean }) => {
+      if (options.scope !== undefined) assertValidKeyPart('scope', options.scope);
+      const records = await withDatabase((db, schema) =>
+        listKeys(db, schema, { status: options.status, scope: options.scope, expired: options.expired, limit: options.limit }),
+      );
+      if (options.json) {
+        console.log(JSON.stringify(records.map(keyJson)));
+        return;
+      }
+      if (records.length === 0) {
+        console.log('No keys match.');
+        return;
+      }
+      console.log(
+        formatTable(
+          ['SCOPE', 'KEY', 'STATUS', 'FENCE', 'ATTEMPTS', 'LOCKED UNTIL', 'EXPIRES', 'UPDATED', 'QUEUE', 'JOB ID'],
+          records.map((r) => [
+            r.scope,
+            r.key,
+            r.status,
+            String(r.fence),
+            String(r.attempts),
+            formatTime(r.lockedUntil),
+            formatTime(r.expiresAt),
+            formatTime(r.updatedAt),
+            r.queue ?? '-',
+            r.jobId ?? '-',
+          ]),
+        ),
+      );
+      if (records.length === options.limit) console.log(`(first ${options.limit}; raise --limit for more)`);
+    });
+
+  keys
+    .command('release')
+    .description(
+      'operator unlock: make a processing or failed key claimable again at once (recorded on the key). ' +
+        'A worker still running it is fenced out; re-run its job (or let the sweeper re-enqueue it).',
+    )
+    .argument('<scope>', "the key's scope")
+    .argument('<key>', 'the idempotency key')
+    .requiredOption('--reason <text>', 'why (stored on the key with the time)')
+    .option('--json', 'print the released key as JSON')
+    .action(async (scope: string, key: string, options: { reason: string; json?: boolean }) => {
+      checkKey(scope, key);
+      if (options.reason.trim() === '') throw new ValidationError('INVALID_OPTIONS', 'reason', '--reason must not be empty.');
+      const outcome = await withDatabase(async (db, schema) => {
+        const released = await operatorReleaseKey(db, schema, scope, key, options.reason);
+        return released ?? { existing: await getKey(db, schema, scope, key) };
+      });
+      if ('record' in outcome) {
+        if (options.json) {
+          console.log(JSON.stringify({ released: true, previousStatus: outcome.previousStatus, key: keyJson(outcome.record) }));
+        } else {
+          console.log(
+            `Released key "${key}" in scope "${scope}" (was ${outcome.previousStatus}); the next claim takes it over ` +
+              `(fence ${outcome.record.fence + 1}).` +
+              (outcome.record.jobId ? ` Its last job was ${outcome.record.jobId} on queue "${outcome.record.queue}".` : ''),
+          );
+        }
+        return;
+      }
+      if (!outcome.existing) return notFound(scope, key, options.json);
+      const message =
+        `Key "${key}" in scope "${scope}" is ${outcome.existing.status}; only processing or failed keys can be released. ` +
+        'Releasing a completed key would run its effect a second time; use a new key for a new request.';
+      if (options.json) console.log(JSON.stringify({ released: false, status: outcome.existing.status, scope, key }));
+      console.error(message);
+      process.exitCode = EXIT_CONFLICT;
+    });
+
+  keys
+    .command('purge')
+    .description(
+      'delete completed and failed keys that finished longer ago than the duration, whatever their retention ' +
+        '(processing keys are never purged). A duplicate of a purged key runs again.',
+    )
+    .requiredOption('--older-than <duration>', 'e.g. 30m, 24h, 7d', parseDuration)
+    .option('--json', 'print the count as JSON')
+    .action(async (options: { olderThan: number; json?: boolean }) => {
+      const deleted = await withDatabase(async (db, schema) => {
+        let total = 0;
+        for (;;) {
+          const n = await purgeKeys(db, schema, options.olderThan, PURGE_BATCH);
+          total += n;
+          if (n < PURGE_BATCH) return total;
+        }
+      });
+      if (options.json) console.log(JSON.stringify({ deleted, olderThanMs: options.olderThan }));
+      else console.log(`Purged ${deleted} finished key${deleted === 1 ? '' : 's'} older than ${formatDuration(options.olderThan)}.`);
+    });
+}

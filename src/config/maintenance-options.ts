@@ -1,0 +1,244 @@
+import type { Kysely } from 'kysely';
+import type { Logger } from 'pino';
+import { z } from 'zod';
+import { ValidationError } from '../errors.js';
+
+/**
+ * BullMQ retry settings of a queue's jobs (what producers pass as `attempts` and `backoff`).
+ * The janitor compares the retry horizon they imply with the retention; the sweeper gives
+ * re-enqueued jobs these options.
+ */
+export interface RetryPolicy {
+  /** BullMQ `attempts`. @defaultValue `1` */
+  readonly attempts?: number;
+  /** BullMQ `backoff`. @defaultValue none (retries at once) */
+  readonly backoff?: { readonly type: 'fixed' | 'exponential'; readonly delayMs: number };
+}
+
+/** Options of `Janitor`: deleting expired keys and old outbox rows. */
+export interface JanitorOptions {
+  readonly db: Kysely<any>;
+  /** @defaultValue `'idempotent_jobs'` */
+  readonly schema?: string;
+  /** Rows deleted per statement (one short transaction each). @defaultValue `1_000` */
+  readonly batchSize?: number;
+  /** Most batches per table in one run, so one run stays bounded; the next run continues. @defaultValue `100` */
+  readonly maxBatchesPerRun?: number;
+  /**
+   * How long keys are kept: the janitor purges outbox rows sent longer ago than this, and warns
+   * when a queue's retry horizon exceeds it. (Keys carry their own `expires_at`, set from the
+   * `IdempotencyKeys` retention when they finish.)
+   * @defaultValue `86_400_000` (24 h)
+   */
+  readonly retentionMs?: number;
+  /** Retry policy per queue, for the retention warning. @defaultValue `{}` */
+  readonly retryPolicies?: Readonly<Record<string, RetryPolicy>>;
+  /** @defaultValue `pino()` */
+  readonly logger?: Logger;
+}
+
+/** {@link JanitorOptions} with defaults applied. */
+export interface ResolvedJanitorOptions {
+  readonly db: Kysely<any>;
+  readonly schema: string;
+  readonly batchSize: number;
+  readonly maxBatchesPerRun: number;
+  readonly retentionMs: number;
+  readonly retryPolicies: Readonly<Record<string, RetryPolicy>>;
+  readonly logger: Logger | undefined;
+}
+
+/** What the sweeper does with a lost job: put it back in its queue, or fail its key for good. */
+export type SweeperAction = 'reenqueue' | 'abandon';
+
+/**
+ * How the sweeper reaches BullMQ (implemented by `BullmqJobLookup`): whether a job still
+ * exists, and re-adding a lost one.
+ */
+export interface SweeperJobQueues {
+  presence(queue: string, jobIds: readonly string[]): Promise<'pending' | 'finished' | 'missing'>;
+  reenqueue(request: {
+    queue: string;
+    jobId: string;
+    name: string;
+    data: unknown;
+    opts?: { attempts?: number; backoff?: { type: 'fixed' | 'exponential'; delay: number } };
+  }): Promise<'added' | 'exists'>;
+}
+
+/** Options of `Sweeper`: finding keys left `processing` whose job is gone. */
+export interface SweeperOptions {
+  readonly db: Kysely<any>;
+  /** @defaultValue `'idempotent_jobs'` */
+  readonly schema?: string;
+  /** BullMQ access. */
+  readonly jobs: SweeperJobQueues;
+  /**
+   * How long after its lease ended a `processing` key may sit before the sweeper looks at its
+   * job. Longer than BullMQ's own recovery (`max(lockDuration + stalledInterval, lease)`) and
+   * than your longest retry backoff, so it only ever sees truly lost jobs.
+   * @defaultValue `900_000` (15 min)
+   */
+  readonly sweepAfterMs?: number;
+  /**
+   * What to do with a lost job. `'reenqueue'` re-adds it (same deterministic job id) when its
+   * payload was stored (`storePayload`), else abandons it.
+   * @defaultValue `'reenqueue'`
+   */
+  readonly action?: SweeperAction;
+  /** Per-queue override of {@link action}. @defaultValue `{}` */
+  readonly queueActions?: Readonly<Record<string, SweeperAction>>;
+  /** How long an abandoned key is kept (replaying its failure). @defaultValue `86_400_000` */
+  readonly retentionMs?: number;
+  /** Retry policy per queue, given to re-enqueued jobs. @defaultValue `{}` (BullMQ defaults) */
+  readonly retryPolicies?: Readonly<Record<string, RetryPolicy>>;
+  /** Keys read per page. @defaultValue `100` */
+  readonly batchSize?: number;
+  /** Most keys examined in one run; the next run continues. @defaultValue `1_000` */
+  readonly maxKeysPerRun?: number;
+  /** @defaultValue `pino()` */
+  readonly logger?: Logger;
+}
+
+/** {@link SweeperOptions} with defaults applied. */
+export interface ResolvedSweeperOptions {
+  readonly db: Kysely<any>;
+  readonly schema: string;
+  readonly jobs: SweeperJobQueues;
+  readonly sweepAfterMs: number;
+  readonly action: SweeperAction;
+  readonly queueActions: Readonly<Record<string, SweeperAction>>;
+  readonly retentionMs: number;
+  readonly retryPolicies: Readonly<Record<string, RetryPolicy>>;
+  readonly batchSize: number;
+  readonly maxKeysPerRun: number;
+  readonly logger: Logger | undefined;
+}
+
+const schemaName = z
+  .string()
+  .regex(/^[a-z_][a-z0-9_]{0,62}$/, 'must be a lower-case Postgres identifier (letters, digits, _; at most 63)')
+  .default('idempotent_jobs');
+const positive = z.number().int().positive();
+const action = z.enum(['reenqueue', 'abandon']);
+const retryPolicy = z.object({
+  attempts: positive.optional(),
+  backoff: z.object({ type: z.enum(['fixed', 'exponential']), delayMs: z.number().int().min(0) }).optional(),
+});
+
+const janitorSchema = z.object({
+  schema: schemaName,
+  batchSize: positive.max(100_000).default(1_000),
+  maxBatchesPerRun: positive.default(100),
+  retentionMs: positive.default(86_400_000),
+  retryPolicies: z.record(z.string(), retryPolicy).default({}),
+});
+
+const sweeperSchema = z.object({
+  schema: schemaName,
+  sweepAfterMs: z.number().int().min(0).default(900_000),
+  action: action.default('reenqueue'),
+  queueActions: z.record(z.string(), action).default({}),
+  retentionMs: positive.default(86_400_000),
+  retryPolicies: z.record(z.string(), retryPolicy).default({}),
+  batchSize: positive.max(10_000).default(100),
+  maxKeysPerRun: positive.default(1_000),
+});
+
+/** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */
+export function resolveJanitorOptions(options: JanitorOptions): ResolvedJanitorOptions {
+  if (!options?.db) throw new ValidationError('INVALID_OPTIONS', 'db', 'JanitorOptions.db is required: pass a Kysely<any> instance.');
+  const parsed = parse('JanitorOptions', janitorSchema, {
+    schema: options.schema,
+    batchSize: options.batchSize,
+    maxBatchesPerRun: options.maxBatchesPerRun,
+    retentionMs: options.retentionMs,
+    retryPolicies: options.retryPolicies,
+  });
+  return Object.freeze({ ...parsed, db: options.db, logger: options.logger });
+}
+
+/** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */
+export function resolveSweeperOptions(options: SweeperOptions): ResolvedSweeperOptions {
+  if (!options?.db) throw new ValidationError('INVALID_OPTIONS', 'db', 'SweeperOptions.db is required: pass a Kysely<any> instance.');
+  if (!options.jobs) throw new ValidationError('INVALID_OPTIONS', 'jobs', 'SweeperOptions.jobs is required: pass a BullmqJobLookup.');
+  const parsed = parse('SweeperOptions', sweeperSchema, {
+    schema: options.schema,
+    sweepAfterMs: options.sweepAfterMs,
+    action: options.action,
+    queueActions: options.queueActions,
+    retentionMs: options.retentionMs,
+    retryPolicies: options.retryPolicies,
+    batchSize: options.batchSize,
+    maxKeysPerRun: options.maxKeysPerRun,
+  });
+  return Object.freeze({ ...parsed, db: options.db, jobs: options.jobs, logger: options.logger });
+}
+
+/** Periods of the maintenance tasks, in milliseconds (`stats: 0` turns the refresh off). */
+export interface MaintenanceIntervals {
+  readonly janitor: number;
+  readonly sweeper: number;
+  readonly stats: number;
+}
+
+const intervalsSchema = z.object({
+  janitorIntervalMs: positive.default(60_000),
+  sweeperIntervalMs: positive.default(60_000),
+  statsIntervalMs: z.number().int().min(0).default(60_000),
+});
+
+/** Defaults and checks `Maintenance`'s intervals (see `MaintenanceOptions`). */
+export function resolveMaintenanceIntervals(options: {
+  readonly janitorIntervalMs?: number;
+  readonly sweeperIntervalMs?: number;
+  readonly statsIntervalMs?: number;
+}): MaintenanceIntervals {
+  const parsed = parse('MaintenanceOptions', intervalsSchema, {
+    janitorIntervalMs: options.janitorIntervalMs,
+    sweeperIntervalMs: options.sweeperIntervalMs,
+    statsIntervalMs: options.statsIntervalMs,
+  });
+  return Object.freeze({ janitor: parsed.janitorIntervalMs, sweeper: parsed.sweeperIntervalMs, stats: parsed.statsIntervalMs });
+}
+
+/**
+ * The longest a job can keep being retried by BullMQ after its first attempt: the sum of the
+ * backoff delays between its attempts. Fixed backoff: `(attempts − 1) × delay`; exponential:
+ * `delay × (2^(attempts − 1) − 1)` (BullMQ waits `delay × 2^(n − 1)` before retry n).
+ */
+export function retryHorizonMs(policy: RetryPolicy): number {
+  const retries = Math.max(0, (policy.attempts ?? 1) - 1);
+  const delay = policy.backoff?.delayMs ?? 0;
+  if (retries === 0 || delay === 0) return 0;
+  return policy.backoff?.type === 'exponential' ? delay * (2 ** retries - 1) : delay * retries;
+}
+
+/**
+ * Parses `SWEEPER_QUEUE_ACTIONS`-style text, `payments=reenqueue,emails=abandon`, into a map.
+ * Throws a {@link ValidationError} naming the bad entry.
+ */
+export function parseQueueActions(text: string | undefined): Record<string, SweeperAction> {
+  const actions: Record<string, SweeperAction> = {};
+  if (!text) return actions;
+  for (const entry of text.split(',').map((e) => e.trim()).filter(Boolean)) {
+    const [queue, value, ...rest] = entry.split('=').map((p) => p.trim());
+    if (!queue || rest.length > 0 || (value !== 'reenqueue' && value !== 'abandon')) {
+      throw new ValidationError(
+        'INVALID_OPTIONS',
+        'queueActions',
+        `Invalid sweeper queue action "${entry}": expected <queue>=reenqueue or <queue>=abandon, separated by commas.`,
+      );
+    }
+    actions[queue] = value;
+  }
+  return actions;
+}
+
+function parse<T extends z.ZodType>(what: string, schema: T, input: unknown): z.infer<T> {
+  const parsed = schema.safeParse(input);
+  if (parsed.success) return parsed.data;
+  const issue = parsed.error.issues[0]!;
+  const field = issue.path.join('.');
+  throw new ValidationError('INVALID_OPTIONS', field, `Invalid option ${what}.${field}: ${issue.message}`);
+}

@@ -1,0 +1,83 @@
+import type { MaintenanceTask } from '../store/maintenance-lock.js';
+import type { KeyStats } from '../store/sql/key-stats.js';
+import type { JanitorReport } from '../ops/janitor.js';
+import type { Maintenance } from '../ops/maintenance.js';
+import type { SweepReport } from '../ops/sweeper.js';
+import { counter, gauge } from './metric-registry.js';
+
+function maintenanceMetrics() {
+  return {
+    janitorDeleted: counter('janitor_deleted_total', 'Rows deleted by the janitor: table="keys" (expired completed/failed keys) or "outbox" (old sent rows).', ['schema', 'table']),
+    janitorRuns: counter('janitor_runs_total', 'Janitor runs performed by this process (it held the janitor lock).', ['schema']),
+    sweeperRecoveries: counter(
+      'sweeper_recoveries_total',
+      'Lost jobs (key processing long after its lease, BullMQ job gone or finished) recovered by the sweeper: action="reenqueued" or "abandoned".',
+      ['schema', 'queue', 'action'],
+    ),
+    sweeperUnverifiable: gauge(
+      'sweeper_unverifiable_keys',
+      'Processing keys with an ended lease and no BullMQ job recorded, seen by the last sweep of this process (left alone; inspect them).',
+      ['schema'],
+    ),
+    sweeperRuns: counter('sweeper_runs_total', 'Sweeps performed by this process (it held the sweeper lock).', ['schema']),
+    maintenanceErrors: counter('maintenance_errors_total', 'Failed janitor, sweeper or stats runs (retried at the next interval).', ['schema', 'task']),
+    keys: gauge('keys', 'Keys by status (exported only by the process that refreshed the statistics last).', ['schema', 'status']),
+    expiredLeases: gauge('expired_leases', 'Processing keys whose lease has ended (waiting for a takeover, a retry or the sweeper).', ['schema']),
+    expiredKeys: gauge('expired_keys', 'Completed or failed keys past expires_at, waiting for the janitor.', ['schema']),
+    oldestProcessingAge: gauge('oldest_processing_key_age_seconds', 'Age of the oldest processing key (0 when none).', ['schema']),
+    outboxUnsent: gauge('outbox_unsent_rows', 'Outbox rows not yet relayed to BullMQ.', ['schema']),
+    outboxOldestUnsentAge: gauge('outbox_oldest_unsent_age_seconds', 'Age of the oldest unsent outbox row (0 when none).', ['schema']),
+  };
+}
+
+/**
+ * Turns a {@link Maintenance}'s reports into Prometheus metrics (prefix `idempotent_jobs_`,
+ * label `schema`). The key gauges come from the statistics refresh, which one process at a time
+ * performs; the others clear their gauges, so a query should aggregate with `max by (status)`.
+ * Returns a function that stops listening.
+ */
+export function instrumentMaintenance(maintenance: Pick<Maintenance, 'on' | 'off'>, schema: string): () => void {
+  const m = maintenanceMetrics();
+  const statGauges = [m.keys, m.expiredLeases, m.expiredKeys, m.oldestProcessingAge, m.outboxUnsent, m.outboxOldestUnsentAge];
+  const onJanitor = (report: JanitorReport) => {
+    m.janitorRuns.inc({ schema });
+    m.janitorDeleted.inc({ schema, table: 'keys' }, report.keysDeleted);
+    m.janitorDeleted.inc({ schema, table: 'outbox' }, report.outboxRowsDeleted);
+  };
+  const onSweeper = (report: SweepReport) => {
+    m.sweeperRuns.inc({ schema });
+    m.sweeperUnverifiable.set({ schema }, report.unverifiable);
+    for (const recovery of report.recoveries) m.sweeperRecoveries.inc({ schema, queue: recovery.queue, action: recovery.action });
+  };
+  const onStats = (stats: KeyStats | null) => {
+    if (!stats) {
+      for (const g of statGauges) g.remove({ schema });
+      for (const status of ['processing', 'completed', 'failed']) m.keys.remove({ schema, status });
+      return;
+    }
+    m.keys.set({ schema, status: 'processing' }, stats.processing);
+    m.keys.set({ schema, status: 'completed' }, stats.completed);
+    m.keys.set({ schema, status: 'failed' }, stats.failed);
+    m.expiredLeases.set({ schema }, stats.expiredLeases);
+    m.expiredKeys.set({ schema }, stats.expiredKeys);
+    m.oldestProcessingAge.set({ schema }, (stats.oldestProcessing?.ageMs ?? 0) / 1000);
+    m.outboxUnsent.set({ schema }, stats.outboxUnsent);
+    m.outboxOldestUnsentAge.set({ schema }, (stats.oldestUnsentAgeMs ?? 0) / 1000);
+  };
+  const onError = (task: MaintenanceTask) => m.maintenanceErrors.inc({ schema, task });
+  // Zero-initialised so the series exist before the first run.
+  m.janitorDeleted.inc({ schema, table: 'keys' }, 0);
+  m.janitorDeleted.inc({ schema, table: 'outbox' }, 0);
+  m.janitorRuns.inc({ schema }, 0);
+  m.sweeperRuns.inc({ schema }, 0);
+  maintenance.on('janitor', onJanitor);
+  maintenance.on('sweeper', onSweeper);
+  maintenance.on('stats', onStats);
+  maintenance.on('error', onError);
+  return () => {
+    maintenance.off('janitor', onJanitor);
+    maintenance.off('sweeper', onSweeper);
+    maintenance.off('stats', onStats);
+    maintenance.off('error', onError);
+  };
+}

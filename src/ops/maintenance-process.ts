@@ -1,0 +1,136 @@
+import type { Kysely } from 'kysely';
+import { pino, type Logger } from 'pino';
+import { BullmqJobLookup } from '../bullmq/job-lookup.js';
+import type { EnvConfig } from '../config/env-config.js';
+import { parseQueueActions, type RetryPolicy } from '../config/maintenance-options.js';
+import { instrumentMaintenance } from '../metrics/maintenance-metrics.js';
+import { startMetricsServer, type HealthCheck, type MetricsServer } from '../metrics/metrics-server.js';
+import { onShutdownSignals } from '../runtime/shutdown-signals.js';
+import { createPostgresDb } from '../store/create-postgres-db.js';
+import { migrate } from '../store/migrate.js';
+import { pingDatabase } from '../store/sql/ping.js';
+import { Janitor } from './janitor.js';
+import { Maintenance } from './maintenance.js';
+import { Sweeper } from './sweeper.js';
+
+/** Maintenance built from the environment, with what it opened. */
+export interface ConfiguredMaintenance {
+  readonly maintenance: Maintenance;
+  /** Stops the tasks, then closes the sweeper's BullMQ connections. Does not close `db`. */
+  stop(): Promise<void>;
+}
+
+/**
+ * The retry policy of `QUEUE`'s jobs from `JOB_ATTEMPTS`, `JOB_BACKOFF_MS`, `JOB_BACKOFF_TYPE`.
+ * Producers set attempts and backoff per job, so the worker cannot read them from BullMQ; the
+ * environment states them once for the janitor's retention check and re-enqueued jobs.
+ */
+export function retryPolicyFromConfig(config: EnvConfig): Record<string, RetryPolicy> {
+  return {
+    [config.QUEUE]: {
+      attempts: config.JOB_ATTEMPTS,
+      ...(config.JOB_BACKOFF_MS > 0 ? { backoff: { type: config.JOB_BACKOFF_TYPE, delayMs: config.JOB_BACKOFF_MS } } : {}),
+    },
+  };
+}
+
+/**
+ * Builds the janitor, the sweeper and the statistics refresh as the environment says
+ * (`JANITOR_*`, `SWEEPER_*`, `SWEEP_AFTER_MS`, `STATS_INTERVAL_MS`, `RETENTION_MS`, `JOB_*`),
+ * instrumented for metrics. Returns undefined when everything is turned off. Not started.
+ */
+export function createMaintenanceFromConfig(
+  config: EnvConfig,
+  db: Kysely<any>,
+  logger: Logger,
+  options: { readonly stats?: boolean } = {},
+): ConfiguredMaintenance | undefined {
+  const statsIntervalMs = options.stats === false ? 0 : config.STATS_INTERVAL_MS;
+  if (!config.JANITOR_ENABLED && !config.SWEEPER_ENABLED && statsIntervalMs === 0) return undefined;
+  const retryPolicies = retryPolicyFromConfig(config);
+  const janitor = config.JANITOR_ENABLED
+    ? new Janitor({ db, schema: config.SCHEMA, batchSize: config.JANITOR_BATCH_SIZE, retentionMs: config.RETENTION_MS, retryPolicies, logger })
+    : undefined;
+  const jobs = config.SWEEPER_ENABLED ? new BullmqJobLookup({ connection: { url: config.REDIS_URL }, prefix: config.REDIS_PREFIX }) : undefined;
+  const sweeper = jobs
+    ? new Sweeper({
+        db,
+        schema: config.SCHEMA,
+        jobs,
+        sweepAfterMs: config.SWEEP_AFTER_MS,
+        action: config.SWEEPER_ACTION,
+        queueActions: parseQueueActions(config.SWEEPER_QUEUE_ACTIONS),
+        retentionMs: config.RETENTION_MS,
+        retryPolicies,
+        logger,
+      })
+    : undefined;
+  const maintenance = new Maintenance({
+    db,
+    schema: config.SCHEMA,
+    janitor,
+    sweeper,
+    janitorIntervalMs: config.JANITOR_INTERVAL_MS,
+    sweeperIntervalMs: config.SWEEPER_INTERVAL_MS,
+    statsIntervalMs,
+    logger,
+  });
+  const uninstrument = instrumentMaintenance(maintenance, config.SCHEMA);
+  return {
+    maintenance,
+    async stop() {
+      await maintenance.stop();
+      uninstrument();
+      await jobs?.close();
+    },
+  };
+}
+
+/** What {@link startMaintenanceProcess} needs. */
+export interface MaintenanceProcessOptions {
+  readonly config: EnvConfig;
+  readonly logger?: Logger;
+  /** Install SIGTERM/SIGINT handlers that stop and exit. @defaultValue `true` */
+  readonly handleSignals?: boolean;
+}
+
+/** A running standalone maintenance process. */
+export interface MaintenanceProcess {
+  readonly maintenance: Maintenance | undefined;
+  readonly metricsServer: MetricsServer | undefined;
+  readonly logger: Logger;
+  stop(): Promise<void>;
+}
+
+/**
+ * The standalone janitor + sweeper process (`workers/janitor.ts`): for deployments that turn
+ * maintenance off in workers (`JANITOR_ENABLED=false SWEEPER_ENABLED=false`) or want it on a
+ * direct Postgres connection. Uses the same advisory locks as workers, so running both is safe.
+ * Serves `/metrics` and `/healthz` on `METRICS_PORT` when set.
+ */
+export async function startMaintenanceProcess(options: MaintenanceProcessOptions): Promise<MaintenanceProcess> {
+  const { config } = options;
+  const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
+  const db = createPostgresDb(
+    { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? 4, applicationName: 'idempotent-jobs:maintenance' },
+    (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
+  );
+  if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
+  const configured = createMaintenanceFromConfig(config, db, logger, { stats: config.METRICS_PORT !== undefined });
+  configured?.maintenance.start();
+  const checks: Record<string, HealthCheck> = { postgres: () => pingDatabase(db) };
+  const metricsServer = config.METRICS_PORT !== undefined ? await startMetricsServer({ port: config.METRICS_PORT, checks }) : undefined;
+  logger.info(
+    { pid: process.pid, janitor: config.JANITOR_ENABLED, sweeper: config.SWEEPER_ENABLED, metricsPort: metricsServer?.port },
+    'maintenance ready',
+  );
+  let stopped: Promise<void> | undefined;
+  const stop = () =>
+    (stopped ??= (async () => {
+      await configured?.stop();
+      await metricsServer?.close();
+      await db.destroy();
+    })());
+  if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
+  return { maintenance: configured?.maintenance, metricsServer, logger, stop };
+}

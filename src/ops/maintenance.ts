@@ -1,0 +1,141 @@
+import { EventEmitter } from 'node:events';
+import type { Kysely } from 'kysely';
+import { pino, type Logger } from 'pino';
+import { resolveMaintenanceIntervals } from '../config/maintenance-options.js';
+import { withMaintenanceLock, type LockedRun, type MaintenanceTask } from '../store/maintenance-lock.js';
+import { keyStats, type KeyStats } from '../store/sql/key-stats.js';
+import type { Janitor, JanitorReport } from './janitor.js';
+import type { SweepReport, Sweeper } from './sweeper.js';
+
+/** Options of {@link Maintenance}. */
+export interface MaintenanceOptions {
+  readonly db: Kysely<any>;
+  /** @defaultValue `'idempotent_jobs'` */
+  readonly schema?: string;
+  /** Run this janitor periodically. @defaultValue none */
+  readonly janitor?: Janitor;
+  /** Run this sweeper periodically. @defaultValue none */
+  readonly sweeper?: Sweeper;
+  /** @defaultValue `60_000` */
+  readonly janitorIntervalMs?: number;
+  /** @defaultValue `60_000` */
+  readonly sweeperIntervalMs?: number;
+  /**
+   * Refresh key statistics (for the `idempotent_jobs_keys` gauges) this often; `0` never.
+   * @defaultValue `60_000`
+   */
+  readonly statsIntervalMs?: number;
+  /** @defaultValue `pino()` */
+  readonly logger?: Logger;
+}
+
+/** Events of {@link Maintenance}; the metrics module listens to them. */
+export interface MaintenanceEvents {
+  /** A janitor run finished in this process. */
+  janitor: [JanitorReport];
+  /** A sweep finished in this process. */
+  sweeper: [SweepReport];
+  /** Fresh statistics, or `null` when another process is the one refreshing them. */
+  stats: [KeyStats | null];
+  /** A run failed (logged too); the next interval tries again. */
+  error: [MaintenanceTask, unknown];
+}
+
+/**
+ * Runs the janitor, the sweeper and the statistics refresh periodically, each under its own
+ * Postgres advisory lock per schema: with many worker processes, one of them runs each task
+ * at a time and the others skip that round (no waiting, no leader election to maintain; a dead
+ * process's lock vanishes with its session). Timers are unref'd; {@link stop} waits for runs in
+ * progress.
+ *
+ * @example
+ * ```ts
+ * const maintenance = new Maintenance({ db, janitor: new Janitor({ db }), janitorIntervalMs: 60_000 });
+ * maintenance.start();
+ * await maintenance.stop();
+ * ```
+ */
+export class Maintenance extends EventEmitter<MaintenanceEvents> {
+  readonly #db: Kysely<any>;
+  readonly #schema: string;
+  readonly #janitor: Janitor | undefined;
+  readonly #sweeper: Sweeper | undefined;
+  readonly #intervals: Record<MaintenanceTask, number>;
+  readonly #log: Logger;
+  readonly #timers = new Set<NodeJS.Timeout>();
+  readonly #running = new Set<Promise<unknown>>();
+  #started = false;
+  #stopped = false;
+
+  constructor(options: MaintenanceOptions) {
+    super();
+    this.#db = options.db;
+    this.#schema = options.schema ?? 'idempotent_jobs';
+    this.#janitor = options.janitor;
+    this.#sweeper = options.sweeper;
+    this.#intervals = resolveMaintenanceIntervals(options);
+    this.#log = (options.logger ?? pino()).child({ component: 'maintenance', schema: this.#schema });
+    // An EventEmitter throws on an unheard 'error'; failures are logged, so listening is optional.
+    this.on('error', () => {});
+  }
+
+  /** Warns about retention (janitor), then runs each task now and every interval until {@link stop}. */
+  start(): void {
+    if (this.#started) return;
+    this.#started = true;
+    this.#janitor?.checkRetention();
+    if (this.#janitor) this.#schedule('janitor', () => this.runJanitor(), 0);
+    if (this.#sweeper) this.#schedule('sweeper', () => this.runSweeper(), 0);
+    if (this.#intervals.stats > 0) this.#schedule('stats', () => this.refreshStats(), 0);
+  }
+
+  /** Stops the timers and waits for runs in progress. */
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    for (const timer of this.#timers) clearTimeout(timer);
+    this.#timers.clear();
+    await Promise.allSettled([...this.#running]);
+  }
+
+  /** One janitor run, if no other process is running one; emits `'janitor'`. */
+  async runJanitor(): Promise<LockedRun<JanitorReport>> {
+    const janitor = this.#janitor;
+    if (!janitor) throw new Error('Maintenance has no janitor.');
+    const run = await withMaintenanceLock(this.#db, this.#schema, 'janitor', (connection) => janitor.runOnce(connection));
+    if (run.ran) this.emit('janitor', run.result);
+    return run;
+  }
+
+  /** One sweep, if no other process is sweeping; emits `'sweeper'`. */
+  async runSweeper(): Promise<LockedRun<SweepReport>> {
+    const sweeper = this.#sweeper;
+    if (!sweeper) throw new Error('Maintenance has no sweeper.');
+    const run = await withMaintenanceLock(this.#db, this.#schema, 'sweeper', (connection) => sweeper.runOnce(connection));
+    if (run.ran) this.emit('sweeper', run.result);
+    return run;
+  }
+
+  /** Reads key statistics, if no other process is refreshing them; emits `'stats'` (null when skipped). */
+  async refreshStats(): Promise<LockedRun<KeyStats>> {
+    const run = await withMaintenanceLock(this.#db, this.#schema, 'stats', (connection) => keyStats(connection, this.#schema));
+    this.emit('stats', run.ran ? run.result : null);
+    return run;
+  }
+
+  #schedule(task: MaintenanceTask, run: () => Promise<unknown>, delayMs: number): void {
+    if (this.#stopped) return;
+    const timer = setTimeout(async () => {
+      this.#timers.delete(timer);
+      const running = run().catch((error: unknown) => {
+        this.#log.error({ err: error, task }, `${task} run failed; retrying at the next interval`);
+        this.emit('error', task, error);
+      });
+      this.#running.add(running);
+      await running;
+      this.#running.delete(running);
+      this.#schedule(task, run, this.#intervals[task]);
+    }, delayMs);
+    timer.unref();
+    this.#timers.add(timer);
+  }
+}

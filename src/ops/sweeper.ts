@@ -1,0 +1,187 @@
+import type { Kysely } from 'kysely';
+import { pino, type Logger } from 'pino';
+import {
+  resolveSweeperOptions,
+  type ResolvedSweeperOptions,
+  type SweeperAction,
+  type SweeperOptions,
+} from '../config/maintenance-options.js';
+import { jobIdFor, toWireJobData } from '../bullmq/job-identity.js';
+import { abandonKey } from '../store/sql/abandon-key.js';
+import { findLostKeyCandidates, type LostKeyCandidate, type LostKeyCursor } from '../store/sql/find-lost-keys.js';
+
+/** One lost job the sweeper dealt with. */
+export interface SweepRecovery {
+  readonly scope: string;
+  readonly key: string;
+  readonly fence: number;
+  readonly queue: string;
+  /** The job id stored on the key (the job that was lost). */
+  readonly jobId: string;
+  /** `reenqueued`: added back under the deterministic id; `abandoned`: key failed with `ABANDONED`. */
+  readonly action: 'reenqueued' | 'abandoned';
+  /** Whether BullMQ had no such job (`missing`) or had it finished with the key still processing (`finished`). */
+  readonly jobWas: 'missing' | 'finished';
+}
+
+/** What one sweep did. */
+export interface SweepReport {
+  /** Processing keys whose lease ended more than `sweepAfterMs` ago. */
+  readonly examined: number;
+  /** Of those, keys whose BullMQ job still exists and will run (left to BullMQ). */
+  readonly alive: number;
+  readonly recoveries: readonly SweepRecovery[];
+  /** Keys with no queue or job id recorded (claimed outside BullMQ): reported, never changed. */
+  readonly unverifiable: number;
+  /** Keys that changed while the sweeper looked (claimed again): left alone. */
+  readonly changed: number;
+  /** True when `maxKeysPerRun` stopped the sweep before the last candidate. */
+  readonly more: boolean;
+}
+
+/**
+ * Finds keys still `processing` long after their lease ended (`sweepAfterMs`) whose BullMQ job
+ * is gone or finished: lost jobs, e.g. after Redis lost data or a job was removed by hand.
+ * Per queue option: re-enqueue the job under the same deterministic id (when its payload was
+ * stored with the key), or abandon the key (status `failed`, error code `ABANDONED`, so
+ * duplicates replay the failure and an operator can `keys release` it). Every recovery is
+ * logged with scope, key, fence and job id, and counted in the report. Keys without a
+ * recorded queue and job id are logged as unverifiable: the sweeper cannot know whether
+ * something will still retry them.
+ *
+ * @example
+ * ```ts
+ * const jobs = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
+ * const sweeper = new Sweeper({ db, jobs, action: 'reenqueue' });
+ * const report = await sweeper.runOnce();
+ * ```
+ */
+export class Sweeper {
+  readonly #options: ResolvedSweeperOptions;
+  readonly #log: Logger;
+
+  constructor(options: SweeperOptions) {
+    this.#options = resolveSweeperOptions(options);
+    this.#log = (options.logger ?? pino()).child({ component: 'sweeper', schema: this.#options.schema });
+  }
+
+  /** The resolved options. */
+  get options(): ResolvedSweeperOptions {
+    return this.#options;
+  }
+
+  /** The action for a queue: its override, else the default. */
+  actionFor(queue: string): SweeperAction {
+    return this.#options.queueActions[queue] ?? this.#options.action;
+  }
+
+  /** One sweep over at most `maxKeysPerRun` candidates, oldest lease first. */
+  async runOnce(executor: Kysely<any> = this.#options.db): Promise<SweepReport> {
+    const { schema, sweepAfterMs, batchSize, maxKeysPerRun } = this.#options;
+    const recoveries: SweepRecovery[] = [];
+    let examined = 0;
+    let alive = 0;
+    let unverifiable = 0;
+    let changed = 0;
+    let more = false;
+    let cursor: LostKeyCursor | undefined;
+    for (;;) {
+      const limit = Math.min(batchSize, maxKeysPerRun - examined);
+      if (limit <= 0) {
+        more = true;
+        break;
+      }
+      const page = await findLostKeyCandidates(executor, schema, sweepAfterMs, limit, cursor);
+      for (const candidate of page) {
+        examined++;
+        const verdict = await this.#sweepKey(executor, candidate);
+        if (verdict === 'alive') alive++;
+        else if (verdict === 'unverifiable') unverifiable++;
+        else if (verdict === 'changed') changed++;
+        else recoveries.push(verdict);
+      }
+      if (page.length < limit) break;
+      const last = page[page.length - 1]!;
+      cursor = { lockedUntil: last.lockedUntil, scope: last.scope, key: last.key };
+    }
+    if (recoveries.length > 0 || unverifiable > 0) {
+      this.#log.info(
+        {
+          examined,
+          alive,
+          reenqueued: recoveries.filter((r) => r.action === 'reenqueued').length,
+          abandoned: recoveries.filter((r) => r.action === 'abandoned').length,
+          unverifiable,
+          changed,
+        },
+        'sweep finished',
+      );
+    }
+    return { examined, alive, recoveries, unverifiable, changed, more };
+  }
+
+  async #sweepKey(
+    executor: Kysely<any>,
+    candidate: LostKeyCandidate,
+  ): Promise<SweepRecovery | 'alive' | 'unverifiable' | 'changed'> {
+    const { scope, key, fence, queue, jobId } = candidate;
+    const log = this.#log.child({ scope, key, fence, jobId, queue });
+    if (!queue || !jobId) {
+      log.warn(
+        { lockedUntil: candidate.lockedUntil },
+        `Key "${key}" in scope "${scope}" has been processing with an ended lease since ${candidate.lockedUntil.toISOString()} ` +
+          'and has no BullMQ job recorded, so the sweeper cannot tell whether it is lost. ' +
+          'Inspect it with `idempotent-jobs keys get` and release it with `keys release` if nothing will retry it.',
+      );
+      return 'unverifiable';
+    }
+    const deterministicId = jobIdFor(scope, key);
+    const presence = await this.#options.jobs.presence(queue, [jobId, deterministicId]);
+    if (presence === 'pending') return 'alive';
+
+    const canReenqueue = candidate.hasPayload && candidate.jobName !== null;
+    if (this.actionFor(queue) === 'reenqueue' && canReenqueue) {
+      const policy = this.#options.retryPolicies[queue];
+      const opts = policy
+        ? {
+            ...(policy.attempts ? { attempts: policy.attempts } : {}),
+            ...(policy.backoff ? { backoff: { type: policy.backoff.type, delay: policy.backoff.delayMs } } : {}),
+          }
+        : undefined;
+      await this.#options.jobs.reenqueue({
+        queue,
+        jobId: deterministicId,
+        name: candidate.jobName!,
+        data: toWireJobData(scope, key, candidate.payload),
+        opts,
+      });
+      log.warn(
+        { outcome: 'reenqueued', jobWas: presence, newJobId: deterministicId },
+        `Lost job re-enqueued: key "${key}" in scope "${scope}" was processing with an ended lease since ` +
+          `${candidate.lockedUntil.toISOString()} and its job ${jobId} is ${presence} in queue "${queue}"; ` +
+          `added it again as ${deterministicId} with the stored payload. The next claim takes the key over.`,
+      );
+      return { scope, key, fence, queue, jobId, action: 'reenqueued', jobWas: presence };
+    }
+
+    const why = canReenqueue ? `queue "${queue}" is set to abandon lost jobs` : 'no payload was stored with the key to re-enqueue it';
+    const reason =
+      `Key "${key}" in scope "${scope}" was abandoned by the sweeper: it was processing with an ended lease since ` +
+      `${candidate.lockedUntil.toISOString()} and its job ${jobId} is ${presence} in queue "${queue}"; ${why}. ` +
+      'Release it with `idempotent-jobs keys release` and enqueue the job again to run it.';
+    const abandoned = await abandonKey(executor, this.#options.schema, {
+      scope,
+      key,
+      fence,
+      sweepAfterMs: this.#options.sweepAfterMs,
+      retentionMs: this.#options.retentionMs,
+      reason,
+    });
+    if (!abandoned) {
+      log.info('key changed while the sweeper looked at it (claimed again); left alone');
+      return 'changed';
+    }
+    log.warn({ outcome: 'abandoned', jobWas: presence }, reason);
+    return { scope, key, fence, queue, jobId, action: 'abandoned', jobWas: presence };
+  }
+}

@@ -1,0 +1,50 @@
+import { sql, type Kysely } from 'kysely';
+import { keySettledChannel } from '../channels.js';
+
+/** Which key the sweeper gives up on, and the state it saw it in. */
+export interface AbandonKeyInput {
+  readonly scope: string;
+  readonly key: string;
+  /** The fence the sweeper saw; a claim since then changes it and the key is left alone. */
+  readonly fence: number;
+  readonly sweepAfterMs: number;
+  readonly retentionMs: number;
+  /** Why, for the stored error's message. */
+  readonly reason: string;
+}
+
+/**
+ * Marks a lost key failed for good with error code `ABANDONED`, so duplicates replay the
+ * failure (and operators can `keys release` it) instead of the key staying `processing` with
+ * nobody to finish it. Conditional on the state the sweeper saw: still `processing`, same
+ * fence, lease still over for `sweepAfterMs`. A worker that claimed the key in the meantime
+ * changed the fence (or holds a live lease), so the update matches nothing and returns false.
+ * Waiters are notified as for any failure.
+ */
+export async function abandonKey(db: Kysely<any>, schema: string, input: AbandonKeyInput): Promise<boolean> {
+  const { rows } = await sql`
+    with abandoned as (
+      update ${sql.id(schema, 'idempotency_keys')}
+         set status = 'failed',
+             error = jsonb_build_object(
+               'name', 'KeyAbandonedError',
+               'code', 'ABANDONED',
+               'message', ${input.reason}::text,
+               'abandoned_by_sweeper', true,
+               'at', now(),
+               'previous_error', error),
+             owner = null,
+             locked_until = null,
+             completed_at = now(),
+             updated_at = now(),
+             expires_at = now() + ${input.retentionMs}::bigint * interval '1 millisecond'
+       where scope = ${input.scope} and key = ${input.key}
+         and status = 'processing'
+         and fence = ${input.fence}
+         and locked_until <= now() - ${input.sweepAfterMs}::bigint * interval '1 millisecond'
+      returning scope, key
+    )
+    select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
+      from abandoned`.execute(db);
+  return rows.length === 1;
+}

@@ -1,0 +1,30 @@
+import { sql, type Kysely } from 'kysely';
+
+/**
+ * Deletes up to `limit` completed or failed keys that finished more than `olderThanMs` ago,
+ * whatever their `expires_at` (an operator shortening retention, e.g. to free space), and
+ * returns how many. `processing` keys are never purged: deleting one would let its job run
+ * a second time while the first may still be running. Same batch shape as the janitor
+ * (`FOR UPDATE SKIP LOCKED` select feeding a delete) so a purge can run beside janitors and
+ * workers, holding row locks only for one short batch; the caller loops until a batch comes
+ * back short. `completed_at` is set on every finished key (also by the sweeper's abandon).
+ */
+export async function purgeKeys(db: Kysely<any>, schema: string, olderThanMs: number, limit: number): Promise<number> {
+  const table = sql.id(schema, 'idempotency_keys');
+  const { rows } = await sql<{ deleted: string }>`
+    with doomed as (
+      select scope, key
+        from ${table}
+       where status in ('completed', 'failed')
+         and completed_at < now() - ${olderThanMs}::bigint * interval '1 millisecond'
+       limit ${limit}
+         for update skip locked
+    ),
+    deleted as (
+      delete from ${table} as k using doomed as d
+       where k.scope = d.scope and k.key = d.key
+      returning 1
+    )
+    select count(*) as deleted from deleted`.execute(db);
+  return Number(rows[0]?.deleted ?? 0);
+}

@@ -1,0 +1,213 @@
+import { sql, type Kysely } from 'kysely';
+import { pino } from 'pino';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { Janitor, Maintenance, ValidationError, retryHorizonMs, withMaintenanceLock } from '../src/index.js';
+import { waitFor } from './support/queue-helpers.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+let env: TestEnv;
+const silent = pino({ level: 'silent' });
+
+beforeAll(async () => {
+  env = await createTestEnv('janitor');
+});
+afterAll(async () => {
+  await env?.teardown();
+});
+beforeEach(async () => {
+  await sql`truncate ${sql.id(env.schema, 'idempotency_keys')}, ${sql.id(env.schema, 'outbox')}`.execute(env.db);
+});
+
+const keysTable = () => sql.id(env.schema, 'idempotency_keys');
+
+/** Inserts `count` keys named `<prefix>-<n>` in one statement. */
+async function insertKeys(
+  prefix: string,
+  count: number,
+  row: { status: 'processing' | 'completed' | 'failed'; expiresIn: string | null; lockedIn?: string },
+): Promise<void> {
+  const expires = row.expiresIn === null ? sql`null::timestamptz` : sql`now() + ${row.expiresIn}::interval`;
+  const locked = row.lockedIn ? sql`now() + ${row.lockedIn}::interval` : sql`null::timestamptz`;
+  const completedAt = row.status === 'processing' ? sql`null::timestamptz` : sql`now() - interval '2 days'`;
+  await sql`
+    insert into ${keysTable()} (scope, key, fingerprint, status, owner, locked_until, completed_at, expires_at)
+    select 'janitor', ${prefix} || '-' || n, 'fp', ${row.status},
+           case when ${row.status} = 'processing' then gen_random_uuid() end, ${locked}, ${completedAt}, ${expires}
+      from generate_series(1, ${count}) as n`.execute(env.db);
+}
+
+async function remainingKeys(): Promise<Set<string>> {
+  const { rows } = await sql<{ key: string }>`select key from ${keysTable()}`.execute(env.db);
+  return new Set(rows.map((r) => r.key));
+}
+
+describe('Janitor', () => {
+  it('deletes each expired row exactly once across concurrent instances, skips locked rows, and never deletes a live key', async () => {
+    await insertKeys('expired-completed', 1500, { status: 'completed', expiresIn: '-1 hour' });
+    await insertKeys('expired-failed', 700, { status: 'failed', expiresIn: '-1 second' });
+    await insertKeys('live-completed', 400, { status: 'completed', expiresIn: '1 hour' });
+    await insertKeys('live-failed', 200, { status: 'failed', expiresIn: '1 hour' });
+    await insertKeys('live-processing', 200, { status: 'processing', expiresIn: null, lockedIn: '30 seconds' });
+    await insertKeys('lease-expired-processing', 100, { status: 'processing', expiresIn: null, lockedIn: '-1 hour' });
+    // Not a state the protocol produces; a processing key is live whatever its expires_at says.
+    await insertKeys('processing-with-old-expiry', 100, { status: 'processing', expiresIn: '-1 hour', lockedIn: '-1 hour' });
+    const live = [...(await remainingKeys())].filter((k) => !k.startsWith('expired-'));
+    const expiredCount = 2200;
+
+    // A transaction holds 20 expired rows locked while the janitors run: they must skip them, not wait.
+    let releaseHolder!: () => void;
+    const holderGate = new Promise<void>((resolve) => (releaseHolder = resolve));
+    let holderLocked!: () => void;
+    const holderReady = new Promise<void>((resolve) => (holderLocked = resolve));
+    const holder = env.db.transaction().execute(async (tx) => {
+      await sql`select 1 from ${keysTable()} where key like 'expired-completed-%' order by key limit 20 for update`.execute(tx);
+      holderLocked();
+      await holderGate;
+    });
+    await holderReady;
+
+    const janitors = Array.from(
+      { length: 4 },
+      () => new Janitor({ db: env.openDb(2), schema: env.schema, batchSize: 25, maxBatchesPerRun: 1_000, logger: silent }),
+    );
+    const reports = await Promise.all(janitors.map((janitor) => janitor.runOnce()));
+    const firstRound = reports.reduce((sum, r) => sum + r.keysDeleted, 0);
+    expect(firstRound).toBe(expiredCount - 20);
+    // More than one instance did real work, i.e. they ran side by side.
+    expect(reports.filter((r) => r.keysDeleted > 0).length).toBeGreaterThan(1);
+
+    releaseHolder();
+    await holder;
+    const again = await Promise.all(janitors.map((janitor) => janitor.runOnce()));
+    expect(again.reduce((sum, r) => sum + r.keysDeleted, 0)).toBe(20);
+
+    const remaining = await remainingKeys();
+    expect([...remaining].filter((k) => k.startsWith('expired-'))).toEqual([]);
+    expect([...remaining].sort()).toEqual(live.sort());
+  });
+
+  it('bounds one run by maxBatchesPerRun and reports that more is left', async () => {
+    await insertKeys('expired', 30, { status: 'completed', expiresIn: '-1 minute' });
+    const janitor = new Janitor({ db: env.db, schema: env.schema, batchSize: 10, maxBatchesPerRun: 2, logger: silent });
+    expect(await janitor.runOnce()).toMatchObject({ keysDeleted: 20, more: true });
+    expect(await janitor.runOnce()).toMatchObject({ keysDeleted: 10, more: false });
+  });
+
+  it('purges sent outbox rows older than the retention, and keeps recent and unsent ones', async () => {
+    const outbox = sql.id(env.schema, 'outbox');
+    await sql`
+      insert into ${outbox} (queue, job_name, job_id, data, created_at, sent_at)
+      select 'q', 'old-sent', 'old-' || n, '{}'::jsonb, now() - interval '3 hours', now() - interval '2 hours' from generate_series(1, 30) n
+      union all
+      select 'q', 'recent-sent', 'recent-' || n, '{}'::jsonb, now(), now() - interval '1 minute' from generate_series(1, 5) n
+      union all
+      select 'q', 'old-unsent', 'unsent-' || n, '{}'::jsonb, now() - interval '3 hours', null from generate_series(1, 5) n`.execute(env.db);
+    const janitor = new Janitor({ db: env.db, schema: env.schema, retentionMs: 3_600_000, batchSize: 7, logger: silent });
+    const report = await janitor.runOnce();
+    expect(report.outboxRowsDeleted).toBe(30);
+    const { rows } = await sql<{ job_name: string; n: string }>`
+      select job_name, count(*) as n from ${outbox} group by job_name order by job_name`.execute(env.db);
+    expect(rows.map((r) => [r.job_name, Number(r.n)])).toEqual([
+      ['old-unsent', 5],
+      ['recent-sent', 5],
+    ]);
+  });
+
+  it('warns when a queue retry horizon exceeds the retention', () => {
+    const warnings: string[] = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => warnings.push(JSON.parse(line).msg) });
+    const janitor = new Janitor({
+      db: env.db,
+      schema: env.schema,
+      retentionMs: 60_000,
+      retryPolicies: {
+        payments: { attempts: 10, backoff: { type: 'exponential', delayMs: 1_000 } },
+        emails: { attempts: 5, backoff: { type: 'fixed', delayMs: 10_000 } },
+      },
+      logger,
+    });
+    const found = janitor.checkRetention();
+    expect(found.map((w) => [w.queue, w.retryHorizonMs])).toEqual([['payments', 511_000]]);
+    expect(warnings).toHaveLength(1);
+    expect(warnings[0]).toMatch(/Queue "payments".*511000 ms.*retention of 60000 ms/);
+  });
+
+  it('computes retry horizons for fixed and exponential backoff', () => {
+    expect(retryHorizonMs({})).toBe(0);
+    expect(retryHorizonMs({ attempts: 3 })).toBe(0);
+    expect(retryHorizonMs({ attempts: 4, backoff: { type: 'fixed', delayMs: 500 } })).toBe(1_500);
+    expect(retryHorizonMs({ attempts: 4, backoff: { type: 'exponential', delayMs: 500 } })).toBe(3_500);
+  });
+
+  it('refuses invalid options with the option named', () => {
+    expect(() => new Janitor({ db: env.db, batchSize: 0 })).toThrow(ValidationError);
+    expect(() => new Janitor({ db: env.db, batchSize: 0 })).toThrow(/batchSize/);
+    expect(() => new Janitor({ db: env.db, schema: 'Bad-Schema' })).toThrow(/schema/);
+  });
+});
+
+describe('Maintenance', () => {
+  it('runs the janitor only while no other process holds its advisory lock', async () => {
+    await insertKeys('expired', 5, { status: 'completed', expiresIn: '-1 minute' });
+    const maintenance = new Maintenance({
+      db: env.openDb(2),
+      schema: env.schema,
+      janitor: new Janitor({ db: env.db, schema: env.schema, logger: silent }),
+      logger: silent,
+    });
+    const other: Kysely<any> = env.openDb(1);
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let held!: () => void;
+    const holding = new Promise<void>((resolve) => (held = resolve));
+    const holder = withMaintenanceLock(other, env.schema, 'janitor', async () => {
+      held();
+      await gate;
+    });
+    await holding;
+    expect(await maintenance.runJanitor()).toEqual({ ran: false });
+    expect((await remainingKeys()).size).toBe(5);
+    // Another task's lock, or the same task in another schema, does not contend.
+    expect((await maintenance.refreshStats()).ran).toBe(true);
+    release();
+    expect(await holder).toEqual({ ran: true, result: undefined });
+    expect(await maintenance.runJanitor()).toEqual({ ran: true, result: { keysDeleted: 5, outboxRowsDeleted: 0, more: false } });
+  });
+
+  it('runs the janitor periodically once started, emits its reports, and stops cleanly', async () => {
+    const janitor = new Janitor({ db: env.db, schema: env.schema, logger: silent });
+    const maintenance = new Maintenance({ db: env.db, schema: env.schema, janitor, janitorIntervalMs: 100, statsIntervalMs: 0, logger: silent });
+    let deleted = 0;
+    maintenance.on('janitor', (report) => (deleted += report.keysDeleted));
+    maintenance.start();
+    try {
+      await insertKeys('expired', 12, { status: 'failed', expiresIn: '-1 minute' });
+      await waitFor('the janitor to delete 12 keys', async () => deleted === 12);
+      expect((await remainingKeys()).size).toBe(0);
+    } finally {
+      await maintenance.stop();
+    }
+  });
+
+  it('reports statistics: counts by status, expired leases and keys, the oldest processing key', async () => {
+    await insertKeys('done', 3, { status: 'completed', expiresIn: '1 hour' });
+    await insertKeys('gone', 2, { status: 'completed', expiresIn: '-1 hour' });
+    await insertKeys('bad', 1, { status: 'failed', expiresIn: '1 hour' });
+    await insertKeys('stuck', 2, { status: 'processing', expiresIn: null, lockedIn: '-5 minutes' });
+    await insertKeys('busy', 1, { status: 'processing', expiresIn: null, lockedIn: '5 minutes' });
+    await sql`update ${keysTable()} set created_at = now() - interval '1 day' where key = 'stuck-2'`.execute(env.db);
+    const maintenance = new Maintenance({ db: env.db, schema: env.schema, logger: silent });
+    const run = await maintenance.refreshStats();
+    expect(run.ran && run.result).toMatchObject({
+      processing: 3,
+      completed: 5,
+      failed: 1,
+      expiredLeases: 2,
+      expiredKeys: 2,
+      oldestProcessing: { scope: 'janitor', key: 'stuck-2' },
+      outboxUnsent: 0,
+      oldestUnsentAgeMs: null,
+    });
+    expect(run.ran && run.result.oldestProcessing!.ageMs).toBeGreaterThanOrEqual(86_400_000);
+  });
+});
