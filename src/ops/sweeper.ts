@@ -102,7 +102,7 @@ export class Sweeper {
       }
       if (page.length < limit) break;
       const last = page[page.length - 1]!;
-      cursor = { lockedUntil: last.lockedUntil, scope: last.scope, key: last.key };
+      cursor = { lockedUntil: last.lockedUntilExact, scope: last.scope, key: last.key };
     }
     if (recoveries.length > 0 || unverifiable > 0) {
       this.#log.info(

@@ -6,6 +6,8 @@ export interface LostKeyCandidate {
   readonly key: string;
   readonly fence: number;
   readonly lockedUntil: Date;
+  /** `locked_until` as Postgres text, exact to the microsecond (a Date keeps milliseconds only); for the cursor. */
+  readonly lockedUntilExact: string;
   readonly jobId: string | null;
   readonly queue: string | null;
   readonly jobName: string | null;
@@ -16,7 +18,8 @@ export interface LostKeyCandidate {
 
 /** Where the previous page ended (keyset pagination). */
 export interface LostKeyCursor {
-  readonly lockedUntil: Date;
+  /** {@link LostKeyCandidate.lockedUntilExact} of the last key read. */
+  readonly lockedUntil: string;
   readonly scope: string;
   readonly key: string;
 }
@@ -28,7 +31,9 @@ export interface LostKeyCursor {
  * exists) and then acts with a conditional statement that re-checks the row, so no lock is
  * held while Redis is consulted. Keyset pagination on (locked_until, scope, key) walks past
  * keys whose jobs are alive instead of reading them again; the partial index on
- * `locked_until` where `status = 'processing'` serves it. `payload is not null` tells a stored
+ * `locked_until` where `status = 'processing'` serves it; the cursor carries `locked_until` as
+ * text because a JavaScript Date would round its microseconds away and re-read the last page.
+ * `payload is not null` tells a stored
  * JSON `null` (jsonb 'null') from no payload stored (SQL NULL).
  */
 export async function findLostKeyCandidates(
@@ -46,13 +51,14 @@ export async function findLostKeyCandidates(
     key: string;
     fence: string;
     locked_until: Date;
+    locked_until_exact: string;
     job_id: string | null;
     queue: string | null;
     job_name: string | null;
     has_payload: boolean;
     payload: unknown;
   }>`
-    select scope, key, fence, locked_until, job_id, queue, job_name, payload is not null as has_payload, payload
+    select scope, key, fence, locked_until, locked_until::text as locked_until_exact, job_id, queue, job_name, payload is not null as has_payload, payload
       from ${sql.id(schema, 'idempotency_keys')}
      where status = 'processing'
        and locked_until <= now() - ${sweepAfterMs}::bigint * interval '1 millisecond'
@@ -64,6 +70,7 @@ export async function findLostKeyCandidates(
     key: r.key,
     fence: Number(r.fence),
     lockedUntil: r.locked_until,
+    lockedUntilExact: r.locked_until_exact,
     jobId: r.job_id,
     queue: r.queue,
     jobName: r.job_name,

@@ -1,0 +1,246 @@
+import { Queue, Worker } from 'bullmq';
+import { sql } from 'kysely';
+import { pino } from 'pino';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import {
+  BullmqJobLookup,
+  IdempotencyKeys,
+  IdempotentProducer,
+  Sweeper,
+  createIdempotentWorker,
+  jobIdFor,
+  loadEnvConfig,
+  startWorkerProcess,
+  toWireJobData,
+  type IdempotentWorker,
+  type SweeperJobQueues,
+  type SweeperOptions,
+  type WorkerEvent,
+} from '../src/index.js';
+import { waitFor, waitForJobState } from './support/queue-helpers.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+let env: TestEnv;
+let keys: IdempotencyKeys;
+let jobs: BullmqJobLookup;
+let queue: Queue;
+const QUEUE = 'sweep';
+const silent = pino({ level: 'silent' });
+const workers: IdempotentWorker<any, any>[] = [];
+const closers: Array<() => Promise<unknown>> = [];
+
+beforeAll(async () => {
+  env = await createTestEnv('sweeper');
+  keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000 });
+  jobs = new BullmqJobLookup({ connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+  queue = new Queue(QUEUE, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+});
+beforeEach(async () => {
+  await queue.obliterate({ force: true });
+  await sql`truncate ${sql.id(env.schema, 'idempotency_keys')}`.execute(env.db);
+});
+afterEach(async () => {
+  await Promise.all(workers.splice(0).map((w) => w.close({ force: true })));
+  await Promise.all(closers.splice(0).map((close) => close()));
+});
+afterAll(async () => {
+  await jobs?.close();
+  await queue?.close();
+  await env?.teardown();
+});
+
+function sweeper(options: Partial<SweeperOptions> = {}): Sweeper {
+  return new Sweeper({ db: env.db, schema: env.schema, jobs, sweepAfterMs: 60_000, logger: silent, ...options });
+}
+
+/**
+ * Leaves a key exactly as a lost job does: claimed by a worker (job id, queue, job name and,
+ * optionally, payload recorded), its lease ended an hour ago, and no BullMQ job behind it.
+ */
+async function loseJob(key: string, options: { payload?: unknown; storePayload?: boolean; scope?: string } = {}) {
+  const scope = options.scope ?? 'acme';
+  const payload = options.payload ?? { cents: 100, key };
+  const fingerprint = keys.fingerprint({ name: 'charge', payload });
+  const outcome = await keys.claim(scope, key, fingerprint, {
+    jobId: jobIdFor(scope, key),
+    queue: QUEUE,
+    jobName: 'charge',
+    ...(options.storePayload === false ? {} : { payload }),
+  });
+  expect(outcome.kind).toBe('claimed');
+  await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 hour'
+             where scope = ${scope} and key = ${key}`.execute(env.db);
+  return { scope, key, payload, jobId: jobIdFor(scope, key) };
+}
+
+function startWorker(events: WorkerEvent[] = []): IdempotentWorker<any, any> {
+  const worker = createIdempotentWorker<any, any>({
+    queue: QUEUE,
+    connection: { url: env.redisUrl },
+    prefix: env.redisPrefix,
+    keys,
+    logger: silent,
+    handler: async (ctx) => ({ charged: ctx.data.cents, fence: ctx.fence }),
+  });
+  worker.on('event', (event) => events.push(event));
+  workers.push(worker);
+  return worker;
+}
+
+describe('Sweeper', () => {
+  it('re-enqueues a lost job with its stored payload, and a worker then completes the key (takeover)', async () => {
+    const lost = await loseJob('order-1');
+    const report = await sweeper({ action: 'reenqueue' }).runOnce();
+    expect(report).toMatchObject({ examined: 1, alive: 0, unverifiable: 0, changed: 0, more: false });
+    expect(report.recoveries).toEqual([
+      { scope: 'acme', key: 'order-1', fence: 1, queue: QUEUE, jobId: lost.jobId, action: 'reenqueued', jobWas: 'missing' },
+    ]);
+    const job = await queue.getJob(lost.jobId);
+    expect(job?.name).toBe('charge');
+    expect(job?.data).toEqual(toWireJobData('acme', 'order-1', lost.payload));
+
+    // The job is back: a second sweep sees it alive and leaves it alone.
+    expect(await sweeper().runOnce()).toMatchObject({ examined: 1, alive: 1, recoveries: [] });
+
+    const events: WorkerEvent[] = [];
+    startWorker(events);
+    const { job: done } = await waitForJobState(queue, lost.jobId, ['completed']);
+    expect(done.returnvalue).toEqual({ charged: 100, fence: 2 });
+    expect(events.map((e) => e.kind)).toContain('taken-over');
+    const row = await keys.get('acme', 'order-1');
+    expect(row).toMatchObject({ status: 'completed', fence: 2, result: { charged: 100, fence: 2 } });
+    expect(await sweeper().runOnce()).toMatchObject({ examined: 0, recoveries: [] });
+  });
+
+  it('re-enqueues when the job exists but finished (e.g. failed while Postgres was unreachable), replacing it', async () => {
+    const lost = await loseJob('order-2');
+    // A plain BullMQ worker fails the job for good, leaving the key processing.
+    await queue.add('charge', toWireJobData('acme', 'order-2', lost.payload), { jobId: lost.jobId, attempts: 1 });
+    const failer = new Worker(QUEUE, async () => {
+      throw new Error('database unreachable');
+    }, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    closers.push(() => failer.close());
+    await waitForJobState(queue, lost.jobId, ['failed']);
+    await failer.close();
+
+    const report = await sweeper().runOnce();
+    expect(report.recoveries).toMatchObject([{ key: 'order-2', action: 'reenqueued', jobWas: 'finished' }]);
+    expect(await queue.getJobState(lost.jobId)).toBe('waiting');
+    startWorker();
+    const { job } = await waitForJobState(queue, lost.jobId, ['completed']);
+    expect(job.returnvalue).toEqual({ charged: 100, fence: 2 });
+  });
+
+  it('abandons a lost job whose payload was not stored: the key fails with ABANDONED and duplicates replay that failure', async () => {
+    const lost = await loseJob('order-3', { storePayload: false });
+    const report = await sweeper({ action: 'reenqueue' }).runOnce();
+    expect(report.recoveries).toMatchObject([{ key: 'order-3', action: 'abandoned', jobWas: 'missing', fence: 1 }]);
+    expect(await queue.getJob(lost.jobId)).toBeUndefined();
+    const row = await keys.get('acme', 'order-3');
+    expect(row).toMatchObject({ status: 'failed', owner: null, lockedUntil: null });
+    expect(row!.expiresAt).not.toBeNull();
+    expect(row!.error).toMatchObject({ code: 'ABANDONED', name: 'KeyAbandonedError', abandoned_by_sweeper: true });
+    expect((row!.error as { message: string }).message).toMatch(/Key "order-3" in scope "acme" was abandoned.*no payload was stored/);
+
+    // A duplicate of the job now replays the failure instead of running.
+    const events: WorkerEvent[] = [];
+    startWorker(events);
+    const producer = new IdempotentProducer({ queue: QUEUE, connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    closers.push(() => producer.close());
+    await producer.enqueue({ name: 'charge', scope: 'acme', key: 'order-3', data: lost.payload });
+    const { job } = await waitForJobState(queue, lost.jobId, ['failed']);
+    expect(job.failedReason).toMatch(/abandoned by the sweeper/);
+    expect(events.map((e) => e.kind)).toEqual(['replayed-failure']);
+  });
+
+  it('abandons instead of re-enqueuing on a queue configured to abandon, even with a stored payload', async () => {
+    await loseJob('order-4');
+    const report = await sweeper({ action: 'reenqueue', queueActions: { [QUEUE]: 'abandon' } }).runOnce();
+    expect(report.recoveries).toMatchObject([{ key: 'order-4', action: 'abandoned' }]);
+    expect((await keys.get('acme', 'order-4'))!.error).toMatchObject({ code: 'ABANDONED' });
+    expect(((await keys.get('acme', 'order-4'))!.error as { message: string }).message).toMatch(/set to abandon lost jobs/);
+  });
+
+  it('leaves alone keys whose job still exists, keys with a recent lease end, and keys with no job recorded', async () => {
+    const waiting = await loseJob('order-5');
+    await queue.add('charge', toWireJobData('acme', 'order-5', waiting.payload), { jobId: waiting.jobId, delay: 3_600_000 });
+    // Lease ended 10 s ago only: within sweepAfterMs, BullMQ's own recovery may still be under way.
+    await keys.claim('acme', 'order-6', keys.fingerprint({}), { leaseMs: 100, jobId: 'x', queue: QUEUE, jobName: 'charge', payload: {} });
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '10 seconds'
+               where key = 'order-6'`.execute(env.db);
+    // Claimed through the protocol API, outside BullMQ: nothing to ask BullMQ about.
+    await keys.claim('acme', 'order-7', keys.fingerprint({}), {});
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 hour'
+               where key = 'order-7'`.execute(env.db);
+
+    const report = await sweeper().runOnce();
+    expect(report).toMatchObject({ examined: 2, alive: 1, unverifiable: 1, recoveries: [], changed: 0 });
+    for (const key of ['order-5', 'order-6', 'order-7']) expect((await keys.get('acme', key))!.status).toBe('processing');
+  });
+
+  it('does not abandon a key that a worker claimed while the sweeper was asking BullMQ', async () => {
+    await loseJob('order-8', { storePayload: false });
+    const racing: SweeperJobQueues = {
+      async presence(queueName, jobIds) {
+        const answer = await jobs.presence(queueName, jobIds);
+        // Meanwhile a redelivered job takes the key over (fence 2, live lease).
+        const outcome = await keys.claim('acme', 'order-8', keys.fingerprint({ name: 'charge', payload: { cents: 100, key: 'order-8' } }));
+        expect(outcome.kind).toBe('taken-over');
+        return answer;
+      },
+      reenqueue: (request) => jobs.reenqueue(request),
+    };
+    const report = await sweeper({ jobs: racing }).runOnce();
+    expect(report).toMatchObject({ examined: 1, changed: 1, recoveries: [] });
+    expect(await keys.get('acme', 'order-8')).toMatchObject({ status: 'processing', fence: 2 });
+  });
+
+  it('pages through candidates in lease order and stops at maxKeysPerRun', async () => {
+    for (let i = 0; i < 5; i++) await loseJob(`page-${i}`, { storePayload: false });
+    // Two alive keys first in lease order, so paging must walk past them.
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')}
+                 set locked_until = now() - interval '2 hours' where key in ('page-0', 'page-1')`.execute(env.db);
+    for (const key of ['page-0', 'page-1']) await queue.add('charge', {}, { jobId: jobIdFor('acme', key), delay: 3_600_000 });
+    const first = await sweeper({ batchSize: 2, maxKeysPerRun: 4 }).runOnce();
+    expect(first).toMatchObject({ examined: 4, alive: 2, more: true });
+    expect(first.recoveries.map((r) => r.key)).toHaveLength(2);
+    const second = await sweeper({ batchSize: 2, maxKeysPerRun: 4 }).runOnce();
+    expect(second).toMatchObject({ examined: 3, alive: 2, more: false });
+    expect(second.recoveries).toHaveLength(1);
+    const { rows } = await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, 'idempotency_keys')}
+                                               where status = 'failed' and key like 'page-%'`.execute(env.db);
+    expect(Number(rows[0]!.n)).toBe(3);
+  });
+
+  it('refuses invalid options with the option named', () => {
+    expect(() => sweeper({ action: 'retry' as never })).toThrow(/action/);
+    expect(() => sweeper({ sweepAfterMs: -1 })).toThrow(/sweepAfterMs/);
+    expect(() => new Sweeper({ db: env.db } as SweeperOptions)).toThrow(/jobs is required/);
+  });
+
+  it('is recovered end to end by a worker process: lost job found and re-run under the advisory-locked sweeper', async () => {
+    const lost = await loseJob('order-9');
+    const proc = await startWorkerProcess({
+      config: loadEnvConfig({
+        DATABASE_URL: env.databaseUrl,
+        REDIS_URL: env.redisUrl,
+        REDIS_PREFIX: env.redisPrefix,
+        SCHEMA: env.schema,
+        QUEUE,
+        MIGRATE: 'false',
+        SWEEP_AFTER_MS: '60000',
+        SWEEPER_INTERVAL_MS: '200',
+        JANITOR_ENABLED: 'false',
+        CONCURRENCY: '2',
+        LOG_LEVEL: 'silent',
+      }),
+      handler: async (ctx: { data: { cents: number }; fence: number }) => ({ charged: ctx.data.cents, fence: ctx.fence }),
+      handleSignals: false,
+      logger: silent,
+    });
+    closers.push(() => proc.stop());
+    const { job } = await waitForJobState(queue, lost.jobId, ['completed']);
+    expect(job.returnvalue).toEqual({ charged: 100, fence: 2 });
+    await waitFor('the key to complete', async () => (await keys.get('acme', 'order-9'))?.status === 'completed');
+  });
+});
