@@ -1,0 +1,229 @@
+/**
+ * The `idempotent-jobs` command as scripts use it: a real child process (bin/idempotent-jobs.js,
+ * which runs the TypeScript through tsx in a checkout) against this file's schema.
+ */
+import { execFile } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { IdempotencyKeys } from '../src/index.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+const BIN = fileURLToPath(new URL('../bin/idempotent-jobs.js', import.meta.url));
+
+let env: TestEnv;
+let keys: IdempotencyKeys;
+
+interface CliResult {
+  readonly code: number;
+  readonly stdout: string;
+  readonly stderr: string;
+}
+
+function cli(args: string[], extraEnv: Record<string, string> = {}): Promise<CliResult> {
+  return new Promise((resolve) => {
+    execFile(
+      process.execPath,
+      [BIN, ...args],
+      { env: { ...process.env, DATABASE_URL: env.databaseUrl, SCHEMA: env.schema, LOG_LEVEL: 'silent', ...extraEnv }, timeout: 30_000 },
+      (error, stdout, stderr) => {
+        const code = error ? (typeof error.code === 'number' ? error.code : -1) : 0;
+        resolve({ code, stdout, stderr });
+      },
+    );
+  });
+}
+
+const json = (result: CliResult) => JSON.parse(result.stdout) as any;
+const table = () => sql.id(env.schema, 'idempotency_keys');
+
+beforeAll(async () => {
+  env = await createTestEnv('cli');
+  keys = new IdempotencyKeys({ db: env.db, schema: env.schema, retentionMs: 3_600_000 });
+  // completed: acme/paid; failed: acme/declined; processing (lease live): acme/running;
+  // processing (lease ended): other/stuck; completed and expired: other/old.
+  const fp = keys.fingerprint({ n: 1 });
+  for (const [scope, key] of [['acme', 'paid'], ['acme', 'declined'], ['acme', 'running'], ['other', 'stuck'], ['other', 'old']] as const) {
+    const claim = await keys.claim(scope, key, fp, { jobId: `job-${key}`, queue: 'payments', jobName: 'charge' });
+    if (claim.kind !== 'claimed') throw new Error(`setup: ${claim.kind}`);
+    if (key === 'paid' || key === 'old') await keys.runEffect(claim, async () => ({ receipt: `r-${key}` }));
+    if (key === 'declined') await keys.fail(claim, new Error('card declined'));
+  }
+  await sql`update ${table()} set locked_until = now() - interval '1 hour' where key = 'stuck'`.execute(env.db);
+  await sql`update ${table()} set completed_at = now() - interval '3 days', expires_at = now() - interval '2 days'
+             where key = 'old'`.execute(env.db);
+});
+afterAll(async () => {
+  await env?.teardown();
+});
+
+describe('idempotent-jobs CLI', () => {
+  it('migrate: reports the schema up to date (exit 0), as text and JSON', async () => {
+    const text = await cli(['migrate']);
+    expect(text).toMatchObject({ code: 0 });
+    expect(text.stdout).toContain(`Schema ${env.schema} is up to date.`);
+    const asJson = await cli(['migrate', '--json']);
+    expect(asJson.code).toBe(0);
+    expect(json(asJson)).toEqual({ schema: env.schema, applied: [] });
+  });
+
+  it('keys get: shows a key (exit 0), as a table and as JSON; a missing key exits 3', async () => {
+    const text = await cli(['keys', 'get', 'acme', 'paid']);
+    expect(text.code).toBe(0);
+    expect(text.stdout).toMatch(/^status\s+completed$/m);
+    expect(text.stdout).toMatch(/^result\s+\{"receipt":"r-paid"\}$/m);
+    expect(text.stdout).toMatch(/^job id\s+job-paid$/m);
+
+    const asJson = await cli(['keys', 'get', 'acme', 'declined', '--json']);
+    expect(asJson.code).toBe(0);
+    expect(json(asJson)).toMatchObject({
+      scope: 'acme',
+      key: 'declined',
+      status: 'failed',
+      fence: 1,
+      attempts: 1,
+      jobId: 'job-declined',
+      queue: 'payments',
+      error: { message: 'card declined' },
+    });
+    expect(Date.parse(json(asJson).createdAt)).not.toBeNaN();
+
+    const missing = await cli(['keys', 'get', 'acme', 'nope', '--json']);
+    expect(missing.code).toBe(3);
+    expect(json(missing)).toEqual({ found: false, scope: 'acme', key: 'nope' });
+    expect(missing.stderr).toContain('No key "nope" in scope "acme"');
+    const missingText = await cli(['keys', 'get', 'acme', 'nope']);
+    expect(missingText).toMatchObject({ code: 3, stdout: '' });
+  });
+
+  it('keys list: filters by status, scope and expiry, limits, and prints a table or JSON', async () => {
+    const all = await cli(['keys', 'list', '--json']);
+    expect(all.code).toBe(0);
+    expect(json(all).map((k: any) => `${k.scope}/${k.key}`).sort()).toEqual(
+      ['acme/declined', 'acme/paid', 'acme/running', 'other/old', 'other/stuck'],
+    );
+
+    const processing = await cli(['keys', 'list', '--status', 'processing', '--json']);
+    expect(json(processing).map((k: any) => k.key).sort()).toEqual(['running', 'stuck']);
+    const inOther = await cli(['keys', 'list', '--scope', 'other', '--json']);
+    expect(json(inOther).map((k: any) => k.key).sort()).toEqual(['old', 'stuck']);
+    const expired = await cli(['keys', 'list', '--expired', '--json']);
+    expect(json(expired).map((k: any) => k.key).sort()).toEqual(['old', 'stuck']);
+    const combined = await cli(['keys', 'list', '--expired', '--status', 'completed', '--json']);
+    expect(json(combined).map((k: any) => k.key)).toEqual(['old']);
+    const limited = await cli(['keys', 'list', '--limit', '2', '--json']);
+    expect(json(limited)).toHaveLength(2);
+
+    const text = await cli(['keys', 'list', '--scope', 'acme']);
+    expect(text.code).toBe(0);
+    const lines = text.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^SCOPE\s+KEY\s+STATUS\s+FENCE\s+ATTEMPTS/);
+    expect(lines.slice(1).map((l) => l.split(/\s+/).slice(0, 3).join(' ')).sort()).toEqual([
+      'acme declined failed',
+      'acme paid completed',
+      'acme running processing',
+    ]);
+    const none = await cli(['keys', 'list', '--scope', 'nobody']);
+    expect(none).toMatchObject({ code: 0, stdout: 'No keys match.\n' });
+  });
+
+  it('exits 2 with a reason on bad usage, and 1 when the database is unreachable', async () => {
+    const badStatus = await cli(['keys', 'list', '--status', 'done']);
+    expect(badStatus.code).toBe(2);
+    expect(badStatus.stderr).toContain('must be one of processing, completed, failed, got "done"');
+    const badLimit = await cli(['keys', 'list', '--limit', '0']);
+    expect(badLimit.code).toBe(2);
+    const badDuration = await cli(['keys', 'purge', '--older-than', '7 days']);
+    expect(badDuration.code).toBe(2);
+    expect(badDuration.stderr).toContain('is not a duration');
+    const noReason = await cli(['keys', 'release', 'acme', 'declined']);
+    expect(noReason.code).toBe(2);
+    expect(noReason.stderr).toContain("required option '--reason <text>'");
+    const unknown = await cli(['keys', 'frobnicate']);
+    expect(unknown.code).toBe(2);
+    const badEnv = await cli(['stats'], { SCHEMA: 'Not-A-Schema' });
+    expect(badEnv.code).toBe(2);
+    expect(badEnv.stderr).toContain('SCHEMA');
+    const tooLong = await cli(['keys', 'get', 'acme', 'k'.repeat(256)]);
+    expect(tooLong.code).toBe(2);
+    const down = await cli(['stats'], { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/postgres' });
+    expect(down.code).toBe(1);
+    expect(down.stderr).not.toBe('');
+  });
+
+  it('stats: counts by status, expired leases and keys, the oldest processing key (text and JSON)', async () => {
+    const asJson = await cli(['stats', '--json']);
+    expect(asJson.code).toBe(0);
+    expect(json(asJson)).toMatchObject({
+      schema: env.schema,
+      processing: 2,
+      completed: 2,
+      failed: 1,
+      expiredLeases: 1,
+      expiredKeys: 1,
+      oldestProcessing: { scope: 'acme', key: 'running' },
+      outboxUnsent: 0,
+      oldestUnsentAgeMs: null,
+    });
+    const text = await cli(['stats']);
+    expect(text.code).toBe(0);
+    expect(text.stdout).toMatch(/^processing\s+2$/m);
+    expect(text.stdout).toMatch(/^completed\s+2$/m);
+    expect(text.stdout).toMatch(/^failed\s+1$/m);
+    expect(text.stdout).toMatch(/^Expired leases:\s+1 /m);
+    expect(text.stdout).toMatch(/^Oldest processing key: "running" in scope "acme"/m);
+  });
+
+  it('keys release: unlocks a failed key and records who and why; completed keys exit 4, missing ones 3', async () => {
+    const released = await cli(['keys', 'release', 'acme', 'declined', '--reason', 'card updated by support', '--json']);
+    expect(released.code).toBe(0);
+    const body = json(released);
+    expect(body).toMatchObject({ released: true, previousStatus: 'failed', key: { status: 'processing', owner: null } });
+    expect(body.key.error).toMatchObject({
+      released_by_operator: true,
+      reason: 'card updated by support',
+      previous_status: 'failed',
+      previous_error: { message: 'card declined' },
+    });
+    // The key is claimable at once, by takeover (fence 2), with the same payload.
+    const claim = await keys.claim('acme', 'declined', keys.fingerprint({ n: 1 }));
+    expect(claim).toMatchObject({ kind: 'taken-over', fence: 2 });
+
+    const text = await cli(['keys', 'release', 'other', 'stuck', '--reason', 'worker host lost']);
+    expect(text.code).toBe(0);
+    expect(text.stdout).toContain('Released key "stuck" in scope "other" (was processing)');
+    expect(text.stdout).toContain('Its last job was job-stuck on queue "payments".');
+
+    const completed = await cli(['keys', 'release', 'acme', 'paid', '--reason', 'x', '--json']);
+    expect(completed.code).toBe(4);
+    expect(json(completed)).toEqual({ released: false, status: 'completed', scope: 'acme', key: 'paid' });
+    expect(completed.stderr).toContain('only processing or failed keys can be released');
+    expect((await keys.get('acme', 'paid'))!.status).toBe('completed');
+
+    const missing = await cli(['keys', 'release', 'acme', 'nope', '--reason', 'x']);
+    expect(missing.code).toBe(3);
+    const empty = await cli(['keys', 'release', 'acme', 'paid', '--reason', ' ']);
+    expect(empty.code).toBe(2);
+  });
+
+  it('keys purge: deletes finished keys older than the duration, never processing ones (text and JSON)', async () => {
+    const nothing = await cli(['keys', 'purge', '--older-than', '7d', '--json']);
+    expect(nothing.code).toBe(0);
+    expect(json(nothing)).toEqual({ deleted: 0, olderThanMs: 7 * 86_400_000 });
+
+    const purged = await cli(['keys', 'purge', '--older-than', '24h', '--json']);
+    expect(json(purged)).toEqual({ deleted: 1, olderThanMs: 86_400_000 });
+    expect(await keys.get('other', 'old')).toBeUndefined();
+
+    // Make every key look a week old: only the finished one (acme/paid) goes.
+    await sql`update ${table()} set created_at = now() - interval '7 days', completed_at = coalesce(completed_at, now()) - interval '7 days'`.execute(env.db);
+    const text = await cli(['keys', 'purge', '--older-than', '30m']);
+    expect(text).toMatchObject({ code: 0, stdout: 'Purged 1 finished key older than 30m.\n' });
+    const { rows } = await sql<{ key: string; status: string }>`select key, status from ${table()} order by key`.execute(env.db);
+    expect(rows).toEqual([
+      { key: 'declined', status: 'processing' },
+      { key: 'running', status: 'processing' },
+      { key: 'stuck', status: 'processing' },
+    ]);
+  });
+});
