@@ -1,0 +1,372 @@
+/**
+ * `npm run bench`: what exactly-once costs against plain BullMQ, every comparison in one run.
+ *
+ * Usage: `tsx bench/run-bench.ts [--quick] [--reps N] [--n N] [--only a,b] [--tag name]`
+ * Sections: throughput (baselines, leased, fast path, duplicate loads, claim latency, round trips),
+ * producer, processes, rss, recovery, peers. Prints tables, writes
+ * `bench/results/<date>[-tag].json` and `bench/results/<date>[-tag].svg`.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import { sql } from 'kysely';
+import { createBenchEnv, RoundTripCounter, type BenchEnv } from './support/bench-env.js';
+import { renderChart } from './support/chart.js';
+import { startChild } from './support/child-process.js';
+import { runProcesses, runRecovery, runRss, type ProcessesRun, type RecoveryRun, type RssRun } from './support/processes.js';
+import { runProducer, type ProducerRun } from './support/producer.js';
+import { formatSpread, spread, type Spread } from './support/stats.js';
+import { runThroughput, type Contender, type ThroughputRun } from './support/throughput.js';
+
+interface Args {
+  quick: boolean;
+  reps: number;
+  n: number;
+  only: Set<string> | undefined;
+  tag: string | undefined;
+}
+
+function parseArgs(argv: string[]): Args {
+  const quick = argv.includes('--quick');
+  const value = (name: string) => {
+    const i = argv.indexOf(name);
+    if (i < 0) return undefined;
+    const v = argv[i + 1];
+    if (v === undefined || v.startsWith('--')) throw new Error(`${name} needs a value`);
+    return v;
+  };
+  const positive = (name: string, fallback: number) => {
+    const raw = value(name);
+    if (raw === undefined) return fallback;
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer (got ${JSON.stringify(raw)})`);
+    return n;
+  };
+  const sections = ['throughput', 'producer', 'processes', 'rss', 'recovery', 'peers'];
+  const only = value('--only')?.split(',');
+  for (const s of only ?? []) if (!sections.includes(s)) throw new Error(`--only: unknown section "${s}" (known: ${sections.join(', ')})`);
+  return {
+    quick,
+    reps: positive('--reps', quick ? 2 : 3),
+    n: positive('--n', quick ? 3000 : 20_000),
+    only: only ? new Set(only) : undefined,
+    tag: value('--tag'),
+  };
+}
+
+const args = parseArgs(process.argv.slice(2));
+const wants = (section: string) => !args.only || args.only.has(section);
+const CONCURRENCY = 16;
+const RATIOS = [0, 0.5, 0.9];
+const log = (line: string) => process.stderr.write(`${new Date().toISOString().slice(11, 19)} ${line}\n`);
+
+const counter = new RoundTripCounter();
+counter.install();
+const env = await createBenchEnv();
+const startedAt = new Date();
+const loadBefore = os.loadavg();
+const results: Record<string, unknown> = {};
+const tables: string[] = [];
+try {
+  const machine = await describeMachine(env);
+  log(`bench: schema ${env.schema}, prefix ${env.redisPrefix}, N ${args.n}, reps ${args.reps}, ${machine.cpus} cores`);
+  if (wants('throughput')) await throughputSection();
+  if (wants('producer')) await producerSection();
+  if (wants('processes')) await processesSection();
+  if (wants('rss')) await rssSection();
+  if (wants('recovery')) await recoverySection();
+  if (wants('peers')) await peersSection();
+  results.machine = { ...machine, loadAverageBefore: loadBefore, loadAverageAfter: os.loadavg() };
+} finally {
+  await env.teardown();
+}
+
+const chart = results.chartData
+  ? renderChart({
+      title: `idempotent-jobs benchmark, ${startedAt.toISOString().slice(0, 10)} (${os.cpus().length} shared cores)`,
+      throughput: [],
+      baselines: [],
+      recovery: [],
+      ...(results.chartData as object),
+    })
+  : undefined;
+const finishedAt = new Date();
+const date = startedAt.toISOString().slice(0, 10);
+const name = `${date}${args.tag ? `-${args.tag}` : args.quick ? '-quick' : ''}`;
+const dir = fileURLToPath(new URL('./results/', import.meta.url));
+mkdirSync(dir, { recursive: true });
+const document = {
+  startedAt: startedAt.toISOString(),
+  finishedAt: finishedAt.toISOString(),
+  command: `npm run bench -- ${process.argv.slice(2).join(' ')}`.trim(),
+  settings: { n: args.n, reps: args.reps, concurrency: CONCURRENCY, quick: args.quick },
+  notes: [
+    'The machine was shared while measuring: other agents ran test suites on the same 2 cores, Postgres and Redis. Compare ratios within this run, not absolute numbers across runs.',
+    'Round trips are counted by wrapping pg.Client#query in the benchmark process (pg_stat_statements is not installed on this server).',
+  ],
+  ...results,
+};
+writeFileSync(`${dir}${name}.json`, `${JSON.stringify(document, null, 2)}\n`);
+if (chart) writeFileSync(`${dir}${name}.svg`, chart);
+process.stdout.write(`\n${tables.join('\n\n')}\n\nResults: bench/results/${name}.json${chart ? `, chart: bench/results/${name}.svg` : ''}\n`);
+log(`done in ${Math.round((finishedAt.getTime() - startedAt.getTime()) / 1000)} s`);
+
+// ---------------------------------------------------------------------------------------------
+
+async function throughputSection(): Promise<void> {
+  const combos: Array<{ contender: Contender; ratio: number }> = [
+    { contender: 'bullmq-noop', ratio: 0 },
+    { contender: 'bullmq-tx', ratio: 0 },
+    ...RATIOS.flatMap((ratio) => (['leased', 'fast-path'] as const).map((contender) => ({ contender, ratio }))),
+  ];
+  const runs: Array<ThroughputRun & { rep: number }> = [];
+  for (let rep = 0; rep < args.reps; rep++) {
+    // Alternate the order: forward on even repetitions, backward on odd ones.
+    const order = rep % 2 === 0 ? combos : [...combos].reverse();
+    for (const { contender, ratio } of order) {
+      const run = await runThroughput(env, counter, { contender, n: args.n, concurrency: CONCURRENCY, duplicateRatio: ratio });
+      log(`rep ${rep + 1} ${contender} dup ${ratio * 100}%: ${run.jobsPerSec.toFixed(0)} jobs/s, ${run.roundTripsPerJob.toFixed(2)} RT/job`);
+      if (run.failedJobs > 0) throw new Error(`${contender}: ${run.failedJobs} jobs failed`);
+      const expectedEffects = contender === 'bullmq-noop' ? 0 : contender === 'bullmq-tx' ? run.n : run.distinctKeys;
+      if (run.effects !== expectedEffects) throw new Error(`${contender}: ${run.effects} effects, expected ${expectedEffects}`);
+      runs.push({ ...run, rep });
+    }
+  }
+  const find = (contender: Contender, ratio: number, rep: number) => runs.find((r) => r.contender === contender && r.duplicateRatio === ratio && r.rep === rep);
+  const reps = [...Array(args.reps).keys()];
+  const summary = combos.map(({ contender, ratio }) => {
+    const mine = reps.map((rep) => find(contender, ratio, rep)!);
+    const ratioToBaseline = spread(mine.map((r) => r.jobsPerSec / find('bullmq-tx', 0, r.rep)!.jobsPerSec));
+    const ratioToUnique = ratio > 0 ? spread(mine.map((r) => r.jobsPerSec / find(contender, 0, r.rep)!.jobsPerSec)) : undefined;
+    // Round trips per duplicate: this run's trips minus the unique jobs' share at the 0% rate.
+    const roundTripsPerDuplicate =
+      ratio > 0
+        ? spread(
+            mine.map((r) => {
+              const unique = find(contender, 0, r.rep)!;
+              const duplicates = r.n - r.distinctKeys;
+              return (r.roundTrips - r.distinctKeys * unique.roundTripsPerJob) / duplicates;
+            }),
+          )
+        : undefined;
+    const latency = (kind: string, field: 'p50' | 'p99') => spread(mine.map((r) => r.claimLatency?.[kind]?.[field] ?? NaN).filter(Number.isFinite));
+    return {
+      contender,
+      duplicateRatio: ratio,
+      jobsPerSec: spread(mine.map((r) => r.jobsPerSec)),
+      ratioToAtLeastOnce: ratioToBaseline,
+      ratioToAllUnique: ratioToUnique,
+      roundTripsPerJob: spread(mine.map((r) => r.roundTripsPerJob)),
+      roundTripsPerDuplicate,
+      claimMs: contender === 'leased' || contender === 'fast-path'
+        ? { claimedP50: latency('claimed', 'p50'), claimedP99: latency('claimed', 'p99'), duplicateP50: latency('completed', 'p50'), duplicateP99: latency('completed', 'p99') }
+        : undefined,
+    };
+  });
+  results.throughput = { n: args.n, concurrency: CONCURRENCY, reps: args.reps, summary, runs };
+
+  const rows = summary.map((s) => [
+    s.contender,
+    `${s.duplicateRatio * 100}%`,
+    formatSpread(s.jobsPerSec),
+    formatSpread(s.ratioToAtLeastOnce, 2),
+    s.ratioToAllUnique ? formatSpread(s.ratioToAllUnique, 2) : '',
+    formatSpread(s.roundTripsPerJob, 2),
+    s.roundTripsPerDuplicate ? formatSpread(s.roundTripsPerDuplicate, 2) : '',
+    s.claimMs ? `${fmt(s.claimMs.claimedP50)} / ${fmt(s.claimMs.claimedP99)}` : '',
+    s.claimMs && s.duplicateRatio > 0 ? `${fmt(s.claimMs.duplicateP50)} / ${fmt(s.claimMs.duplicateP99)}` : '',
+  ]);
+  tables.push(
+    table(
+      `Throughput: N=${args.n} jobs per run, concurrency ${CONCURRENCY}, ${args.reps} repetitions (median (min–max)); ratios against bullmq-tx of the same repetition`,
+      ['contender', 'dup', 'jobs/s', 'x at-least-once', 'x all-unique', 'PG RT/job', 'PG RT/dup', 'claim p50/p99 ms', 'dup claim p50/p99 ms'],
+      rows,
+    ),
+  );
+  const series = (contender: Contender, label: string, color: string) => ({
+    label,
+    color,
+    points: summary.filter((s) => s.contender === contender).map((s) => ({ ratio: s.duplicateRatio, ...pick(s.jobsPerSec) })),
+  });
+  results.chartData = {
+    throughput: [series('leased', 'idempotent-jobs, leased', '#2471a3'), series('fast-path', 'idempotent-jobs, fast path', '#27ae60')],
+    baselines: [{ label: 'plain BullMQ + same transaction (at-least-once)', color: '#7f8c8d', value: summary.find((s) => s.contender === 'bullmq-tx')!.jobsPerSec.median }],
+  };
+}
+
+async function producerSection(): Promise<void> {
+  const runs: ProducerRun[] = [];
+  const n = Math.min(args.n, 10_000);
+  for (let rep = 0; rep < args.reps; rep++) {
+    const order = rep % 2 === 0 ? (['bullmq-addBulk', 'IdempotentProducer.enqueueBulk'] as const) : (['IdempotentProducer.enqueueBulk', 'bullmq-addBulk'] as const);
+    for (const producer of order) runs.push(await runProducer(env, producer, n, 100));
+  }
+  const summary = (['bullmq-addBulk', 'IdempotentProducer.enqueueBulk'] as const).map((producer) => ({
+    producer,
+    jobsPerSec: spread(runs.filter((r) => r.producer === producer).map((r) => r.jobsPerSec)),
+  }));
+  results.producer = { n, batch: 100, summary, runs };
+  tables.push(table(`Enqueue: ${n} unique jobs in batches of 100`, ['producer', 'jobs/s'], summary.map((s) => [s.producer, formatSpread(s.jobsPerSec)])));
+  log('producer done');
+}
+
+async function processesSection(): Promise<void> {
+  const n = args.quick ? args.n : Math.min(args.n, 10_000);
+  const counts = [1, 2, 4];
+  const runs: ProcessesRun[] = [];
+  const reps = Math.min(args.reps, 2);
+  for (let rep = 0; rep < reps; rep++) {
+    for (const processes of rep % 2 === 0 ? counts : [...counts].reverse()) {
+      const run = await runProcesses(env, { processes, n, concurrency: 8 });
+      log(`processes ${processes}: ${run.jobsPerSec.toFixed(0)} jobs/s`);
+      runs.push(run);
+    }
+  }
+  const summary = counts.map((processes) => ({ processes, jobsPerSec: spread(runs.filter((r) => r.processes === processes).map((r) => r.jobsPerSec)) }));
+  results.processes = { n, concurrencyPerProcess: 8, cores: os.cpus().length, summary, runs };
+  tables.push(
+    table(
+      `Worker processes (leased path, concurrency 8 each, pool 9 each; N=${n}; the machine has ${os.cpus().length} cores, shared with Postgres and Redis)`,
+      ['processes', 'jobs/s'],
+      summary.map((s) => [String(s.processes), formatSpread(s.jobsPerSec)]),
+    ),
+  );
+}
+
+async function rssSection(): Promise<void> {
+  const runs: RssRun[] = [];
+  for (const concurrency of [1, 16, 64]) {
+    const run = await runRss(env, { concurrency, n: 20_000, windowMs: args.quick ? 3000 : 6000, warmupMs: 2000, sleepMs: 5 });
+    log(`rss concurrency ${concurrency}: max ${run.maxRssMb.toFixed(0)} MB`);
+    runs.push(run);
+  }
+  results.rss = { targetMb: 200, runs };
+  tables.push(
+    table(
+      'Worker RSS under load (one process, leased path, each job sleeps 5 ms then commits its effect; sampled every 100 ms)',
+      ['concurrency', 'pg pool', 'max RSS MB', 'median RSS MB', 'jobs in window'],
+      runs.map((r) => [String(r.concurrency), String(r.poolSize), r.maxRssMb.toFixed(0), r.medianRssMb.toFixed(0), `${r.jobsInWindow} in ${r.windowMs / 1000} s`]),
+    ),
+  );
+}
+
+async function recoverySection(): Promise<void> {
+  const leases = [2000, 5000, 10_000];
+  const runs: RecoveryRun[] = [];
+  const reps = Math.min(args.reps, 2);
+  for (let rep = 0; rep < reps; rep++) {
+    for (const leaseMs of rep % 2 === 0 ? leases : [...leases].reverse()) {
+      const run = await runRecovery(env, { leaseMs, stalledIntervalMs: 1000 });
+      log(`recovery lease ${leaseMs}: ${run.recoveryMs.toFixed(0)} ms, effects ${run.effects}`);
+      if (run.effects !== 1) throw new Error(`recovery with lease ${leaseMs}: ${run.effects} effects, expected 1`);
+      runs.push(run);
+    }
+  }
+  const summary = leases.map((leaseMs) => ({ leaseMs, targetMs: leaseMs + 2000, recoveryMs: spread(runs.filter((r) => r.leaseMs === leaseMs).map((r) => r.recoveryMs)) }));
+  results.recovery = { stalledIntervalMs: 1000, summary, runs };
+  tables.push(
+    table(
+      'Recovery after SIGKILL of the worker holding a key (LOCK_DURATION_MS = lease, STALLED_INTERVAL_MS = 1000; from the kill to the key completed by another worker)',
+      ['leaseMs', 'recovery ms', 'target ms', 'met'],
+      summary.map((s) => [String(s.leaseMs), formatSpread(s.recoveryMs), String(s.targetMs), s.recoveryMs.max <= s.targetMs ? 'yes' : 'no']),
+    ),
+  );
+  results.chartData = { ...(results.chartData as object), recovery: summary.map((s) => ({ leaseMs: s.leaseMs, ...pick(s.recoveryMs) })) };
+}
+
+async function peersSection(): Promise<void> {
+  const node22 = fileURLToPath(new URL('../node_modules/node22/bin/node', import.meta.url));
+  const runs: Array<Record<string, unknown>> = [];
+  const peers = ['pg-boss', 'graphile-worker'];
+  const reps = Math.min(args.reps, 2);
+  for (let rep = 0; rep < reps; rep++) {
+    for (const peer of rep % 2 === 0 ? peers : [...peers].reverse()) {
+      const child = startChild(
+        `peers/${peer}-bench.ts`,
+        { DATABASE_URL: env.databaseUrl, BENCH_N: String(args.n), BENCH_CONCURRENCY: String(CONCURRENCY), BENCH_SCHEMA_PREFIX: `${env.schema}_${rep}` },
+        node22,
+      );
+      try {
+        const line = await child.waitForLine((l) => l.msg === 'result', 15 * 60_000);
+        await child.exited;
+        log(`${peer}: ${Number(line.jobsPerSec).toFixed(0)} jobs/s`);
+        runs.push(line);
+      } finally {
+        await child.stop();
+      }
+    }
+  }
+  // The same-run reference: plain BullMQ + the same transaction, if measured.
+  const tp = results.throughput as { summary: Array<{ contender: string; duplicateRatio: number; jobsPerSec: Spread }> } | undefined;
+  const reference = tp?.summary.find((s) => s.contender === 'bullmq-tx')?.jobsPerSec.median;
+  const summary = peers.map((peer) => {
+    const mine = runs.filter((r) => r.peer === peer);
+    const jobsPerSec = spread(mine.map((r) => Number(r.jobsPerSec)));
+    return {
+      peer,
+      version: mine[0]?.version,
+      settings: mine[0]?.settings,
+      dedupFeature: mine[0]?.dedupFeature,
+      jobsPerSec,
+      ratioToAtLeastOnce: reference ? jobsPerSec.median / reference : undefined,
+      dedupWhileQueued: mine.every((r) => r.dedupWhileQueued === true),
+      reRunsAfterCompletion: mine.some((r) => Number(r.effectsAfterReEnqueue) > 1),
+    };
+  });
+  results.peers = { node: 'node_modules/node22/bin/node', summary, runs };
+  tables.push(
+    table(
+      `Peers on the same workload (N=${args.n}, ${CONCURRENCY} at once, same effect transaction; Node 22)`,
+      ['peer', 'jobs/s', 'x at-least-once', 'dedup feature', 'dedup while queued', 're-enqueue after completion runs again'],
+      summary.map((s) => [
+        `${s.peer} ${s.version ?? ''}`,
+        formatSpread(s.jobsPerSec),
+        s.ratioToAtLeastOnce ? s.ratioToAtLeastOnce.toFixed(2) : 'n/a',
+        String(s.dedupFeature),
+        s.dedupWhileQueued ? 'yes' : 'no',
+        s.reRunsAfterCompletion ? 'YES (effect twice)' : 'no',
+      ]),
+    ),
+  );
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async function describeMachine(bench: BenchEnv) {
+  const { rows } = await sql<{ version: string }>`select version()`.execute(bench.db);
+  const redis = new Redis(bench.redisUrl);
+  const info = await redis.info('server');
+  redis.disconnect();
+  let lscpu = '';
+  try {
+    lscpu = execFileSync('lscpu', { encoding: 'utf8' });
+  } catch {
+    // not Linux, or no lscpu: os.cpus() is enough
+  }
+  return {
+    cpus: os.cpus().length,
+    cpuModel: /Model name:\s*(.+)/.exec(lscpu)?.[1]?.trim() ?? os.cpus()[0]?.model,
+    hypervisor: /Hypervisor vendor:\s*(.+)/.exec(lscpu)?.[1]?.trim(),
+    memoryGb: Math.round(os.totalmem() / 2 ** 30),
+    node: process.version,
+    postgres: rows[0]?.version.split(',')[0],
+    redis: /redis_version:(\S+)/.exec(info)?.[1],
+    platform: `${os.type()} ${os.release()}`,
+  };
+}
+
+function table(title: string, header: string[], rows: string[][]): string {
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
+  const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i]!)).join('  ');
+  return [title, line(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(line)].join('\n');
+}
+
+function fmt(s: Spread): string {
+  return Number.isNaN(s.median) ? 'n/a' : s.median.toFixed(2);
+}
+
+function pick(s: Spread) {
+  return { median: s.median, min: s.min, max: s.max };
+}

@@ -1,0 +1,59 @@
+/** A {@link KeyStore} decorator that records how long each claim statement takes, by outcome. */
+import type { Kysely } from 'kysely';
+import type { Claim, ClaimInput, ClaimOutcome, KeyRecord, KeyStore } from '../../src/index.js';
+
+/** Claim latencies in milliseconds, by outcome kind. */
+export type ClaimLatencies = Map<ClaimOutcome['kind'], number[]>;
+
+/** Wraps a store and times `claim`; every other call is passed through untouched. */
+export class TimedKeyStore implements KeyStore {
+  readonly #inner: KeyStore;
+  /** Latencies recorded since the last {@link TimedKeyStore.reset}. */
+  latencies: ClaimLatencies = new Map();
+
+  constructor(inner: KeyStore) {
+    this.#inner = inner;
+  }
+
+  get schema(): string {
+    return this.#inner.schema;
+  }
+
+  /** Forgets recorded latencies. */
+  reset(): void {
+    this.latencies = new Map();
+  }
+
+  async claim(executor: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome> {
+    const startedAt = performance.now();
+    const outcome = await this.#inner.claim(executor, input);
+    const list = this.latencies.get(outcome.kind) ?? [];
+    list.push(performance.now() - startedAt);
+    this.latencies.set(outcome.kind, list);
+    return outcome;
+  }
+
+  complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean> {
+    return this.#inner.complete(tx, claim, resultJson, retentionMs);
+  }
+
+  storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void> {
+    return this.#inner.storeFastPathResult(tx, claim, resultJson);
+  }
+
+  extend(claim: Claim, leaseMs: number): Promise<Date | null> {
+    return this.#inner.extend(claim, leaseMs);
+  }
+
+  release(claim: Claim, errorJson: string | null): Promise<boolean> {
+    return this.#inner.release(claim, errorJson);
+  }
+
+  fail(claim: Claim, errorJson: string, retentionMs: number): Promise<boolean> {
+    return this.#inner.fail(claim, errorJson, retentionMs);
+  }
+
+  get(scope: string, key: string): Promise<KeyRecord | undefined> {
+    return this.#inner.get(scope, key);
+  }
+}
