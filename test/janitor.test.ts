@@ -1,3 +1,7 @@
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
@@ -209,5 +213,47 @@ describe('Maintenance', () => {
       oldestUnsentAgeMs: null,
     });
     expect(run.ran && run.result.oldestProcessing!.ageMs).toBeGreaterThanOrEqual(86_400_000);
+  });
+});
+
+describe('standalone maintenance process (workers/janitor.ts)', () => {
+  it('deletes expired keys on its interval, serves /healthz, and exits 0 on SIGTERM', async () => {
+    await insertKeys('expired', 7, { status: 'completed', expiresIn: '-1 minute' });
+    await insertKeys('live', 3, { status: 'completed', expiresIn: '1 hour' });
+    const script = fileURLToPath(new URL('../workers/janitor.ts', import.meta.url));
+    const child = spawn(process.execPath, ['--import', 'tsx', script], {
+      env: {
+        ...process.env,
+        DATABASE_URL: env.databaseUrl,
+        REDIS_URL: env.redisUrl,
+        REDIS_PREFIX: env.redisPrefix,
+        SCHEMA: env.schema,
+        MIGRATE: 'false',
+        JANITOR_INTERVAL_MS: '100',
+        SWEEPER_INTERVAL_MS: '100',
+        METRICS_PORT: '0',
+        LOG_LEVEL: 'info',
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const exited = once(child, 'exit');
+    try {
+      const lines: Array<Record<string, unknown>> = [];
+      createInterface({ input: child.stdout! }).on('line', (line) => lines.push(JSON.parse(line)));
+      const ready = await waitFor('the maintenance process to be ready', async () => lines.find((l) => l.msg === 'maintenance ready'), 30_000);
+      expect(ready).toMatchObject({ janitor: true, sweeper: true });
+      await waitFor('expired keys to be deleted', async () => (await remainingKeys()).size === 3);
+      expect([...(await remainingKeys())].sort()).toEqual(['live-1', 'live-2', 'live-3']);
+      const health = await fetch(`http://127.0.0.1:${ready.metricsPort as number}/healthz`);
+      expect(await health.json()).toEqual({ status: 'ok', checks: { postgres: { ok: true } } });
+      child.kill('SIGTERM');
+      const [code] = await exited;
+      expect(code).toBe(0);
+    } finally {
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill('SIGKILL');
+        await exited;
+      }
+    }
   });
 });
