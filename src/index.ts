@@ -52,6 +52,15 @@ export { loadEnvConfig } from './config/env-config.js';
 export type { WorkerProcess, WorkerProcessOptions } from './runtime/worker-process.js';
 export { startWorkerProcess } from './runtime/worker-process.js';
 export { onShutdownSignals } from './runtime/shutdown-signals.js';
+export type { HttpApiOptions, ResolvedHttpApiOptions, HttpEnvConfig } from './config/http-options.js';
+export { ANONYMOUS_TENANT, assertBindAllowed, isLoopbackHost, loadHttpEnvConfig, parseTokens, resolveHttpApiOptions } from './config/http-options.js';
+export { HttpApi, createHttpApi } from './http/http-api.js';
+export type { JobState, JobView, SubmitOutcome, SubmitRequest, JobIngestionOptions } from './http/job-ingestion.js';
+export { JobIngestion, requestScopeFor } from './http/job-ingestion.js';
+export type { ProblemDetails, ProblemKind } from './http/problems.js';
+export { HttpProblem, PROBLEMS, PROBLEM_TYPE_PREFIX, problemType } from './http/problems.js';
+export type { HttpServerProcess, HttpServerProcessOptions } from './http/http-server-process.js';
+export { startHttpServerProcess } from './http/http-server-process.js';
 // Operations (issue 7): retention, the sweeper, metrics and health.
 export type {
   JanitorOptions,

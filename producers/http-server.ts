@@ -1,0 +1,8 @@
+/**
+ * The HTTP ingestion server: other services enqueue jobs over HTTP with Idempotency-Key
+ * semantics. Configuration: the environment (see "HTTP API" in the README). SIGTERM/SIGINT:
+ * in-flight requests finish, then it exits.
+ */
+import { loadHttpEnvConfig, startHttpServerProcess } from '../src/index.js';
+
+await startHttpServerProcess({ config: loadHttpEnvConfig() });

@@ -1,0 +1,347 @@
+import { randomUUID } from 'node:crypto';
+import swagger from '@fastify/swagger';
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import { pino, type Logger } from 'pino';
+import { IdempotentProducer } from '../bullmq/idempotent-producer.js';
+import { OutboxRelay } from '../bullmq/outbox-relay.js';
+import { assertBindAllowed, resolveHttpApiOptions, type HttpApiOptions, type ResolvedHttpApiOptions } from '../config/http-options.js';
+import { httpMetrics, metricsExposition, type HttpMetrics } from './http-metrics.js';
+import { JobIngestion, isSettled, type JobView } from './job-ingestion.js';
+import { jobRouteSchemas, openApiDocument } from './openapi.js';
+import { HttpProblem, sendProblem, toHttpProblem } from './problems.js';
+import { BearerAuthenticator, readIdempotencyKey, readPathKey, readPreferWait } from './request-headers.js';
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    /** The authenticated tenant (set on `/v1` routes). */
+    tenant: string;
+  }
+}
+
+/** Job names: BullMQ shows them; they are part of the fingerprint. */
+const JOB_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$/;
+/** A client's `Request-Id` is adopted when it looks like an id (so it can join logs across services). */
+const REQUEST_ID_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
+/** Readiness checks give up after this long (the dependency counts as down). */
+const READINESS_TIMEOUT_MS = 2_000;
+
+interface JobParams {
+  queue: string;
+}
+interface KeyParams extends JobParams {
+  key: string;
+}
+
+/**
+ * The HTTP ingestion API: other services enqueue jobs over HTTP with `Idempotency-Key`
+ * semantics (draft-ietf-httpapi-idempotency-key-header-07, as Stripe behaves). Build it with
+ * {@link createHttpApi}; `listen` refuses a non-loopback address when no bearer tokens are
+ * configured; `close` finishes in-flight requests first.
+ *
+ * @example
+ * ```ts
+ * const api = await createHttpApi({ keys, connection: { url: 'redis://127.0.0.1:6379' }, queues: ['payments'], listener });
+ * const url = await api.listen({ host: '127.0.0.1', port: 3000 });
+ * // … later
+ * await api.close();
+ * ```
+ */
+export class HttpApi {
+  /** The Fastify instance (for `inject` in tests, or adding routes). */
+  readonly app: FastifyInstance;
+  readonly #options: ResolvedHttpApiOptions;
+  readonly #producers = new Map<string, IdempotentProducer>();
+  readonly #relay: OutboxRelay | undefined;
+  readonly #ingestion: JobIngestion;
+  readonly #auth: BearerAuthenticator;
+  readonly #metrics: HttpMetrics = httpMetrics();
+  /** Aborted when closing: pending `Prefer: wait` requests answer at once. */
+  readonly #closing = new AbortController();
+  readonly #relayKicks = new Set<Promise<unknown>>();
+  #relayKickPending = false;
+  /** Requests being handled, and who waits for them all to end (close). */
+  #inFlight = 0;
+  #onIdle: (() => void) | undefined;
+
+  /** Use {@link createHttpApi}, which also waits for the plugins to load. */
+  constructor(options: HttpApiOptions) {
+    this.#options = resolveHttpApiOptions(options);
+    const { keys, connection, prefix, queues, jobOptions } = this.#options;
+    const logger: Logger = this.#options.logger ?? pino({ level: 'info' });
+    for (const queue of queues) {
+      const producer = new IdempotentProducer({ queue, connection, prefix, schema: keys.options.schema, fingerprint: keys.options.fingerprint, defaultJobOptions: jobOptions });
+      // Redis connection errors surface as /readyz 503 and failed requests; log them, once per event.
+      producer.queue.on('error', (error) => logger.warn({ err: error, queue }, 'Redis connection error'));
+      this.#producers.set(queue, producer);
+    }
+    this.#relay = this.#options.relay
+      ? new OutboxRelay({ db: keys.db, schema: keys.options.schema, connection, prefix, pollIntervalMs: this.#options.relayPollIntervalMs, logger })
+      : undefined;
+    this.#auth = new BearerAuthenticator(this.#options.tokens);
+    this.#ingestion = new JobIngestion({
+      keys,
+      producers: this.#producers,
+      listener: this.#options.listener,
+      onCreated: () => this.#kickRelay(),
+    });
+    this.app = Fastify({
+      loggerInstance: logger,
+      genReqId: (raw) => {
+        const incoming = raw.headers['request-id'];
+        return typeof incoming === 'string' && REQUEST_ID_PATTERN.test(incoming) ? incoming : randomUUID();
+      },
+      bodyLimit: this.#options.bodyLimitBytes,
+      // Keys are up to 255 characters, three times that percent-encoded.
+      routerOptions: { maxParamLength: 1024 },
+      return503OnClosing: true,
+      forceCloseConnections: 'idle',
+    }) as unknown as FastifyInstance;
+    this.#setUp();
+  }
+
+  /** The queues this API accepts. */
+  get queues(): readonly string[] {
+    return this.#options.queues;
+  }
+
+  /**
+   * Listens on `host:port` (port 0: an ephemeral port) and returns the base URL. Refuses a
+   * non-loopback host when no bearer tokens are configured.
+   */
+  async listen(options: { host?: string; port?: number } = {}): Promise<string> {
+    const host = options.host ?? '127.0.0.1';
+    assertBindAllowed(host, this.#options.tokens.size);
+    await this.app.listen({ host, port: options.port ?? 3000 });
+    const address = this.app.server.address();
+    if (address === null || typeof address === 'string') return String(address);
+    const shown = address.family === 'IPv6' ? `[${address.address}]` : address.address;
+    return `http://${shown}:${address.port}`;
+  }
+
+  /**
+   * Graceful shutdown: stop accepting connections, answer pending `Prefer: wait` requests at
+   * once, let in-flight requests finish, then stop the relay and close the queues. Does not
+   * close the IdempotencyKeys' database or the listener (their owner does).
+   */
+  close(): Promise<void> {
+    return this.app.close();
+  }
+
+  #setUp(): void {
+    const app = this.app;
+    app.decorateRequest('tenant', '');
+    app.removeContentTypeParser('text/plain');
+    app.addHook('onRequest', async (request, reply) => {
+      reply.header('request-id', request.id);
+      this.#inFlight++;
+      reply.raw.once('close', () => {
+        if (--this.#inFlight === 0) this.#onIdle?.();
+      });
+    });
+    app.addHook('onSend', async (_request, reply, payload) => {
+      // While closing, a keep-alive connection would hold the close open until its timeout:
+      // the last answer on it closes it.
+      if (this.#closing.signal.aborted) reply.header('connection', 'close');
+      return payload;
+    });
+    app.addHook('onResponse', async (request, reply) => {
+      const labels = { method: request.method, route: request.routeOptions.url ?? 'unmatched', status_code: String(reply.statusCode) };
+      this.#metrics.requests.inc(labels);
+      this.#metrics.duration.observe(labels, reply.elapsedTime / 1000);
+    });
+    app.addHook('preClose', async () => {
+      this.#closing.abort();
+    });
+    app.addHook('onClose', async () => {
+      // In-flight requests still read job states through the queues: let them finish first.
+      if (this.#inFlight > 0) await new Promise<void>((resolve) => (this.#onIdle = resolve));
+      await Promise.allSettled([...this.#relayKicks]);
+      await this.#relay?.stop();
+      await Promise.all([...this.#producers.values()].map((producer) => producer.close()));
+    });
+    app.setErrorHandler((error, request, reply) => {
+      const problem = toHttpProblem(error, String(request.id));
+      if (problem.status >= 500) request.log.error({ err: error }, 'request failed');
+      else request.log.info({ problem: problem.kind, detail: problem.message }, 'request refused');
+      return sendProblem(request, reply, problem);
+    });
+    app.setNotFoundHandler((request, reply) =>
+      sendProblem(request, reply, new HttpProblem('not-found', `No route ${request.method} ${request.url.split('?')[0]}. See /openapi.json.`)),
+    );
+
+    app.register(swagger, { openapi: openApiDocument(this.#options) });
+    app.register(async (scope) => this.#operationalRoutes(scope));
+    app.register(async (scope) => this.#jobRoutes(scope), { prefix: '/v1' });
+    this.#relay?.start();
+  }
+
+  #operationalRoutes(app: FastifyInstance): void {
+    app.get('/healthz', { schema: { summary: 'Liveness: the process answers.', tags: ['operations'] } }, async (_request, reply) =>
+      reply.type('application/json; charset=utf-8').send(JSON.stringify({ status: 'ok' })),
+    );
+    app.get('/readyz', { schema: { summary: 'Readiness: Postgres and Redis answer.', tags: ['operations'] } }, async (request, reply) => {
+      const [postgres, redis] = await Promise.all([
+        this.#check(async () => {
+          // A read of the keys table: proves the connection and the migrated schema.
+          await this.#options.keys.get('readyz:probe', 'probe');
+        }),
+        this.#check(async () => {
+          // A read that goes to Redis through BullMQ's own connection (whatever its backend).
+          await this.#producers.values().next().value!.queue.getJobState('readyz-probe');
+        }),
+      ]);
+      if (postgres !== 'ok' || redis !== 'ok') {
+        return sendProblem(request, reply, new HttpProblem('not-ready', `postgres: ${postgres}; redis: ${redis}`));
+      }
+      return reply.type('application/json; charset=utf-8').send(JSON.stringify({ status: 'ready', postgres, redis }));
+    });
+    app.get('/metrics', { schema: { summary: 'Prometheus metrics (text exposition format).', tags: ['operations'] } }, async (_request, reply) => {
+      const { contentType, body } = await metricsExposition();
+      return reply.type(contentType).send(body);
+    });
+    app.get('/openapi.json', { schema: { hide: true } }, async (_request, reply) =>
+      reply.type('application/json; charset=utf-8').send(JSON.stringify(app.swagger())),
+    );
+  }
+
+  #jobRoutes(app: FastifyInstance): void {
+    app.addHook('onRequest', async (request) => {
+      request.tenant = this.#auth.tenantOf(request.headers.authorization);
+    });
+    const checkQueue = async (request: FastifyRequest) => {
+      const { queue } = request.params as JobParams;
+      if (!this.#producers.has(queue)) {
+        throw new HttpProblem('unknown-queue', `Queue "${queue}" does not exist here; known queues: ${this.#options.queues.join(', ')}.`);
+      }
+    };
+    const checkKeyAndType = async (request: FastifyRequest) => {
+      readIdempotencyKey(request.headers['idempotency-key']);
+      const mediaType = request.headers['content-type']?.split(';')[0]?.trim().toLowerCase();
+      if (mediaType !== 'application/json') {
+        throw new HttpProblem(
+          'unsupported-media-type',
+          `The body must be the job payload as JSON with Content-Type: application/json (got ${mediaType ? `"${mediaType}"` : 'no Content-Type'}).`,
+        );
+      }
+    };
+
+    app.post<{ Params: JobParams; Querystring: { name?: string } }>(
+      '/queues/:queue/jobs',
+      { onRequest: [checkQueue, checkKeyAndType], schema: jobRouteSchemas.post },
+      async (request, reply) => {
+        const { queue } = request.params;
+        const key = readIdempotencyKey(request.headers['idempotency-key']);
+        const name = request.query.name ?? queue;
+        if (!JOB_NAME_PATTERN.test(name)) {
+          throw new HttpProblem('invalid-request', `Job name "${name}" is not 1–128 of A–Z a–z 0–9 _ . : - (starting with a letter or digit).`);
+        }
+        const payload = request.body;
+        if (JSON.stringify(payload).includes('\\u0000')) {
+          throw new HttpProblem('invalid-request', 'The payload contains a NUL character (\\u0000), which cannot be stored; remove it.');
+        }
+        const outcome = await this.#ingestion.submit({ tenant: request.tenant, queue, key, name, payload });
+        switch (outcome.kind) {
+          case 'key-reused':
+            this.#metrics.outcomes.inc({ outcome: 'key_reused' });
+            throw new HttpProblem(
+              'idempotency-key-reused',
+              `Idempotency-Key "${key}" was already used with a different request (queue, job name or body). Nothing was enqueued; use a new key for a new request.`,
+            );
+          case 'in-progress': {
+            this.#metrics.outcomes.inc({ outcome: 'in_progress' });
+            const seconds = Math.max(1, Math.ceil(outcome.retryAfterMs / 1000));
+            throw new HttpProblem(
+              'request-in-progress',
+              `A request with Idempotency-Key "${key}" is being handled right now. Nothing was enqueued by this one; retry after ${seconds} s to get its answer.`,
+              { 'retry-after': String(seconds) },
+            );
+          }
+          case 'created':
+          case 'replayed': {
+            this.#metrics.outcomes.inc({ outcome: outcome.kind });
+            if (outcome.kind === 'replayed') reply.header('idempotent-replayed', 'true');
+            request.log.info({ queue, key, jobId: outcome.view.jobId, outcome: outcome.kind }, outcome.kind === 'created' ? 'job accepted' : 'request replayed');
+            const view = await this.#applyWait(request, reply, outcome.view);
+            return this.#sendView(reply, view, isSettled(view) ? 200 : 202);
+          }
+        }
+      },
+    );
+
+    app.get<{ Params: KeyParams }>('/queues/:queue/jobs/:key', { onRequest: [checkQueue], schema: jobRouteSchemas.get }, async (request, reply) => {
+      const { queue } = request.params;
+      const key = readPathKey(request.params.key);
+      const view = await this.#ingestion.view(request.tenant, queue, key);
+      if (!view) throw new HttpProblem('not-found', `No request with Idempotency-Key "${key}" on queue "${queue}" (or it has expired).`);
+      return this.#sendView(reply, await this.#applyWait(request, reply, view), 200);
+    });
+  }
+
+  /** `Prefer: wait=N`: waits for the job to settle, at most N (capped) seconds, by notification. */
+  async #applyWait(request: FastifyRequest, reply: FastifyReply, view: JobView): Promise<JobView> {
+    const asked = readPreferWait(request.headers.prefer);
+    if (asked === undefined || asked <= 0 || !this.#options.listener || this.#options.maxWaitSeconds === 0) return view;
+    const seconds = Math.min(asked, this.#options.maxWaitSeconds);
+    reply.header('preference-applied', `wait=${seconds}`);
+    if (isSettled(view)) return view;
+    const { queue, key } = view;
+    const waited = (await this.#ingestion.waitForSettled(request.tenant, queue, key, seconds * 1000, this.#closing.signal)) ?? view;
+    this.#metrics.waits.inc({ outcome: isSettled(waited) ? 'settled' : 'timed_out' });
+    return waited;
+  }
+
+  #sendView(reply: FastifyReply, view: JobView, status: number): FastifyReply {
+    const self = `/v1/queues/${encodeURIComponent(view.queue)}/jobs/${encodeURIComponent(view.key)}`;
+    reply.header('location', self);
+    return reply
+      .code(status)
+      .type('application/json; charset=utf-8')
+      .send(JSON.stringify({ ...view, links: { self } }));
+  }
+
+  /** Delivers the outbox now rather than at the relay's next poll; coalesces concurrent nudges. */
+  #kickRelay(): void {
+    const relay = this.#relay;
+    if (!relay || this.#closing.signal.aborted) return;
+    if (this.#relayKicks.size > 0) {
+      this.#relayKickPending = true;
+      return;
+    }
+    const kick = (async () => {
+      do {
+        this.#relayKickPending = false;
+        await relay.relayOnce();
+      } while (this.#relayKickPending && !this.#closing.signal.aborted);
+    })()
+      .catch((error) => this.app.log.warn({ err: error }, 'outbox delivery failed; the relay retries'))
+      .finally(() => this.#relayKicks.delete(kick));
+    this.#relayKicks.add(kick);
+  }
+
+  async #check(probe: () => Promise<void>): Promise<string> {
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      await Promise.race([
+        probe(),
+        new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${READINESS_TIMEOUT_MS} ms`)), READINESS_TIMEOUT_MS))),
+      ]);
+      return 'ok';
+    } catch (error) {
+      return `down (${(error as Error).message})`;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
+/** Builds the HTTP ingestion API and waits until its routes are ready. See {@link HttpApi}. */
+export async function createHttpApi(options: HttpApiOptions): Promise<HttpApi> {
+  const api = new HttpApi(options);
+  try {
+    await api.app.ready();
+  } catch (error) {
+    await api.close().catch(() => {});
+    throw error;
+  }
+  return api;
+}

@@ -1,0 +1,77 @@
+import { pino, type Logger } from 'pino';
+import type { HttpEnvConfig } from '../config/http-options.js';
+import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { onShutdownSignals } from '../runtime/shutdown-signals.js';
+import { createPostgresDb } from '../store/create-postgres-db.js';
+import { KeySettledListener } from '../store/key-settled-listener.js';
+import { migrate } from '../store/migrate.js';
+import { createHttpApi, type HttpApi } from './http-api.js';
+
+/** What {@link startHttpServerProcess} needs besides the environment. */
+export interface HttpServerProcessOptions {
+  readonly config: HttpEnvConfig;
+  readonly logger?: Logger;
+  /** Install SIGTERM/SIGINT handlers that close gracefully and exit. @defaultValue `true` */
+  readonly handleSignals?: boolean;
+}
+
+/** A running HTTP server process's parts. */
+export interface HttpServerProcess {
+  readonly api: HttpApi;
+  /** Base URL, e.g. `http://127.0.0.1:3000`. */
+  readonly url: string;
+  readonly logger: Logger;
+  /** Graceful stop: in-flight requests finish, then every connection closes. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Builds and starts the HTTP ingestion server from validated configuration: the Postgres pool,
+ * migrations, the claim protocol, the LISTEN connection for `Prefer: wait`, the API (with its
+ * outbox relay) and signal handling.
+ */
+export async function startHttpServerProcess(options: HttpServerProcessOptions): Promise<HttpServerProcess> {
+  const { config } = options;
+  const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
+  const db = createPostgresDb(
+    { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? 10, applicationName: 'idempotent-jobs:http' },
+    (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
+  );
+  const listener = new KeySettledListener({
+    connectionString: config.DATABASE_URL,
+    schema: config.SCHEMA,
+    onError: (error) => logger.warn({ err: error }, 'listener error'),
+  });
+  let api: HttpApi | undefined;
+  const closeAll = async () => {
+    await api?.close();
+    await listener.close();
+    await db.destroy();
+  };
+  try {
+    if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
+    const keys = new IdempotencyKeys({ db, schema: config.SCHEMA, leaseMs: config.LEASE_MS, retentionMs: config.RETENTION_MS });
+    api = await createHttpApi({
+      keys,
+      connection: { url: config.REDIS_URL },
+      prefix: config.REDIS_PREFIX,
+      queues: config.HTTP_QUEUES,
+      tokens: Object.fromEntries(config.HTTP_TOKENS),
+      listener,
+      maxWaitSeconds: config.HTTP_MAX_WAIT_SECONDS,
+      bodyLimitBytes: config.HTTP_BODY_LIMIT_BYTES,
+      jobOptions: { attempts: config.HTTP_JOB_ATTEMPTS, backoff: { type: 'exponential', delay: 1000 } },
+      relay: config.HTTP_RELAY,
+      logger,
+    });
+    const url = await api.listen({ host: config.HTTP_HOST, port: config.HTTP_PORT });
+    logger.info({ url, queues: config.HTTP_QUEUES, tenants: [...new Set(config.HTTP_TOKENS.values())] }, 'HTTP API listening');
+    let stopped: Promise<void> | undefined;
+    const stop = () => (stopped ??= closeAll());
+    if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
+    return { api, url, logger, stop };
+  } catch (error) {
+    await closeAll().catch(() => {});
+    throw error;
+  }
+}

@@ -1,0 +1,253 @@
+import { isAbortedTransactionError } from 'kysely';
+import type { IdempotentProducer } from '../bullmq/idempotent-producer.js';
+import { jobIdFor } from '../bullmq/job-identity.js';
+import { IdempotencyError } from '../errors.js';
+import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import type { KeyRecord } from '../store/key-record.js';
+import type { KeySettledListener } from '../store/key-settled-listener.js';
+
+/** A job's state as the HTTP API reports it. */
+export type JobState = 'queued' | 'processing' | 'completed' | 'failed';
+
+/** What the API answers about one accepted request (POST and GET alike). */
+export interface JobView {
+  readonly queue: string;
+  /** The Idempotency-Key; the job's key in scope `<tenant>`. */
+  readonly key: string;
+  /** Job name. */
+  readonly name: string;
+  /** BullMQ job id (deterministic from tenant and key). */
+  readonly jobId: string;
+  readonly state: JobState;
+  /** The handler's stored result, when `completed`. */
+  readonly result?: unknown;
+  /** The stored error (`{ name, message, code? }`), when `failed`. */
+  readonly error?: unknown;
+  /** How many times a worker has claimed the job's key (0 until one starts it). */
+  readonly attempts: number;
+  /** When the request was accepted (database clock). */
+  readonly acceptedAt: string;
+  /** When a worker first claimed the job's key, or null. */
+  readonly startedAt: string | null;
+  /** When the job completed or failed for good, or null. */
+  readonly finishedAt: string | null;
+}
+
+/** What one POST did. */
+export type SubmitOutcome =
+  | { readonly kind: 'created'; readonly view: JobView }
+  | { readonly kind: 'replayed'; readonly view: JobView }
+  | { readonly kind: 'key-reused' }
+  | { readonly kind: 'in-progress'; readonly retryAfterMs: number };
+
+/** One POST's contents, after authentication and validation. */
+export interface SubmitRequest {
+  readonly tenant: string;
+  readonly queue: string;
+  readonly key: string;
+  readonly name: string;
+  readonly payload: unknown;
+}
+
+/**
+ * What the request record stores as its result: enough to find the job again and to tell
+ * whether the job key's row is this request's job (same fingerprint) or someone else's.
+ */
+interface Receipt {
+  readonly queue: string;
+  readonly name: string;
+  readonly jobId: string;
+  readonly jobFingerprint: string;
+}
+
+/**
+ * The request record's scope: `http:<tenant>`. Tenant names have no `:`, so it never equals a
+ * tenant's own scope (where the jobs' keys live) nor another tenant's request scope.
+ */
+export const requestScopeFor = (tenant: string): string => `http:${tenant}`;
+
+/** Options of {@link JobIngestion}. */
+export interface JobIngestionOptions {
+  readonly keys: IdempotencyKeys;
+  /** One producer per accepted queue, by queue name. */
+  readonly producers: ReadonlyMap<string, IdempotentProducer>;
+  readonly listener?: KeySettledListener;
+  /** Called after a request committed its job to the outbox (the server nudges its relay). */
+  readonly onCreated?: () => void;
+}
+
+/**
+ * The HTTP API's semantics, without HTTP: accept a job under an Idempotency-Key exactly once,
+ * replay the answer to retries, and report a job's state.
+ *
+ * A request is claimed with the single-transaction fast path
+ * ({@link IdempotencyKeys.executeOnce}) on `(http:<tenant>, key)` with the fingerprint of
+ * queue + job name + payload; its effect writes the job into the outbox in the same
+ * transaction. So the request record and the job exist together or not at all: a crash before
+ * the commit leaves neither (the client's retry starts afresh), after it both (the relay
+ * delivers the job; a retry replays). A concurrent duplicate waits on the record's index entry
+ * (at most `claimLockTimeoutMs`) and then replays, or is told the request is in progress.
+ *
+ * @example
+ * ```ts
+ * const ingestion = new JobIngestion({ keys, producers: new Map([['payments', producer]]) });
+ * const outcome = await ingestion.submit({ tenant: 'acme', queue: 'payments', key: 'order-42', name: 'charge', payload: {} });
+ * ```
+ */
+export class JobIngestion {
+  readonly #options: JobIngestionOptions;
+
+  constructor(options: JobIngestionOptions) {
+    this.#options = Object.freeze({ ...options });
+  }
+
+  /** Accepts a job once per (tenant, key); see {@link SubmitOutcome}. */
+  async submit(request: SubmitRequest): Promise<SubmitOutcome> {
+    const { keys } = this.#options;
+    const { tenant, queue, key, name, payload } = request;
+    const producer = this.#producer(queue);
+    const receipt: Receipt = {
+      queue,
+      name,
+      jobId: jobIdFor(tenant, key),
+      jobFingerprint: keys.fingerprint({ name, payload }),
+    };
+    let outcome;
+    try {
+      outcome = await keys.executeOnce(
+        requestScopeFor(tenant),
+        key,
+        keys.fingerprint({ queue, name, payload }),
+        async (tx) => {
+          await producer.enqueue({ name, scope: tenant, key, data: payload }, { tx });
+          return receipt;
+        },
+        { queue, jobName: name, jobId: receipt.jobId },
+      );
+    } catch (error) {
+      // Writers kept racing on this key: as good as in progress; the client retries.
+      if (error instanceof IdempotencyError && error.code === 'CLAIM_CONTENDED') {
+        return { kind: 'in-progress', retryAfterMs: keys.options.claimLockTimeoutMs };
+      }
+      // The claim's lock wait timed out (another request holds the key, uncommitted): the claim
+      // reports in-progress, but the timeout has already aborted executeOnce's transaction, so
+      // its COMMIT comes back as a rollback. No other statement error is swallowed inside
+      // executeOnce, so this error means exactly that; nothing was written.
+      if (isAbortedTransactionError(error)) return { kind: 'in-progress', retryAfterMs: keys.options.claimLockTimeoutMs };
+      throw error;
+    }
+    switch (outcome.kind) {
+      case 'executed': {
+        this.#options.onCreated?.();
+        return { kind: 'created', view: await this.#viewOrThrow(tenant, queue, key) };
+      }
+      case 'completed':
+        return { kind: 'replayed', view: await this.#viewOrThrow(tenant, queue, key) };
+      case 'key-reused':
+        return { kind: 'key-reused' };
+      case 'in-progress':
+        return { kind: 'in-progress', retryAfterMs: outcome.retryAfterMs };
+      case 'failed':
+        // Request records are only ever written completed; a failed one was set by hand.
+        throw new Error(`The request record of key "${key}" in scope "${requestScopeFor(tenant)}" is marked failed; release it with the keys CLI.`);
+    }
+  }
+
+  /**
+   * The state of the job a tenant's request with `key` created on `queue`, or undefined when
+   * this tenant made no such request (or it was made on another queue, or has expired).
+   */
+  async view(tenant: string, queue: string, key: string): Promise<JobView | undefined> {
+    const { keys } = this.#options;
+    const record = await keys.get(requestScopeFor(tenant), key);
+    const receipt = record?.status === 'completed' ? asReceipt(record.result) : undefined;
+    if (!record || !receipt || receipt.queue !== queue) return undefined;
+    const jobKey = await keys.get(tenant, key);
+    // The job key's row is this request's job only if it was claimed with this job's payload;
+    // otherwise (another producer's job under the same key) the worker refuses ours as reused.
+    const ours = jobKey && jobKey.fingerprint === receipt.jobFingerprint ? jobKey : undefined;
+    const base = { queue, key, name: receipt.name, jobId: receipt.jobId, acceptedAt: record.createdAt.toISOString() };
+    if (ours && ours.status !== 'processing') return settledView(base, ours);
+    if (ours && ours.owner !== null) {
+      return { ...base, state: 'processing', attempts: ours.attempts, startedAt: ours.createdAt.toISOString(), finishedAt: null };
+    }
+    return { ...base, ...(await this.#fromQueue(queue, receipt.jobId, ours)) };
+  }
+
+  /**
+   * Waits (LISTEN/NOTIFY, no polling) until the job's key settles or `timeoutMs` passes or
+   * `signal` aborts, then returns the job's view. Undefined when no listener is configured.
+   */
+  async waitForSettled(tenant: string, queue: string, key: string, timeoutMs: number, signal: AbortSignal): Promise<JobView | undefined> {
+    const { listener } = this.#options;
+    if (!listener || signal.aborted) return undefined;
+    const settled = listener.waitForSettled(tenant, key, timeoutMs, async () => isSettled(await this.view(tenant, queue, key)));
+    let onAbort: (() => void) | undefined;
+    const aborted = new Promise<void>((resolve) => {
+      onAbort = resolve;
+      signal.addEventListener('abort', onAbort, { once: true });
+    });
+    try {
+      await Promise.race([settled, aborted]);
+    } finally {
+      signal.removeEventListener('abort', onAbort!);
+    }
+    return this.view(tenant, queue, key);
+  }
+
+  async #viewOrThrow(tenant: string, queue: string, key: string): Promise<JobView> {
+    const view = await this.view(tenant, queue, key);
+    if (!view) throw new Error(`The request record of key "${key}" for tenant "${tenant}" vanished right after it was read (expired?).`);
+    return view;
+  }
+
+  /** The job's state from BullMQ, for a job whose key no worker holds (yet, or any more). */
+  async #fromQueue(queue: string, jobId: string, released: KeyRecord | undefined) {
+    const bullQueue = this.#producer(queue).queue;
+    // State first, then the job: a job read before its state could be older than the state.
+    const state = await bullQueue.getJobState(jobId);
+    const job = state === 'unknown' ? undefined : await bullQueue.getJob(jobId);
+    const startedAt = released?.createdAt.toISOString() ?? (job?.processedOn ? new Date(job.processedOn).toISOString() : null);
+    const attempts = released?.attempts ?? job?.attemptsMade ?? 0;
+    if (state === 'failed' && job) {
+      // Failed before any claim stored an error: malformed data, or the key was reused by
+      // another producer with another payload. BullMQ's reason says which.
+      const finishedAt = job.finishedOn ? new Date(job.finishedOn).toISOString() : null;
+      return { state: 'failed' as const, error: { name: 'JobFailed', message: job.failedReason }, attempts, startedAt, finishedAt };
+    }
+    if (state === 'completed' && job && !released) {
+      const finishedAt = job.finishedOn ? new Date(job.finishedOn).toISOString() : null;
+      return { state: 'completed' as const, result: job.returnvalue, attempts, startedAt, finishedAt };
+    }
+    return { state: state === 'active' ? ('processing' as const) : ('queued' as const), attempts, startedAt, finishedAt: null };
+  }
+
+  #producer(queue: string): IdempotentProducer {
+    const producer = this.#options.producers.get(queue);
+    if (!producer) throw new Error(`No producer for queue "${queue}"; the route must check the queue first.`);
+    return producer;
+  }
+}
+
+/** True for `completed` and `failed`. */
+export function isSettled(view: JobView | undefined): boolean {
+  return view?.state === 'completed' || view?.state === 'failed';
+}
+
+function settledView(base: Pick<JobView, 'queue' | 'key' | 'name' | 'jobId' | 'acceptedAt'>, row: KeyRecord): JobView {
+  const common = {
+    ...base,
+    attempts: row.attempts,
+    startedAt: row.createdAt.toISOString(),
+    finishedAt: (row.completedAt ?? row.updatedAt).toISOString(),
+  };
+  return row.status === 'completed' ? { ...common, state: 'completed', result: row.result } : { ...common, state: 'failed', error: row.error };
+}
+
+function asReceipt(value: unknown): Receipt | undefined {
+  if (value === null || typeof value !== 'object') return undefined;
+  const r = value as Record<string, unknown>;
+  return typeof r.queue === 'string' && typeof r.name === 'string' && typeof r.jobId === 'string' && typeof r.jobFingerprint === 'string'
+    ? (r as unknown as Receipt)
+    : undefined;
+}

@@ -1,0 +1,95 @@
+import type { ResolvedHttpApiOptions } from '../config/http-options.js';
+import { MAX_KEY_LENGTH } from '../protocol/validate.js';
+import { PROBLEMS, PROBLEM_TYPE_PREFIX } from './problems.js';
+
+/**
+ * The OpenAPI document's top level (paths are filled in by @fastify/swagger from the route
+ * schemas below). Responses are serialised by the routes themselves, so these schemas
+ * describe and never strip.
+ */
+export function openApiDocument(options: ResolvedHttpApiOptions) {
+  return {
+    openapi: '3.1.0',
+    info: {
+      title: 'idempotent-jobs HTTP ingestion API',
+      version: '1',
+      description:
+        'Enqueue jobs with Idempotency-Key semantics (draft-ietf-httpapi-idempotency-key-header-07). ' +
+        `Errors are application/problem+json (RFC 9457) with type ${PROBLEM_TYPE_PREFIX}<case>: ` +
+        Object.entries(PROBLEMS)
+          .map(([kind, { status }]) => `${kind} (${status})`)
+          .join(', ') +
+        `. Queues: ${options.queues.join(', ')}.`,
+    },
+    components: {
+      securitySchemes: { bearerAuth: { type: 'http' as const, scheme: 'bearer' } },
+    },
+  };
+}
+
+const problem = { description: 'application/problem+json (RFC 9457)', type: 'object', additionalProperties: true } as const;
+
+const jobView = {
+  type: 'object',
+  additionalProperties: true,
+  properties: {
+    queue: { type: 'string' },
+    key: { type: 'string' },
+    name: { type: 'string' },
+    jobId: { type: 'string' },
+    state: { type: 'string', enum: ['queued', 'processing', 'completed', 'failed'] },
+    result: { description: "The handler's stored result (state completed)." },
+    error: { description: 'The stored error { name, message, code? } (state failed).' },
+    attempts: { type: 'integer' },
+    acceptedAt: { type: 'string', format: 'date-time' },
+    startedAt: { type: ['string', 'null'], format: 'date-time' },
+    finishedAt: { type: ['string', 'null'], format: 'date-time' },
+    links: { type: 'object', properties: { self: { type: 'string' } } },
+  },
+} as const;
+
+const queueParam = { queue: { type: 'string', description: 'A configured queue name.' } } as const;
+
+/** Route schemas (documentation for /openapi.json; the handlers validate and answer with problems). */
+export const jobRouteSchemas = {
+  post: {
+    summary: 'Enqueue a job under an Idempotency-Key (once per tenant and key).',
+    tags: ['jobs'],
+    security: [{ bearerAuth: [] }],
+    params: { type: 'object', properties: queueParam },
+    querystring: {
+      type: 'object',
+      properties: { name: { type: 'string', description: 'Job name (part of the fingerprint). Default: the queue name.' } },
+    },
+    headers: {
+      type: 'object',
+      properties: {
+        'idempotency-key': { type: 'string', description: `Required. 1–${MAX_KEY_LENGTH} characters; bare or a quoted Structured Field string.` },
+        prefer: { type: 'string', description: 'Optional. wait=N: hold the response up to N seconds for the job to finish.' },
+      },
+    },
+    body: { description: 'The job payload: any JSON (Content-Type: application/json).' },
+    response: {
+      200: { description: 'The job has finished (completed or failed); replays carry Idempotent-Replayed: true.', ...jobView },
+      202: { description: 'Accepted (or replayed while queued/processing); Location is the GET.', ...jobView },
+      400: problem,
+      401: problem,
+      404: problem,
+      409: { ...problem, description: 'request-in-progress: a request with this key is being handled; see Retry-After.' },
+      413: problem,
+      415: problem,
+      422: { ...problem, description: 'idempotency-key-reused: the key was used with a different request.' },
+    },
+  },
+  get: {
+    summary: "A request's job: state, result or error, timestamps, attempts.",
+    tags: ['jobs'],
+    security: [{ bearerAuth: [] }],
+    params: { type: 'object', properties: { ...queueParam, key: { type: 'string', description: 'The Idempotency-Key (percent-encoded).' } } },
+    headers: {
+      type: 'object',
+      properties: { prefer: { type: 'string', description: 'Optional. wait=N: long-poll until the job settles.' } },
+    },
+    response: { 200: { description: "The job's state.", ...jobView }, 400: problem, 401: problem, 404: problem },
+  },
+};

@@ -1,0 +1,102 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
+
+/** Prefix of every problem `type` this API answers with (RFC 9457); a URN, so nobody tries to dereference it. */
+export const PROBLEM_TYPE_PREFIX = 'urn:idempotent-jobs:problem:';
+
+/** The problem cases, with their HTTP status and title. Their `type` URIs are stable: clients branch on them. */
+export const PROBLEMS = {
+  'missing-idempotency-key': { status: 400, title: 'Idempotency-Key header missing' },
+  'invalid-idempotency-key': { status: 400, title: 'Idempotency-Key invalid' },
+  'invalid-request': { status: 400, title: 'Request invalid' },
+  unauthorized: { status: 401, title: 'Unauthorized' },
+  'unknown-queue': { status: 404, title: 'Unknown queue' },
+  'not-found': { status: 404, title: 'Not found' },
+  'request-in-progress': { status: 409, title: 'A request with this Idempotency-Key is in progress' },
+  'payload-too-large': { status: 413, title: 'Payload too large' },
+  'unsupported-media-type': { status: 415, title: 'Unsupported media type' },
+  'idempotency-key-reused': { status: 422, title: 'Idempotency-Key reused with a different request' },
+  'internal-error': { status: 500, title: 'Internal server error' },
+  'not-ready': { status: 503, title: 'Not ready' },
+} as const satisfies Record<string, { status: number; title: string }>;
+
+/** One problem case's name, e.g. `'request-in-progress'`. */
+export type ProblemKind = keyof typeof PROBLEMS;
+
+/** The `type` URI of a problem case, e.g. `urn:idempotent-jobs:problem:request-in-progress`. */
+export const problemType = (kind: ProblemKind): string => `${PROBLEM_TYPE_PREFIX}${kind}`;
+
+/** An RFC 9457 problem details object as this API sends it. */
+export interface ProblemDetails {
+  readonly type: string;
+  readonly title: string;
+  readonly status: number;
+  readonly detail: string;
+  /** The request's path. */
+  readonly instance: string;
+  /** The request id (also in the `Request-Id` response header and every log line). */
+  readonly requestId: string;
+}
+
+/** Thrown by routes and hooks to answer with a problem; the error handler renders it. */
+export class HttpProblem extends Error {
+  readonly kind: ProblemKind;
+  /** Extra response headers, e.g. `Retry-After`, `WWW-Authenticate`. */
+  readonly headers: Readonly<Record<string, string>>;
+
+  constructor(kind: ProblemKind, detail: string, headers: Readonly<Record<string, string>> = {}) {
+    super(detail);
+    this.name = 'HttpProblem';
+    this.kind = kind;
+    this.headers = headers;
+  }
+
+  /** The HTTP status of this problem. */
+  get status(): number {
+    return PROBLEMS[this.kind].status;
+  }
+}
+
+/** Sends `problem` as `application/problem+json` (serialised here, so no response schema strips it). */
+export function sendProblem(request: FastifyRequest, reply: FastifyReply, problem: HttpProblem): FastifyReply {
+  const { status, title } = PROBLEMS[problem.kind];
+  const body: ProblemDetails = {
+    type: problemType(problem.kind),
+    title,
+    status,
+    detail: problem.message,
+    instance: request.url.split('?')[0] ?? request.url,
+    requestId: String(request.id),
+  };
+  for (const [name, value] of Object.entries(problem.headers)) reply.header(name, value);
+  return reply.code(status).type('application/problem+json; charset=utf-8').send(JSON.stringify(body));
+}
+
+/**
+ * Maps anything thrown while handling a request to a problem: our own {@link HttpProblem}s as
+ * they are, Fastify's body-parsing and validation errors to their cases, anything else to a
+ * 500 whose detail names only the request id (the cause is logged, not leaked).
+ */
+export function toHttpProblem(error: unknown, requestId: string): HttpProblem {
+  if (error instanceof HttpProblem) return error;
+  const code = (error as { code?: unknown })?.code;
+  const message = error instanceof Error ? error.message : String(error);
+  switch (code) {
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return new HttpProblem('payload-too-large', `${message}. Send a smaller JSON body.`);
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return new HttpProblem('unsupported-media-type', 'The body must be JSON, sent with Content-Type: application/json.');
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+      return new HttpProblem('invalid-request', 'The body is empty; send the job payload as JSON (e.g. {} or null).');
+    case 'FST_ERR_CTP_INVALID_JSON_BODY':
+    case 'FST_ERR_CTP_INVALID_CONTENT_LENGTH':
+    case 'FST_ERR_VALIDATION':
+      return new HttpProblem('invalid-request', message);
+  }
+  const status = (error as { statusCode?: unknown })?.statusCode;
+  if (error instanceof SyntaxError && status === 400) {
+    return new HttpProblem('invalid-request', `The body is not valid JSON: ${message}`);
+  }
+  if (typeof status === 'number' && status === 413) return new HttpProblem('payload-too-large', message);
+  if (typeof status === 'number' && status >= 400 && status < 500) return new HttpProblem('invalid-request', message);
+  return new HttpProblem('internal-error', `The request failed on the server; quote request id ${requestId} when reporting it.`);
+}

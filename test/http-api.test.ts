@@ -1,0 +1,437 @@
+import { Writable } from 'node:stream';
+import { Queue } from 'bullmq';
+import { sql, type Kysely } from 'kysely';
+import { pino } from 'pino';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import {
+  ConfigError,
+  IdempotencyKeys,
+  KeySettledListener,
+  createHttpApi,
+  createIdempotentWorker,
+  jobIdFor,
+  problemType,
+  requestScopeFor,
+  type HttpApi,
+  type IdempotentWorker,
+} from '../src/index.js';
+import { createEffectsTable, createGate, effectsOf } from './support/protocol-fixtures.js';
+import { httpClient, type HttpResult } from './support/http-client.js';
+import { waitFor, waitForJobState } from './support/queue-helpers.js';
+import { testHandler, type TestPayload } from './support/test-handler.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+const ACME = 'tok_acme_0123456789abcdef';
+const GLOBEX = 'tok_globex_0123456789abcdef';
+const TOKENS = { [ACME]: 'acme', [GLOBEX]: 'globex' };
+const QUEUES = ['payments', 'concurrent', 'e2e', 'isolation'];
+const BODY_LIMIT = 4096;
+const silent = pino({ level: 'silent' });
+
+let env: TestEnv;
+let db: Kysely<any>;
+let keys: IdempotencyKeys;
+let listener: KeySettledListener;
+let api: HttpApi;
+let client: ReturnType<typeof httpClient>;
+const logLines: Array<Record<string, unknown>> = [];
+const workers: IdempotentWorker<any, any>[] = [];
+const queues: Queue[] = [];
+const extraApis: HttpApi[] = [];
+
+beforeAll(async () => {
+  env = await createTestEnv('http-api');
+  await createEffectsTable(env.db, env.schema);
+  // The server's own small pool: 100 concurrent requests queue on it.
+  db = env.openDb(15);
+  keys = new IdempotencyKeys({ db, schema: env.schema, claimLockTimeoutMs: 500 });
+  listener = new KeySettledListener({ connectionString: env.databaseUrl, schema: env.schema });
+  const logStream = new Writable({
+    write(chunk, _encoding, done) {
+      for (const line of String(chunk).split('\n')) if (line.trim() !== '') logLines.push(JSON.parse(line));
+      done();
+    },
+  });
+  api = await createHttpApi({
+    keys,
+    connection: { url: env.redisUrl },
+    prefix: env.redisPrefix,
+    queues: QUEUES,
+    tokens: TOKENS,
+    listener,
+    maxWaitSeconds: 10,
+    bodyLimitBytes: BODY_LIMIT,
+    relayPollIntervalMs: 50,
+    logger: pino({ level: 'info' }, logStream),
+  });
+  client = httpClient(await api.listen({ host: '127.0.0.1', port: 0 }));
+});
+afterEach(async () => {
+  await Promise.all(workers.splice(0).map((w) => w.close({ force: true })));
+  await Promise.all(extraApis.splice(0).map((a) => a.close()));
+});
+afterAll(async () => {
+  await api?.close();
+  await Promise.all(queues.map((q) => q.close()));
+  await listener?.close();
+  await env?.teardown();
+});
+
+function bullQueue(name: string): Queue {
+  const queue = new Queue(name, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+  queues.push(queue);
+  return queue;
+}
+
+function startWorker(queue: string) {
+  const worker = createIdempotentWorker<TestPayload>({
+    queue,
+    connection: { url: env.redisUrl },
+    prefix: env.redisPrefix,
+    keys: new IdempotencyKeys({ db: env.db, schema: env.schema }),
+    handler: testHandler(env.schema, 'in-process'),
+    concurrency: 2,
+    logger: silent,
+  });
+  workers.push(worker);
+  return worker;
+}
+
+async function outboxRows(jobId: string): Promise<number> {
+  const { rows } = await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, 'outbox')} where job_id = ${jobId}`.execute(env.db);
+  return Number(rows[0]!.n);
+}
+
+function expectProblem(result: HttpResult, status: number, kind: Parameters<typeof problemType>[0]) {
+  expect({ status: result.status, type: result.body?.type }).toEqual({ status, type: problemType(kind) });
+  expect(result.headers.get('content-type')).toMatch(/^application\/problem\+json/);
+  expect(result.body.status).toBe(status);
+  expect(typeof result.body.title).toBe('string');
+  expect(typeof result.body.detail).toBe('string');
+  expect(result.body.requestId).toBe(result.headers.get('request-id'));
+}
+
+describe('HTTP API', () => {
+  it('1. every status path answers with its status and problem type, and refused requests enqueue nothing', async () => {
+    const path = '/v1/queues/payments/jobs';
+    const body = { orderId: 1, cents: 1999 };
+
+    const noToken = await client.post(path, { key: 's-1', json: body });
+    expectProblem(noToken, 401, 'unauthorized');
+    expect(noToken.headers.get('www-authenticate')).toMatch(/^Bearer/);
+    const badToken = await client.post(path, { token: 'tok_wrong_0123456789abcdef', key: 's-1', json: body });
+    expectProblem(badToken, 401, 'unauthorized');
+    expect(badToken.headers.get('www-authenticate')).toContain('invalid_token');
+
+    expectProblem(await client.post('/v1/queues/nope/jobs', { token: ACME, key: 's-1', json: body }), 404, 'unknown-queue');
+    expectProblem(await client.post(path, { token: ACME, json: body }), 400, 'missing-idempotency-key');
+    expectProblem(await client.post(path, { token: ACME, key: '', json: body }), 400, 'invalid-idempotency-key');
+    expectProblem(await client.post(path, { token: ACME, key: '""', json: body }), 400, 'invalid-idempotency-key');
+    expectProblem(await client.post(path, { token: ACME, key: 'k'.repeat(256), json: body }), 400, 'invalid-idempotency-key');
+    expectProblem(await client.post(path, { token: ACME, key: 's-1', rawBody: 'hello', contentType: 'text/plain' }), 415, 'unsupported-media-type');
+    expectProblem(await client.post(path, { token: ACME, key: 's-1' }), 415, 'unsupported-media-type');
+    expectProblem(await client.post(path, { token: ACME, key: 's-1', json: { blob: 'x'.repeat(BODY_LIMIT) } }), 413, 'payload-too-large');
+    expectProblem(await client.post(path, { token: ACME, key: 's-1', rawBody: '{"orderId": ' }), 400, 'invalid-request');
+    expectProblem(await client.post(`${path}?name=bad%20name`, { token: ACME, key: 's-1', json: body }), 400, 'invalid-request');
+    expectProblem(await client.post(path, { token: ACME, key: 's-1', json: { note: 'nul \u0000 here' } }), 400, 'invalid-request');
+    expect(await outboxRows(jobIdFor('acme', 's-1'))).toBe(0);
+
+    // 202: accepted, with the job id, its state and a link to the GET.
+    const first = await client.post(`${path}?name=charge`, { token: ACME, key: 's-1', json: body });
+    expect(first.status).toBe(202);
+    expect(first.headers.get('idempotent-replayed')).toBeNull();
+    expect(first.body).toMatchObject({ queue: 'payments', key: 's-1', name: 'charge', jobId: jobIdFor('acme', 's-1'), attempts: 0 });
+    expect(['queued', 'processing']).toContain(first.body.state);
+    expect(first.headers.get('location')).toBe('/v1/queues/payments/jobs/s-1');
+    expect(first.body.links.self).toBe('/v1/queues/payments/jobs/s-1');
+
+    // The same request again: the same answer, marked as a replay; still one job.
+    const again = await client.post(`${path}?name=charge`, { token: ACME, key: 's-1', json: { cents: 1999, orderId: 1 } });
+    expect(again.status).toBe(202);
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect(again.body).toMatchObject({ jobId: first.body.jobId, acceptedAt: first.body.acceptedAt });
+
+    // The same key with a different body, or another job name, or another queue: 422.
+    expectProblem(await client.post(`${path}?name=charge`, { token: ACME, key: 's-1', json: { orderId: 1, cents: 2000 } }), 422, 'idempotency-key-reused');
+    expectProblem(await client.post(`${path}?name=refund`, { token: ACME, key: 's-1', json: body }), 422, 'idempotency-key-reused');
+    expectProblem(await client.post('/v1/queues/e2e/jobs?name=charge', { token: ACME, key: 's-1', json: body }), 422, 'idempotency-key-reused');
+    expect(await outboxRows(jobIdFor('acme', 's-1'))).toBe(1);
+
+    // A bare key of 255 characters is fine; so is a quoted Structured Field string.
+    expect((await client.post(path, { token: ACME, key: 'k'.repeat(255), json: body })).status).toBe(202);
+    const quoted = await client.post(path, { token: ACME, key: '"s-quoted"', json: body });
+    expect(quoted.status).toBe(202);
+    expect(quoted.body.key).toBe('s-quoted');
+
+    // GET: the state of a known key; 404 for an unknown one; 400 for a bad one.
+    const read = await client.get('/v1/queues/payments/jobs/s-1', { token: ACME });
+    expect(read.status).toBe(200);
+    expect(read.body).toMatchObject({ key: 's-1', jobId: first.body.jobId, name: 'charge' });
+    expect(read.headers.get('idempotent-replayed')).toBeNull();
+    expectProblem(await client.get('/v1/queues/payments/jobs/never-sent', { token: ACME }), 404, 'not-found');
+    expectProblem(await client.get('/v1/queues/e2e/jobs/s-1', { token: ACME }), 404, 'not-found');
+    expectProblem(await client.get(`/v1/queues/payments/jobs/${'k'.repeat(256)}`, { token: ACME }), 400, 'invalid-idempotency-key');
+    expectProblem(await client.get('/v1/queues/nope/jobs/s-1', { token: ACME }), 404, 'unknown-queue');
+    expectProblem(await client.get('/v1/queues/payments/jobs/s-1'), 401, 'unauthorized');
+    expectProblem(await client.get('/v2/nothing', { token: ACME }), 404, 'not-found');
+
+    // 409: while another request holds the key (its transaction still open), a retry is told
+    // to come back later, and enqueues nothing.
+    const gate = createGate();
+    let held!: () => void;
+    const holding = new Promise<void>((resolve) => (held = resolve));
+    const holder = keys
+      .executeOnce(requestScopeFor('acme'), 's-409', keys.fingerprint('held'), async () => {
+        held();
+        await gate.wait;
+        throw new Error('roll back');
+      })
+      .catch((error: Error) => error.message);
+    await holding;
+    const conflict = await client.post(path, { token: ACME, key: 's-409', json: body });
+    expectProblem(conflict, 409, 'request-in-progress');
+    expect(conflict.headers.get('retry-after')).toBe('1');
+    gate.open();
+    expect(await holder).toBe('roll back');
+    expect(await outboxRows(jobIdFor('acme', 's-409'))).toBe(0);
+    // The holder rolled back: the retry is the first request that counts.
+    const retried = await client.post(path, { token: ACME, key: 's-409', json: body });
+    expect(retried.status).toBe(202);
+    expect(retried.headers.get('idempotent-replayed')).toBeNull();
+
+    // Every response carried a request id.
+    expect(conflict.headers.get('request-id')).toMatch(/.+/);
+  });
+
+  it('1b. /healthz, /readyz, /metrics and /openapi.json', async () => {
+    const health = await client.get('/healthz');
+    expect(health).toMatchObject({ status: 200, body: { status: 'ok' } });
+    const ready = await client.get('/readyz');
+    expect(ready).toMatchObject({ status: 200, body: { status: 'ready', postgres: 'ok', redis: 'ok' } });
+    const metrics = await client.get('/metrics');
+    expect(metrics.status).toBe(200);
+    expect(metrics.headers.get('content-type')).toMatch(/^text\/plain/);
+    expect(metrics.body).toContain('idempotent_jobs_http_requests_total{');
+    expect(metrics.body).toContain('idempotent_jobs_http_request_duration_seconds_bucket{');
+    expect(metrics.body).toMatch(/idempotent_jobs_http_idempotency_outcomes_total\{outcome="created"\} [1-9]/);
+    const openapi = await client.get('/openapi.json');
+    expect(openapi.status).toBe(200);
+    expect(openapi.body.openapi).toBe('3.1.0');
+    expect(Object.keys(openapi.body.paths)).toEqual(expect.arrayContaining(['/v1/queues/{queue}/jobs', '/v1/queues/{queue}/jobs/{key}', '/readyz']));
+    expect(openapi.body.paths['/v1/queues/{queue}/jobs'].post.responses).toHaveProperty('409');
+  });
+
+  it('1c. /readyz answers 503 not-ready when Redis does not answer', async () => {
+    const broken = await createHttpApi({
+      keys,
+      connection: { host: '127.0.0.1', port: 1, maxRetriesPerRequest: 1, retryStrategy: () => null } as any,
+      prefix: env.redisPrefix,
+      queues: ['payments'],
+      tokens: TOKENS,
+      relay: false,
+      logger: silent,
+    });
+    extraApis.push(broken);
+    const ready = await broken.app.inject({ method: 'GET', url: '/readyz' });
+    expect(ready.statusCode).toBe(503);
+    const body = JSON.parse(ready.body);
+    expect(body.type).toBe(problemType('not-ready'));
+    expect(body.detail).toMatch(/postgres: ok; redis: down/);
+  });
+
+  it('1d. request id: adopted from the client, sent back, and on every log line of the request', async () => {
+    logLines.length = 0;
+    const result = await client.post('/v1/queues/payments/jobs', { token: ACME, key: 'rid-1', json: {}, headers: { 'request-id': 'client-req-42' } });
+    expect(result.status).toBe(202);
+    expect(result.headers.get('request-id')).toBe('client-req-42');
+    const refused = await client.post('/v1/queues/payments/jobs', { token: ACME, json: {}, headers: { 'request-id': 'client-req-43' } });
+    expect(refused.headers.get('request-id')).toBe('client-req-43');
+    const generated = await client.get('/healthz');
+    expect(generated.headers.get('request-id')).toMatch(/^[0-9a-f-]{36}$/);
+    await waitFor('the refused request to be logged', async () => logLines.some((l) => l.reqId === 'client-req-43' && l.msg === 'request completed'));
+    const ours = logLines.filter((l) => l.reqId === 'client-req-42').map((l) => l.msg);
+    expect(ours).toEqual(expect.arrayContaining(['incoming request', 'job accepted', 'request completed']));
+    expect(logLines.filter((l) => l.reqId === 'client-req-43').map((l) => l.msg)).toEqual(expect.arrayContaining(['request refused']));
+    // Every line written while handling requests carries a request id.
+    const requestLines = logLines.filter((l) => ['incoming request', 'request completed', 'job accepted', 'request refused', 'request replayed'].includes(String(l.msg)));
+    expect(requestLines.length).toBeGreaterThanOrEqual(6);
+    for (const line of requestLines) expect(line.reqId).toEqual(expect.any(String));
+  });
+
+  it('1e. without tokens the server refuses to listen beyond loopback, and serves loopback as tenant "default"', async () => {
+    const open = await createHttpApi({ keys, connection: { url: env.redisUrl }, prefix: env.redisPrefix, queues: ['payments'], relay: false, logger: silent });
+    extraApis.push(open);
+    await expect(open.listen({ host: '0.0.0.0', port: 0 })).rejects.toThrow(ConfigError);
+    await expect(open.listen({ host: '::', port: 0 })).rejects.toThrow(/Refusing to listen on "::" without authentication/);
+    expect(open.app.server.listening).toBe(false);
+    const local = httpClient(await open.listen({ host: '127.0.0.1', port: 0 }));
+    const result = await local.post('/v1/queues/payments/jobs', { key: 'anon-1', json: { a: 1 } });
+    expect(result.status).toBe(202);
+    expect(result.body.jobId).toBe(jobIdFor('default', 'anon-1'));
+  });
+
+  it('1f. graceful shutdown: a request in flight when close() starts still gets its answer', async () => {
+    const slowKeys = new IdempotencyKeys({ db, schema: env.schema, claimLockTimeoutMs: 20_000 });
+    const closing = await createHttpApi({
+      keys: slowKeys,
+      connection: { url: env.redisUrl },
+      prefix: env.redisPrefix,
+      queues: ['payments'],
+      tokens: TOKENS,
+      relay: false,
+      logger: silent,
+    });
+    const local = httpClient(await closing.listen({ port: 0 }));
+    // Hold the request's key so the POST blocks inside the server.
+    const gate = createGate();
+    let held!: () => void;
+    const holding = new Promise<void>((resolve) => (held = resolve));
+    const holder = keys
+      .executeOnce(requestScopeFor('acme'), 'shutdown-1', keys.fingerprint('held'), async () => {
+        held();
+        await gate.wait;
+        throw new Error('roll back');
+      })
+      .catch(() => undefined);
+    await holding;
+    const inFlight = local.post('/v1/queues/payments/jobs', { token: ACME, key: 'shutdown-1', json: { a: 1 } });
+    await waitFor('the POST to wait on the held key', async () => {
+      const { rows } = await sql<{ n: string }>`select count(*) as n from pg_stat_activity
+        where wait_event_type = 'Lock' and application_name = 'test:http-api' and query like '%idempotency_keys%'`.execute(env.db);
+      return Number(rows[0]!.n) > 0;
+    });
+    const closed = closing.close();
+    let closeDone = false;
+    void closed.then(() => (closeDone = true));
+    // New connections are refused while the in-flight request is still running.
+    await waitFor('the listener to stop', async () => !closing.app.server.listening);
+    expect(closeDone).toBe(false);
+    gate.open();
+    await holder;
+    const answer = await inFlight;
+    expect(answer.status).toBe(202);
+    expect(answer.body.key).toBe('shutdown-1');
+    expect(answer.headers.get('connection')).toBe('close');
+    await closed;
+  });
+
+  it('2. 100 concurrent POSTs with one key and one body: one job, one effect; the rest replays or 409s, no 5xx', async () => {
+    const key = 'concurrent-1';
+    const body = { value: 'charged-once', cents: 500 };
+    const results = await Promise.all(
+      Array.from({ length: 100 }, () => client.post('/v1/queues/concurrent/jobs?name=charge', { token: ACME, key, json: body })),
+    );
+    const statuses = results.map((r) => r.status);
+    expect(statuses.filter((s) => s >= 500)).toEqual([]);
+    const created = results.filter((r) => r.status === 202 && r.headers.get('idempotent-replayed') === null);
+    const replays = results.filter((r) => r.headers.get('idempotent-replayed') === 'true');
+    const conflicts = results.filter((r) => r.status === 409);
+    expect(created).toHaveLength(1);
+    expect(created.length + replays.length + conflicts.length).toBe(100);
+    for (const r of replays) {
+      expect([200, 202]).toContain(r.status);
+      expect(r.body.jobId).toBe(jobIdFor('acme', key));
+    }
+    for (const r of conflicts) {
+      expect(r.body.type).toBe(problemType('request-in-progress'));
+      expect(Number(r.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+    }
+    console.log(`100 concurrent POSTs, one key: created=1, replays=${replays.length}, 409s=${conflicts.length}`);
+    expect(await outboxRows(jobIdFor('acme', key))).toBe(1);
+
+    startWorker('concurrent');
+    const queue = bullQueue('concurrent');
+    await waitForJobState(queue, jobIdFor('acme', key), ['completed']);
+    const counts = await queue.getJobCounts('waiting', 'active', 'delayed', 'completed', 'failed', 'prioritized');
+    expect(Object.values(counts).reduce((a, b) => a + b, 0)).toBe(1);
+    expect(await effectsOf(env.db, env.schema, 'acme', key)).toHaveLength(1);
+    const after = await client.post('/v1/queues/concurrent/jobs?name=charge', { token: ACME, key, json: body });
+    expect(after.status).toBe(200);
+    expect(after.headers.get('idempotent-replayed')).toBe('true');
+    expect(after.body).toMatchObject({ state: 'completed', result: { value: 'charged-once' } });
+  });
+
+  it("3. tenant isolation: tenant B's GET and POST of tenant A's key see nothing of A's", async () => {
+    const key = 'shared-key';
+    const path = '/v1/queues/isolation/jobs';
+    const a = await client.post(path, { token: ACME, key, json: { owner: 'acme', secret: 'a-only' } });
+    expect(a.status).toBe(202);
+
+    const bGet = await client.get(`${path}/${key}`, { token: GLOBEX });
+    expectProblem(bGet, 404, 'not-found');
+    expect(JSON.stringify(bGet.body)).not.toContain('a-only');
+
+    // B posting A's key with another body is B's own first request, not a 422 and not a replay of A's.
+    const b = await client.post(path, { token: GLOBEX, key, json: { owner: 'globex' } });
+    expect(b.status).toBe(202);
+    expect(b.headers.get('idempotent-replayed')).toBeNull();
+    expect(b.body.jobId).toBe(jobIdFor('globex', key));
+    expect(b.body.jobId).not.toBe(a.body.jobId);
+    // B posting A's exact body is also B's own request.
+    const b2 = await client.post(path, { token: GLOBEX, key: 'other-key', json: { owner: 'acme', secret: 'a-only' } });
+    expect(b2.body.jobId).toBe(jobIdFor('globex', 'other-key'));
+
+    // Each tenant sees only its own job under the key; A's replay is still A's job.
+    expect((await client.get(`${path}/${key}`, { token: GLOBEX })).body.jobId).toBe(b.body.jobId);
+    expect((await client.get(`${path}/${key}`, { token: ACME })).body.jobId).toBe(a.body.jobId);
+    const aAgain = await client.post(path, { token: ACME, key, json: { owner: 'acme', secret: 'a-only' } });
+    expect(aAgain.headers.get('idempotent-replayed')).toBe('true');
+    expect(aAgain.body.jobId).toBe(a.body.jobId);
+
+    // A worker runs both: each tenant reads its own result.
+    startWorker('isolation');
+    const queue = bullQueue('isolation');
+    await waitForJobState(queue, a.body.jobId, ['completed']);
+    await waitForJobState(queue, b.body.jobId, ['completed']);
+    expect(await effectsOf(env.db, env.schema, 'acme', key)).toHaveLength(1);
+    expect(await effectsOf(env.db, env.schema, 'globex', key)).toHaveLength(1);
+    const bDone = await client.get(`${path}/${key}`, { token: GLOBEX });
+    expect(bDone.body).toMatchObject({ state: 'completed', jobId: b.body.jobId });
+    expect(JSON.stringify(bDone.body)).not.toContain('a-only');
+  });
+
+  it('4. end to end: POST with Prefer: wait=5 while a worker runs → 200 with its result; the same POST again → the replay', async () => {
+    startWorker('e2e');
+    const path = '/v1/queues/e2e/jobs?name=charge';
+    const body = { sleepMs: 200, value: 'charged' };
+    const first = await client.post(path, { token: ACME, key: 'e2e-1', json: body, headers: { prefer: 'wait=5' } });
+    expect(first.status).toBe(200);
+    expect(first.headers.get('preference-applied')).toBe('wait=5');
+    expect(first.headers.get('idempotent-replayed')).toBeNull();
+    expect(first.body).toMatchObject({ state: 'completed', result: { value: 'charged', fence: 1, worker: 'in-process' }, attempts: 1 });
+    expect(first.body.startedAt).toEqual(expect.any(String));
+    expect(first.body.finishedAt).toEqual(expect.any(String));
+
+    const again = await client.post(path, { token: ACME, key: 'e2e-1', json: body, headers: { prefer: 'respond-async, wait=5' } });
+    expect(again.status).toBe(200);
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect(again.body).toEqual(first.body);
+    expect(await effectsOf(env.db, env.schema, 'acme', 'e2e-1')).toHaveLength(1);
+
+    // The wait is capped by configuration (maxWaitSeconds: 10).
+    const capped = await client.post(path, { token: ACME, key: 'e2e-1', json: body, headers: { prefer: 'wait=999' } });
+    expect(capped.headers.get('preference-applied')).toBe('wait=10');
+
+    // A job that fails for good: 200 with the stored failure, then replayed as such.
+    const failing = { permanent: true };
+    const failed = await client.post(path, { token: ACME, key: 'e2e-2', json: failing, headers: { prefer: 'wait=5' } });
+    expect(failed.status).toBe(200);
+    expect(failed.body).toMatchObject({ state: 'failed', error: { message: 'account closed (permanent)' } });
+    const failedAgain = await client.post(path, { token: ACME, key: 'e2e-2', json: failing });
+    expect(failedAgain.status).toBe(200);
+    expect(failedAgain.headers.get('idempotent-replayed')).toBe('true');
+    expect(failedAgain.body.state).toBe('failed');
+  });
+
+  it('4b. Prefer: wait=1 with no worker running: 202 after the wait, still queued', async () => {
+    const result = await client.post('/v1/queues/payments/jobs', { token: ACME, key: 'no-worker-1', json: {}, headers: { prefer: 'wait=1' } });
+    expect(result.status).toBe(202);
+    expect(result.headers.get('preference-applied')).toBe('wait=1');
+    expect(result.body.state).toBe('queued');
+    // The GET long-polls the same way.
+    const read = await client.get('/v1/queues/payments/jobs/no-worker-1', { token: ACME, headers: { prefer: 'wait=1' } });
+    expect(read.status).toBe(200);
+    expect(read.headers.get('preference-applied')).toBe('wait=1');
+    expect(read.body.state).toBe('queued');
+  });
+});
