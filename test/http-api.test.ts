@@ -1,4 +1,7 @@
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { Writable } from 'node:stream';
+import { promisify } from 'node:util';
 import { Queue } from 'bullmq';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
@@ -17,6 +20,7 @@ import {
 } from '../src/index.js';
 import { createEffectsTable, createGate, effectsOf } from './support/protocol-fixtures.js';
 import { httpClient, type HttpResult } from './support/http-client.js';
+import { startHttpServerChild, type HttpServerChild } from './support/http-server-child.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { testHandler, type TestPayload } from './support/test-handler.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
@@ -38,6 +42,7 @@ const logLines: Array<Record<string, unknown>> = [];
 const workers: IdempotentWorker<any, any>[] = [];
 const queues: Queue[] = [];
 const extraApis: HttpApi[] = [];
+const children: HttpServerChild[] = [];
 
 beforeAll(async () => {
   env = await createTestEnv('http-api');
@@ -71,6 +76,8 @@ afterEach(async () => {
   await Promise.all(extraApis.splice(0).map((a) => a.close()));
 });
 afterAll(async () => {
+  for (const child of children) if (child.process.exitCode === null && child.process.signalCode === null) child.process.kill('SIGKILL');
+  await Promise.all(children.map((child) => child.exited));
   await api?.close();
   await Promise.all(queues.map((q) => q.close()));
   await listener?.close();
@@ -434,4 +441,59 @@ describe('HTTP API', () => {
     expect(read.headers.get('preference-applied')).toBe('wait=1');
     expect(read.body.state).toBe('queued');
   });
+
+  it('5. the README curl examples get the statuses they name, against the runnable server with a worker running', async () => {
+    const examples = readmeCurlExamples(readFileSync(new URL('../README.md', import.meta.url), 'utf8'));
+    expect(examples.map((e) => e.status)).toEqual([202, 200, 200, 422, 400, 400, 401, 404, 404, 413, 415]);
+    const server = await startHttpServerChild({
+      DATABASE_URL: env.databaseUrl,
+      REDIS_URL: env.redisUrl,
+      SCHEMA: env.schema,
+      REDIS_PREFIX: env.redisPrefix,
+      MIGRATE: 'false',
+      PG_POOL_SIZE: '4',
+      HTTP_PORT: '0',
+      HTTP_QUEUES: 'payments',
+      HTTP_TOKENS: `${ACME}=acme`,
+    });
+    children.push(server);
+    startWorker('payments');
+    for (const example of examples) {
+      const { stdout } = await promisify(execFile)('bash', ['-c', example.command], {
+        env: { ...process.env, API: server.url, TOKEN: ACME },
+        maxBuffer: 16 * 1024 * 1024,
+      });
+      // The last status line (a large upload may be preceded by "100 Continue").
+      const statuses = [...stdout.matchAll(/^HTTP\/[\d.]+ (\d{3})/gm)].map((m) => Number(m[1]));
+      expect({ example: example.comment, status: statuses.at(-1) }).toEqual({ example: example.comment, status: example.status });
+      expect(stdout).toMatch(/^request-id: .+/im);
+      if (example.problem) expect(stdout).toContain(`"type":"${problemType(example.problem as Parameters<typeof problemType>[0])}"`);
+      if (example.comment.includes('Idempotent-Replayed: true')) expect(stdout).toMatch(/^idempotent-replayed: true/im);
+    }
+    // The replayed and the read job: completed by the worker, with its result.
+    const read = await httpClient(server.url).get('/v1/queues/payments/jobs/order-42', { token: ACME });
+    expect(read.body).toMatchObject({ state: 'completed', result: { worker: 'in-process' } });
+    expect(await effectsOf(env.db, env.schema, 'acme', 'order-42')).toHaveLength(1);
+    // SIGTERM: graceful shutdown, exit 0.
+    server.process.kill('SIGTERM');
+    expect(await server.exited).toBe(0);
+  });
 });
+
+/** The annotated examples of the README's "HTTP API" section: `# → NNN [problem-kind]…` then the command. */
+function readmeCurlExamples(readme: string) {
+  const section = readme.split(/^## HTTP API$/m)[1]!.split(/^## /m)[0]!;
+  const blocks = [...section.matchAll(/^```sh\n([\s\S]*?)^```$/gm)].map((m) => m[1]!);
+  const examples: Array<{ status: number; problem?: string; comment: string; command: string }> = [];
+  for (const block of blocks) {
+    for (const chunk of block.split(/\n\s*\n/)) {
+      const lines = chunk.split('\n').filter((l) => l.trim() !== '');
+      const head = /^# → (\d{3})(?: ([a-z][a-z-]+))?/.exec(lines[0] ?? '');
+      if (!head) continue;
+      const comment = lines.filter((l) => l.startsWith('#')).join(' ');
+      const command = lines.filter((l) => !l.startsWith('#')).join('\n');
+      examples.push({ status: Number(head[1]), problem: head[2], comment, command });
+    }
+  }
+  return examples;
+}

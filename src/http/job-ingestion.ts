@@ -138,8 +138,9 @@ export class JobIngestion {
     }
     switch (outcome.kind) {
       case 'executed': {
+        const view = await this.#viewOrThrow(tenant, queue, key);
         this.#options.onCreated?.();
-        return { kind: 'created', view: await this.#viewOrThrow(tenant, queue, key) };
+        return { kind: 'created', view };
       }
       case 'completed':
         return { kind: 'replayed', view: await this.#viewOrThrow(tenant, queue, key) };
