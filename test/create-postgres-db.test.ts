@@ -1,0 +1,51 @@
+/**
+ * A Postgres connection that dies while it is lent out (its backend terminated in the middle of
+ * a transaction) must fail that transaction, not the process. Found by the chaos suite:
+ * `pg_terminate_backend` between two statements of a transaction emitted 'error' on a pg
+ * Client nobody listened to, and the worker process crashed.
+ */
+import { sql, type Kysely } from 'kysely';
+import { afterAll, beforeAll, expect, it } from 'vitest';
+import { createPostgresDb } from '../src/index.js';
+import { waitFor } from './support/queue-helpers.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+let env: TestEnv;
+let db: Kysely<any>;
+
+beforeAll(async () => {
+  env = await createTestEnv('pgdb');
+});
+afterAll(async () => {
+  await db?.destroy();
+  await env?.teardown();
+});
+
+it('survives a backend terminated between two statements of a transaction, and keeps working', async () => {
+  const poolErrors: Error[] = [];
+  db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 2, applicationName: 'test:pgdb' }, (e) => poolErrors.push(e));
+  const uncaught: unknown[] = [];
+  const onUncaught = (error: unknown) => uncaught.push(error);
+  process.on('uncaughtException', onUncaught);
+  try {
+    const failed = db.transaction().execute(async (tx) => {
+      const { rows } = await sql<{ pid: number }>`select pg_backend_pid() as pid`.execute(tx);
+      const pid = rows[0]!.pid;
+      await sql`select pg_terminate_backend(${pid}::int)`.execute(env.db);
+      // Let the backend's FATAL message and the socket's end arrive while no statement runs.
+      await waitFor('the backend to be gone', async () => {
+        const { rows: left } = await sql`select 1 from pg_stat_activity where pid = ${pid}::int`.execute(env.db);
+        return left.length === 0;
+      });
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      await sql`select 1`.execute(tx);
+    });
+    await expect(failed).rejects.toThrow();
+    expect(uncaught).toEqual([]);
+    // The broken client was discarded: the next statement gets a fresh connection.
+    const { rows } = await sql<{ one: number }>`select 1 as one`.execute(db);
+    expect(rows[0]!.one).toBe(1);
+  } finally {
+    process.off('uncaughtException', onUncaught);
+  }
+});
