@@ -97,11 +97,14 @@ export class IdempotentProducer {
     // A duplicate add returns our data, not the stored job's: read the stored jobs back to
     // learn whether each was ours, or an existing job with the same or another payload.
     const stored = await Promise.all(jobs.map((job) => this.#queue.getJob(job.jobId)));
+    const seen = new Set<string>();
     return jobs.map((job, i) => {
       const existing = stored[i];
+      const repeatedInBatch = seen.has(job.jobId);
+      seen.add(job.jobId);
       if (!existing) return { jobId: job.jobId, scope: job.scope, key: job.key, status: 'added' };
       if (this.#fingerprintOfStored(existing) !== job.fingerprint) throw new KeyReusedError(job.scope, job.key);
-      const ours = existing.timestamp === added[i]!.timestamp;
+      const ours = !repeatedInBatch && existing.timestamp === added[i]!.timestamp;
       return { jobId: job.jobId, scope: job.scope, key: job.key, status: ours ? 'added' : 'duplicate' };
     });
   }

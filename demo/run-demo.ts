@@ -1,0 +1,149 @@
+/**
+ * `npm run demo`: the docker-compose demo on the local services. Starts three payments
+ * workers and a load generator (a few thousand charges, 20% duplicate keys), SIGKILLs one
+ * worker mid-run, prints progress, then a summary. Exits non-zero if any key ran twice or
+ * was lost.
+ *
+ * Uses its own schema (`ij_demo`) and Redis prefix (`ijdemo`), recreated at every run.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { Queue } from 'bullmq';
+import { Redis } from 'ioredis';
+import { sql } from 'kysely';
+import { createPostgresDb, loadEnvConfig } from '../src/index.js';
+
+const JOBS = Number(process.env.DEMO_JOBS ?? 3000);
+const base = loadEnvConfig({ QUEUE: 'payments-demo', SCHEMA: 'ij_demo', REDIS_PREFIX: 'ijdemo', ...process.env });
+const childEnv = {
+  ...process.env,
+  DATABASE_URL: base.DATABASE_URL,
+  REDIS_URL: base.REDIS_URL,
+  QUEUE: base.QUEUE,
+  SCHEMA: base.SCHEMA,
+  REDIS_PREFIX: base.REDIS_PREFIX,
+  CONCURRENCY: '8',
+  LEASE_MS: '3000',
+  STALLED_INTERVAL_MS: '1000',
+  DEFER_MAX_MS: '500',
+  LOG_LEVEL: 'info',
+};
+
+const outcomes = new Map<string, number>();
+const children: ChildProcess[] = [];
+
+function spawnTs(script: string, args: string[] = [], onLine?: (line: string) => void): ChildProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL(script, import.meta.url)), ...args], {
+    env: childEnv,
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  children.push(child);
+  createInterface({ input: child.stdout! }).on('line', (line) => onLine?.(line));
+  child.stderr!.on('data', (chunk: Buffer) => {
+    const text = chunk.toString();
+    if (!text.includes('"progress"')) process.stderr.write(text);
+  });
+  return child;
+}
+
+function startWorker(name: string): Promise<ChildProcess> {
+  return new Promise((resolve, reject) => {
+    const worker = spawnTs('../workers/payments-worker.ts', [], (line) => {
+      let entry: { msg?: string; outcome?: string };
+      try {
+        entry = JSON.parse(line);
+      } catch {
+        return;
+      }
+      if (entry.msg === 'worker ready') resolve(worker);
+      if (entry.outcome) outcomes.set(entry.outcome, (outcomes.get(entry.outcome) ?? 0) + 1);
+    });
+    worker.once('exit', (code) => reject(new Error(`${name} exited with ${code} before it was ready`)));
+    console.log(`started ${name} (pid ${worker.pid})`);
+  });
+}
+
+const db = createPostgresDb({ connectionString: base.DATABASE_URL, maxConnections: 2 });
+const redis = new Redis(base.REDIS_URL, { maxRetriesPerRequest: null });
+const queue = new Queue(base.QUEUE, { connection: { url: base.REDIS_URL }, prefix: base.REDIS_PREFIX });
+const count = async (query: ReturnType<typeof sql<{ n: string }>>) => Number((await query.execute(db)).rows[0]!.n);
+
+try {
+  console.log(`demo: ${JOBS} charges, 20% duplicate keys, 3 workers; Postgres ${base.DATABASE_URL}, Redis ${base.REDIS_URL}`);
+  await sql`drop schema if exists ${sql.id(base.SCHEMA)} cascade`.execute(db);
+  for (let cursor = '0'; ; ) {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', `${base.REDIS_PREFIX}:*`, 'COUNT', 1000);
+    if (keys.length) await redis.del(...keys);
+    if ((cursor = next) === '0') break;
+  }
+  // Start one worker first so the schema is migrated once, then the other two.
+  const workers = [await startWorker('worker-1')];
+  workers.push(...(await Promise.all([startWorker('worker-2'), startWorker('worker-3')])));
+
+  const startedAt = Date.now();
+  let producerSummary: Record<string, number> | undefined;
+  const producer = spawnTs('../producers/load-generator.ts', ['--count', String(JOBS), '--duplicate-ratio', '0.2'], (line) => {
+    producerSummary = JSON.parse(line);
+  });
+  const producerDone = new Promise<void>((resolve) => producer.once('exit', () => resolve()));
+
+  let killed: number | undefined;
+  for (;;) {
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    const counts = await queue.getJobCounts('completed', 'failed', 'active', 'wait', 'delayed');
+    const effects = await count(sql`select count(*) as n from ${sql.id(base.SCHEMA, 'ledger')}`);
+    const finished = counts.completed! + counts.failed!;
+    console.log(
+      `  ${((Date.now() - startedAt) / 1000).toFixed(0)}s  jobs finished ${finished} (active ${counts.active}, waiting ${counts.wait}, delayed ${counts.delayed})  ` +
+        `effects ${effects}  replays ${outcomes.get('replayed') ?? 0}  deferrals ${outcomes.get('deferred') ?? 0}  takeovers ${outcomes.get('taken-over') ?? 0}`,
+    );
+    if (killed === undefined && effects > JOBS * 0.25) {
+      killed = workers[1]!.pid;
+      workers[1]!.kill('SIGKILL');
+      console.log(`  SIGKILL worker-2 (pid ${killed}) mid-run`);
+    }
+    if (producerSummary && counts.active === 0 && counts.wait === 0 && counts.delayed === 0) break;
+    if (Date.now() - startedAt > 300_000) throw new Error('demo did not finish within 5 minutes');
+  }
+  await producerDone;
+
+  const t = (name: string) => sql.id(base.SCHEMA, name);
+  const effects = await count(sql`select count(*) as n from ${t('ledger')}`);
+  const duplicated = await count(sql`select count(*) as n from (select key from ${t('ledger')} group by key having count(*) > 1) d`);
+  const completedKeys = await count(sql`select count(*) as n from ${t('idempotency_keys')} where status = 'completed'`);
+  const providerCalls = await count(sql`select count(*) as n from ${t('provider_calls')}`);
+  const providerCharges = await count(sql`select count(*) as n from ${t('provider_charges')}`);
+  const failedJobs = (await queue.getJobCounts('failed')).failed!;
+  const unique = producerSummary!.uniqueKeys!;
+  const lost = unique - completedKeys;
+  const summary = {
+    enqueued: producerSummary!.enqueued,
+    'unique keys': unique,
+    effects,
+    replays: outcomes.get('replayed') ?? 0,
+    deferrals: outcomes.get('deferred') ?? 0,
+    takeovers: outcomes.get('taken-over') ?? 0,
+    'fenced commits': outcomes.get('fenced') ?? 0,
+    'provider calls': providerCalls,
+    'provider charges': providerCharges,
+    'failed jobs': failedJobs,
+    'lost keys': lost,
+    'duplicates executed': duplicated,
+    'seconds': Math.round((Date.now() - startedAt) / 1000),
+  };
+  console.log('\nsummary');
+  for (const [name, value] of Object.entries(summary)) console.log(`  ${name.padEnd(20)} ${value}`);
+  if (duplicated > 0 || lost > 0 || effects !== unique) {
+    console.error('\nFAILED: a key ran twice or was lost');
+    process.exitCode = 1;
+  } else {
+    console.log(`\nOK: ${unique} unique keys, ${effects} effects, 0 duplicates executed (worker pid ${killed} was killed mid-run)`);
+  }
+} finally {
+  for (const child of children) if (child.exitCode === null) child.kill('SIGTERM');
+  await Promise.all(children.map((child) => (child.exitCode === null ? new Promise((r) => child.once('exit', r)) : null)));
+  await queue.close();
+  redis.disconnect();
+  await db.destroy();
+}
