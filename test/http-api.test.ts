@@ -1,4 +1,5 @@
 import { execFile } from 'node:child_process';
+import { request as httpRequest, type OutgoingHttpHeaders } from 'node:http';
 import { readFileSync } from 'node:fs';
 import { Writable } from 'node:stream';
 import { promisify } from 'node:util';
@@ -38,6 +39,7 @@ let keys: IdempotencyKeys;
 let listener: KeySettledListener;
 let api: HttpApi;
 let client: ReturnType<typeof httpClient>;
+let baseUrl: string;
 const logLines: Array<Record<string, unknown>> = [];
 const workers: IdempotentWorker<any, any>[] = [];
 const queues: Queue[] = [];
@@ -69,7 +71,8 @@ beforeAll(async () => {
     relayPollIntervalMs: 50,
     logger: pino({ level: 'info' }, logStream),
   });
-  client = httpClient(await api.listen({ host: '127.0.0.1', port: 0 }));
+  baseUrl = await api.listen({ host: '127.0.0.1', port: 0 });
+  client = httpClient(baseUrl);
 });
 afterEach(async () => {
   await Promise.all(workers.splice(0).map((w) => w.close({ force: true })));
@@ -109,6 +112,19 @@ async function outboxRows(jobId: string): Promise<number> {
   return Number(rows[0]!.n);
 }
 
+/** A POST through node:http, which (unlike fetch) can send a header line twice. */
+function rawPost(path: string, headers: OutgoingHttpHeaders, body: string): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(new URL(path, baseUrl), { method: 'POST', headers }, (res) => {
+      let text = '';
+      res.on('data', (chunk) => (text += chunk));
+      res.on('end', () => resolve({ status: res.statusCode!, body: text }));
+    });
+    req.on('error', reject);
+    req.end(body);
+  });
+}
+
 function expectProblem(result: HttpResult, status: number, kind: Parameters<typeof problemType>[0]) {
   expect({ status: result.status, type: result.body?.type }).toEqual({ status, type: problemType(kind) });
   expect(result.headers.get('content-type')).toMatch(/^application\/problem\+json/);
@@ -141,6 +157,9 @@ describe('HTTP API', () => {
     expectProblem(await client.post(path, { token: ACME, key: 's-1', rawBody: '{"orderId": ' }), 400, 'invalid-request');
     expectProblem(await client.post(`${path}?name=bad%20name`, { token: ACME, key: 's-1', json: body }), 400, 'invalid-request');
     expectProblem(await client.post(path, { token: ACME, key: 's-1', json: { note: 'nul \u0000 here' } }), 400, 'invalid-request');
+    // A repeated Idempotency-Key header is refused rather than joined into "a, b".
+    const twice = await rawPost(path, { authorization: `Bearer ${ACME}`, 'content-type': 'application/json', 'idempotency-key': ['s-1', 's-2'] }, JSON.stringify(body));
+    expect({ status: twice.status, type: JSON.parse(twice.body).type }).toEqual({ status: 400, type: problemType('invalid-idempotency-key') });
     expect(await outboxRows(jobIdFor('acme', 's-1'))).toBe(0);
 
     // 202: accepted, with the job id, its state and a link to the GET.

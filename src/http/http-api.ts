@@ -215,7 +215,7 @@ export class HttpApi {
       }
     };
     const checkKeyAndType = async (request: FastifyRequest) => {
-      readIdempotencyKey(request.headers['idempotency-key']);
+      readIdempotencyKey(idempotencyKeyHeader(request));
       const mediaType = request.headers['content-type']?.split(';')[0]?.trim().toLowerCase();
       if (mediaType !== 'application/json') {
         throw new HttpProblem(
@@ -230,7 +230,7 @@ export class HttpApi {
       { onRequest: [checkQueue, checkKeyAndType], schema: jobRouteSchemas.post },
       async (request, reply) => {
         const { queue } = request.params;
-        const key = readIdempotencyKey(request.headers['idempotency-key']);
+        const key = readIdempotencyKey(idempotencyKeyHeader(request));
         const name = request.query.name ?? queue;
         if (!JOB_NAME_PATTERN.test(name)) {
           throw new HttpProblem('invalid-request', `Job name "${name}" is not 1–128 of A–Z a–z 0–9 _ . : - (starting with a letter or digit).`);
@@ -332,6 +332,11 @@ export class HttpApi {
       clearTimeout(timer);
     }
   }
+}
+
+/** The Idempotency-Key header lines, each apart (`headersDistinct`; `inject`'s fake requests lack it). */
+function idempotencyKeyHeader(request: FastifyRequest): string | readonly string[] | undefined {
+  return request.raw.headersDistinct?.['idempotency-key'] ?? request.headers['idempotency-key'];
 }
 
 /** Builds the HTTP ingestion API and waits until its routes are ready. See {@link HttpApi}. */

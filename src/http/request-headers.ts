@@ -5,23 +5,24 @@ import { assertValidKeyPart } from '../protocol/validate.js';
 import { HttpProblem } from './problems.js';
 
 /**
- * Reads the `Idempotency-Key` header. draft-ietf-httpapi-idempotency-key-header-07 makes it a
+ * Reads the `Idempotency-Key` header (pass `headersDistinct`, so that a repeated header is
+ * seen as such rather than joined with commas). draft-ietf-httpapi-idempotency-key-header-07 makes it a
  * Structured Field string (`"…"`); Stripe and most clients send it bare. Both are accepted:
  * a quoted value is unquoted (`\"` and `\\` unescaped), anything else is taken as it is.
  * Throws a 400 {@link HttpProblem} when it is missing, empty, longer than 255 characters or
  * otherwise unusable.
  */
-export function readIdempotencyKey(header: string | string[] | undefined): string {
-  if (header === undefined) {
+export function readIdempotencyKey(header: string | readonly string[] | undefined): string {
+  if (header === undefined || (Array.isArray(header) && header.length === 0)) {
     throw new HttpProblem(
       'missing-idempotency-key',
       'This request needs an Idempotency-Key header: a unique value per logical request (e.g. a UUID), reused on every retry of it.',
     );
   }
-  if (Array.isArray(header)) {
+  if (typeof header !== 'string' && header.length > 1) {
     throw new HttpProblem('invalid-idempotency-key', 'Send exactly one Idempotency-Key header.');
   }
-  let key = header;
+  let key = typeof header === 'string' ? header : header[0]!;
   if (key.length >= 2 && key.startsWith('"') && key.endsWith('"')) {
     const inner = key.slice(1, -1);
     if (/(^|[^\\])"/.test(inner) || /\\[^"\\]/.test(inner) || inner.endsWith('\\')) {
