@@ -1,0 +1,9 @@
+# One image for every process of the demo: workers, relay, producer, migrations.
+FROM node:22-bookworm-slim
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY . .
+RUN npm run build
+ENV NODE_ENV=production
+CMD ["node", "bin/idempotent-jobs.js", "--help"]
