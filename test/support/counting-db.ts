@@ -1,0 +1,29 @@
+/** A Kysely instance whose every Postgres round trip (BEGIN and COMMIT included) is counted. */
+import { Kysely, PostgresDialect } from 'kysely';
+import pg from 'pg';
+
+export function createCountingDb(connectionString: string) {
+  const counter = { roundTrips: 0, statements: [] as string[] };
+  const pool = new pg.Pool({ connectionString, max: 2 });
+  pool.on('connect', (client) => {
+    const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+    (client as unknown as { query: (...args: unknown[]) => unknown }).query = (...args: unknown[]) => {
+      counter.roundTrips++;
+      const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text?: string })?.text ?? '';
+      counter.statements.push(text.trim());
+      return query(...args);
+    };
+  });
+  const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
+  return {
+    db,
+    counter,
+    /** Round trips made by `fn`. */
+    async count(fn: () => Promise<unknown>): Promise<{ roundTrips: number; statements: string[] }> {
+      const before = counter.roundTrips;
+      const first = counter.statements.length;
+      await fn();
+      return { roundTrips: counter.roundTrips - before, statements: counter.statements.slice(first) };
+    },
+  };
+}
