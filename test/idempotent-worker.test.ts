@@ -7,6 +7,8 @@ import {
   IdempotencyKeys,
   IdempotentProducer,
   KeyReusedError,
+  KeySettledListener,
+  LeaseLostError,
   OutboxRelay,
   createIdempotentWorker,
   jobIdFor,
@@ -14,7 +16,7 @@ import {
   type IdempotentWorkerOptions,
   type WorkerEvent,
 } from '../src/index.js';
-import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
+import { createEffectsTable, effectsOf, expireLease } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { testHandler, type TestPayload } from './support/test-handler.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
@@ -297,6 +299,47 @@ describe('worker', () => {
     expect(finished.every((f) => f.state === 'completed')).toBe(true);
     expect(await effectsOf(env.db, env.schema, 'default', 'order-fast')).toHaveLength(1);
     for (const f of finished) expect(f.job.returnvalue).toMatchObject({ value: 'fast' });
+  });
+
+  it('waitMs: a duplicate waits for the owner over LISTEN/NOTIFY and replays without being deferred', async () => {
+    const listener = new KeySettledListener({ connectionString: env.databaseUrl, schema: env.schema });
+    const events: WorkerEvent[] = [];
+    startInProcess({ waitMs: 10_000, listener }, events);
+    const data = { idempotencyKey: 'order-wait', payload: { sleepMs: 800, value: 'w' } };
+    await rawAdd('charge', data);
+    await waitFor('original to claim', async () => (await keyState('default', 'order-wait'))?.status === 'processing');
+    const duplicate = await rawAdd('charge', data);
+    const done = await waitForJobState(queue, duplicate.id!, ['completed'], 10_000);
+    expect(done.job.returnvalue).toMatchObject({ value: 'w', fence: 1 });
+    expect(events.filter((e) => e.kind === 'deferred')).toHaveLength(0);
+    expect(events.some((e) => e.kind === 'replayed' && e.jobId === duplicate.id)).toBe(true);
+    await listener.close();
+  });
+
+  it('ctx.signal fires with LeaseLostError when the key is taken over mid-handler', async () => {
+    let abortReason: unknown;
+    startInProcess({
+      leaseMs: 600,
+      deferMinMs: 100,
+      deferMaxMs: 200,
+      handler: async (ctx) => {
+        await new Promise((resolve) => ctx.signal.addEventListener('abort', resolve, { once: true }));
+        abortReason = ctx.signal.reason;
+        throw ctx.signal.reason;
+      },
+    });
+    const payload = { value: 'sig' };
+    const job = await rawAdd('charge', { idempotencyKey: 'order-signal', payload });
+    await waitFor('claim', async () => (await keyState('default', 'order-signal'))?.status === 'processing');
+    await expireLease(env.db, env.schema, 'default', 'order-signal');
+    const takeover = await keys.claim('default', 'order-signal', keys.fingerprint({ name: 'charge', payload }), { leaseMs: 60_000 });
+    expect(takeover.kind).toBe('taken-over');
+    await waitFor('the handler to see the abort', async () => abortReason !== undefined, 10_000);
+    expect(abortReason).toBeInstanceOf(LeaseLostError);
+    // The new owner finishes; the fenced job then replays its result.
+    if (takeover.kind === 'taken-over') await keys.runEffect(takeover, async () => ({ by: 'new owner' }));
+    const done = await waitForJobState(queue, job.id!, ['completed'], 10_000);
+    expect(done.job.returnvalue).toEqual({ by: 'new owner' });
   });
 
   it('rejects timing options that contradict each other', () => {

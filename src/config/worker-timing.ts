@@ -22,7 +22,7 @@ export interface WorkerTimingOptions {
   readonly heartbeatMs?: number;
   /** BullMQ `lockDuration`. @defaultValue `leaseMs` */
   readonly lockDurationMs?: number;
-  /** BullMQ `stalledInterval`; at most `lockDurationMs`. @defaultValue `leaseMs / 2` (at least 1 s) */
+  /** BullMQ `stalledInterval`; at most `lockDurationMs`. @defaultValue `leaseMs / 2`, at least 1 s, at most `lockDurationMs` */
   readonly stalledIntervalMs?: number;
   /** BullMQ `maxStalledCount`. @defaultValue `1_000_000` (a dead worker never fails a job) */
   readonly maxStalledCount?: number;
@@ -71,11 +71,13 @@ export function resolveWorkerTiming(options: WorkerTimingOptions, defaultLeaseMs
     throw new ValidationError('INVALID_OPTIONS', field, `Invalid worker option ${field}: ${issue.message}`);
   }
   const o = parsed.data;
+  const lockDurationMs = o.lockDurationMs ?? o.leaseMs;
   const resolved: ResolvedWorkerTiming = {
     ...o,
     heartbeatMs: o.heartbeatMs ?? Math.max(1, Math.floor(o.leaseMs / 3)),
-    lockDurationMs: o.lockDurationMs ?? o.leaseMs,
-    stalledIntervalMs: o.stalledIntervalMs ?? Math.max(1_000, Math.floor(o.leaseMs / 2)),
+    lockDurationMs,
+    // Half a lease, at least 1 s (each check is a Redis script on every worker), at most the lock.
+    stalledIntervalMs: o.stalledIntervalMs ?? Math.min(lockDurationMs, Math.max(1_000, Math.floor(o.leaseMs / 2))),
   };
   if (resolved.heartbeatMs * 2 > resolved.leaseMs) {
     throw new ValidationError(
