@@ -13,7 +13,10 @@ import {
   KeySettledListener,
   createHttpApi,
   createIdempotentWorker,
+  isLoopbackHost,
   jobIdFor,
+  loadHttpEnvConfig,
+  parseTokens,
   problemType,
   requestScopeFor,
   type HttpApi,
@@ -263,6 +266,16 @@ describe('HTTP API', () => {
     const body = JSON.parse(ready.body);
     expect(body.type).toBe(problemType('not-ready'));
     expect(body.detail).toMatch(/postgres: ok; redis: down/);
+    // A POST still lands: the job is in the outbox (Postgres), reported queued.
+    const accepted = await broken.app.inject({
+      method: 'POST',
+      url: '/v1/queues/payments/jobs',
+      headers: { authorization: `Bearer ${ACME}`, 'content-type': 'application/json', 'idempotency-key': 'redis-down-1' },
+      payload: '{"a":1}',
+    });
+    expect(accepted.statusCode).toBe(202);
+    expect(JSON.parse(accepted.body).state).toBe('queued');
+    expect(await outboxRows(jobIdFor('acme', 'redis-down-1'))).toBe(1);
   });
 
   it('1d. request id: adopted from the client, sent back, and on every log line of the request', async () => {
@@ -339,6 +352,56 @@ describe('HTTP API', () => {
     expect(answer.body.key).toBe('shutdown-1');
     expect(answer.headers.get('connection')).toBe('close');
     await closed;
+  });
+
+  it('1g. graceful shutdown answers a pending Prefer: wait at once (202, still queued) instead of holding the close', { timeout: 20_000 }, async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const stream = new Writable({
+      write(chunk, _encoding, done) {
+        for (const line of String(chunk).split('\n')) if (line.trim() !== '') lines.push(JSON.parse(line));
+        done();
+      },
+    });
+    const waiting = await createHttpApi({
+      keys,
+      connection: { url: env.redisUrl },
+      prefix: env.redisPrefix,
+      queues: ['payments'],
+      tokens: TOKENS,
+      listener,
+      maxWaitSeconds: 50,
+      relay: false,
+      logger: pino({ level: 'info' }, stream),
+    });
+    const local = httpClient(await waiting.listen({ port: 0 }));
+    // No worker runs: without the close, this would wait 50 s (past this test's timeout).
+    const pending = local.post('/v1/queues/payments/jobs', { token: ACME, key: 'wait-close-1', json: {}, headers: { prefer: 'wait=50' } });
+    await waitFor('the request to be accepted and waiting', async () => lines.some((l) => l.msg === 'job accepted'));
+    await waiting.close();
+    const answer = await pending;
+    expect(answer.status).toBe(202);
+    expect(answer.headers.get('preference-applied')).toBe('wait=50');
+    expect(answer.body.state).toBe('queued');
+  });
+
+  it('1h. configuration: the runnable refuses an open bind without tokens, and bad tokens are named by position only', () => {
+    expect(() => loadHttpEnvConfig({ HTTP_HOST: '0.0.0.0' })).toThrow(/Refusing to listen on "0.0.0.0" without authentication/);
+    expect(loadHttpEnvConfig({ HTTP_HOST: '0.0.0.0', HTTP_TOKENS: `${ACME}=acme` }).HTTP_TOKENS.get(ACME)).toBe('acme');
+    expect(loadHttpEnvConfig({ QUEUE: 'mail' }).HTTP_QUEUES).toEqual(['mail']);
+    expect(loadHttpEnvConfig({ HTTP_QUEUES: 'a, b' }).HTTP_QUEUES).toEqual(['a', 'b']);
+    expect(() => loadHttpEnvConfig({ HTTP_QUEUES: 'a b' })).toThrow(/HTTP_QUEUES: "a b" is not a valid queue name/);
+    expect(() => loadHttpEnvConfig({ HTTP_PORT: '70000' })).toThrow(/HTTP_PORT/);
+    expect(() => parseTokens('short=acme')).toThrow(/entry 1: a token must be at least 16/);
+    expect(() => parseTokens(`${ACME}=acme,${GLOBEX}=glo:bex`)).toThrow(/entry 2: tenant "glo:bex"/);
+    expect(() => parseTokens(`${ACME}=acme,${ACME}=other`)).toThrow(/entry 2: the same token appears twice/);
+    expect(() => parseTokens('no-equals-sign-here-at-all')).toThrow(ConfigError);
+    try {
+      parseTokens('tok_secret_but_bad_0123=a:b');
+    } catch (error) {
+      expect((error as Error).message).not.toContain('tok_secret_but_bad_0123');
+    }
+    expect(isLoopbackHost('127.0.0.1') && isLoopbackHost('::1') && isLoopbackHost('localhost') && isLoopbackHost('127.1.2.3')).toBe(true);
+    expect(isLoopbackHost('0.0.0.0') || isLoopbackHost('::') || isLoopbackHost('10.0.0.1')).toBe(false);
   });
 
   it('2. 100 concurrent POSTs with one key and one body: one job, one effect; the rest replays or 409s, no 5xx', async () => {

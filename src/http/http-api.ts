@@ -83,6 +83,7 @@ export class HttpApi {
       producers: this.#producers,
       listener: this.#options.listener,
       onCreated: () => this.#kickRelay(),
+      onQueueReadError: (error) => logger.warn({ err: error }, 'could not read a job state from BullMQ; reporting it as queued'),
     });
     this.app = Fastify({
       loggerInstance: logger,

@@ -74,6 +74,14 @@ export interface JobIngestionOptions {
   readonly listener?: KeySettledListener;
   /** Called after a request committed its job to the outbox (the server nudges its relay). */
   readonly onCreated?: () => void;
+  /**
+   * How long to wait for BullMQ when reading a job's state. Past it (Redis down) the job is
+   * reported `queued`: it is safely in the outbox or in BullMQ, and no worker has claimed it.
+   * @defaultValue `2_000`
+   */
+  readonly queueReadTimeoutMs?: number;
+  /** Told when a BullMQ read timed out or failed. */
+  readonly onQueueReadError?: (error: unknown) => void;
 }
 
 /**
@@ -205,9 +213,19 @@ export class JobIngestion {
   /** The job's state from BullMQ, for a job whose key no worker holds (yet, or any more). */
   async #fromQueue(queue: string, jobId: string, released: KeyRecord | undefined) {
     const bullQueue = this.#producer(queue).queue;
-    // State first, then the job: a job read before its state could be older than the state.
-    const state = await bullQueue.getJobState(jobId);
-    const job = state === 'unknown' ? undefined : await bullQueue.getJob(jobId);
+    let state: Awaited<ReturnType<typeof bullQueue.getJobState>> | undefined;
+    let job: Awaited<ReturnType<typeof bullQueue.getJob>> | undefined;
+    try {
+      await withTimeout(this.#options.queueReadTimeoutMs ?? 2_000, async () => {
+        // State first, then the job: a job read before its state could be older than the state.
+        state = await bullQueue.getJobState(jobId);
+        job = state === 'unknown' ? undefined : await bullQueue.getJob(jobId);
+      });
+    } catch (error) {
+      this.#options.onQueueReadError?.(error);
+      state = undefined;
+      job = undefined;
+    }
     const startedAt = released?.createdAt.toISOString() ?? (job?.processedOn ? new Date(job.processedOn).toISOString() : null);
     const attempts = released?.attempts ?? job?.attemptsMade ?? 0;
     if (state === 'failed' && job) {
@@ -243,6 +261,18 @@ function settledView(base: Pick<JobView, 'queue' | 'key' | 'name' | 'jobId' | 'a
     finishedAt: (row.completedAt ?? row.updatedAt).toISOString(),
   };
   return row.status === 'completed' ? { ...common, state: 'completed', result: row.result } : { ...common, state: 'failed', error: row.error };
+}
+
+async function withTimeout(ms: number, work: () => Promise<void>): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    await Promise.race([
+      work(),
+      new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`BullMQ did not answer within ${ms} ms`)), ms))),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function asReceipt(value: unknown): Receipt | undefined {

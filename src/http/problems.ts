@@ -37,7 +37,14 @@ export interface ProblemDetails {
   readonly requestId: string;
 }
 
-/** Thrown by routes and hooks to answer with a problem; the error handler renders it. */
+/**
+ * Thrown by routes and hooks to answer with a problem; the error handler renders it.
+ *
+ * @example
+ * ```ts
+ * throw new HttpProblem('request-in-progress', 'A request with this key is being handled.', { 'retry-after': '2' });
+ * ```
+ */
 export class HttpProblem extends Error {
   readonly kind: ProblemKind;
   /** Extra response headers, e.g. `Retry-After`, `WWW-Authenticate`. */
