@@ -10,6 +10,7 @@ import { Redis } from 'ioredis';
 import { sql, type Kysely } from 'kysely';
 import { createPostgresDb, migrate } from '../../src/index.js';
 import { createChaosTables } from './chaos-handler.js';
+import { FAULT_LOG_MESSAGE } from './fault-injection.js';
 import { checkHistory, type CheckResult, type ExecutionRow, type KeyRow } from './checker.js';
 import { abortableSleep, nemesisSchedule, runNemesis, type NemesisEvent, type NemesisOp } from './nemesis.js';
 import { PrivateRedis } from './private-redis.js';
@@ -57,6 +58,8 @@ export interface ChaosRun {
   readonly timings: { readonly chaosMs: number; readonly drainMs: number; readonly totalMs: number };
   /** For keys that failed a check: their log lines and rows, to read the history. */
   readonly evidence: Record<string, unknown>;
+  /** Workers that died during the run neither by the nemesis's SIGKILL nor by an injected crash. */
+  readonly unexpectedExits: ReadonlyArray<WorkerExit & { readonly stderr: string }>;
 }
 
 const QUEUE_STATES = ['wait', 'active', 'delayed', 'prioritized', 'waiting-children', 'failed'] as const;
@@ -169,6 +172,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
       }
       if (interrupt.aborted) throw new Error('interrupted');
       const drainMs = Date.now() - drainStart;
+      clearInterval(progress);
       log(drained ? `drained in ${Math.round(drainMs / 1000)} s` : `NOT drained within ${Math.round(options.drainTimeoutMs / 1000)} s`);
 
       const stoppedAt = Date.now();
@@ -187,6 +191,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         workerStarts: fleet.starts.length,
         timings: { chaosMs, drainMs, totalMs: Date.now() - began },
         evidence: evidenceFor(check, rows, fleet.lines, fleet.exits),
+        unexpectedExits: unexpectedExits(fleet, events, stoppedAt),
       };
     } finally {
       clearInterval(progress);
@@ -238,6 +243,15 @@ async function readRows(db: Kysely<any>, schema: string): Promise<Rows> {
     externalCalls: await executions('external_calls'),
     keys: keyRows.map((r) => ({ scope: r.scope, key: r.key, status: r.status, fence: Number(r.fence) })),
   };
+}
+
+/** Deaths before the stop that the nemesis did not cause: a worker that crashed by itself. */
+function unexpectedExits(fleet: WorkerFleet, events: readonly NemesisEvent[], stoppedAt: number) {
+  const killed = new Set(events.filter((e) => e.kind === 'kill' && e.pid !== undefined).map((e) => e.pid));
+  const crashed = new Set(fleet.lines.filter((l) => l.msg === FAULT_LOG_MESSAGE).map((l) => l.pid));
+  return fleet.exits
+    .filter((exit) => exit.at < stoppedAt && !killed.has(exit.pid) && !crashed.has(exit.pid))
+    .map((exit) => ({ ...exit, stderr: fleet.stderrOf(exit.pid).slice(-2_000) }));
 }
 
 /** The full history of up to 20 keys that failed a check, and the deaths around them. */

@@ -31,6 +31,8 @@ export interface ChaosSummary {
     readonly skipped: number;
   };
   readonly workerProcessesStarted: number;
+  /** Workers that died by themselves (not killed, not crashed on purpose): a robustness bug. */
+  readonly unexpectedWorkerExits: number;
   readonly takeovers: number;
   readonly fencedCommits: number;
   readonly leaseLost: number;
@@ -89,6 +91,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
       skipped: events.length - done.length,
     },
     workerProcessesStarted: run.workerStarts,
+    unexpectedWorkerExits: run.unexpectedExits.length,
     takeovers: outcome('taken-over'),
     fencedCommits: outcome('fenced'),
     leaseLost: outcome('lease-lost'),
@@ -131,7 +134,7 @@ export function formatTable(summary: ChaosSummary): string {
     ['Redis connections killed', `${s.faults.redisClientsKilled} in ${s.faults.redisClientKills} rounds`],
     ['Redis restarts (crash + AOF reload)', String(s.faults.redisRestarts)],
     ['injected crashes by point', `after-claim ${crashes['after-claim']}, before-commit ${crashes['before-commit']}, after-commit ${crashes['after-commit']} (${s.faults.crashesArmed} armed)`],
-    ['worker processes started', String(s.workerProcessesStarted)],
+    ['worker processes started (died by themselves)', `${s.workerProcessesStarted} (${s.unexpectedWorkerExits})`],
     ['takeovers', String(s.takeovers)],
     ['fenced commits', `${s.fencedCommits} (leases lost: ${s.leaseLost})`],
     ['deferrals', String(s.deferrals)],
@@ -172,6 +175,7 @@ export function writeJsonReport(run: ChaosRun, summary: ChaosSummary, dir: strin
       failedKeys: cap(run.check.failedKeys),
     },
     faults: run.events,
+    unexpectedWorkerExits: run.unexpectedExits,
     evidence: run.evidence,
   };
   writeFileSync(path, `${JSON.stringify(json, null, 2)}\n`);

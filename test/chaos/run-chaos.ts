@@ -16,14 +16,14 @@ import { formatTable, summarize, writeJsonReport } from './report.js';
 
 const USAGE = `Usage: npm run chaos -- [flags]
   --seed N               seed of the fault schedule and the producer (default: random, printed)
-  --jobs N               enqueue requests, duplicates included (default 1500)
-  --minutes M            length of the chaos phase, decimals allowed (default 1.25)
+  --jobs N               enqueue requests, duplicates included (default 3000)
+  --minutes M            length of the chaos phase, decimals allowed (default 1.5)
   --workers K            worker processes (default 3)
   --concurrency C        jobs at once per worker (default 4)
   --duplicates P         percent of requests that repeat a key (default 20)
   --lease-ms MS          lease, BullMQ lock duration follows it (default 3000)
   --fault-interval-ms MS mean time between faults (default 3000)
-  --max-work-ms MS       longest simulated work per job (default 30)
+  --max-work-ms MS       longest simulated work per job (default 250)
   --fault-points SPEC    extra random crashes, e.g. after-claim:0.001,before-commit:0.001 (default none)
   --drain-minutes M      how long the system may take to finish after the faults stop (default 1.5)
   --report-dir DIR       where report-<seed>.json goes (default .chaos)
@@ -72,14 +72,14 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string }) | 
   const leaseMs = number('lease-ms', 3_000, 500, 60_000);
   return {
     seed: number('seed', randomInt(1, 2 ** 31 - 1), 0, 2 ** 31 - 1),
-    jobs: number('jobs', 1_500, 1, 10_000_000),
-    durationMs: Math.round(number('minutes', 1.25, 0.1, 24 * 60, false) * 60_000),
+    jobs: number('jobs', 3_000, 1, 10_000_000),
+    durationMs: Math.round(number('minutes', 1.5, 0.1, 24 * 60, false) * 60_000),
     workers: number('workers', 3, 1, 64),
     concurrency: number('concurrency', 4, 1, 256),
     duplicateRatio: number('duplicates', 20, 0, 90) / 100,
     leaseMs,
     faultIntervalMs: number('fault-interval-ms', 3_000, 100, 3_600_000),
-    maxWorkMs: number('max-work-ms', 30, 0, leaseMs),
+    maxWorkMs: number('max-work-ms', 250, 0, leaseMs),
     faultPoints,
     drainTimeoutMs: Math.round(number('drain-minutes', 1.5, 0.1, 24 * 60, false) * 60_000),
     databaseUrl: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',

@@ -1,0 +1,156 @@
+/**
+ * The chaos suite's checker and schedule, on hand-made histories: a checker that cannot see a
+ * duplicate, a loss or an overlap would make every chaos run pass. (The chaos run itself is
+ * `npm run chaos`, outside vitest.)
+ */
+import { describe, expect, it } from 'vitest';
+import { checkHistory, percentiles, type ExecutionRow, type History } from './chaos/checker.js';
+import { FAULT_LOG_MESSAGE, parseFaultPoints } from './chaos/fault-injection.js';
+import { FAULT_KINDS, nemesisSchedule } from './chaos/nemesis.js';
+import type { WorkerLogLine } from './chaos/worker-fleet.js';
+
+const T0 = 1_700_000_000_000;
+const row = (key: string, fence: number, at: number, workerPid = 1): ExecutionRow => ({ scope: 's', key, fence, workerPid, at: T0 + at });
+const line = (pid: number, key: string, fence: number, outcome: string, at: number): WorkerLogLine => ({
+  time: T0 + at, pid, msg: outcome, level: 30, outcome, scope: 's', key, fence,
+});
+
+/** k1 claimed and completed by worker 1; k2 claimed by worker 2, which is killed, then taken over by worker 3. */
+function cleanHistory(): History {
+  return {
+    produced: new Map([['s/k1', { acks: 1 }], ['s/k2', { acks: 2 }]]),
+    effects: [row('k1', 1, 50, 1), row('k2', 2, 5_000, 3)],
+    externalCalls: [row('k1', 1, 10, 1), row('k2', 1, 110, 2), row('k2', 2, 4_900, 3)],
+    keys: [
+      { scope: 's', key: 'k1', status: 'completed', fence: 1 },
+      { scope: 's', key: 'k2', status: 'completed', fence: 2 },
+    ],
+    lines: [
+      line(1, 'k1', 1, 'claimed', 0),
+      line(1, 'k1', 1, 'completed', 60),
+      line(2, 'k2', 1, 'claimed', 100),
+      line(3, 'k2', 2, 'taken-over', 4_000),
+      line(3, 'k2', 2, 'completed', 5_010),
+    ],
+    exits: [{ pid: 2, slot: 1, at: T0 + 1_000, code: null, signal: 'SIGKILL' }],
+    stoppedAt: T0 + 10_000,
+  };
+}
+
+describe('checkHistory', () => {
+  it('passes a history where every key ran once, and measures recovery from the kill', () => {
+    const result = checkHistory(cleanHistory());
+    expect(result.ok).toBe(true);
+    expect(result.acknowledgedKeys).toBe(2);
+    expect(result.externalCalls).toEqual({ total: 3, keysCalledMoreThanOnce: 1, extraCalls: 1 });
+    expect(result.outcomes['taken-over']).toBe(1);
+    expect(result.killedProcesses).toBe(1);
+    expect(result.recoveryMs).toEqual({ samples: 1, p50: 4_000, p99: 4_000, max: 4_000 });
+    expect(result.leaseOverlaps).toBe(0);
+  });
+
+  it('finds a duplicated effect, an unexpected one and a lost key', () => {
+    const history = cleanHistory();
+    const result = checkHistory({
+      ...history,
+      produced: new Map([...history.produced, ['s/k3', { acks: 1 }]]),
+      effects: [...history.effects, row('k1', 1, 70), row('ghost', 1, 80)],
+    });
+    expect(result.ok).toBe(false);
+    expect(result.duplicated).toEqual(['s/k1']);
+    expect(result.unexpected).toEqual(['s/ghost']);
+    expect(result.lost).toEqual(['s/k3']);
+  });
+
+  it('does not hold unacknowledged keys to "never lost", but counts a failed key as lost', () => {
+    const history = cleanHistory();
+    const result = checkHistory({
+      ...history,
+      produced: new Map([...history.produced, ['s/k3', { acks: 0 }], ['s/k4', { acks: 1 }]]),
+      keys: [...history.keys, { scope: 's', key: 'k4', status: 'failed', fence: 1 }],
+    });
+    expect(result.lost).toEqual(['s/k4']);
+    expect(result.failedKeys).toEqual(['s/k4']);
+  });
+
+  it('tells a fenced zombie (overlap, allowed) from two overlapping owners that both committed', () => {
+    const history = cleanHistory();
+    // Worker 2 is paused, not killed: it is still running when worker 3 takes k2 over.
+    const zombie: History = { ...history, exits: [], lines: [...history.lines, line(2, 'k2', 1, 'fenced', 6_000)] };
+    const fenced = checkHistory(zombie);
+    expect(fenced.ok).toBe(true);
+    expect(fenced.leaseOverlaps).toBe(1);
+    expect(fenced.committedOverlaps).toEqual([]);
+
+    const bothCommitted = checkHistory({ ...zombie, effects: [...zombie.effects, row('k2', 1, 5_900, 2)] });
+    expect(bothCommitted.ok).toBe(false);
+    expect(bothCommitted.committedOverlaps).toEqual(['s/k2']);
+    expect(bothCommitted.duplicated).toEqual(['s/k2']);
+  });
+
+  it('finds an external call repeated within one lease, and an effect under a stale fence', () => {
+    const history = cleanHistory();
+    const result = checkHistory({
+      ...history,
+      externalCalls: [...history.externalCalls, row('k1', 1, 20)],
+      keys: [history.keys[0]!, { scope: 's', key: 'k2', status: 'completed', fence: 3 }],
+    });
+    expect(result.repeatedWithinLease).toEqual(['s/k1#1']);
+    expect(result.fenceMismatches).toEqual(['s/k2']);
+    expect(result.ok).toBe(false);
+  });
+
+  it('counts injected crashes by point and takes the crash time from the fault line', () => {
+    const history = cleanHistory();
+    const fault: WorkerLogLine = { time: T0 + 500, pid: 2, msg: FAULT_LOG_MESSAGE, level: 50, point: 'before-commit', scope: 's', key: 'k2' };
+    const result = checkHistory({ ...history, lines: [...history.lines, fault] });
+    expect(result.injectedCrashes).toEqual({ 'before-commit': 1 });
+    expect(result.recoveryMs.max).toBe(4_500);
+  });
+});
+
+describe('percentiles', () => {
+  it('uses the nearest rank', () => {
+    const values = Array.from({ length: 100 }, (_, i) => i + 1);
+    expect(percentiles(values)).toEqual({ samples: 100, p50: 50, p99: 99, max: 100 });
+    expect(percentiles([])).toEqual({ samples: 0, p50: null, p99: null, max: null });
+  });
+});
+
+describe('parseFaultPoints', () => {
+  it('reads point:probability pairs', () => {
+    expect(parseFaultPoints('after-claim:0.02, before-commit:0.5,after-commit:0')).toEqual({
+      'after-claim': 0.02,
+      'before-commit': 0.5,
+      'after-commit': 0,
+    });
+    expect(parseFaultPoints(undefined)).toEqual({});
+  });
+
+  it('names the bad part', () => {
+    expect(() => parseFaultPoints('after-lunch:0.1')).toThrow(/"after-lunch:0.1" is not <point>:<probability>/);
+    expect(() => parseFaultPoints('after-claim:2')).toThrow(/probability of "after-claim" must be a number in \[0, 1\] \(got "2"\)/);
+    expect(() => parseFaultPoints('after-claim')).toThrow(/probability of "after-claim"/);
+  });
+});
+
+describe('nemesisSchedule', () => {
+  const options = { seed: 42, durationMs: 90_000, intervalMs: 3_000, workers: 3, leaseMs: 3_000 };
+
+  it('is the same for the same seed and differs for another', () => {
+    expect(nemesisSchedule(options)).toEqual(nemesisSchedule(options));
+    expect(nemesisSchedule({ ...options, seed: 43 })).not.toEqual(nemesisSchedule(options));
+  });
+
+  it('covers every kind of fault in a short run, within the chaos phase and the worker slots', () => {
+    const schedule = nemesisSchedule(options);
+    expect(new Set(schedule.map((op) => op.kind))).toEqual(new Set(FAULT_KINDS));
+    for (const op of schedule) {
+      expect(op.atMs).toBeLessThan(options.durationMs - options.leaseMs);
+      expect(op.slot).toBeGreaterThanOrEqual(0);
+      expect(op.slot).toBeLessThan(options.workers);
+    }
+    const pause = schedule.find((op) => op.kind === 'pause')!;
+    expect(pause.pauseMs).toBeGreaterThan(options.leaseMs);
+  });
+});
