@@ -192,6 +192,11 @@ describe('HTTP API', () => {
     expect(quoted.status).toBe(202);
     expect(quoted.body.key).toBe('s-quoted');
 
+    // Keys may hold any characters: the Location and the GET path are percent-encoded.
+    const odd = await client.post(path, { token: ACME, key: 'a/b c?d', json: body });
+    expect(odd.headers.get('location')).toBe('/v1/queues/payments/jobs/a%2Fb%20c%3Fd');
+    expect((await client.get(odd.headers.get('location')!, { token: ACME })).body).toMatchObject({ key: 'a/b c?d', jobId: jobIdFor('acme', 'a/b c?d') });
+
     // GET: the state of a known key; 404 for an unknown one; 400 for a bad one.
     const read = await client.get('/v1/queues/payments/jobs/s-1', { token: ACME });
     expect(read.status).toBe(200);
@@ -382,6 +387,26 @@ describe('HTTP API', () => {
     expect(answer.status).toBe(202);
     expect(answer.headers.get('preference-applied')).toBe('wait=50');
     expect(answer.body.state).toBe('queued');
+  });
+
+  it('1i. a client that hangs up during Prefer: wait ends the wait at once', { timeout: 20_000 }, async () => {
+    const timedOut = async () => {
+      const text = (await client.get('/metrics')).body as string;
+      return Number(/idempotent_jobs_http_prefer_waits_total\{outcome="timed_out"\} (\d+)/.exec(text)?.[1] ?? 0);
+    };
+    const before = await timedOut();
+    const hangUp = new AbortController();
+    const request = fetch(`${baseUrl}/v1/queues/payments/jobs`, {
+      method: 'POST',
+      signal: hangUp.signal,
+      headers: { authorization: `Bearer ${ACME}`, 'idempotency-key': 'hang-up-1', 'content-type': 'application/json', prefer: 'wait=10' },
+      body: '{}',
+    }).catch((error: Error) => error.name);
+    await waitFor('the request to be accepted', async () => logLines.some((l) => l.msg === 'job accepted' && l.key === 'hang-up-1'));
+    hangUp.abort();
+    expect(await request).toBe('AbortError');
+    // Without the hang-up the wait would end only after 10 s (past this test's timeout).
+    await waitFor('the wait to end', async () => (await timedOut()) === before + 1, 8_000);
   });
 
   it('1h. configuration: the runnable refuses an open bind without tokens, and bad tokens are named by position only', () => {

@@ -286,9 +286,19 @@ export class HttpApi {
     reply.header('preference-applied', `wait=${seconds}`);
     if (isSettled(view)) return view;
     const { queue, key } = view;
-    const waited = (await this.#ingestion.waitForSettled(request.tenant, queue, key, seconds * 1000, this.#closing.signal)) ?? view;
-    this.#metrics.waits.inc({ outcome: isSettled(waited) ? 'settled' : 'timed_out' });
-    return waited;
+    // Stop waiting when the server closes or the client goes away (the response's 'close'
+    // before it was sent).
+    const clientGone = new AbortController();
+    const onClose = () => clientGone.abort();
+    reply.raw.once('close', onClose);
+    try {
+      const signal = AbortSignal.any([this.#closing.signal, clientGone.signal]);
+      const waited = (await this.#ingestion.waitForSettled(request.tenant, queue, key, seconds * 1000, signal)) ?? view;
+      this.#metrics.waits.inc({ outcome: isSettled(waited) ? 'settled' : 'timed_out' });
+      return waited;
+    } finally {
+      reply.raw.off('close', onClose);
+    }
   }
 
   #sendView(reply: FastifyReply, view: JobView, status: number): FastifyReply {
