@@ -195,7 +195,7 @@ describe('worker metrics and health', () => {
     await running.worker.bullWorker.close();
     const response = await fetch(`${url}/healthz`);
     expect(response.status).toBe(503);
-    expect((await response.json()).checks.worker).toEqual({ ok: false, error: 'the worker is not running (closing or closed)' });
+    expect(((await response.json()) as { checks: Record<string, unknown> }).checks.worker).toEqual({ ok: false, error: 'the worker is not running (closing or closed)' });
     await running.stop();
     worker = undefined;
     await expect(fetch(`${url}/healthz`)).rejects.toThrow();

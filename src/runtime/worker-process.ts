@@ -58,6 +58,9 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     config.WAIT_MS > 0
       ? new KeySettledListener({ connectionString: config.DATABASE_URL, schema: config.SCHEMA, onError: (e) => logger.warn({ err: e }, 'listener error') })
       : undefined;
+  // Janitor, sweeper, statistics; built before the worker so bad options stop the start early.
+  // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
+  const maintenance = createMaintenanceFromConfig(config, db, logger, { stats: config.METRICS_PORT !== undefined });
   const worker = createIdempotentWorker<P, R>({
     queue: config.QUEUE,
     connection: { url: config.REDIS_URL },
@@ -80,8 +83,6 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
   });
   const uninstrument = instrumentWorker(worker, config.QUEUE);
   await worker.waitUntilReady();
-  // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
-  const maintenance = createMaintenanceFromConfig(config, db, logger, { stats: config.METRICS_PORT !== undefined });
   maintenance?.maintenance.start();
   const metricsServer =
     config.METRICS_PORT === undefined
