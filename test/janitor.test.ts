@@ -70,9 +70,11 @@ describe('Janitor', () => {
     });
     await holderReady;
 
-    const janitors = Array.from(
-      { length: 4 },
-      () => new Janitor({ db: env.openDb(2), schema: env.schema, batchSize: 25, maxBatchesPerRun: 1_000, logger: silent }),
+    const pools = Array.from({ length: 4 }, () => env.openDb(2));
+    // Connected up front, so that all four start deleting at the same moment.
+    await Promise.all(pools.map((pool) => sql`select 1`.execute(pool)));
+    const janitors = pools.map(
+      (pool) => new Janitor({ db: pool, schema: env.schema, batchSize: 25, maxBatchesPerRun: 1_000, logger: silent }),
     );
     const reports = await Promise.all(janitors.map((janitor) => janitor.runOnce()));
     const firstRound = reports.reduce((sum, r) => sum + r.keysDeleted, 0);

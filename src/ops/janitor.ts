@@ -15,7 +15,7 @@ export interface JanitorReport {
   readonly keysDeleted: number;
   /** Sent outbox rows deleted because they were older than the retention. */
   readonly outboxRowsDeleted: number;
-  /** True when a table still had expired rows after `maxBatchesPerRun` batches. */
+  /** True when a table's deletion stopped at `maxBatchesPerRun` full batches: expired rows may remain for the next run. */
   readonly more: boolean;
 }
 

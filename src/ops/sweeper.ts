@@ -35,7 +35,7 @@ export interface SweepReport {
   readonly unverifiable: number;
   /** Keys that changed while the sweeper looked (claimed again): left alone. */
   readonly changed: number;
-  /** True when `maxKeysPerRun` stopped the sweep before the last candidate. */
+  /** True when the sweep stopped at `maxKeysPerRun`: candidates may remain for the next run. */
   readonly more: boolean;
 }
 
