@@ -62,6 +62,19 @@ describe('checkHistory', () => {
     expect(result.lost).toEqual(['s/k3']);
   });
 
+  it('tells a key still queued when the drain timed out (unfinished) from a lost one; both fail the run', () => {
+    const history = cleanHistory();
+    const result = checkHistory({
+      ...history,
+      produced: new Map([...history.produced, ['s/k3', { acks: 1 }], ['s/k4', { acks: 1 }]]),
+      pending: new Set(['s/k3']),
+    });
+    expect(result.unfinished).toEqual(['s/k3']);
+    expect(result.lost).toEqual(['s/k4']);
+    expect(result.ok).toBe(false);
+    expect(checkHistory({ ...history, produced: new Map([...history.produced, ['s/k3', { acks: 1 }]]), pending: new Set(['s/k3']) }).ok).toBe(false);
+  });
+
   it('does not hold unacknowledged keys to "never lost", but counts a failed key as lost', () => {
     const history = cleanHistory();
     const result = checkHistory({

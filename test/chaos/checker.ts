@@ -36,6 +36,8 @@ export interface History {
   readonly exits: readonly WorkerExit[];
   /** When the harness began stopping workers on purpose; later deaths are not faults. */
   readonly stoppedAt: number;
+  /** Keys that still had a job waiting, delayed or active in BullMQ at the end (none once drained). */
+  readonly pending?: ReadonlySet<string>;
 }
 
 /** Summary of a distribution, in ms. */
@@ -49,8 +51,10 @@ export interface Percentiles {
 /** The verdict. Every list holds `scope/key` ids (capped in the report, counted in full here). */
 export interface CheckResult {
   readonly acknowledgedKeys: number;
-  /** Acknowledged keys with no committed effect (never completed, or failed for good). */
+  /** Acknowledged keys with no committed effect and no job left to run them (or failed for good). */
   readonly lost: string[];
+  /** Acknowledged keys not completed yet whose job is still in BullMQ: the run did not drain. */
+  readonly unfinished: string[];
   /** Keys whose status is `failed` (also counted in `lost` when acknowledged). */
   readonly failedKeys: string[];
   /** Keys with more than one effect row. */
@@ -86,7 +90,10 @@ export function checkHistory(history: History): CheckResult {
   const keyRows = new Map(history.keys.map((row) => [idOf(row), row]));
 
   const acknowledged = [...history.produced].filter(([, p]) => p.acks > 0).map(([id]) => id);
-  const lost = acknowledged.filter((id) => !effectsByKey.has(id) || keyRows.get(id)?.status !== 'completed');
+  const notDone = acknowledged.filter((id) => !effectsByKey.has(id) || keyRows.get(id)?.status !== 'completed');
+  const stillQueued = (id: string) => history.pending?.has(id) === true && keyRows.get(id)?.status !== 'failed';
+  const lost = notDone.filter((id) => !stillQueued(id));
+  const unfinished = notDone.filter(stillQueued);
   const failedKeys = history.keys.filter((row) => row.status === 'failed').map(idOf);
   const duplicated = [...effectsByKey].filter(([, rows]) => rows.length > 1).map(([id]) => id);
   const unexpected = [...effectsByKey.keys()].filter((id) => !history.produced.has(id));
@@ -178,6 +185,7 @@ export function checkHistory(history: History): CheckResult {
 
   const ok =
     lost.length === 0 &&
+    unfinished.length === 0 &&
     duplicated.length === 0 &&
     unexpected.length === 0 &&
     committedOverlaps.length === 0 &&
@@ -186,6 +194,7 @@ export function checkHistory(history: History): CheckResult {
   return {
     acknowledgedKeys: acknowledged.length,
     lost,
+    unfinished,
     failedKeys,
     duplicated,
     unexpected,

@@ -178,7 +178,8 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
       const stoppedAt = Date.now();
       await fleet.stop(10_000);
       const rows = await readRows(db, names.schema);
-      const check = checkHistory({ produced: load.keys, ...rows, lines: fleet.lines, exits: fleet.exits, stoppedAt });
+      const pending = drained ? new Set<string>() : await pendingKeys(bullQueue);
+      const check = checkHistory({ produced: load.keys, ...rows, lines: fleet.lines, exits: fleet.exits, stoppedAt, pending });
       return {
         options,
         names,
@@ -211,6 +212,12 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
     if (!options.keepSchema) await sql`drop schema if exists ${sql.id(names.schema)} cascade`.execute(db).catch(() => {});
     await db.destroy();
   }
+}
+
+/** Keys of the jobs still waiting, delayed or active in BullMQ (after a drain that timed out). */
+async function pendingKeys(queue: Queue): Promise<Set<string>> {
+  const jobs = await queue.getJobs(['wait', 'delayed', 'active', 'prioritized'], 0, -1);
+  return new Set(jobs.filter(Boolean).map((job) => `${job.data?.scope}/${job.data?.idempotencyKey}`));
 }
 
 async function countCompleted(db: Kysely<any>, schema: string): Promise<number> {
@@ -258,6 +265,7 @@ function unexpectedExits(fleet: WorkerFleet, events: readonly NemesisEvent[], st
 function evidenceFor(check: CheckResult, rows: Rows, lines: readonly WorkerLogLine[], exits: readonly WorkerExit[]): Record<string, unknown> {
   const bad = [
     ...check.lost,
+    ...check.unfinished.slice(0, 5),
     ...check.duplicated,
     ...check.unexpected,
     ...check.committedOverlaps,

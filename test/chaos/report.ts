@@ -43,6 +43,7 @@ export interface ChaosSummary {
   readonly externalCalls: { readonly total: number; readonly keysCalledMoreThanOnce: number; readonly extraCalls: number };
   readonly leaseOverlaps: number;
   readonly lost: number;
+  readonly unfinished: number;
   readonly duplicated: number;
   readonly unexpected: number;
   readonly committedOverlaps: number;
@@ -102,6 +103,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
     externalCalls: check.externalCalls,
     leaseOverlaps: check.leaseOverlaps,
     lost: check.lost.length,
+    unfinished: check.unfinished.length,
     duplicated: check.duplicated.length,
     unexpected: check.unexpected.length,
     committedOverlaps: check.committedOverlaps.length,
@@ -142,7 +144,7 @@ export function formatTable(summary: ChaosSummary): string {
     ['recovery after a kill p50 / p99 / max', `${ms(s.recoveryAfterKillMs.p50)} / ${ms(s.recoveryAfterKillMs.p99)} / ${ms(s.recoveryAfterKillMs.max)} (${s.recoveryAfterKillMs.samples} keys)`],
     ['external calls (keys called > once, extra calls)', `${s.externalCalls.total} (${s.externalCalls.keysCalledMoreThanOnce}, ${s.externalCalls.extraCalls}; all after takeovers)`],
     ['lease overlaps (zombie still running, fenced)', String(s.leaseOverlaps)],
-    ['**lost**', String(s.lost)],
+    ['**lost**', s.unfinished > 0 ? `${s.lost} (and ${s.unfinished} not finished: still queued when the drain timed out)` : String(s.lost)],
     ['**duplicated**', String(s.duplicated)],
     ['**unexpected**', String(s.unexpected)],
     ['**committed overlaps**', String(s.committedOverlaps)],
@@ -167,6 +169,7 @@ export function writeJsonReport(run: ChaosRun, summary: ChaosSummary, dir: strin
     outcomes: run.check.outcomes,
     violations: {
       lost: cap(run.check.lost),
+      unfinished: cap(run.check.unfinished),
       duplicated: cap(run.check.duplicated),
       unexpected: cap(run.check.unexpected),
       committedOverlaps: cap(run.check.committedOverlaps),
