@@ -2,6 +2,7 @@
  * Metrics and health of a worker process: an in-process worker (startWorkerProcess, as the
  * runnable worker builds it) runs a few jobs, then /metrics and /healthz are scraped over HTTP.
  */
+import { EventEmitter } from 'node:events';
 import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
@@ -10,11 +11,13 @@ import {
   IdempotencyKeys,
   IdempotentProducer,
   OutboxRelay,
+  instrumentMaintenance,
   loadEnvConfig,
   runHealthChecks,
   startMetricsServer,
   startWorkerProcess,
   type JobContext,
+  type MaintenanceEvents,
   type WorkerProcess,
 } from '../src/index.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
@@ -201,3 +204,61 @@ describe('worker metrics and health', () => {
     await expect(fetch(`${url}/healthz`)).rejects.toThrow();
   });
 });
+
+describe('maintenance metrics', () => {
+  it('count sweeper recoveries by queue and action, and drop the key gauges when another process refreshes them', async () => {
+    const maintenance = new EventEmitter<MaintenanceEvents>();
+    const stop = instrumentMaintenance(maintenance, 'other_schema');
+    const server = await startMetricsServer({ port: 0, processMetrics: false });
+    const s = 'schema="other_schema"';
+    const stats = {
+      processing: 4,
+      completed: 10,
+      failed: 2,
+      expiredLeases: 1,
+      expiredKeys: 3,
+      oldestProcessing: { scope: 'a', key: 'b', createdAt: new Date(), ageMs: 90_000 },
+      outboxUnsent: 5,
+      oldestUnsentAgeMs: 2_500,
+    };
+    try {
+      maintenance.emit('sweeper', {
+        examined: 3,
+        alive: 0,
+        unverifiable: 1,
+        changed: 0,
+        more: false,
+        recoveries: [
+          { scope: 'a', key: 'k1', fence: 1, queue: 'payments', jobId: 'j1', action: 'reenqueued', jobWas: 'missing' },
+          { scope: 'a', key: 'k2', fence: 3, queue: 'payments', jobId: 'j2', action: 'abandoned', jobWas: 'finished' },
+        ],
+      });
+      maintenance.emit('janitor', { keysDeleted: 7, outboxRowsDeleted: 2, more: false });
+      maintenance.emit('stats', stats);
+      maintenance.emit('error', 'sweeper', new Error('redis down'));
+      let { values } = await scrape(server.url);
+      expect(values.get(`idempotent_jobs_sweeper_recoveries_total{${s},queue="payments",action="reenqueued"}`)).toBe(1);
+      expect(values.get(`idempotent_jobs_sweeper_recoveries_total{${s},queue="payments",action="abandoned"}`)).toBe(1);
+      expect(values.get(`idempotent_jobs_sweeper_unverifiable_keys{${s}}`)).toBe(1);
+      expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="keys"}`)).toBe(7);
+      expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="outbox"}`)).toBe(2);
+      expect(values.get(`idempotent_jobs_maintenance_errors_total{${s},task="sweeper"}`)).toBe(1);
+      expect(values.get(`idempotent_jobs_keys{${s},status="processing"}`)).toBe(4);
+      expect(values.get(`idempotent_jobs_oldest_processing_key_age_seconds{${s}}`)).toBe(90);
+      expect(values.get(`idempotent_jobs_outbox_oldest_unsent_age_seconds{${s}}`)).toBe(2.5);
+
+      maintenance.emit('stats', null);
+      ({ values } = await scrape(server.url));
+      for (const [name] of values) {
+        if (name.includes(s) && /idempotent_jobs_(keys|expired_leases|expired_keys|oldest_processing|outbox_unsent|outbox_oldest)/.test(name)) {
+          throw new Error(`${name} should have been dropped`);
+        }
+      }
+      expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="keys"}`)).toBe(7);
+    } finally {
+      stop();
+      await server.close();
+    }
+  });
+});
+

@@ -1,7 +1,8 @@
 import type { MaintenanceTask } from '../store/maintenance-lock.js';
 import type { KeyStats } from '../store/sql/key-stats.js';
 import type { JanitorReport } from '../ops/janitor.js';
-import type { Maintenance } from '../ops/maintenance.js';
+import type { EventEmitter } from 'node:events';
+import type { MaintenanceEvents } from '../ops/maintenance.js';
 import type { SweepReport } from '../ops/sweeper.js';
 import { counter, gauge } from './metric-registry.js';
 
@@ -31,12 +32,12 @@ function maintenanceMetrics() {
 }
 
 /**
- * Turns a {@link Maintenance}'s reports into Prometheus metrics (prefix `idempotent_jobs_`,
+ * Turns a `Maintenance`'s reports into Prometheus metrics (prefix `idempotent_jobs_`,
  * label `schema`). The key gauges come from the statistics refresh, which one process at a time
  * performs; the others clear their gauges, so a query should aggregate with `max by (status)`.
  * Returns a function that stops listening.
  */
-export function instrumentMaintenance(maintenance: Pick<Maintenance, 'on' | 'off'>, schema: string): () => void {
+export function instrumentMaintenance(maintenance: Pick<EventEmitter<MaintenanceEvents>, 'on' | 'off'>, schema: string): () => void {
   const m = maintenanceMetrics();
   const statGauges = [m.keys, m.expiredLeases, m.expiredKeys, m.oldestProcessingAge, m.outboxUnsent, m.outboxOldestUnsentAge];
   const onJanitor = (report: JanitorReport) => {
