@@ -6,7 +6,7 @@ import { promisify } from 'node:util';
 import { Queue } from 'bullmq';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import {
   ConfigError,
   IdempotencyKeys,
@@ -222,10 +222,14 @@ describe('HTTP API', () => {
       })
       .catch((error: Error) => error.message);
     await holding;
-    const conflict = await client.post(path, { token: ACME, key: 's-409', json: body });
+    let conflict: HttpResult;
+    try {
+      conflict = await client.post(path, { token: ACME, key: 's-409', json: body });
+    } finally {
+      gate.open();
+    }
     expectProblem(conflict, 409, 'request-in-progress');
     expect(conflict.headers.get('retry-after')).toBe('1');
-    gate.open();
     expect(await holder).toBe('roll back');
     expect(await outboxRows(jobIdFor('acme', 's-409'))).toBe(0);
     // The holder rolled back: the retry is the first request that counts.
@@ -339,6 +343,8 @@ describe('HTTP API', () => {
       .catch(() => undefined);
     await holding;
     const inFlight = local.post('/v1/queues/payments/jobs', { token: ACME, key: 'shutdown-1', json: { a: 1 } });
+    // Released at the end whatever happens, so a failure cannot leave the key locked.
+    onTestFinished(() => gate.open());
     await waitFor('the POST to wait on the held key', async () => {
       const { rows } = await sql<{ n: string }>`select count(*) as n from pg_stat_activity
         where wait_event_type = 'Lock' and application_name = 'test:http-api' and query like '%idempotency_keys%'`.execute(env.db);
@@ -407,6 +413,44 @@ describe('HTTP API', () => {
     expect(await request).toBe('AbortError');
     // Without the hang-up the wait would end only after 10 s (past this test's timeout).
     await waitFor('the wait to end', async () => (await timedOut()) === before + 1, 8_000);
+  });
+
+  it('1j. two real requests racing on one key: the second, arriving while the first is still being handled, gets 409 and enqueues nothing', async () => {
+    const path = '/v1/queues/payments/jobs';
+    // Stall the first request inside its transaction (after it claimed the key, at its outbox
+    // insert) by holding a lock on the outbox table.
+    const gate = createGate();
+    let locked!: () => void;
+    const isLocked = new Promise<void>((resolve) => (locked = resolve));
+    const lockHolder = env.db.transaction().execute(async (tx) => {
+      await sql`lock table ${sql.id(env.schema, 'outbox')} in exclusive mode`.execute(tx);
+      locked();
+      await gate.wait;
+    });
+    await isLocked;
+    let second: HttpResult;
+    let first: Promise<HttpResult>;
+    try {
+      first = client.post(path, { token: ACME, key: 'race-1', json: { n: 1 } });
+      await waitFor('the first request to stall at its outbox insert', async () => {
+        const { rows } = await sql<{ n: string }>`select count(*) as n from pg_stat_activity
+          where wait_event_type = 'Lock' and application_name = 'test:http-api' and query ilike '%insert into%outbox%'`.execute(env.db);
+        return Number(rows[0]!.n) > 0;
+      });
+      second = await client.post(path, { token: ACME, key: 'race-1', json: { n: 1 } });
+    } finally {
+      gate.open();
+      await lockHolder;
+    }
+    expectProblem(second, 409, 'request-in-progress');
+    expect(Number(second.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+    const firstAnswer = await first;
+    expect(firstAnswer.status).toBe(202);
+    expect(firstAnswer.headers.get('idempotent-replayed')).toBeNull();
+    const third = await client.post(path, { token: ACME, key: 'race-1', json: { n: 1 } });
+    expect(third.headers.get('idempotent-replayed')).toBe('true');
+    expect(third.body.jobId).toBe(firstAnswer.body.jobId);
+    expect(await outboxRows(jobIdFor('acme', 'race-1'))).toBe(1);
   });
 
   it('1h. configuration: the runnable refuses an open bind without tokens, and bad tokens are named by position only', () => {
