@@ -70,7 +70,8 @@ export class HttpApi {
     const logger: Logger = this.#options.logger ?? pino({ level: 'info' });
     for (const queue of queues) {
       const producer = new IdempotentProducer({ queue, connection, prefix, schema: keys.options.schema, fingerprint: keys.options.fingerprint, defaultJobOptions: jobOptions });
-      // Redis connection errors surface as /readyz 503 and failed requests; log them, once per event.
+      // Without a listener, ioredis prints connection errors to stderr; they belong in the log
+      // (and show as a 503 from /readyz).
       producer.queue.on('error', (error) => logger.warn({ err: error, queue }, 'Redis connection error'));
       this.#producers.set(queue, producer);
     }
