@@ -253,6 +253,27 @@ describe('fast path', () => {
     expect(rows[0]!.lock_timeout).toBe('0');
   });
 
+  it('7f. a fast-path claim that times out on another open fast-path transaction reports in-progress', async () => {
+    const key = 'fast-6';
+    const gate = createGate();
+    const impatient = new IdempotencyKeys({ db: env.openDb(2), schema: env.schema, claimLockTimeoutMs: 200 });
+    const first = keys.executeOnce(scope, key, fp({ n: 6 }), async () => {
+      await gate.wait;
+      return 'first';
+    });
+    await new Promise((r) => setTimeout(r, 100));
+    let ran = false;
+    const second = await impatient.executeOnce(scope, key, fp({ n: 6 }), async () => {
+      ran = true;
+      return 'second';
+    });
+    expect(second).toMatchObject({ kind: 'in-progress', retryAfterMs: 200 });
+    expect(ran).toBe(false);
+    gate.open();
+    expect(await first).toMatchObject({ kind: 'executed', result: 'first' });
+    expect(await impatient.executeOnce(scope, key, fp({ n: 6 }), async () => 'third')).toMatchObject({ kind: 'completed', result: 'first' });
+  });
+
   it('7e. a fast-path effect that throws leaves the key as it was', async () => {
     const key = 'fast-5';
     await expect(
