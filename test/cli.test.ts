@@ -50,6 +50,8 @@ beforeAll(async () => {
     if (key === 'declined') await keys.fail(claim, new Error('card declined'));
   }
   await sql`update ${table()} set locked_until = now() - interval '1 hour' where key = 'stuck'`.execute(env.db);
+  // A live lease for the whole file, however slowly the child processes start.
+  await sql`update ${table()} set locked_until = now() + interval '1 hour' where key = 'running'`.execute(env.db);
   await sql`update ${table()} set completed_at = now() - interval '3 days', expires_at = now() - interval '2 days'
              where key = 'old'`.execute(env.db);
 });
