@@ -190,17 +190,7 @@ export class JobIngestion {
   async waitForSettled(tenant: string, queue: string, key: string, timeoutMs: number, signal: AbortSignal): Promise<JobView | undefined> {
     const { listener } = this.#options;
     if (!listener || signal.aborted) return undefined;
-    const settled = listener.waitForSettled(tenant, key, timeoutMs, async () => isSettled(await this.view(tenant, queue, key)));
-    let onAbort: (() => void) | undefined;
-    const aborted = new Promise<void>((resolve) => {
-      onAbort = resolve;
-      signal.addEventListener('abort', onAbort, { once: true });
-    });
-    try {
-      await Promise.race([settled, aborted]);
-    } finally {
-      signal.removeEventListener('abort', onAbort!);
-    }
+    await listener.waitForSettled(tenant, key, timeoutMs, async () => isSettled(await this.view(tenant, queue, key)), signal);
     return this.view(tenant, queue, key);
   }
 

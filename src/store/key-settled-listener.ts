@@ -27,10 +27,18 @@ export class KeySettledListener {
   }
 
   /**
-   * Resolves true when (scope, key) settles within `timeoutMs`, false on timeout. Subscribe
-   * first, then check the key's state: a completion that lands in between is not missed.
+   * Resolves true when (scope, key) settles within `timeoutMs`, false on timeout or when
+   * `signal` aborts (a client hung up, the server is closing). Subscribe first, then check the
+   * key's state: a completion that lands in between is not missed.
    */
-  async waitForSettled(scope: string, key: string, timeoutMs: number, isSettled: () => Promise<boolean>): Promise<boolean> {
+  async waitForSettled(
+    scope: string,
+    key: string,
+    timeoutMs: number,
+    isSettled: () => Promise<boolean>,
+    signal?: AbortSignal,
+  ): Promise<boolean> {
+    if (signal?.aborted) return false;
     await this.#ensureConnected();
     const id = JSON.stringify([scope, key]);
     let wake!: Waiter;
@@ -39,12 +47,18 @@ export class KeySettledListener {
     set.add(wake);
     this.#waiters.set(id, set);
     let timer: NodeJS.Timeout | undefined;
+    let onAbort: (() => void) | undefined;
     try {
       if (await isSettled()) return true;
-      const timeout = new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), timeoutMs)));
-      return await Promise.race([settled, timeout]);
+      const gaveUp = new Promise<boolean>((resolve) => {
+        timer = setTimeout(() => resolve(false), timeoutMs);
+        onAbort = () => resolve(false);
+        signal?.addEventListener('abort', onAbort, { once: true });
+      });
+      return await Promise.race([settled, gaveUp]);
     } finally {
       clearTimeout(timer);
+      if (onAbort) signal?.removeEventListener('abort', onAbort);
       set.delete(wake);
       if (set.size === 0) this.#waiters.delete(id);
     }
