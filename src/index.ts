@@ -80,7 +80,7 @@ export { Sweeper } from './ops/sweeper.js';
 export type { MaintenanceEvents, MaintenanceOptions } from './ops/maintenance.js';
 export { Maintenance } from './ops/maintenance.js';
 export type { ConfiguredMaintenance, MaintenanceProcess, MaintenanceProcessOptions } from './ops/maintenance-process.js';
-export { createMaintenanceFromConfig, retryPolicyFromConfig, startMaintenanceProcess } from './ops/maintenance-process.js';
+export { createMaintenanceFromConfig, retryPolicyFromConfig, startMaintenanceProcess, sweeperQueuesFromConfig } from './ops/maintenance-process.js';
 export type { LockedRun, MaintenanceTask } from './store/maintenance-lock.js';
 export { withMaintenanceLock } from './store/maintenance-lock.js';
 export type { KeyStats } from './store/sql/key-stats.js';

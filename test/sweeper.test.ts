@@ -6,11 +6,15 @@ import {
   BullmqJobLookup,
   IdempotencyKeys,
   IdempotentProducer,
+  Maintenance,
   Sweeper,
+  ConfigError,
   createIdempotentWorker,
   jobIdFor,
   loadEnvConfig,
   startWorkerProcess,
+  sweeperQueuesFromConfig,
+  withMaintenanceLock,
   toWireJobData,
   type IdempotentWorker,
   type SweeperJobQueues,
@@ -212,9 +216,52 @@ describe('Sweeper', () => {
     expect(Number(rows[0]!.n)).toBe(3);
   });
 
+  it('sweeps only the queues it is given; unverifiable keys only when sweeping everything', async () => {
+    await loseJob('order-10', { storePayload: false });
+    await keys.claim('acme', 'order-11', keys.fingerprint({}), {});
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 hour'
+               where key = 'order-11'`.execute(env.db);
+    expect(await sweeper({ queues: ['elsewhere'] }).runOnce()).toMatchObject({ examined: 0, recoveries: [], unverifiable: 0 });
+    expect((await keys.get('acme', 'order-10'))!.status).toBe('processing');
+    expect(await sweeper({ queues: [QUEUE, 'elsewhere'] }).runOnce()).toMatchObject({ examined: 1, unverifiable: 0, recoveries: [{ key: 'order-10' }] });
+    expect(await sweeper({ queues: '*' }).runOnce()).toMatchObject({ examined: 1, unverifiable: 1 });
+  });
+
+  it('runs one sweep at a time per queue list under the advisory lock; other queue lists are not blocked', async () => {
+    await loseJob('order-12', { storePayload: false });
+    const mine = sweeper({ queues: [QUEUE] });
+    const maintenance = new Maintenance({ db: env.openDb(2), schema: env.schema, sweeper: mine, logger: silent });
+    const others = new Maintenance({ db: env.openDb(2), schema: env.schema, sweeper: sweeper({ queues: ['elsewhere'] }), logger: silent });
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let held!: () => void;
+    const holding = new Promise<void>((resolve) => (held = resolve));
+    const holder = withMaintenanceLock(env.openDb(1), env.schema, 'sweeper', async () => {
+      held();
+      await gate;
+    }, mine.lockScope);
+    await holding;
+    expect(await maintenance.runSweeper()).toEqual({ ran: false });
+    expect((await keys.get('acme', 'order-12'))!.status).toBe('processing');
+    expect((await others.runSweeper()).ran).toBe(true);
+    release();
+    await holder;
+    const run = await maintenance.runSweeper();
+    expect(run.ran && run.result.recoveries).toMatchObject([{ key: 'order-12', action: 'abandoned' }]);
+  });
+
+  it('takes its queues from SWEEPER_QUEUES, else QUEUE', () => {
+    expect(sweeperQueuesFromConfig(loadEnvConfig({ QUEUE: 'payments' }))).toEqual(['payments']);
+    expect(sweeperQueuesFromConfig(loadEnvConfig({ QUEUE: 'payments', SWEEPER_QUEUES: '*' }))).toBe('*');
+    expect(sweeperQueuesFromConfig(loadEnvConfig({ SWEEPER_QUEUES: 'payments, emails' }))).toEqual(['payments', 'emails']);
+    expect(() => loadEnvConfig({ SWEEPER_QUEUES: 'payments,,emails' })).toThrow(ConfigError);
+    expect(() => loadEnvConfig({ SWEEPER_QUEUES: 'payments,,emails' })).toThrow(/SWEEPER_QUEUES/);
+  });
+
   it('refuses invalid options with the option named', () => {
     expect(() => sweeper({ action: 'retry' as never })).toThrow(/action/);
     expect(() => sweeper({ sweepAfterMs: -1 })).toThrow(/sweepAfterMs/);
+    expect(() => sweeper({ queues: [] })).toThrow(/queues/);
     expect(() => new Sweeper({ db: env.db } as SweeperOptions)).toThrow(/jobs is required/);
   });
 

@@ -45,6 +45,8 @@ const envSchema = z.object({
   /** How long after its lease ended a processing key may sit before the sweeper checks its job. */
   SWEEP_AFTER_MS: int(0).default(900_000),
   SWEEPER_ACTION: z.enum(['reenqueue', 'abandon']).default('reenqueue'),
+  /** Queues the sweeper covers: comma-separated names, or `*` for every key in SCHEMA. Unset: QUEUE. */
+  SWEEPER_QUEUES: z.string().regex(/^\s*(\*|[^,\s]+(\s*,\s*[^,\s]+)*)\s*$/, 'must be * or queue names separated by commas').optional(),
   /** Per-queue sweeper actions: `payments=reenqueue,emails=abandon`. */
   SWEEPER_QUEUE_ACTIONS: z.string().regex(/^\s*[^=,\s]+\s*=\s*(reenqueue|abandon)\s*(,\s*[^=,\s]+\s*=\s*(reenqueue|abandon)\s*)*$/, 'must look like payments=reenqueue,emails=abandon').optional(),
   /** Key statistics refresh (the idempotent_jobs_keys gauges); 0 turns it off. */

@@ -88,6 +88,14 @@ export interface SweeperOptions {
   readonly action?: SweeperAction;
   /** Per-queue override of {@link action}. @defaultValue `{}` */
   readonly queueActions?: Readonly<Record<string, SweeperAction>>;
+  /**
+   * Which queues' keys to sweep: a list, or `'*'` for every key in the schema. The sweeper asks
+   * BullMQ under its own connection and prefix, so list only queues that live there: a key of a
+   * queue under another prefix or Redis would look lost. Sweepers of different queue lists do
+   * not exclude each other.
+   * @defaultValue `'*'`
+   */
+  readonly queues?: readonly string[] | '*';
   /** How long an abandoned key is kept (replaying its failure). @defaultValue `86_400_000` */
   readonly retentionMs?: number;
   /** Retry policy per queue, given to re-enqueued jobs. @defaultValue `{}` (BullMQ defaults) */
@@ -108,6 +116,7 @@ export interface ResolvedSweeperOptions {
   readonly sweepAfterMs: number;
   readonly action: SweeperAction;
   readonly queueActions: Readonly<Record<string, SweeperAction>>;
+  readonly queues: readonly string[] | '*';
   readonly retentionMs: number;
   readonly retryPolicies: Readonly<Record<string, RetryPolicy>>;
   readonly batchSize: number;
@@ -139,6 +148,7 @@ const sweeperSchema = z.object({
   sweepAfterMs: z.number().int().min(0).default(900_000),
   action: action.default('reenqueue'),
   queueActions: z.record(z.string(), action).default({}),
+  queues: z.union([z.literal('*'), z.array(z.string().min(1)).min(1, 'must name at least one queue (or be "*")')]).default('*'),
   retentionMs: positive.default(86_400_000),
   retryPolicies: z.record(z.string(), retryPolicy).default({}),
   batchSize: positive.max(10_000).default(100),
@@ -167,6 +177,7 @@ export function resolveSweeperOptions(options: SweeperOptions): ResolvedSweeperO
     sweepAfterMs: options.sweepAfterMs,
     action: options.action,
     queueActions: options.queueActions,
+    queues: options.queues,
     retentionMs: options.retentionMs,
     retryPolicies: options.retryPolicies,
     batchSize: options.batchSize,

@@ -35,6 +35,17 @@ export function retryPolicyFromConfig(config: EnvConfig): Record<string, RetryPo
 }
 
 /**
+ * The queues the sweeper covers: `SWEEPER_QUEUES` (names, or `*` for all), else `QUEUE` —
+ * the one queue this process knows lives under `REDIS_URL` and `REDIS_PREFIX`.
+ */
+export function sweeperQueuesFromConfig(config: EnvConfig): readonly string[] | '*' {
+  const text = config.SWEEPER_QUEUES?.trim();
+  if (!text) return [config.QUEUE];
+  if (text === '*') return '*';
+  return text.split(',').map((q) => q.trim()).filter(Boolean);
+}
+
+/**
  * Builds the janitor, the sweeper and the statistics refresh as the environment says
  * (`JANITOR_*`, `SWEEPER_*`, `SWEEP_AFTER_MS`, `STATS_INTERVAL_MS`, `RETENTION_MS`, `JOB_*`),
  * instrumented for metrics. Returns undefined when everything is turned off. Not started.
@@ -60,6 +71,7 @@ export function createMaintenanceFromConfig(
         sweepAfterMs: config.SWEEP_AFTER_MS,
         action: config.SWEEPER_ACTION,
         queueActions: parseQueueActions(config.SWEEPER_QUEUE_ACTIONS),
+        queues: sweeperQueuesFromConfig(config),
         retentionMs: config.RETENTION_MS,
         retryPolicies,
         logger,

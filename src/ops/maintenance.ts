@@ -106,11 +106,17 @@ export class Maintenance extends EventEmitter<MaintenanceEvents> {
     return run;
   }
 
-  /** One sweep, if no other process is sweeping; emits `'sweeper'`. */
+  /** One sweep, if no other process is sweeping the same queues; emits `'sweeper'`. */
   async runSweeper(): Promise<LockedRun<SweepReport>> {
     const sweeper = this.#sweeper;
     if (!sweeper) throw new Error('Maintenance has no sweeper.');
-    const run = await withMaintenanceLock(this.#db, this.#schema, 'sweeper', (connection) => sweeper.runOnce(connection));
+    const run = await withMaintenanceLock(
+      this.#db,
+      this.#schema,
+      'sweeper',
+      (connection) => sweeper.runOnce(connection),
+      sweeper.lockScope,
+    );
     if (run.ran) this.emit('sweeper', run.result);
     return run;
   }

@@ -70,6 +70,15 @@ export class Sweeper {
     return this.#options;
   }
 
+  /**
+   * What serialises sweeps: sweepers of the same schema and queue list exclude each other
+   * (`Maintenance` takes the sweeper lock on this name); other queue lists sweep independently.
+   */
+  get lockScope(): string {
+    const { schema, queues } = this.#options;
+    return queues === '*' ? schema : `${schema}/${[...queues].sort().join(',')}`;
+  }
+
   /** The action for a queue: its override, else the default. */
   actionFor(queue: string): SweeperAction {
     return this.#options.queueActions[queue] ?? this.#options.action;
@@ -91,7 +100,7 @@ export class Sweeper {
         more = true;
         break;
       }
-      const page = await findLostKeyCandidates(executor, schema, sweepAfterMs, limit, cursor);
+      const page = await findLostKeyCandidates(executor, schema, sweepAfterMs, limit, cursor, this.#options.queues);
       for (const candidate of page) {
         examined++;
         const verdict = await this.#sweepKey(executor, candidate);

@@ -3,8 +3,8 @@ import { sql, type Kysely } from 'kysely';
 /** Which periodic task a lock serialises; each has its own lock per schema. */
 export type MaintenanceTask = 'janitor' | 'sweeper' | 'stats';
 
-// Fixed advisory-lock class ids, ASCII "ijja", "ijsw", "ijst"; the second key is hashtext(schema),
-// so the same task in two schemas does not contend. (Migrations use "idem".)
+// Fixed advisory-lock class ids, ASCII "ijja", "ijsw", "ijst"; the second key is hashtext(scope),
+// the schema by default, so the same task in two schemas does not contend. (Migrations use "idem".)
 const LOCK_CLASS: Record<MaintenanceTask, number> = { janitor: 0x696a6a61, sweeper: 0x696a7377, stats: 0x696a7374 };
 
 /** What {@link withMaintenanceLock} returns: the task's result, or that another process holds the lock. */
@@ -27,15 +27,17 @@ export async function withMaintenanceLock<T>(
   schema: string,
   task: MaintenanceTask,
   fn: (connection: Kysely<any>) => Promise<T>,
+  /** What the lock covers, if narrower than the schema (e.g. the sweeper's queue list). @defaultValue `schema` */
+  scope: string = schema,
 ): Promise<LockedRun<T>> {
   return db.connection().execute(async (connection) => {
     const { rows } = await sql<{ locked: boolean }>`
-      select pg_try_advisory_lock(${LOCK_CLASS[task]}, hashtext(${schema})) as locked`.execute(connection);
+      select pg_try_advisory_lock(${LOCK_CLASS[task]}, hashtext(${scope})) as locked`.execute(connection);
     if (!rows[0]?.locked) return { ran: false } as const;
     try {
       return { ran: true, result: await fn(connection) } as const;
     } finally {
-      await sql`select pg_advisory_unlock(${LOCK_CLASS[task]}, hashtext(${schema}))`.execute(connection);
+      await sql`select pg_advisory_unlock(${LOCK_CLASS[task]}, hashtext(${scope}))`.execute(connection);
     }
   });
 }

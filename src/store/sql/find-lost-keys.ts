@@ -42,7 +42,10 @@ export async function findLostKeyCandidates(
   sweepAfterMs: number,
   limit: number,
   cursor?: LostKeyCursor,
+  /** Only keys of these queues; `'*'`: every key (including keys with no queue recorded). */
+  queues: readonly string[] | '*' = '*',
 ): Promise<LostKeyCandidate[]> {
+  const ofQueues = queues === '*' ? sql`` : sql`and queue = any(${queues}::text[])`;
   const after = cursor
     ? sql`and (locked_until, scope, key) > (${cursor.lockedUntil}::timestamptz, ${cursor.scope}::text, ${cursor.key}::text)`
     : sql``;
@@ -63,6 +66,7 @@ export async function findLostKeyCandidates(
      where status = 'processing'
        and locked_until <= now() - ${sweepAfterMs}::bigint * interval '1 millisecond'
        ${after}
+       ${ofQueues}
      order by locked_until, scope, key
      limit ${limit}`.execute(db);
   return rows.map((r) => ({
