@@ -37,6 +37,8 @@ export interface ChaosOptions {
   /** How long the system may take to finish after the faults stop. */
   readonly drainTimeoutMs: number;
   readonly databaseUrl: string;
+  /** Run the workers on the single-transaction fast path (`FAST_PATH=true`) instead of leases. */
+  readonly fastPath: boolean;
   /** Keep the schema afterwards (for investigating a failed run). */
   readonly keepSchema: boolean;
   /** Progress lines go here. */
@@ -103,9 +105,11 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         SHUTDOWN_TIMEOUT_MS: '5000',
         PG_POOL_SIZE: String(options.concurrency + 2),
         LOG_LEVEL: 'info',
-        MIGRATE: 'false',
+        // As in production: each worker migrates at start (the harness already did; a no-op).
+        MIGRATE: 'true',
         FAULT_POINTS: options.faultPoints,
         FAULT_SEED: String(options.seed),
+        FAST_PATH: String(options.fastPath),
       },
     });
     await fleet.start();

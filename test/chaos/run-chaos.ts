@@ -27,6 +27,7 @@ const USAGE = `Usage: npm run chaos -- [flags]
   --fault-points SPEC    extra random crashes, e.g. after-claim:0.001,before-commit:0.001 (default none)
   --drain-minutes M      how long the system may take to finish after the faults stop (default 1.5)
   --report-dir DIR       where report-<seed>.json goes (default .chaos)
+  --fast-path            workers use the single-transaction fast path (FAST_PATH=true)
   --keep-schema          keep the run's Postgres schema for investigation
   --help`;
 
@@ -50,6 +51,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string }) | 
       'drain-minutes': { type: 'string' },
       'report-dir': { type: 'string' },
       'keep-schema': { type: 'boolean' },
+      'fast-path': { type: 'boolean' },
       help: { type: 'boolean' },
     },
   });
@@ -84,6 +86,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string }) | 
     drainTimeoutMs: Math.round(number('drain-minutes', 1.5, 0.1, 24 * 60, false) * 60_000),
     databaseUrl: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
     keepSchema: values['keep-schema'] ?? false,
+    fastPath: values['fast-path'] ?? false,
     reportDir: values['report-dir'] ?? '.chaos',
     log: (line) => console.log(`[chaos] ${line}`),
   };
