@@ -1,7 +1,7 @@
 /**
  * `npm run bench`: what exactly-once costs against plain BullMQ, every comparison in one run.
  *
- * Usage: `tsx bench/run-bench.ts [--quick] [--reps N] [--n N] [--only a,b] [--tag name]`
+ * Usage: `tsx bench/run-bench.ts [--quick] [--reps N] [--n N] [--only a,b] [--tag name] [--ablation]`
  * Sections: throughput (baselines, leased, fast path, duplicate loads, claim latency, round trips),
  * producer, processes, rss, recovery, peers. Prints tables, writes
  * `bench/results/<date>[-tag].json` and `bench/results/<date>[-tag].svg`.
@@ -26,6 +26,7 @@ interface Args {
   n: number;
   only: Set<string> | undefined;
   tag: string | undefined;
+  ablation: boolean;
 }
 
 function parseArgs(argv: string[]): Args {
@@ -53,6 +54,7 @@ function parseArgs(argv: string[]): Args {
     n: positive('--n', quick ? 3000 : 20_000),
     only: only ? new Set(only) : undefined,
     tag: value('--tag'),
+    ablation: argv.includes('--ablation'),
   };
 }
 
@@ -101,7 +103,7 @@ const document = {
   startedAt: startedAt.toISOString(),
   finishedAt: finishedAt.toISOString(),
   command: `npm run bench -- ${process.argv.slice(2).join(' ')}`.trim(),
-  settings: { n: args.n, reps: args.reps, concurrency: CONCURRENCY, quick: args.quick },
+  settings: { n: args.n, reps: args.reps, concurrency: CONCURRENCY, quick: args.quick, ablation: args.ablation },
   notes: [
     'The machine was shared while measuring: other agents ran test suites on the same 2 cores, Postgres and Redis. Compare ratios within this run, not absolute numbers across runs.',
     'Round trips are counted by wrapping pg.Client#query in the benchmark process (pg_stat_statements is not installed on this server).',
@@ -116,18 +118,29 @@ log(`done in ${Math.round((finishedAt.getTime() - startedAt.getTime()) / 1000)} 
 // ---------------------------------------------------------------------------------------------
 
 async function throughputSection(): Promise<void> {
-  const combos: Array<{ contender: Contender; ratio: number }> = [
-    { contender: 'bullmq-noop', ratio: 0 },
-    { contender: 'bullmq-tx', ratio: 0 },
-    ...RATIOS.flatMap((ratio) => (['leased', 'fast-path'] as const).map((contender) => ({ contender, ratio }))),
+  // The main comparison uses N jobs and every repetition; the duplicate loads use N/2 jobs and
+  // at most 2 repetitions (to keep the whole run near 10 minutes); the ablation is opt-in.
+  const dupN = Math.max(1000, Math.round(args.n / 2));
+  const dupReps = Math.min(args.reps, 2);
+  const combos: Array<{ contender: Contender; ratio: number; n: number; reps: number }> = [
+    { contender: 'bullmq-noop', ratio: 0, n: args.n, reps: args.reps },
+    { contender: 'bullmq-tx', ratio: 0, n: args.n, reps: args.reps },
+    ...RATIOS.flatMap((ratio) =>
+      (['leased', 'fast-path'] as const).map((contender) => ({ contender, ratio, n: ratio === 0 ? args.n : dupN, reps: ratio === 0 ? args.reps : dupReps })),
+    ),
+    // Ablation: the same protocol with the completion (or result) and COMMIT as two round trips,
+    // and with asynchronous claim commits.
+    ...(args.ablation
+      ? (['leased-two-trip-commit', 'fast-path-two-trip-commit', 'leased-async-claim'] as const).map((contender) => ({ contender, ratio: 0, n: args.n, reps: args.reps }))
+      : []),
   ];
   const runs: Array<ThroughputRun & { rep: number }> = [];
   for (let rep = 0; rep < args.reps; rep++) {
     // Alternate the order: forward on even repetitions, backward on odd ones.
-    const order = rep % 2 === 0 ? combos : [...combos].reverse();
-    for (const { contender, ratio } of order) {
-      const run = await runThroughput(env, counter, { contender, n: args.n, concurrency: CONCURRENCY, duplicateRatio: ratio });
-      log(`rep ${rep + 1} ${contender} dup ${ratio * 100}%: ${run.jobsPerSec.toFixed(0)} jobs/s, ${run.roundTripsPerJob.toFixed(2)} RT/job`);
+    const order = (rep % 2 === 0 ? combos : [...combos].reverse()).filter((combo) => rep < combo.reps);
+    for (const { contender, ratio, n } of order) {
+      const run = await runThroughput(env, counter, { contender, n, concurrency: CONCURRENCY, duplicateRatio: ratio });
+      log(`rep ${rep + 1} ${contender} N ${n} dup ${ratio * 100}%: ${run.jobsPerSec.toFixed(0)} jobs/s, ${run.roundTripsPerJob.toFixed(2)} RT/job`);
       if (run.failedJobs > 0) throw new Error(`${contender}: ${run.failedJobs} jobs failed`);
       const expectedEffects = contender === 'bullmq-noop' ? 0 : contender === 'bullmq-tx' ? run.n : run.distinctKeys;
       if (run.effects !== expectedEffects) throw new Error(`${contender}: ${run.effects} effects, expected ${expectedEffects}`);
@@ -135,9 +148,8 @@ async function throughputSection(): Promise<void> {
     }
   }
   const find = (contender: Contender, ratio: number, rep: number) => runs.find((r) => r.contender === contender && r.duplicateRatio === ratio && r.rep === rep);
-  const reps = [...Array(args.reps).keys()];
-  const summary = combos.map(({ contender, ratio }) => {
-    const mine = reps.map((rep) => find(contender, ratio, rep)!);
+  const summary = combos.map(({ contender, ratio, n }) => {
+    const mine = runs.filter((r) => r.contender === contender && r.duplicateRatio === ratio);
     const ratioToBaseline = spread(mine.map((r) => r.jobsPerSec / find('bullmq-tx', 0, r.rep)!.jobsPerSec));
     const ratioToUnique = ratio > 0 ? spread(mine.map((r) => r.jobsPerSec / find(contender, 0, r.rep)!.jobsPerSec)) : undefined;
     // Round trips per duplicate: this run's trips minus the unique jobs' share at the 0% rate.
@@ -155,21 +167,25 @@ async function throughputSection(): Promise<void> {
     return {
       contender,
       duplicateRatio: ratio,
+      n,
+      reps: mine.length,
       jobsPerSec: spread(mine.map((r) => r.jobsPerSec)),
       ratioToAtLeastOnce: ratioToBaseline,
       ratioToAllUnique: ratioToUnique,
       roundTripsPerJob: spread(mine.map((r) => r.roundTripsPerJob)),
       roundTripsPerDuplicate,
-      claimMs: contender === 'leased' || contender === 'fast-path'
+      claimMs: !contender.startsWith('bullmq')
         ? { claimedP50: latency('claimed', 'p50'), claimedP99: latency('claimed', 'p99'), duplicateP50: latency('completed', 'p50'), duplicateP99: latency('completed', 'p99') }
         : undefined,
     };
   });
-  results.throughput = { n: args.n, concurrency: CONCURRENCY, reps: args.reps, summary, runs };
+  results.throughput = { n: args.n, duplicateLoadN: dupN, concurrency: CONCURRENCY, reps: args.reps, duplicateLoadReps: dupReps, summary, runs };
 
   const rows = summary.map((s) => [
     s.contender,
     `${s.duplicateRatio * 100}%`,
+    String(s.n),
+    String(s.reps),
     formatSpread(s.jobsPerSec),
     formatSpread(s.ratioToAtLeastOnce, 2),
     s.ratioToAllUnique ? formatSpread(s.ratioToAllUnique, 2) : '',
@@ -180,8 +196,8 @@ async function throughputSection(): Promise<void> {
   ]);
   tables.push(
     table(
-      `Throughput: N=${args.n} jobs per run, concurrency ${CONCURRENCY}, ${args.reps} repetitions (median (min–max)); ratios against bullmq-tx of the same repetition`,
-      ['contender', 'dup', 'jobs/s', 'x at-least-once', 'x all-unique', 'PG RT/job', 'PG RT/dup', 'claim p50/p99 ms', 'dup claim p50/p99 ms'],
+      `Throughput: concurrency ${CONCURRENCY}; median (min–max) over repetitions; ratios against bullmq-tx (N=${args.n}) of the same repetition`,
+      ['contender', 'dup', 'N', 'reps', 'jobs/s', 'x at-least-once', 'x all-unique', 'PG RT/job', 'PG RT/dup', 'claim p50/p99 ms', 'dup claim p50/p99 ms'],
       rows,
     ),
   );
@@ -213,7 +229,7 @@ async function producerSection(): Promise<void> {
 }
 
 async function processesSection(): Promise<void> {
-  const n = args.quick ? args.n : Math.min(args.n, 10_000);
+  const n = args.quick ? args.n : Math.min(args.n, 5000);
   const counts = [1, 2, 4];
   const runs: ProcessesRun[] = [];
   const reps = Math.min(args.reps, 2);
@@ -238,7 +254,7 @@ async function processesSection(): Promise<void> {
 async function rssSection(): Promise<void> {
   const runs: RssRun[] = [];
   for (const concurrency of [1, 16, 64]) {
-    const run = await runRss(env, { concurrency, n: 20_000, windowMs: args.quick ? 3000 : 6000, warmupMs: 2000, sleepMs: 5 });
+    const run = await runRss(env, { concurrency, n: 10_000, windowMs: args.quick ? 3000 : 6000, warmupMs: 2000, sleepMs: 5 });
     log(`rss concurrency ${concurrency}: max ${run.maxRssMb.toFixed(0)} MB`);
     runs.push(run);
   }
@@ -280,12 +296,13 @@ async function peersSection(): Promise<void> {
   const node22 = fileURLToPath(new URL('../node_modules/node22/bin/node', import.meta.url));
   const runs: Array<Record<string, unknown>> = [];
   const peers = ['pg-boss', 'graphile-worker'];
+  const peerN = args.quick ? args.n : Math.min(args.n, 10_000);
   const reps = Math.min(args.reps, 2);
   for (let rep = 0; rep < reps; rep++) {
     for (const peer of rep % 2 === 0 ? peers : [...peers].reverse()) {
       const child = startChild(
         `peers/${peer}-bench.ts`,
-        { DATABASE_URL: env.databaseUrl, BENCH_N: String(args.n), BENCH_CONCURRENCY: String(CONCURRENCY), BENCH_SCHEMA_PREFIX: `${env.schema}_${rep}` },
+        { DATABASE_URL: env.databaseUrl, BENCH_N: String(peerN), BENCH_CONCURRENCY: String(CONCURRENCY), BENCH_SCHEMA_PREFIX: `${env.schema}_${rep}` },
         node22,
       );
       try {
@@ -315,10 +332,10 @@ async function peersSection(): Promise<void> {
       reRunsAfterCompletion: mine.some((r) => Number(r.effectsAfterReEnqueue) > 1),
     };
   });
-  results.peers = { node: 'node_modules/node22/bin/node', summary, runs };
+  results.peers = { node: 'node_modules/node22/bin/node', n: peerN, summary, runs };
   tables.push(
     table(
-      `Peers on the same workload (N=${args.n}, ${CONCURRENCY} at once, same effect transaction; Node 22)`,
+      `Peers on the same workload (N=${peerN}, ${CONCURRENCY} at once, same effect transaction; Node 22)`,
       ['peer', 'jobs/s', 'x at-least-once', 'dedup feature', 'dedup while queued', 're-enqueue after completion runs again'],
       summary.map((s) => [
         `${s.peer} ${s.version ?? ''}`,

@@ -22,7 +22,14 @@ import { percentile } from './stats.js';
 import { TimedKeyStore } from './timed-key-store.js';
 
 /** Who processes the jobs. */
-export type Contender = 'bullmq-noop' | 'bullmq-tx' | 'leased' | 'fast-path';
+export type Contender =
+  | 'bullmq-noop'
+  | 'bullmq-tx'
+  | 'leased'
+  | 'fast-path'
+  | 'leased-async-claim'
+  | 'leased-two-trip-commit'
+  | 'fast-path-two-trip-commit';
 
 /** One measured drain. */
 export interface ThroughputRun {
@@ -108,15 +115,16 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
     close = () => bull.close();
   } else {
     db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: concurrency + 2 });
-    timed = new TimedKeyStore(new PostgresKeyStore(db, env.schema));
-    const keys = new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000 }, timed);
+    // The *-two-trip-commit contenders are the ablation: completion (or result) and COMMIT as two round trips.
+    timed = new TimedKeyStore(new PostgresKeyStore(db, env.schema), { oneTripCommit: !contender.endsWith('two-trip-commit') });
+    const keys = new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, claimSynchronousCommit: contender !== 'leased-async-claim' }, timed);
     const worker = createIdempotentWorker<BenchPayload>({
       queue: queueName,
       connection,
       prefix: env.redisPrefix,
       keys,
       concurrency,
-      fastPath: contender === 'fast-path',
+      fastPath: contender.startsWith('fast-path'),
       handler: benchHandler(env.schema, 'in-process'),
       // Per-job info lines would measure pino, not the protocol; the baselines log nothing either.
       logger: pino({ level: 'warn' }),

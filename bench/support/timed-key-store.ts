@@ -11,8 +11,21 @@ export class TimedKeyStore implements KeyStore {
   /** Latencies recorded since the last {@link TimedKeyStore.reset}. */
   latencies: ClaimLatencies = new Map();
 
-  constructor(inner: KeyStore) {
+  /** Present when the wrapped store has it and `oneTripCommit` is on. */
+  readonly completeAndCommit?: KeyStore['completeAndCommit'];
+  /** Present when the wrapped store has it and `oneTripCommit` is on. */
+  readonly storeFastPathResultAndCommit?: KeyStore['storeFastPathResultAndCommit'];
+
+  /**
+   * `oneTripCommit: false` hides the store's one-round-trip commit, so the protocol falls back
+   * to a separate completion and COMMIT (the design before it; kept for the ablation runs).
+   */
+  constructor(inner: KeyStore, options: { oneTripCommit?: boolean } = {}) {
     this.#inner = inner;
+    if (options.oneTripCommit ?? true) {
+      if (inner.completeAndCommit) this.completeAndCommit = inner.completeAndCommit.bind(inner);
+      if (inner.storeFastPathResultAndCommit) this.storeFastPathResultAndCommit = inner.storeFastPathResultAndCommit.bind(inner);
+    }
   }
 
   get schema(): string {

@@ -36,6 +36,15 @@ export interface IdempotencyOptions {
    */
   readonly claimLockTimeoutMs?: number;
   /**
+   * `false`: leased claims commit without waiting for the WAL flush (`synchronous_commit = off`
+   * for the claim statement only; effects and completions stay synchronous), so a claim does not
+   * wait for a disk flush. Only a Postgres crash can lose such a claim, and its holder's
+   * completion is then fenced out; but after that crash a fence number may be reused, so keep
+   * `true` if a downstream system fences on `ctx.fence` alone. See `src/store/sql/claim.ts`.
+   * @defaultValue `true`
+   */
+  readonly claimSynchronousCommit?: boolean;
+  /**
    * Computes the fingerprint of what identifies a request.
    * @defaultValue SHA-256 of RFC 8785 canonical JSON
    */
@@ -50,6 +59,7 @@ export interface ResolvedIdempotencyOptions {
   readonly retentionMs: number;
   readonly maxResultBytes: number;
   readonly claimLockTimeoutMs: number;
+  readonly claimSynchronousCommit: boolean;
   readonly fingerprint: Fingerprinter;
 }
 
@@ -64,6 +74,7 @@ const optionsSchema = z.object({
   retentionMs: positiveMs.default(86_400_000),
   maxResultBytes: positiveMs.default(1_048_576),
   claimLockTimeoutMs: positiveMs.default(2_000),
+  claimSynchronousCommit: z.boolean().default(true),
 });
 
 /** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */
@@ -77,6 +88,7 @@ export function resolveIdempotencyOptions(options: IdempotencyOptions): Resolved
     retentionMs: options.retentionMs,
     maxResultBytes: options.maxResultBytes,
     claimLockTimeoutMs: options.claimLockTimeoutMs,
+    claimSynchronousCommit: options.claimSynchronousCommit,
   });
   if (!parsed.success) {
     const issue = parsed.error.issues[0]!;

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { sql, type Kysely, type Transaction } from 'kysely';
+import type { Kysely, Transaction } from 'kysely';
 import {
   resolveIdempotencyOptions,
   type IdempotencyOptions,
@@ -10,6 +10,7 @@ import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
 import { isHeld } from '../store/claim-outcome.js';
 import type { KeyStore } from '../store/key-store.js';
 import type { KeyRecord } from '../store/key-record.js';
+import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
 import { assertValidKeyPart, serializeResult, toStoredError } from './validate.js';
 
@@ -132,11 +133,25 @@ export class IdempotencyKeys {
    * transaction (the chaos suite crashes there).
    */
   async commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void): Promise<T> {
-    return this.db.transaction().execute(async (tx) => {
+    const store = this.#store;
+    if (!store.completeAndCommit) {
+      return this.db.transaction().execute(async (tx) => {
+        const result = await effect(tx);
+        await this.complete(tx, claim, result);
+        await beforeCommit?.();
+        return result;
+      });
+    }
+    // BEGIN, the effect, then the fenced completion and COMMIT in one round trip.
+    return runTransaction(this.db, async (tx) => {
       const result = await effect(tx);
-      await this.complete(tx, claim, result);
+      const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
       await beforeCommit?.();
-      return result;
+      const end = async (t: Transaction<any>) => {
+        const completed = await store.completeAndCommit!(t, claim, json, this.#options.retentionMs);
+        if (!completed) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
+      };
+      return { value: result, end };
     });
   }
 
@@ -175,17 +190,30 @@ export class IdempotencyKeys {
   ): Promise<ExecuteOnceOutcome<T>> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
-    return this.db.transaction().execute(async (tx) => {
-      const outcome = await this.#store.claim(tx, this.#claimInput(scope, key, fingerprint, 'complete', options));
-      if (!isHeld(outcome)) return outcome;
-      // The claim bounded its own lock wait; the effect gets the session's usual lock_timeout.
-      await sql`set local lock_timeout to default`.execute(tx);
+    const store = this.#store;
+    const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
+    // The claim bounds its own lock wait and puts lock_timeout back in the same statement, so
+    // the effect runs under the session's usual lock_timeout.
+    if (!store.storeFastPathResultAndCommit) {
+      return this.db.transaction().execute(async (tx): Promise<ExecuteOnceOutcome<T>> => {
+        const outcome = await store.claim(tx, input);
+        if (!isHeld(outcome)) return outcome;
+        const result = await effect(tx, outcome);
+        if (result !== undefined) {
+          await store.storeFastPathResult(tx, outcome, serializeResult(scope, key, result, this.#options.maxResultBytes));
+        }
+        return { kind: 'executed', result, claim: outcome };
+      });
+    }
+    // BEGIN, the claim, the effect, then the result and COMMIT in one round trip.
+    return runTransaction(this.db, async (tx) => {
+      const outcome = await store.claim(tx, input);
+      if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, end: endWithRollback };
       const result = await effect(tx, outcome);
-      if (result !== undefined) {
-        const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
-        await this.#store.storeFastPathResult(tx, outcome, json);
-      }
-      return { kind: 'executed', result, claim: outcome };
+      const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
+      if (result === undefined) return { value, end: endWithCommit };
+      const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
+      return { value, end: (t: Transaction<any>) => store.storeFastPathResultAndCommit!(t, outcome, json) };
     });
   }
 
@@ -226,6 +254,7 @@ export class IdempotencyKeys {
       owner: randomUUID(),
       leaseMs: options.leaseMs ?? this.#options.leaseMs,
       lockTimeoutMs: this.#options.claimLockTimeoutMs,
+      synchronousCommit: this.#options.claimSynchronousCommit,
       retentionMs: this.#options.retentionMs,
       mode,
       jobId: options.jobId ?? null,

@@ -20,6 +20,15 @@ export interface KeyStore {
   complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean>;
   /** Stores a fast-path result on a key claimed as completed in `tx`. */
   storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void>;
+  /**
+   * Optional, for fewer round trips: {@link KeyStore.complete} and the COMMIT of `tx` at once
+   * (`tx` is a transaction the store's `runTransaction` began). False when the claim no longer
+   * owns the key; the transaction is then still open, for the caller to roll back. Stores
+   * without it get `complete` followed by a separate COMMIT.
+   */
+  completeAndCommit?(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean>;
+  /** Optional, like {@link KeyStore.completeAndCommit}: {@link KeyStore.storeFastPathResult} and the COMMIT at once. */
+  storeFastPathResultAndCommit?(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void>;
   /** Extends the lease; the new expiry, or null when the lease is lost. */
   extend(claim: Claim, leaseMs: number): Promise<Date | null>;
   /** Releases the key for an immediate retry; false when the claim no longer owns it. */

@@ -1,4 +1,5 @@
 import { sql, type Kysely, type Migration } from 'kysely';
+import { claimKeyFunctionDdl } from './sql/claim.js';
 
 /**
  * The schema's history, oldest first. Each migration takes the schema name because the
@@ -54,6 +55,12 @@ export function migrationsFor(schema: string): Record<string, Migration> {
           )`.execute(db);
         // The relay reads unsent rows oldest first.
         await sql`create index outbox_unsent on ${t('outbox')} (id) where sent_at is null`.execute(db);
+      },
+    },
+    '003_claim_key_function': {
+      // The claim as a PL/pgSQL function: planned once per session instead of once per job.
+      async up(db: Kysely<any>) {
+        await claimKeyFunctionDdl(schema).execute(db);
       },
     },
   };

@@ -6,6 +6,7 @@ import type { KeyRecord } from './key-record.js';
 import { isUnstorableJson } from './pg-errors.js';
 import { claimKey } from './sql/claim.js';
 import { completeKey, storeFastPathResult } from './sql/complete.js';
+import { completeAndCommit, storeResultAndCommit } from './sql/complete-and-commit.js';
 import { extendLease } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
@@ -36,6 +37,22 @@ export class PostgresKeyStore implements KeyStore {
   async storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void> {
     try {
       await storeFastPathResult(tx, this.schema, claim, resultJson);
+    } catch (error) {
+      throw this.#mapResultError(error, claim);
+    }
+  }
+
+  async completeAndCommit(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean> {
+    try {
+      return await completeAndCommit(tx, this.schema, claim, resultJson, retentionMs);
+    } catch (error) {
+      throw this.#mapResultError(error, claim);
+    }
+  }
+
+  async storeFastPathResultAndCommit(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void> {
+    try {
+      await storeResultAndCommit(tx, this.schema, claim, resultJson);
     } catch (error) {
       throw this.#mapResultError(error, claim);
     }

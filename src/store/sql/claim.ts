@@ -27,6 +27,11 @@ export interface ClaimStatementInput {
   readonly jobName?: string | null;
   /** JSON text of the payload to keep with the key (lets the sweeper re-enqueue), or null. */
   readonly payloadJson?: string | null;
+  /**
+   * `false`: a `'lease'` claim commits with `synchronous_commit = off` (no wait for the WAL
+   * flush). Ignored in `'complete'` mode, whose commit is the effect's. @defaultValue `true`
+   */
+  readonly synchronousCommit?: boolean;
 }
 
 interface ClaimRow {
@@ -47,26 +52,42 @@ interface ClaimRow {
 const MAX_STATEMENTS = 5;
 
 /**
- * The claim: one statement, one round trip in every uncontended case.
+ * The claim: one statement, one round trip in every uncontended case. The statement calls the
+ * `claim_key` function that {@link claimKeyFunctionDdl} defines (migration
+ * `003_claim_key_function`): a PL/pgSQL function keeps its plans per session, so the claim is
+ * parsed and planned once per connection instead of once per job (the single-statement CTE this
+ * replaced spent more time in the planner than in execution), and its text on the wire is short.
  *
- * 1. `inserted`: `INSERT … ON CONFLICT DO NOTHING`; the primary key (scope, key) is the arbiter,
- *    never a check-then-insert. A concurrent uncommitted insert of the same key makes this wait
- *    (bounded by `lock_timeout`, set first by `settings`) and then do nothing.
- * 2. `taken_over`: if nothing was inserted, one conditional UPDATE takes a `processing` key whose
- *    lease has expired (or which was released: owner null) and whose fingerprint matches:
- *    new owner, fence + 1, a new lease. Concurrent takers serialize on the row lock and
- *    Postgres re-checks the WHERE on the newest row version, so exactly one wins.
+ * Inside the function:
+ * 1. `INSERT … ON CONFLICT DO NOTHING`; the primary key (scope, key) is the arbiter, never a
+ *    check-then-insert. A concurrent uncommitted insert of the same key makes this wait
+ *    (bounded by `lock_timeout`, set first) and then do nothing.
+ * 2. if nothing was inserted, one conditional UPDATE takes a `processing` key whose lease has
+ *    expired (or which was released: owner null) and whose fingerprint matches: new owner,
+ *    fence + 1, a new lease. Concurrent takers serialize on the row lock and Postgres re-checks
+ *    the WHERE on the newest row version, so exactly one wins.
  * 3. otherwise the existing row is returned for the caller to classify.
  *
- * All three parts read one snapshot taken when the statement started. A row inserted or taken
- * over by a transaction that committed after that point is invisible to parts 2 and 3, so the
- * statement returns nothing, or a row that looks claimable although the UPDATE lost its race.
- * Both cases mean "someone just changed this key": run the statement again with a fresh
- * snapshot. Read committed makes that also true inside an open transaction (the fast path).
+ * Each step takes a fresh snapshot (read committed), so a row committed by someone else between
+ * steps is seen by the next one. What remains racy: the row can be deleted (janitor) between
+ * 1 and 3 (no row), or taken over between 2 and 3 (a row that looks claimable although the
+ * UPDATE lost its race). Both mean "someone just changed this key": run the statement again.
  *
- * `lock_timeout` is set with `set_config(…, true)`: local to the transaction, which for an
- * autocommit claim is the statement itself. Its expiry (55P03) means another transaction
- * holds this key uncommitted, i.e. the key is in progress.
+ * `lock_timeout` is set local to the transaction (for an autocommit claim, the statement) and
+ * put back to its previous value before the function returns, so inside the fast path's
+ * transaction the effect runs under the session's usual `lock_timeout` with no extra round
+ * trip. Its expiry (55P03) means another transaction holds this key uncommitted, i.e. the key
+ * is in progress.
+ *
+ * With `synchronousCommit: false`, a leased claim (an autocommit statement) also sets
+ * `synchronous_commit` to off for itself: its commit is visible to every other session at once,
+ * as always, but does not wait for the WAL flush (about 2 ms per commit on this kind of disk).
+ * Only a Postgres crash can lose such a claim, and only one that nothing durable has followed:
+ * WAL is flushed in order, so the effect's synchronous commit makes the claim durable too. A
+ * worker whose claim was lost finds no matching row at completion (fenced by owner token), so
+ * its effect rolls back; the key is claimed again. The price: after such a crash a fence
+ * number may be handed out twice, so downstream systems fencing on `ctx.fence` alone lose
+ * that guarantee across a database crash (the owner token still fences this database).
  */
 export async function claimKey(db: Kysely<any>, input: ClaimStatementInput): Promise<ClaimOutcome> {
   const { scope, key } = input;
@@ -78,7 +99,7 @@ export async function claimKey(db: Kysely<any>, input: ClaimStatementInput): Pro
       if (isLockTimeout(error)) return { kind: 'in-progress', scope, key, retryAfterMs: input.lockTimeoutMs };
       throw error;
     }
-    if (!row) continue; // inserted concurrently after our snapshot: look again
+    if (!row) continue; // deleted concurrently between the function's steps: look again
     if (row.outcome === 'claimed' || row.outcome === 'taken-over') {
       return {
         kind: row.outcome,
@@ -93,74 +114,110 @@ export async function claimKey(db: Kysely<any>, input: ClaimStatementInput): Pro
     if (row.fingerprint !== input.fingerprint) return { kind: 'key-reused', scope, key };
     if (row.status === 'completed') return { kind: 'completed', scope, key, result: row.result };
     if (row.status === 'failed') return { kind: 'failed', scope, key, error: row.error };
-    if (row.claimable) continue; // lost the takeover race to a writer our snapshot missed: look again
+    if (row.claimable) continue; // taken over concurrently between the function's steps: look again
     return { kind: 'in-progress', scope, key, retryAfterMs: Math.max(1, Number(row.retry_after_ms)) };
   }
   throw new ClaimContendedError(scope, key, MAX_STATEMENTS);
 }
 
 function claimStatement(input: ClaimStatementInput) {
-  const table = sql.id(input.schema, 'idempotency_keys');
   const completing = input.mode === 'complete';
-  const status = completing ? 'completed' : 'processing';
-  // A completing (fast-path) claim has no lease: its transaction's row lock is the lease.
-  const lockedUntil = completing ? sql`null::timestamptz` : sql`now() + ${input.leaseMs}::int * interval '1 millisecond'`;
-  const completedAt = completing ? sql`now()` : sql`null::timestamptz`;
-  const expiresAt = completing ? sql`now() + ${input.retentionMs}::bigint * interval '1 millisecond'` : sql`null::timestamptz`;
-  const payload = input.payloadJson ?? null;
-  // A completing claim commits as completed, so it tells waiters (delivered at commit, and
-  // not at all if the effect rolls back).
-  const notify = completing
-    ? sql`pg_notify(${keySettledChannel(input.schema)}, json_build_object('scope', ${input.scope}::text, 'key', ${input.key}::text)::text)`
-    : sql`null`;
-
+  // Never in 'complete' mode: that would make the caller's transaction, effect included, async.
+  const asyncCommit = !completing && input.synchronousCommit === false;
   return sql<ClaimRow>`
-    with settings as (
-      select set_config('lock_timeout', ${String(input.lockTimeoutMs)}, true)
-    ),
-    inserted as (
+    select * from ${sql.id(input.schema, 'claim_key')}(
+      ${input.scope}::text, ${input.key}::text, ${input.fingerprint}::text, ${input.owner}::uuid, ${input.mode}::text,
+      ${input.leaseMs}::int, ${input.retentionMs}::bigint, ${input.lockTimeoutMs}::int, ${asyncCommit}::boolean,
+      ${input.jobId ?? null}::text, ${input.queue ?? null}::text, ${input.jobName ?? null}::text, ${input.payloadJson ?? null}::jsonb,
+      ${keySettledChannel(input.schema)}::text)`;
+}
+
+/**
+ * DDL of the `claim_key` function (see {@link claimKey}), for the migration that installs it.
+ * The schema is baked in. Changing the body needs a new migration that replaces the function.
+ *
+ * `#variable_conflict use_column`: the output columns share names with table columns; inside
+ * queries a bare name always means the column. A completing (fast-path) claim has no lease (its
+ * transaction's row lock is the lease) and notifies waiters, delivered at commit, and not at all
+ * if the effect rolls back.
+ */
+export function claimKeyFunctionDdl(schema: string) {
+  const fn = sql.id(schema, 'claim_key');
+  const table = sql.id(schema, 'idempotency_keys');
+  return sql`
+    create or replace function ${fn}(
+      p_scope text, p_key text, p_fingerprint text, p_owner uuid, p_mode text,
+      p_lease_ms int, p_retention_ms bigint, p_lock_timeout_ms int, p_async_commit boolean,
+      p_job_id text, p_queue text, p_job_name text, p_payload jsonb, p_channel text)
+    returns table (outcome text, fence bigint, attempts int, locked_until timestamptz, status text,
+                   fingerprint text, claimable boolean, result jsonb, error jsonb, retry_after_ms bigint)
+    language plpgsql volatile as $claim$
+    #variable_conflict use_column
+    declare
+      v_prior_lock_timeout text := current_setting('lock_timeout');
+      v_completing boolean := p_mode = 'complete';
+      v_status text := case when p_mode = 'complete' then 'completed' else 'processing' end;
+      v_locked_until timestamptz := case when p_mode = 'complete' then null else now() + p_lease_ms * interval '1 millisecond' end;
+      v_completed_at timestamptz := case when p_mode = 'complete' then now() end;
+      v_expires_at timestamptz := case when p_mode = 'complete' then now() + p_retention_ms * interval '1 millisecond' end;
+      v_row record;
+    begin
+      perform set_config('lock_timeout', p_lock_timeout_ms::text, true);
+      if p_async_commit and not v_completing then
+        perform set_config('synchronous_commit', 'off', true);
+      end if;
+
       insert into ${table} as k
         (scope, key, fingerprint, status, owner, fence, attempts, locked_until,
          job_id, queue, job_name, payload, completed_at, expires_at)
-      select ${input.scope}, ${input.key}, ${input.fingerprint}, ${status}, ${input.owner}::uuid, 1, 1, ${lockedUntil},
-             ${input.jobId ?? null}, ${input.queue ?? null}, ${input.jobName ?? null}, ${payload}::jsonb,
-             ${completedAt}, ${expiresAt}
-      from settings
+      values (p_scope, p_key, p_fingerprint, v_status, p_owner, 1, 1, v_locked_until,
+              p_job_id, p_queue, p_job_name, p_payload, v_completed_at, v_expires_at)
       on conflict do nothing
-      returning k.fence, k.attempts, k.locked_until
-    ),
-    taken_over as (
-      update ${table} as k
-         set owner = ${input.owner}::uuid,
-             fence = k.fence + 1,
-             attempts = k.attempts + 1,
-             status = ${status},
-             locked_until = ${lockedUntil},
-             completed_at = ${completedAt},
-             expires_at = ${expiresAt},
-             job_id = coalesce(${input.jobId ?? null}, k.job_id),
-             updated_at = now()
-       where k.scope = ${input.scope} and k.key = ${input.key}
-         and k.status = 'processing'
-         and k.fingerprint = ${input.fingerprint}
-         and (k.owner is null or k.locked_until <= now())
-         and not exists (select from inserted)
-      returning k.fence, k.attempts, k.locked_until
-    )
-    select 'claimed' as outcome, fence, attempts, locked_until,
-           null as status, null as fingerprint, false as claimable, null::jsonb as result, null::jsonb as error,
-           0::bigint as retry_after_ms, ${notify} as notified
-      from inserted
-    union all
-    select 'taken-over', fence, attempts, locked_until, null, null, false, null, null, 0, ${notify}
-      from taken_over
-    union all
-    select 'existing', k.fence, k.attempts, k.locked_until, k.status, k.fingerprint,
-           k.status = 'processing' and (k.owner is null or k.locked_until <= now()),
-           k.result, k.error,
-           ceil(extract(epoch from (k.locked_until - now())) * 1000)::bigint, null
-      from ${table} as k
-     where k.scope = ${input.scope} and k.key = ${input.key}
-       and not exists (select from inserted)
-       and not exists (select from taken_over)`;
+      returning k.fence, k.attempts, k.locked_until into v_row;
+      if found then
+        outcome := 'claimed';
+      else
+        update ${table} as k
+           set owner = p_owner,
+               fence = k.fence + 1,
+               attempts = k.attempts + 1,
+               status = v_status,
+               locked_until = v_locked_until,
+               completed_at = v_completed_at,
+               expires_at = v_expires_at,
+               job_id = coalesce(p_job_id, k.job_id),
+               updated_at = now()
+         where k.scope = p_scope and k.key = p_key
+           and k.status = 'processing'
+           and k.fingerprint = p_fingerprint
+           and (k.owner is null or k.locked_until <= now())
+        returning k.fence, k.attempts, k.locked_until into v_row;
+        if found then
+          outcome := 'taken-over';
+        end if;
+      end if;
+      perform set_config('lock_timeout', v_prior_lock_timeout, true);
+
+      if outcome is not null then
+        fence := v_row.fence;
+        attempts := v_row.attempts;
+        locked_until := v_row.locked_until;
+        claimable := false;
+        retry_after_ms := 0;
+        if v_completing then
+          perform pg_notify(p_channel, json_build_object('scope', p_scope, 'key', p_key)::text);
+        end if;
+        return next;
+        return;
+      end if;
+
+      return query
+        select 'existing'::text, k.fence, k.attempts, k.locked_until, k.status, k.fingerprint,
+               k.status = 'processing' and (k.owner is null or k.locked_until <= now()),
+               k.result, k.error,
+               ceil(extract(epoch from (k.locked_until - now())) * 1000)::bigint
+          from ${table} as k
+         where k.scope = p_scope and k.key = p_key;
+    end;
+    $claim$`;
 }

@@ -1,0 +1,62 @@
+import { DummyDriver, SingleConnectionProvider, Transaction, type Dialect, type Kysely } from 'kysely';
+import { beginTransaction, commitTransaction, rollbackTransaction } from './sql/transaction-control.js';
+
+/** What the body of {@link runTransaction} hands back: its value, and the statement that ends the transaction. */
+export interface TransactionEnd<T> {
+  readonly value: T;
+  /**
+   * Commits: runs the transaction's last write and `COMMIT` together (one round trip), or a
+   * plain COMMIT or ROLLBACK. It must leave no transaction open when it resolves; when it
+   * throws, the transaction is rolled back.
+   */
+  readonly end: (tx: Transaction<any>) => Promise<void>;
+}
+
+// A Transaction object only runs queries through its executor; the driver and dialect are
+// consulted for transaction control and introspection, which a Transaction refuses anyway.
+const NO_DIALECT: Dialect = {
+  createDriver: () => new DummyDriver(),
+  createQueryCompiler: () => {
+    throw new Error('not available inside an idempotent-jobs transaction');
+  },
+  createAdapter: () => {
+    throw new Error('not available inside an idempotent-jobs transaction');
+  },
+  createIntrospector: () => {
+    throw new Error('introspection is not available inside an idempotent-jobs transaction');
+  },
+};
+
+/**
+ * A transaction whose COMMIT the store sends itself, so the last write and the COMMIT share a
+ * round trip (Kysely's `db.transaction()` always sends COMMIT on its own). BEGIN, the body on
+ * one pooled connection, then `end`; on any error a ROLLBACK (safe even when `end` already
+ * ended the transaction: Postgres only warns) and the error is rethrown. The body receives a
+ * real Kysely `Transaction` over that connection, with the instance's plugins.
+ */
+export function runTransaction<T>(db: Kysely<any>, body: (tx: Transaction<any>) => Promise<TransactionEnd<T>>): Promise<T> {
+  const executor = db.getExecutor();
+  return executor.provideConnection(async (connection) => {
+    const tx = new Transaction<any>({
+      config: { dialect: NO_DIALECT },
+      dialect: NO_DIALECT,
+      driver: new DummyDriver(),
+      executor: executor.withConnectionProvider(new SingleConnectionProvider(connection)),
+    });
+    await beginTransaction(tx);
+    try {
+      const { value, end } = await body(tx);
+      await end(tx);
+      return value;
+    } catch (error) {
+      await rollbackTransaction(tx).catch(() => {});
+      throw error;
+    }
+  });
+}
+
+/** Ends a transaction with a plain COMMIT (nothing left to write). */
+export const endWithCommit = (tx: Transaction<any>): Promise<void> => commitTransaction(tx);
+
+/** Ends a transaction with ROLLBACK (nothing worth keeping). */
+export const endWithRollback = (tx: Transaction<any>): Promise<void> => rollbackTransaction(tx);
