@@ -404,9 +404,13 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
 
   /** Extends the lease every `heartbeatMs`; on loss, aborts the handler's signal. */
   #startHeartbeat(job: Job, claim: Claim, controller: AbortController, log: Logger): () => void {
+    let stopped = false;
     const timer = setInterval(async () => {
       try {
         const lockedUntil = await this.#keys.extend(claim, this.#timing.leaseMs);
+        // An extension still in flight when the job finished finds the key completed: that is
+        // the job's own success, not a lost lease.
+        if (stopped) return;
         if (lockedUntil === null) {
           clearInterval(timer);
           this.#emit('lease-lost', job, claim);
@@ -422,7 +426,10 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       }
     }, this.#timing.heartbeatMs);
     timer.unref();
-    return () => clearInterval(timer);
+    return () => {
+      stopped = true;
+      clearInterval(timer);
+    };
   }
 
   async #handleHeldFailure(
