@@ -17,6 +17,8 @@ const armed = new ArmedFaults();
 process.on('message', (message: { arm?: string }) => {
   if (CRASH_POINTS.includes(message.arm as CrashPoint)) armed.arm(message.arm as CrashPoint);
 });
+// The harness is gone (killed without its cleanup): do not linger as an orphan.
+process.on('disconnect', () => process.kill(process.pid, 'SIGKILL'));
 
 let resolveDb!: (db: Kysely<any>) => void;
 const db = new Promise<Kysely<any>>((resolve) => (resolveDb = resolve));
