@@ -113,6 +113,13 @@ describe('checkHistory', () => {
     expect(result.ok).toBe(false);
   });
 
+  it('on the fast path reports external calls repeated under one fence without failing (each attempt claims afresh)', () => {
+    const history = cleanHistory();
+    const result = checkHistory({ ...history, fastPath: true, externalCalls: [...history.externalCalls, row('k1', 1, 20)] });
+    expect(result.repeatedWithinLease).toEqual(['s/k1#1']);
+    expect(result.ok).toBe(true);
+  });
+
   it('counts injected crashes by point and takes the crash time from the fault line', () => {
     const history = cleanHistory();
     const fault: WorkerLogLine = { time: T0 + 500, pid: 2, msg: FAULT_LOG_MESSAGE, level: 50, point: 'before-commit', scope: 's', key: 'k2' };

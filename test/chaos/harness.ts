@@ -183,7 +183,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
       await fleet.stop(10_000);
       const rows = await readRows(db, names.schema);
       const pending = drained ? new Set<string>() : await pendingKeys(bullQueue);
-      const check = checkHistory({ produced: load.keys, ...rows, lines: fleet.lines, exits: fleet.exits, stoppedAt, pending });
+      const check = checkHistory({ produced: load.keys, ...rows, lines: fleet.lines, exits: fleet.exits, stoppedAt, pending, fastPath: options.fastPath });
       return {
         options,
         names,

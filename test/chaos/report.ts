@@ -144,13 +144,19 @@ export function formatTable(summary: ChaosSummary): string {
     ['deferrals', String(s.deferrals)],
     ['replays', String(s.replays)],
     ['recovery after a kill p50 / p99 / max', `${ms(s.recoveryAfterKillMs.p50)} / ${ms(s.recoveryAfterKillMs.p99)} / ${ms(s.recoveryAfterKillMs.max)} (${s.recoveryAfterKillMs.samples} keys)`],
-    ['external calls (keys called > once, extra calls)', `${s.externalCalls.total} (${s.externalCalls.keysCalledMoreThanOnce}, ${s.externalCalls.extraCalls}; all after takeovers)`],
+    [
+      'external calls (keys called > once, extra calls)',
+      `${s.externalCalls.total} (${s.externalCalls.keysCalledMoreThanOnce}, ${s.externalCalls.extraCalls}; ${s.fastPath ? 'fast path: after rolled-back attempts' : 'all after takeovers'})`,
+    ],
     ['lease overlaps (zombie still running, fenced)', String(s.leaseOverlaps)],
     ['**lost**', s.unfinished > 0 ? `${s.lost} (and ${s.unfinished} not finished: still queued when the drain timed out)` : String(s.lost)],
     ['**duplicated**', String(s.duplicated)],
     ['**unexpected**', String(s.unexpected)],
     ['**committed overlaps**', String(s.committedOverlaps)],
-    ['**fence mismatches / external calls repeated within a lease**', `${s.fenceMismatches} / ${s.externalCallsRepeatedWithinLease}`],
+    [
+      s.fastPath ? '**fence mismatches** / external calls repeated under one fence (fast path: reported only)' : '**fence mismatches / external calls repeated within a lease**',
+      `${s.fenceMismatches} / ${s.externalCallsRepeatedWithinLease}`,
+    ],
     ['drained', s.drained ? 'yes' : 'NO'],
   ];
   const width = Math.max(...rows.map(([name]) => name.length));
