@@ -1,0 +1,17 @@
+#!/bin/bash
+# Before/after on the same machine window: alternates one drain per contender between another
+# checkout (e.g. `git worktree add /tmp/ij-before <commit>` plus a node_modules symlink) and
+# this one. Usage: bench/compare-trees.sh <other-checkout> [N]. Prints one JSON line per drain,
+# prefixed with the repetition and "old" or "now".
+set -euo pipefail
+other=${1:?usage: bench/compare-trees.sh <other-checkout> [N]}
+n=${2:-10000}
+here=$(cd "$(dirname "$0")/.." && pwd)
+for rep in 1 2; do
+  for spec in "now bullmq-tx" "old leased" "now leased" "old fast-path" "now fast-path" \
+              "now leased-two-trip-commit" "now fast-path-two-trip-commit" "now leased-async-claim"; do
+    set -- $spec
+    dir=$here; [ "$1" = old ] && dir=$other
+    echo "rep $rep $1 $(cd "$dir" && timeout 300 npx tsx bench/profile-throughput.ts "$2" "$n")"
+  done
+done
