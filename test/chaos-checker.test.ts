@@ -5,7 +5,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { checkHistory, percentiles, type ExecutionRow, type History } from './chaos/checker.js';
-import { FAULT_LOG_MESSAGE, parseFaultPoints } from './chaos/fault-injection.js';
+import { ArmedFaults, FAULT_LOG_MESSAGE, parseFaultPoints } from './chaos/fault-injection.js';
 import { FAULT_KINDS, nemesisSchedule } from './chaos/nemesis.js';
 import type { WorkerLogLine } from './chaos/worker-fleet.js';
 
@@ -151,6 +151,18 @@ describe('parseFaultPoints', () => {
     expect(() => parseFaultPoints('after-lunch:0.1')).toThrow(/"after-lunch:0.1" is not <point>:<probability>/);
     expect(() => parseFaultPoints('after-claim:2')).toThrow(/probability of "after-claim" must be a number in \[0, 1\] \(got "2"\)/);
     expect(() => parseFaultPoints('after-claim')).toThrow(/probability of "after-claim"/);
+  });
+});
+
+describe('ArmedFaults', () => {
+  it('fires once per arming, only at the armed point', () => {
+    const armed = new ArmedFaults();
+    armed.arm('before-commit');
+    armed.arm('before-commit');
+    expect(armed.take('after-claim')).toBe(false);
+    expect(armed.take('before-commit')).toBe(true);
+    expect(armed.take('before-commit')).toBe(true);
+    expect(armed.take('before-commit')).toBe(false);
   });
 });
 

@@ -57,6 +57,12 @@ export interface ChaosRun {
   /** BullMQ job counts after the drain (all but `failed` should be 0). */
   readonly queueCounts: Record<string, number>;
   readonly workerStarts: number;
+  /** The raw history: every kept worker log line, process start and exit. */
+  readonly history: {
+    readonly lines: readonly WorkerLogLine[];
+    readonly starts: ReadonlyArray<{ pid: number; slot: number; at: number }>;
+    readonly exits: readonly WorkerExit[];
+  };
   readonly timings: { readonly chaosMs: number; readonly drainMs: number; readonly totalMs: number };
   /** For keys that failed a check: their log lines and rows, to read the history. */
   readonly evidence: Record<string, unknown>;
@@ -194,6 +200,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         drained,
         queueCounts,
         workerStarts: fleet.starts.length,
+        history: { lines: fleet.lines, starts: fleet.starts, exits: fleet.exits },
         timings: { chaosMs, drainMs, totalMs: Date.now() - began },
         evidence: evidenceFor(check, rows, fleet.lines, fleet.exits),
         unexpectedExits: unexpectedExits(fleet, events, stoppedAt),

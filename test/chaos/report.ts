@@ -163,6 +163,28 @@ export function formatTable(summary: ChaosSummary): string {
   return ['| metric | value |', '| --- | --- |', ...rows.map(([name, value]) => `| ${name.padEnd(width)} | ${value} |`)].join('\n');
 }
 
+/**
+ * Writes the whole history, one JSON object a line ordered by time, to
+ * `<dir>/history-<seed>.jsonl`: faults as carried out, worker starts and exits, every worker log
+ * line the checker read, and each key's first acknowledgement. Returns its path.
+ */
+export function writeHistory(run: ChaosRun, dir: string): string {
+  mkdirSync(dir, { recursive: true });
+  const path = join(dir, `history-${run.options.seed}.jsonl`);
+  const entries: Array<{ at: number; text: string }> = [];
+  const add = (at: number, entry: object) => entries.push({ at, text: JSON.stringify(entry) });
+  for (const event of run.events) add(event.at, { type: 'fault', ...event });
+  for (const start of run.history.starts) add(start.at, { type: 'worker-start', ...start });
+  for (const exit of run.history.exits) add(exit.at, { type: 'worker-exit', ...exit });
+  for (const line of run.history.lines) add(line.time, { type: 'worker', ...line });
+  for (const key of run.load.keys.values()) {
+    if (key.firstAckAt !== undefined) add(key.firstAckAt, { type: 'acknowledged', at: key.firstAckAt, scope: key.scope, key: key.key, adds: key.acks });
+  }
+  entries.sort((a, b) => a.at - b.at);
+  writeFileSync(path, entries.map((e) => e.text).join('\n') + '\n');
+  return path;
+}
+
 /** Writes `<dir>/report-<seed>.json`; returns its path. */
 export function writeJsonReport(run: ChaosRun, summary: ChaosSummary, dir: string): string {
   mkdirSync(dir, { recursive: true });

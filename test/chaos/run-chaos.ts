@@ -12,7 +12,7 @@ import { randomInt } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { runChaos, type ChaosOptions } from './harness.js';
 import { parseFaultPoints } from './fault-injection.js';
-import { formatTable, summarize, writeJsonReport } from './report.js';
+import { formatTable, summarize, writeHistory, writeJsonReport } from './report.js';
 
 const USAGE = `Usage: npm run chaos -- [flags]
   --seed N               seed of the fault schedule and the producer (default: random, printed)
@@ -125,7 +125,7 @@ async function main(): Promise<number> {
   const summary = summarize(run);
   const path = writeJsonReport(run, summary, options.reportDir);
   console.log(`\n${formatTable(summary)}\n`);
-  console.log(`[chaos] report: ${path}`);
+  console.log(`[chaos] report: ${path}; history: ${writeHistory(run, options.reportDir)}`);
   if (summary.verdict === 'FAIL') {
     console.error(`[chaos] FAILED (seed ${summary.seed}): the history of each failing key is under "evidence" in ${path}`);
     return 1;
