@@ -10,6 +10,7 @@ import { seededRandom } from './random.js';
 
 /** The points a chaos worker can crash at (the relay's point belongs to the outbox relay). */
 export const CRASH_POINTS = ['after-claim', 'before-commit', 'after-commit'] as const satisfies readonly FaultPoint[];
+/** One of {@link CRASH_POINTS}. */
 export type CrashPoint = (typeof CRASH_POINTS)[number];
 
 /** Crash probability per point. */

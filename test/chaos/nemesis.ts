@@ -20,6 +20,7 @@ export const FAULT_KINDS = [
   'crash-before-commit',
   'crash-after-commit',
 ] as const;
+/** One of {@link FAULT_KINDS}. */
 export type FaultKind = (typeof FAULT_KINDS)[number];
 
 /** One scheduled fault. */

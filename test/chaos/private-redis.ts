@@ -33,6 +33,7 @@ export class PrivateRedis {
     return redis;
   }
 
+  /** `redis://127.0.0.1:<port>`. */
   get url(): string {
     return `redis://127.0.0.1:${this.port}`;
   }
