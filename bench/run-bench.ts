@@ -128,10 +128,10 @@ async function throughputSection(): Promise<void> {
     ...RATIOS.flatMap((ratio) =>
       (['leased', 'fast-path'] as const).map((contender) => ({ contender, ratio, n: ratio === 0 ? args.n : dupN, reps: ratio === 0 ? args.reps : dupReps })),
     ),
-    // Ablation: the same protocol with the completion (or result) and COMMIT as two round trips,
-    // and with asynchronous claim commits.
+    // Ablation: the same protocol without claim batching, with the completion (or result) and
+    // COMMIT as two round trips, and with asynchronous claim commits.
     ...(args.ablation
-      ? (['leased-two-trip-commit', 'fast-path-two-trip-commit', 'leased-async-claim'] as const).map((contender) => ({ contender, ratio: 0, n: args.n, reps: args.reps }))
+      ? (['leased-unbatched', 'leased-two-trip-commit', 'fast-path-two-trip-commit', 'leased-async-claim'] as const).map((contender) => ({ contender, ratio: 0, n: args.n, reps: args.reps }))
       : []),
   ];
   const runs: Array<ThroughputRun & { rep: number }> = [];

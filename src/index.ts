@@ -13,6 +13,7 @@ export type { Claim, ClaimOutcome, HeldClaim } from './store/claim-outcome.js';
 export { isHeld } from './store/claim-outcome.js';
 export type { KeyRecord, KeyStatus } from './store/key-record.js';
 export type { KeyStore, ClaimInput } from './store/key-store.js';
+export type { PostgresKeyStoreOptions } from './store/postgres-key-store.js';
 export { PostgresKeyStore } from './store/postgres-key-store.js';
 export type { MigrateOptions } from './store/migrate.js';
 export { migrate } from './store/migrate.js';

@@ -28,6 +28,7 @@ export type Contender =
   | 'leased'
   | 'fast-path'
   | 'leased-async-claim'
+  | 'leased-unbatched'
   | 'leased-two-trip-commit'
   | 'fast-path-two-trip-commit';
 
@@ -116,7 +117,9 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
   } else {
     db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: concurrency + 2 });
     // The *-two-trip-commit contenders are the ablation: completion (or result) and COMMIT as two round trips.
-    timed = new TimedKeyStore(new PostgresKeyStore(db, env.schema), { oneTripCommit: !contender.endsWith('two-trip-commit') });
+    // leased-unbatched: every claim its own statement and commit (no claim batching).
+    const store = new PostgresKeyStore(db, env.schema, { batchClaims: contender !== 'leased-unbatched' });
+    timed = new TimedKeyStore(store, { oneTripCommit: !contender.endsWith('two-trip-commit') });
     const keys = new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, claimSynchronousCommit: contender !== 'leased-async-claim' }, timed);
     const worker = createIdempotentWorker<BenchPayload>({
       queue: queueName,

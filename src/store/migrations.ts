@@ -1,5 +1,6 @@
 import { sql, type Kysely, type Migration } from 'kysely';
 import { claimKeyFunctionDdl } from './sql/claim.js';
+import { claimKeysFunctionDdl } from './sql/claim-batch.js';
 
 /**
  * The schema's history, oldest first. Each migration takes the schema name because the
@@ -61,6 +62,12 @@ export function migrationsFor(schema: string): Record<string, Migration> {
       // The claim as a PL/pgSQL function: planned once per session instead of once per job.
       async up(db: Kysely<any>) {
         await claimKeyFunctionDdl(schema).execute(db);
+      },
+    },
+    '004_claim_keys_function': {
+      // Several leased claims in one statement and one commit (the claim batcher).
+      async up(db: Kysely<any>) {
+        await claimKeysFunctionDdl(schema).execute(db);
       },
     },
   };

@@ -4,6 +4,7 @@ import type { Claim, ClaimOutcome } from './claim-outcome.js';
 import type { ClaimInput, KeyStore } from './key-store.js';
 import type { KeyRecord } from './key-record.js';
 import { isUnstorableJson } from './pg-errors.js';
+import { ClaimBatcher } from './claim-batcher.js';
 import { claimKey } from './sql/claim.js';
 import { completeKey, storeFastPathResult } from './sql/complete.js';
 import { completeAndCommit, storeResultAndCommit } from './sql/complete-and-commit.js';
@@ -12,18 +13,33 @@ import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
 import { releaseKey } from './sql/release.js';
 
+/** Options of {@link PostgresKeyStore}. */
+export interface PostgresKeyStoreOptions {
+  /**
+   * Batch concurrent leased claims made on the store's own pool into one statement and one
+   * commit (see `claim-batcher.ts`). A claim that finds no other running is sent alone at once.
+   * @defaultValue `true`
+   */
+  readonly batchClaims?: boolean;
+}
+
 /** {@link KeyStore} over Postgres: each method is one statement in `sql/`. */
 export class PostgresKeyStore implements KeyStore {
   readonly #db: Kysely<any>;
+  readonly #batcher: ClaimBatcher | undefined;
   readonly schema: string;
 
-  constructor(db: Kysely<any>, schema: string) {
+  constructor(db: Kysely<any>, schema: string, options: PostgresKeyStoreOptions = {}) {
     this.#db = db;
     this.schema = schema;
+    this.#batcher = (options.batchClaims ?? true) ? new ClaimBatcher(db, schema) : undefined;
   }
 
   claim(executor: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome> {
-    return claimKey(executor, { ...input, schema: this.schema });
+    const statementInput = { ...input, schema: this.schema };
+    // Only autocommit leased claims batch: a fast-path claim belongs to its caller's transaction.
+    if (this.#batcher && executor === this.#db && input.mode === 'lease') return this.#batcher.claim(statementInput);
+    return claimKey(executor, statementInput);
   }
 
   async complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean> {

@@ -34,7 +34,8 @@ export interface ClaimStatementInput {
   readonly synchronousCommit?: boolean;
 }
 
-interface ClaimRow {
+/** One row of `claim_key` (and, with its index, of `claim_keys`). */
+export interface ClaimRow {
   outcome: 'claimed' | 'taken-over' | 'existing';
   fence: string;
   attempts: number;
@@ -99,25 +100,32 @@ export async function claimKey(db: Kysely<any>, input: ClaimStatementInput): Pro
       if (isLockTimeout(error)) return { kind: 'in-progress', scope, key, retryAfterMs: input.lockTimeoutMs };
       throw error;
     }
-    if (!row) continue; // deleted concurrently between the function's steps: look again
-    if (row.outcome === 'claimed' || row.outcome === 'taken-over') {
-      return {
-        kind: row.outcome,
-        scope,
-        key,
-        owner: input.owner,
-        fence: Number(row.fence),
-        attempts: row.attempts,
-        lockedUntil: row.locked_until,
-      };
-    }
-    if (row.fingerprint !== input.fingerprint) return { kind: 'key-reused', scope, key };
-    if (row.status === 'completed') return { kind: 'completed', scope, key, result: row.result };
-    if (row.status === 'failed') return { kind: 'failed', scope, key, error: row.error };
-    if (row.claimable) continue; // taken over concurrently between the function's steps: look again
-    return { kind: 'in-progress', scope, key, retryAfterMs: Math.max(1, Number(row.retry_after_ms)) };
+    const outcome = classifyClaimRow(input, row);
+    if (outcome !== 'again') return outcome;
   }
   throw new ClaimContendedError(scope, key, MAX_STATEMENTS);
+}
+
+/** What one claim row means for `input`, or `'again'` when the statement must be run again. */
+export function classifyClaimRow(input: ClaimStatementInput, row: ClaimRow | undefined): ClaimOutcome | 'again' {
+  const { scope, key } = input;
+  if (!row) return 'again'; // deleted concurrently between the function's steps: look again
+  if (row.outcome === 'claimed' || row.outcome === 'taken-over') {
+    return {
+      kind: row.outcome,
+      scope,
+      key,
+      owner: input.owner,
+      fence: Number(row.fence),
+      attempts: row.attempts,
+      lockedUntil: row.locked_until,
+    };
+  }
+  if (row.fingerprint !== input.fingerprint) return { kind: 'key-reused', scope, key };
+  if (row.status === 'completed') return { kind: 'completed', scope, key, result: row.result };
+  if (row.status === 'failed') return { kind: 'failed', scope, key, error: row.error };
+  if (row.claimable) return 'again'; // taken over concurrently between the function's steps: look again
+  return { kind: 'in-progress', scope, key, retryAfterMs: Math.max(1, Number(row.retry_after_ms)) };
 }
 
 function claimStatement(input: ClaimStatementInput) {

@@ -1,0 +1,115 @@
+/**
+ * Claim batching (group commit of leased claims): concurrent claims through one store go out
+ * as `claim_keys` statements, each claim keeps its own outcome, and a batch that fails as a whole
+ * falls back to single claims.
+ */
+import { Kysely, PostgresDialect, sql } from 'kysely';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { IdempotencyKeys, PostgresKeyStore, isHeld } from '../src/index.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+let env: TestEnv;
+let db: Kysely<any>;
+const statements: string[] = [];
+const scope = 'batch';
+
+beforeAll(async () => {
+  env = await createTestEnv('claim-batcher');
+  // A pool of our own whose queries we can see, to tell batches from single claims.
+  db = new Kysely<any>({
+    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: env.databaseUrl, max: 4 }) }),
+    log: (event) => {
+      statements.push(event.query.sql); // 'query' and 'error' (a batch that failed as a whole)
+    },
+  });
+});
+afterAll(async () => {
+  await db?.destroy();
+  await env?.teardown();
+});
+
+const batches = () => statements.filter((s) => s.includes('claim_keys')).length;
+
+describe('claim batching', () => {
+  it('40 concurrent claims of 20 keys (two each) through one store: one claim per key, in batches', async () => {
+    const keys = new IdempotencyKeys({ db, schema: env.schema });
+    const before = batches();
+    const names = Array.from({ length: 20 }, (_, i) => `k${i}`);
+    const outcomes = await Promise.all([...names, ...names].map((key) => keys.claim(scope, key, keys.fingerprint({ key }))));
+    for (const key of names) {
+      const mine = outcomes.filter((o) => o.key === key);
+      expect(mine.map((o) => o.kind).sort()).toEqual(['claimed', 'in-progress']);
+    }
+    expect(batches()).toBeGreaterThan(before);
+    // Each winner really holds its key: fenced completion succeeds.
+    for (const outcome of outcomes.filter(isHeld)) await keys.runEffect(outcome, async () => ({ ok: outcome.key }));
+    const replay = await keys.claim(scope, 'k7', keys.fingerprint({ key: 'k7' }));
+    expect(replay).toMatchObject({ kind: 'completed', result: { ok: 'k7' } });
+  });
+
+  it('a batch outcome per input: replayed, reused, failed and new keys in one go', async () => {
+    const keys = new IdempotencyKeys({ db, schema: env.schema });
+    const done = await keys.claim(scope, 'done', keys.fingerprint('a'));
+    if (!isHeld(done)) throw new Error(`expected a claim, got ${done.kind}`);
+    await keys.runEffect(done, async () => 'result-a');
+    const broken = await keys.claim(scope, 'broken', keys.fingerprint('b'));
+    if (!isHeld(broken)) throw new Error(`expected a claim, got ${broken.kind}`);
+    await keys.fail(broken, new Error('card declined'));
+    const before = batches();
+    const [replayed, reused, failed, fresh, fresh2] = await Promise.all([
+      keys.claim(scope, 'done', keys.fingerprint('a')),
+      keys.claim(scope, 'done', keys.fingerprint('other payload')),
+      keys.claim(scope, 'broken', keys.fingerprint('b')),
+      keys.claim(scope, 'fresh', keys.fingerprint('c')),
+      keys.claim(scope, 'fresh-2', keys.fingerprint('d')),
+    ]);
+    expect(batches()).toBeGreaterThan(before);
+    expect(replayed).toMatchObject({ kind: 'completed', result: 'result-a' });
+    expect(reused.kind).toBe('key-reused');
+    expect(failed).toMatchObject({ kind: 'failed', error: { message: 'card declined' } });
+    expect(fresh).toMatchObject({ kind: 'claimed', fence: 1 });
+    expect(fresh2).toMatchObject({ kind: 'claimed', fence: 1 });
+  });
+
+  it('a batch that fails as a whole (one key held by an open fast-path transaction) falls back to single claims', async () => {
+    const keys = new IdempotencyKeys({ db, schema: env.schema, claimLockTimeoutMs: 200 });
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => (release = resolve));
+    const started = new Promise<void>((resolve) => {
+      void keys.executeOnce(scope, 'locked', keys.fingerprint('l'), async () => {
+        resolve();
+        await held;
+        return 'fast';
+      });
+    });
+    await started;
+    const before = batches();
+    // The first two claims go out alone (two statements may run at once); 'locked' and 'free-3'
+    // wait for them and go out as one batch, which the lock timeout on 'locked' aborts.
+    const outcomes = await Promise.all(
+      ['free-1', 'free-2', 'locked', 'free-3'].map((key) => keys.claim(scope, key, keys.fingerprint(key === 'locked' ? 'l' : key))),
+    );
+    release();
+    expect(batches()).toBeGreaterThan(before);
+    expect(outcomes[2]).toMatchObject({ kind: 'in-progress', retryAfterMs: 200 });
+    expect([outcomes[0], outcomes[1], outcomes[3]].map((o) => o?.kind)).toEqual(['claimed', 'claimed', 'claimed']);
+    // Nothing of the aborted batch committed twice: free-3 has one claim, fence 1.
+    expect(outcomes[3]).toMatchObject({ fence: 1, attempts: 1 });
+  });
+
+  it('batchClaims: false sends every claim alone', async () => {
+    const keys = new IdempotencyKeys({ db, schema: env.schema }, new PostgresKeyStore(db, env.schema, { batchClaims: false }));
+    const before = batches();
+    const outcomes = await Promise.all(['s1', 's2', 's3', 's4'].map((key) => keys.claim(scope, key, keys.fingerprint(key))));
+    expect(outcomes.map((o) => o.kind)).toEqual(['claimed', 'claimed', 'claimed', 'claimed']);
+    expect(batches()).toBe(before);
+  });
+
+  it('the batch function is installed by the migrations', async () => {
+    const { rows } = await sql<{ n: number }>`
+      select count(*)::int as n from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+       where n.nspname = ${env.schema} and p.proname in ('claim_key', 'claim_keys')`.execute(db);
+    expect(rows[0]!.n).toBe(2);
+  });
+});
