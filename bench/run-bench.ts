@@ -128,10 +128,11 @@ async function throughputSection(): Promise<void> {
     ...RATIOS.flatMap((ratio) =>
       (['leased', 'fast-path'] as const).map((contender) => ({ contender, ratio, n: ratio === 0 ? args.n : dupN, reps: ratio === 0 ? args.reps : dupReps })),
     ),
-    // Ablation: the same protocol without claim batching, with the completion (or result) and
-    // COMMIT as two round trips, and with asynchronous claim commits.
+    // Ablation: the same protocol without claim batching, without the fast path's settled-key
+    // probe, with the completion (or result) and COMMIT as two round trips, and with
+    // asynchronous claim commits.
     ...(args.ablation
-      ? (['leased-unbatched', 'leased-two-trip-commit', 'fast-path-two-trip-commit', 'leased-async-claim'] as const).map((contender) => ({ contender, ratio: 0, n: args.n, reps: args.reps }))
+      ? (['leased-unbatched', 'fast-path-no-probe', 'leased-two-trip-commit', 'fast-path-two-trip-commit', 'leased-async-claim'] as const).map((contender) => ({ contender, ratio: 0, n: args.n, reps: args.reps }))
       : []),
   ];
   const runs: Array<ThroughputRun & { rep: number }> = [];

@@ -1,7 +1,8 @@
 /**
  * Claim batching (group commit of leased claims): concurrent claims through one store go out
  * as `claim_keys` statements, each claim keeps its own outcome, and a batch that fails as a whole
- * falls back to single claims.
+ * falls back to single claims. And the fast path's settled-key probe: a duplicate replays from
+ * one read, without a transaction.
  */
 import { Kysely, PostgresDialect, sql } from 'kysely';
 import pg from 'pg';
@@ -111,5 +112,31 @@ describe('claim batching', () => {
       select count(*)::int as n from pg_proc p join pg_namespace n on n.oid = p.pronamespace
        where n.nspname = ${env.schema} and p.proname in ('claim_key', 'claim_keys')`.execute(db);
     expect(rows[0]!.n).toBe(2);
+  });
+
+  it('fast path: a settled key replays from the probe without a transaction; unknown keys run once', async () => {
+    const keys = new IdempotencyKeys({ db, schema: env.schema });
+    let runs = 0;
+    const effect = async () => ({ run: ++runs });
+    const first = await keys.executeOnce(scope, 'probe-1', keys.fingerprint('p'), effect);
+    expect(first).toMatchObject({ kind: 'executed', result: { run: 1 } });
+    const before = statements.length;
+    const again = await keys.executeOnce(scope, 'probe-1', keys.fingerprint('p'), effect);
+    expect(again).toMatchObject({ kind: 'completed', result: { run: 1 } });
+    const sent = statements.slice(before);
+    expect(sent).toHaveLength(1);
+    expect(sent[0]).toContain('unnest');
+    expect(sent.some((q) => /^\s*begin/i.test(q))).toBe(false);
+    expect(await keys.executeOnce(scope, 'probe-1', keys.fingerprint('other'), effect)).toMatchObject({ kind: 'key-reused' });
+    expect(runs).toBe(1);
+  });
+
+  it('fast path with probeSettledKeys: false claims inside the transaction (BEGIN, claim, ROLLBACK) and still replays', async () => {
+    const keys = new IdempotencyKeys({ db, schema: env.schema }, new PostgresKeyStore(db, env.schema, { probeSettledKeys: false }));
+    await keys.executeOnce(scope, 'probe-2', keys.fingerprint('q'), async () => 'once');
+    const before = statements.length;
+    const again = await keys.executeOnce(scope, 'probe-2', keys.fingerprint('q'), async () => 'twice');
+    expect(again).toMatchObject({ kind: 'completed', result: 'once' });
+    expect(statements.slice(before).map((q) => q.trim().split(/\s+/)[0]!.toLowerCase())).toEqual(['begin', 'select', 'rollback']);
   });
 });

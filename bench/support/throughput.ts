@@ -29,6 +29,7 @@ export type Contender =
   | 'fast-path'
   | 'leased-async-claim'
   | 'leased-unbatched'
+  | 'fast-path-no-probe'
   | 'leased-two-trip-commit'
   | 'fast-path-two-trip-commit';
 
@@ -118,7 +119,10 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
     db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: concurrency + 2 });
     // The *-two-trip-commit contenders are the ablation: completion (or result) and COMMIT as two round trips.
     // leased-unbatched: every claim its own statement and commit (no claim batching).
-    const store = new PostgresKeyStore(db, env.schema, { batchClaims: contender !== 'leased-unbatched' });
+    const store = new PostgresKeyStore(db, env.schema, {
+      batchClaims: contender !== 'leased-unbatched',
+      probeSettledKeys: contender !== 'fast-path-no-probe',
+    });
     timed = new TimedKeyStore(store, { oneTripCommit: !contender.endsWith('two-trip-commit') });
     const keys = new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, claimSynchronousCommit: contender !== 'leased-async-claim' }, timed);
     const worker = createIdempotentWorker<BenchPayload>({

@@ -15,6 +15,8 @@ export class TimedKeyStore implements KeyStore {
   readonly completeAndCommit?: KeyStore['completeAndCommit'];
   /** Present when the wrapped store has it and `oneTripCommit` is on. */
   readonly storeFastPathResultAndCommit?: KeyStore['storeFastPathResultAndCommit'];
+  /** Present when the wrapped store has it. */
+  readonly findSettled?: KeyStore['findSettled'];
 
   /**
    * `oneTripCommit: false` hides the store's one-round-trip commit, so the protocol falls back
@@ -22,6 +24,7 @@ export class TimedKeyStore implements KeyStore {
    */
   constructor(inner: KeyStore, options: { oneTripCommit?: boolean } = {}) {
     this.#inner = inner;
+    if (inner.findSettled) this.findSettled = inner.findSettled.bind(inner);
     if (options.oneTripCommit ?? true) {
       if (inner.completeAndCommit) this.completeAndCommit = inner.completeAndCommit.bind(inner);
       if (inner.storeFastPathResultAndCommit) this.storeFastPathResultAndCommit = inner.storeFastPathResultAndCommit.bind(inner);

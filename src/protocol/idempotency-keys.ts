@@ -180,6 +180,9 @@ export class IdempotencyKeys {
    * claims: it takes over an expired or released lease, and defers to a live one.
    *
    * If the effect throws, the transaction rolls back and the key is exactly as before.
+   *
+   * When the store offers {@link KeyStore.findSettled} (the Postgres store does), a key that is
+   * already settled is answered from that one read first, without opening a transaction.
    */
   async executeOnce<T>(
     scope: string,
@@ -191,6 +194,9 @@ export class IdempotencyKeys {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
     const store = this.#store;
+    // A settled key (a duplicate) replays from one read, without a transaction.
+    const settled = await store.findSettled?.(scope, key, fingerprint);
+    if (settled) return settled as ExecuteOnceOutcome<T>;
     const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
     // The claim bounds its own lock wait and puts lock_timeout back in the same statement, so
     // the effect runs under the session's usual lock_timeout.

@@ -2,26 +2,16 @@ import type { Kysely } from 'kysely';
 import type { ClaimOutcome } from './claim-outcome.js';
 import { claimKeysBatch } from './sql/claim-batch.js';
 import { claimKey, classifyClaimRow, type ClaimStatementInput } from './sql/claim.js';
+import { StatementBatcher } from './statement-batcher.js';
 
-interface Pending {
-  readonly input: ClaimStatementInput;
-  readonly resolve: (outcome: ClaimOutcome) => void;
-  readonly reject: (error: unknown) => void;
-}
-
-/** Largest batch: bounds the statement and the time one slow key holds the others. */
-const MAX_BATCH = 64;
-/**
- * Claim statements running at once. Two, so that a batch stuck on one key's lock wait (a
- * fast-path transaction holding it, bounded by `lock_timeout`) does not hold up every claim.
- */
-const MAX_IN_FLIGHT = 2;
+type Settled = { readonly outcome: ClaimOutcome } | { readonly error: unknown };
 
 /**
- * Group commit for leased claims. A claim that arrives while fewer than two claim statements
- * are running goes out at once (so a lone claim costs what it always did). Claims that arrive
- * while two are running wait for one of them and then go out together: one statement, one round trip and one commit for all of them
- * (`claim_keys`). Under load, concurrent jobs' claims batch themselves; nothing waits on a timer.
+ * Group commit for leased claims, over a {@link StatementBatcher}: a claim that finds fewer than
+ * two claim statements running goes out alone at once; claims that arrive meanwhile go out
+ * together as one `claim_keys` statement: one round trip and one commit for all of them. Two may
+ * run at once so that a batch stuck on one key's lock wait (a fast-path transaction holding it,
+ * bounded by `lock_timeout`) does not hold up every claim.
  *
  * Each claim keeps its own outcome. Inputs that need another look (see `classifyClaimRow`), and
  * every input of a batch that failed as a whole (a `lock_timeout` on one key, a deadlock, a
@@ -31,60 +21,49 @@ const MAX_IN_FLIGHT = 2;
 export class ClaimBatcher {
   readonly #db: Kysely<any>;
   readonly #schema: string;
-  #queue: Pending[] = [];
-  #running = 0;
+  readonly #batcher: StatementBatcher<ClaimStatementInput, Settled>;
 
   constructor(db: Kysely<any>, schema: string) {
     this.#db = db;
     this.#schema = schema;
+    this.#batcher = new StatementBatcher((inputs) => this.#claimAll(inputs), { maxBatch: 64, maxInFlight: 2 });
   }
 
   /** Claims `input` (a `'lease'` claim), alone or in the next batch. */
-  claim(input: ClaimStatementInput): Promise<ClaimOutcome> {
-    return new Promise((resolve, reject) => {
-      this.#queue.push({ input, resolve, reject });
-      if (this.#running < MAX_IN_FLIGHT) void this.#drain();
-    });
+  async claim(input: ClaimStatementInput): Promise<ClaimOutcome> {
+    const settled = await this.#batcher.submit(input);
+    if ('error' in settled) throw settled.error;
+    return settled.outcome;
   }
 
-  async #drain(): Promise<void> {
-    this.#running++;
-    try {
-      while (this.#queue.length > 0) {
-        const batch = this.#queue.splice(0, MAX_BATCH);
-        await (batch.length === 1 ? this.#claimAlone(batch[0]!) : this.#claimBatch(batch));
-      }
-    } finally {
-      this.#running--;
-    }
-  }
-
-  async #claimAlone(pending: Pending): Promise<void> {
-    try {
-      pending.resolve(await claimKey(this.#db, pending.input));
-    } catch (error) {
-      pending.reject(error);
-    }
-  }
-
-  async #claimBatch(batch: Pending[]): Promise<void> {
+  async #claimAll(inputs: ClaimStatementInput[]): Promise<Settled[]> {
+    if (inputs.length === 1) return [await this.#claimAlone(inputs[0]!)];
     // One lock order for every batch: two batches sharing keys cannot deadlock.
-    batch.sort((a, b) => compare(a.input.scope, b.input.scope) || compare(a.input.key, b.input.key));
+    const order = inputs.map((input, i) => ({ input, i })).sort((a, b) => compare(a.input.scope, b.input.scope) || compare(a.input.key, b.input.key));
     let rows;
     try {
-      rows = await claimKeysBatch(this.#db, this.#schema, batch.map((p) => p.input));
+      rows = await claimKeysBatch(this.#db, this.#schema, order.map((o) => o.input));
     } catch {
       // Nothing of the batch committed: claim each key alone (concurrently, as they arrived).
-      await Promise.all(batch.map((pending) => this.#claimAlone(pending)));
-      return;
+      return Promise.all(inputs.map((input) => this.#claimAlone(input)));
     }
-    const again: Pending[] = [];
-    batch.forEach((pending, i) => {
-      const outcome = classifyClaimRow(pending.input, rows.find((row) => row.idx === i + 1));
-      if (outcome === 'again') again.push(pending);
-      else pending.resolve(outcome);
-    });
-    await Promise.all(again.map((pending) => this.#claimAlone(pending)));
+    const byIndex = new Map(rows.map((row) => [row.idx, row]));
+    const out: Settled[] = new Array(inputs.length);
+    await Promise.all(
+      order.map(async ({ input, i }, position) => {
+        const outcome = classifyClaimRow(input, byIndex.get(position + 1));
+        out[i] = outcome === 'again' ? await this.#claimAlone(input) : { outcome };
+      }),
+    );
+    return out;
+  }
+
+  async #claimAlone(input: ClaimStatementInput): Promise<Settled> {
+    try {
+      return { outcome: await claimKey(this.#db, input) };
+    } catch (error) {
+      return { error };
+    }
   }
 }
 

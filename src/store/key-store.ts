@@ -29,6 +29,13 @@ export interface KeyStore {
   completeAndCommit?(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean>;
   /** Optional, like {@link KeyStore.completeAndCommit}: {@link KeyStore.storeFastPathResult} and the COMMIT at once. */
   storeFastPathResultAndCommit?(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void>;
+  /**
+   * Optional: a read of a key that is already settled, without a transaction: the `completed`,
+   * `failed` or `key-reused` outcome a claim would return, or undefined (unknown or still
+   * processing: claim it the usual way). The fast path asks this first, so that a duplicate
+   * replays in one round trip.
+   */
+  findSettled?(scope: string, key: string, fingerprint: string): Promise<ClaimOutcome | undefined>;
   /** Extends the lease; the new expiry, or null when the lease is lost. */
   extend(claim: Claim, leaseMs: number): Promise<Date | null>;
   /** Releases the key for an immediate retry; false when the claim no longer owns it. */
