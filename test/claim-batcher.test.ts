@@ -114,19 +114,25 @@ describe('claim batching', () => {
     expect(rows[0]!.n).toBe(2);
   });
 
-  it('fast path: a settled key replays from the probe without a transaction; unknown keys run once', async () => {
+  it('fast path: once duplicates show up, a settled key replays from one read without a transaction', async () => {
     const keys = new IdempotencyKeys({ db, schema: env.schema });
     let runs = 0;
     const effect = async () => ({ run: ++runs });
     const first = await keys.executeOnce(scope, 'probe-1', keys.fingerprint('p'), effect);
     expect(first).toMatchObject({ kind: 'executed', result: { run: 1 } });
-    const before = statements.length;
-    const again = await keys.executeOnce(scope, 'probe-1', keys.fingerprint('p'), effect);
-    expect(again).toMatchObject({ kind: 'completed', result: { run: 1 } });
-    const sent = statements.slice(before);
-    expect(sent).toHaveLength(1);
-    expect(sent[0]).toContain('unnest');
-    expect(sent.some((q) => /^\s*begin/i.test(q))).toBe(false);
+    // The probe starts rare (every 16th call) and becomes constant once it keeps finding
+    // settled keys; every call replays either way, and the effect never runs again.
+    const perCall: string[][] = [];
+    for (let i = 0; i < 64; i++) {
+      const before = statements.length;
+      const again = await keys.executeOnce(scope, 'probe-1', keys.fingerprint('p'), effect);
+      expect(again).toMatchObject({ kind: 'completed', result: { run: 1 } });
+      perCall.push(statements.slice(before));
+    }
+    const probeOnly = perCall.filter((sent) => sent.length === 1 && sent[0]!.includes('unnest'));
+    expect(probeOnly.length).toBeGreaterThan(0);
+    // The last calls all replay from the read alone: no BEGIN.
+    for (const sent of perCall.slice(-8)) expect(sent).toHaveLength(1);
     expect(await keys.executeOnce(scope, 'probe-1', keys.fingerprint('other'), effect)).toMatchObject({ kind: 'key-reused' });
     expect(runs).toBe(1);
   });

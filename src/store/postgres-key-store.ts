@@ -27,7 +27,8 @@ export interface PostgresKeyStoreOptions {
    * Offer {@link KeyStore.findSettled}: the fast path first reads whether a key is already
    * settled (one statement for all concurrent reads), so a duplicate replays in one round trip
    * instead of three (BEGIN, claim, ROLLBACK). The read is adaptive: while fewer than one probe
-   * in five finds a settled key, only every 16th job probes, so all-new loads barely pay for it.
+   * in five finds a settled key (as at the start), only every 16th job probes, so all-new loads
+   * barely pay for it; once duplicates show up, every job probes.
    * @defaultValue `true`
    */
   readonly probeSettledKeys?: boolean;
@@ -137,11 +138,12 @@ function settledOutcome(row: SettledKeyRow | undefined, scope: string, key: stri
 }
 
 /**
- * Whether the settled-key probe pays: a moving average of how often it found a settled key.
- * Below one in five, only every 16th call probes (to notice when duplicates start arriving).
+ * Whether the settled-key probe pays: a moving average of how often it found a settled key,
+ * starting at zero. Below one in five (as at the start), only every 16th call probes, to notice
+ * when duplicates arrive; one hit and every call probes, until about seven misses in a row.
  */
 class ProbeHitRate {
-  #rate = 1;
+  #rate = 0;
   #skipped = 0;
 
   worthProbing(): boolean {
@@ -151,6 +153,6 @@ class ProbeHitRate {
   }
 
   record(hit: boolean): void {
-    this.#rate = this.#rate * 0.95 + (hit ? 0.05 : 0);
+    this.#rate = this.#rate * 0.8 + (hit ? 0.2 : 0);
   }
 }
