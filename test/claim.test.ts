@@ -3,6 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   IdempotencyKeys,
   KeyReusedError,
+  PostgresKeyStore,
+  type KeyStore,
   LeaseLostError,
   ResultNotStorableError,
   ValidationError,
@@ -337,5 +339,45 @@ describe('bad input', () => {
     expect(() => new IdempotencyKeys({ db: env.db, leaseMs: -1 })).toThrow(/leaseMs/);
     expect(() => new IdempotencyKeys({ db: env.db, schema: 'Bad-Schema' })).toThrow(/schema/);
     expect(() => new IdempotencyKeys({ db: undefined as never })).toThrow(/db/);
+  });
+});
+
+describe('a custom KeyStore with only the required methods', () => {
+  it('gets the same effect boundary, fencing and fast path (two-round-trip commits)', async () => {
+    const full = new PostgresKeyStore(env.db, env.schema, { batchClaims: false, probeSettledKeys: false });
+    const minimal: KeyStore = {
+      schema: env.schema,
+      claim: (executor, input) => full.claim(executor, input),
+      complete: (tx, claim, json, retentionMs) => full.complete(tx, claim, json, retentionMs),
+      storeFastPathResult: (tx, claim, json) => full.storeFastPathResult(tx, claim, json),
+      extend: (claim, leaseMs) => full.extend(claim, leaseMs),
+      release: (claim, json) => full.release(claim, json),
+      fail: (claim, json, retentionMs) => full.fail(claim, json, retentionMs),
+      get: (s, k) => full.get(s, k),
+    };
+    const custom = new IdempotencyKeys({ db: env.db, schema: env.schema, claimLockTimeoutMs: 200 }, minimal);
+    const a = held(await custom.claim(scope, 'custom-1', 'fp'));
+    await custom.runEffect(a, (tx) => insertEffect(tx, env.schema, { scope, key: 'custom-1', fence: a.fence, worker: 'A' }).then(() => 'ok'));
+    expect(await custom.claim(scope, 'custom-1', 'fp')).toMatchObject({ kind: 'completed', result: 'ok' });
+
+    const zombie = held(await custom.claim(scope, 'custom-2', 'fp'));
+    await expireLease(env.db, env.schema, scope, 'custom-2');
+    held(await custom.claim(scope, 'custom-2', 'fp'));
+    await expect(
+      custom.runEffect(zombie, (tx) => insertEffect(tx, env.schema, { scope, key: 'custom-2', fence: zombie.fence, worker: 'Z' })),
+    ).rejects.toBeInstanceOf(LeaseLostError);
+    expect(await effectsOf(env.db, env.schema, scope, 'custom-2')).toHaveLength(0);
+
+    expect(await custom.executeOnce(scope, 'custom-3', 'fp', async () => ({ fast: true }))).toMatchObject({ kind: 'executed' });
+    expect(await custom.claim(scope, 'custom-3', 'fp')).toMatchObject({ kind: 'completed', result: { fast: true } });
+    const gate = createGate();
+    const first = keys.executeOnce(scope, 'custom-4', 'fp', async () => {
+      await gate.wait;
+      return 'first';
+    });
+    await new Promise((r) => setTimeout(r, 100));
+    const second = await custom.executeOnce(scope, 'custom-4', 'fp', async () => 'second').finally(() => gate.open());
+    expect(second).toMatchObject({ kind: 'in-progress' });
+    await first;
   });
 });

@@ -133,25 +133,11 @@ export class IdempotencyKeys {
    * transaction (the chaos suite crashes there).
    */
   async commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void): Promise<T> {
-    const store = this.#store;
-    if (!store.completeAndCommit) {
-      return this.db.transaction().execute(async (tx) => {
-        const result = await effect(tx);
-        await this.complete(tx, claim, result);
-        await beforeCommit?.();
-        return result;
-      });
-    }
-    // BEGIN, the effect, then the fenced completion and COMMIT in one round trip.
     return runTransaction(this.db, async (tx) => {
       const result = await effect(tx);
       const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
       await beforeCommit?.();
-      const end = async (t: Transaction<any>) => {
-        const completed = await store.completeAndCommit!(t, claim, json, this.#options.retentionMs);
-        if (!completed) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-      };
-      return { value: result, end };
+      return { value: result, end: (t: Transaction<any>) => this.#completeAndCommit(t, claim, json) };
     });
   }
 
@@ -199,19 +185,8 @@ export class IdempotencyKeys {
     if (settled) return settled as ExecuteOnceOutcome<T>;
     const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
     // The claim bounds its own lock wait and puts lock_timeout back in the same statement, so
-    // the effect runs under the session's usual lock_timeout.
-    if (!store.storeFastPathResultAndCommit) {
-      return this.db.transaction().execute(async (tx): Promise<ExecuteOnceOutcome<T>> => {
-        const outcome = await store.claim(tx, input);
-        if (!isHeld(outcome)) return outcome;
-        const result = await effect(tx, outcome);
-        if (result !== undefined) {
-          await store.storeFastPathResult(tx, outcome, serializeResult(scope, key, result, this.#options.maxResultBytes));
-        }
-        return { kind: 'executed', result, claim: outcome };
-      });
-    }
-    // BEGIN, the claim, the effect, then the result and COMMIT in one round trip.
+    // the effect runs under the session's usual lock_timeout. A claim that does not hold the
+    // key rolls back: its transaction may be aborted (the lock wait timed out), so no COMMIT.
     return runTransaction(this.db, async (tx) => {
       const outcome = await store.claim(tx, input);
       if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, end: endWithRollback };
@@ -219,7 +194,7 @@ export class IdempotencyKeys {
       const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
       if (result === undefined) return { value, end: endWithCommit };
       const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
-      return { value, end: (t: Transaction<any>) => store.storeFastPathResultAndCommit!(t, outcome, json) };
+      return { value, end: (t: Transaction<any>) => this.#storeResultAndCommit(t, outcome, json) };
     });
   }
 
@@ -268,6 +243,32 @@ export class IdempotencyKeys {
       jobName: options.jobName ?? null,
       payloadJson: options.payload === undefined ? null : JSON.stringify(options.payload),
     };
+  }
+
+  /**
+   * Ends an effect transaction with the fenced completion and the COMMIT: one round trip when
+   * the store can send both at once, else two. Throws {@link LeaseLostError} (the transaction
+   * is still open then, and the caller rolls it back) when the claim no longer owns the key.
+   */
+  async #completeAndCommit(tx: Transaction<any>, claim: Claim, json: string): Promise<void> {
+    const store = this.#store;
+    const retentionMs = this.#options.retentionMs;
+    let completed: boolean;
+    if (store.completeAndCommit) {
+      completed = await store.completeAndCommit(tx, claim, json, retentionMs);
+    } else {
+      completed = await store.complete(tx, claim, json, retentionMs);
+      if (completed) await endWithCommit(tx);
+    }
+    if (!completed) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
+  }
+
+  /** Ends a fast-path transaction with the effect's result and the COMMIT (one round trip when the store can). */
+  async #storeResultAndCommit(tx: Transaction<any>, claim: Claim, json: string): Promise<void> {
+    const store = this.#store;
+    if (store.storeFastPathResultAndCommit) return store.storeFastPathResultAndCommit(tx, claim, json);
+    await store.storeFastPathResult(tx, claim, json);
+    await endWithCommit(tx);
   }
 
   async #settleFailedClaim(claim: Claim, error: unknown, action: EffectFailureAction): Promise<void> {
