@@ -1,4 +1,3 @@
-import { isAbortedTransactionError } from 'kysely';
 import type { IdempotentProducer } from '../bullmq/idempotent-producer.js';
 import { jobIdFor } from '../bullmq/job-identity.js';
 import { IdempotencyError } from '../errors.js';
@@ -137,11 +136,6 @@ export class JobIngestion {
       if (error instanceof IdempotencyError && error.code === 'CLAIM_CONTENDED') {
         return { kind: 'in-progress', retryAfterMs: keys.options.claimLockTimeoutMs };
       }
-      // The claim's lock wait timed out (another request holds the key, uncommitted): the claim
-      // reports in-progress, but the timeout has already aborted executeOnce's transaction, so
-      // its COMMIT comes back as a rollback. No other statement error is swallowed inside
-      // executeOnce, so this error means exactly that; nothing was written.
-      if (isAbortedTransactionError(error)) return { kind: 'in-progress', retryAfterMs: keys.options.claimLockTimeoutMs };
       throw error;
     }
     switch (outcome.kind) {
