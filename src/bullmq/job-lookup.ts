@@ -1,4 +1,5 @@
-import { Queue, type ConnectionOptions, type JobsOptions, type Worker } from 'bullmq';
+import type { ConnectionOptions, JobsOptions, Worker } from 'bullmq';
+import { QueuesByName } from './queues-by-name.js';
 
 /**
  * Whether BullMQ still has a job: `pending` (waiting, delayed, prioritized, active, waiting for
@@ -36,16 +37,15 @@ export interface BullmqJobLookupOptions {
  * ```
  */
 export class BullmqJobLookup {
-  readonly #options: BullmqJobLookupOptions;
-  readonly #queues = new Map<string, Queue>();
+  readonly #queues: QueuesByName;
 
   constructor(options: BullmqJobLookupOptions) {
-    this.#options = Object.freeze({ ...options });
+    this.#queues = new QueuesByName(options);
   }
 
   /** The presence of the first of `jobIds` that is pending, else finished, else `missing`. */
   async presence(queue: string, jobIds: readonly string[]): Promise<JobPresence> {
-    const states = await Promise.all([...new Set(jobIds)].map((id) => this.#queue(queue).getJobState(id)));
+    const states = await Promise.all([...new Set(jobIds)].map((id) => this.#queues.get(queue).getJobState(id)));
     if (states.some((state) => state !== 'unknown' && state !== 'completed' && state !== 'failed')) return 'pending';
     if (states.some((state) => state === 'completed' || state === 'failed')) return 'finished';
     return 'missing';
@@ -57,7 +57,7 @@ export class BullmqJobLookup {
    * `'exists'` is returned, as it will run anyway.
    */
   async reenqueue(request: ReenqueueRequest): Promise<'added' | 'exists'> {
-    const queue = this.#queue(request.queue);
+    const queue = this.#queues.get(request.queue);
     const state = await queue.getJobState(request.jobId);
     if (state === 'completed' || state === 'failed') await queue.remove(request.jobId);
     else if (state !== 'unknown') return 'exists';
@@ -67,18 +67,7 @@ export class BullmqJobLookup {
 
   /** Closes the queues' Redis connections. */
   async close(): Promise<void> {
-    const queues = [...this.#queues.values()];
-    this.#queues.clear();
-    await Promise.all(queues.map((queue) => queue.close()));
-  }
-
-  #queue(name: string): Queue {
-    let queue = this.#queues.get(name);
-    if (!queue) {
-      queue = new Queue(name, { connection: this.#options.connection, prefix: this.#options.prefix });
-      this.#queues.set(name, queue);
-    }
-    return queue;
+    await this.#queues.close();
   }
 }
 

@@ -1,9 +1,10 @@
-import { Queue, type ConnectionOptions, type JobsOptions } from 'bullmq';
+import type { ConnectionOptions, JobsOptions } from 'bullmq';
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
 import type { FaultHook } from '../fault-hook.js';
 import { relayMetrics } from '../metrics/relay-metrics.js';
 import { lockUnsentOutboxRows, markOutboxRowsSent } from '../store/sql/outbox.js';
+import { QueuesByName } from './queues-by-name.js';
 
 /** Options of {@link OutboxRelay}. */
 export interface OutboxRelayOptions {
@@ -39,7 +40,7 @@ export interface OutboxRelayOptions {
  */
 export class OutboxRelay {
   readonly #options: OutboxRelayOptions;
-  readonly #queues = new Map<string, Queue>();
+  readonly #queues: QueuesByName;
   readonly #log: Logger;
   #running: Promise<void> | undefined;
   #stopping = false;
@@ -47,6 +48,7 @@ export class OutboxRelay {
 
   constructor(options: OutboxRelayOptions) {
     this.#options = Object.freeze({ ...options });
+    this.#queues = new QueuesByName(options);
     this.#log = (options.logger ?? pino()).child({ component: 'outbox-relay' });
   }
 
@@ -59,7 +61,7 @@ export class OutboxRelay {
       const byQueue = new Map<string, typeof rows>();
       for (const row of rows) byQueue.set(row.queue, [...(byQueue.get(row.queue) ?? []), row]);
       for (const [queueName, queueRows] of byQueue) {
-        await this.#queue(queueName).addBulk(
+        await this.#queues.get(queueName).addBulk(
           queueRows.map((row) => ({ name: row.jobName, data: row.data, opts: { ...(row.opts as JobsOptions), jobId: row.jobId } })),
         );
       }
@@ -81,7 +83,7 @@ export class OutboxRelay {
     this.#stopping = true;
     this.#wake?.();
     await this.#running;
-    await Promise.all([...this.#queues.values()].map((queue) => queue.close()));
+    await this.#queues.close();
   }
 
   async #loop(): Promise<void> {
@@ -101,14 +103,5 @@ export class OutboxRelay {
         });
       }
     }
-  }
-
-  #queue(name: string): Queue {
-    let queue = this.#queues.get(name);
-    if (!queue) {
-      queue = new Queue(name, { connection: this.#options.connection, prefix: this.#options.prefix });
-      this.#queues.set(name, queue);
-    }
-    return queue;
   }
 }

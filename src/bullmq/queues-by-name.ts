@@ -1,0 +1,29 @@
+import { Queue, type ConnectionOptions } from 'bullmq';
+
+/**
+ * BullMQ `Queue` handles opened on first use, one per queue name, for components that write to
+ * whichever queue a row names (the outbox relay, the sweeper). Each handle holds a Redis
+ * connection, so they are kept and closed together.
+ */
+export class QueuesByName {
+  readonly #queues = new Map<string, Queue>();
+
+  constructor(private readonly options: { readonly connection: ConnectionOptions; readonly prefix?: string }) {}
+
+  /** The queue named `name`, opened on first use. */
+  get(name: string): Queue {
+    let queue = this.#queues.get(name);
+    if (!queue) {
+      queue = new Queue(name, { connection: this.options.connection, prefix: this.options.prefix });
+      this.#queues.set(name, queue);
+    }
+    return queue;
+  }
+
+  /** Closes every queue opened so far. */
+  async close(): Promise<void> {
+    const queues = [...this.#queues.values()];
+    this.#queues.clear();
+    await Promise.all(queues.map((queue) => queue.close()));
+  }
+}
