@@ -30,16 +30,10 @@ export function readIdempotencyKey(header: string | readonly string[] | undefine
     }
     key = inner.replace(/\\(["\\])/g, '$1');
   }
-  try {
-    assertValidKeyPart('key', key);
-  } catch (error) {
-    if (error instanceof ValidationError) throw new HttpProblem('invalid-idempotency-key', error.message);
-    throw error;
-  }
-  return key;
+  return readPathKey(key);
 }
 
-/** Checks a key taken from a URL path (GET). */
+/** Checks a key taken from a URL path (GET), or from the header once unquoted. */
 export function readPathKey(key: string): string {
   try {
     assertValidKeyPart('key', key);
