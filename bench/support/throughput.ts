@@ -48,6 +48,8 @@ export interface ThroughputRun {
   readonly effects: number;
   readonly distinctKeys: number;
   readonly failedJobs: number;
+  /** CPU time of this Node process (worker, BullMQ, drivers) per job over the window, in ms. */
+  readonly nodeCpuMsPerJob: number;
   /** Claim statement latency in ms by outcome (idempotent contenders only). */
   readonly claimLatency?: Record<string, { count: number; p50: number; p99: number }>;
 }
@@ -144,6 +146,8 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
   let failed = 0;
   let elapsedMs = 0;
   let roundTrips = 0;
+  let cpuMicros = 0;
+  const startCpu = { value: process.cpuUsage() };
   const startRoundTrips = { value: 0 };
   const startedAt = { value: 0 };
   const done = new Promise<void>((resolve) => {
@@ -151,6 +155,8 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
       if (completed + failed === n) {
         elapsedMs = performance.now() - startedAt.value;
         roundTrips = counter.count - startRoundTrips.value;
+        const cpu = process.cpuUsage(startCpu.value);
+        cpuMicros = cpu.user + cpu.system;
         resolve();
       }
     };
@@ -168,6 +174,7 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
   await bull.waitUntilReady();
   timed?.reset();
   startRoundTrips.value = counter.count;
+  startCpu.value = process.cpuUsage();
   startedAt.value = performance.now();
   await queue.resume();
   await withTimeout(done, 15 * 60_000, `${contender}: ${completed}/${n} jobs completed`);
@@ -191,6 +198,7 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
     effects,
     distinctKeys: contender === 'bullmq-noop' ? 0 : distinctKeys,
     failedJobs: failed,
+    nodeCpuMsPerJob: cpuMicros / 1000 / n,
     claimLatency: timed ? summarizeLatencies(timed.latencies) : undefined,
   };
 }

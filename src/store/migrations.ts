@@ -5,6 +5,12 @@ import { claimKeysFunctionDdl } from './sql/claim-batch.js';
 /**
  * The schema's history, oldest first. Each migration takes the schema name because the
  * schema is configurable; never edit a migration that has shipped, add a new one.
+ *
+ * The PL/pgSQL functions are the exception, kept as "repeatable" definitions: every migration
+ * that changes a function's body installs its current definition (`create or replace`), so a
+ * fresh database (which runs them all) and an upgraded one end with the same body. Installing
+ * a body that names a column a later migration adds is fine: PL/pgSQL resolves names at the
+ * first call, not at `create function`.
  */
 export function migrationsFor(schema: string): Record<string, Migration> {
   const t = (table: string) => sql.id(schema, table);
@@ -67,6 +73,15 @@ export function migrationsFor(schema: string): Record<string, Migration> {
     '004_claim_keys_function': {
       // Several leased claims in one statement and one commit (the claim batcher).
       async up(db: Kysely<any>) {
+        await claimKeysFunctionDdl(schema).execute(db);
+      },
+    },
+    '005_notify_only_waiters': {
+      // NOTIFY at commit takes a database-wide lock and halves commit throughput; a key now
+      // notifies only when a waiter asked for it (see key-settled-listener.ts).
+      async up(db: Kysely<any>) {
+        await sql`alter table ${t('idempotency_keys')} add column has_waiters boolean not null default false`.execute(db);
+        await claimKeyFunctionDdl(schema).execute(db);
         await claimKeysFunctionDdl(schema).execute(db);
       },
     },

@@ -19,7 +19,7 @@ export interface AbandonKeyInput {
  * nobody to finish it. Conditional on the state the sweeper saw: still `processing`, same
  * fence, lease still over for `sweepAfterMs`. A worker that claimed the key in the meantime
  * changed the fence (or holds a live lease), so the update matches nothing and returns false.
- * Waiters are notified as for any failure.
+ * Waiters that asked are notified as for any failure.
  */
 export async function abandonKey(db: Kysely<any>, schema: string, input: AbandonKeyInput): Promise<boolean> {
   const { rows } = await sql`
@@ -42,9 +42,12 @@ export async function abandonKey(db: Kysely<any>, schema: string, input: Abandon
          and status = 'processing'
          and fence = ${input.fence}
          and locked_until <= now() - ${input.sweepAfterMs}::bigint * interval '1 millisecond'
-      returning scope, key
+      returning scope, key, has_waiters
+    ),
+    notified as (
+      select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
+        from abandoned where has_waiters
     )
-    select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
-      from abandoned`.execute(db);
+    select (select count(*) from notified) as notified from abandoned`.execute(db);
   return rows.length === 1;
 }

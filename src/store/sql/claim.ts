@@ -146,8 +146,9 @@ function claimStatement(input: ClaimStatementInput) {
  *
  * `#variable_conflict use_column`: the output columns share names with table columns; inside
  * queries a bare name always means the column. A completing (fast-path) claim has no lease (its
- * transaction's row lock is the lease) and notifies waiters, delivered at commit, and not at all
- * if the effect rolls back.
+ * transaction's row lock is the lease) and notifies waiters (only when one asked, `has_waiters`;
+ * never for a fresh insert, which nobody could have asked about), delivered at commit, and not at
+ * all if the effect rolls back.
  */
 export function claimKeyFunctionDdl(schema: string) {
   const fn = sql.id(schema, 'claim_key');
@@ -181,7 +182,7 @@ export function claimKeyFunctionDdl(schema: string) {
       values (p_scope, p_key, p_fingerprint, v_status, p_owner, 1, 1, v_locked_until,
               p_job_id, p_queue, p_job_name, p_payload, v_completed_at, v_expires_at)
       on conflict do nothing
-      returning k.fence, k.attempts, k.locked_until into v_row;
+      returning k.fence, k.attempts, k.locked_until, k.has_waiters into v_row;
       if found then
         outcome := 'claimed';
       else
@@ -199,7 +200,7 @@ export function claimKeyFunctionDdl(schema: string) {
            and k.status = 'processing'
            and k.fingerprint = p_fingerprint
            and (k.owner is null or k.locked_until <= now())
-        returning k.fence, k.attempts, k.locked_until into v_row;
+        returning k.fence, k.attempts, k.locked_until, k.has_waiters into v_row;
         if found then
           outcome := 'taken-over';
         end if;
@@ -212,7 +213,7 @@ export function claimKeyFunctionDdl(schema: string) {
         locked_until := v_row.locked_until;
         claimable := false;
         retry_after_ms := 0;
-        if v_completing then
+        if v_completing and v_row.has_waiters then
           perform pg_notify(p_channel, json_build_object('scope', p_scope, 'key', p_key)::text);
         end if;
         return next;

@@ -43,11 +43,11 @@ export async function completeAndCommit(
        where scope = ${pg.escapeLiteral(claim.scope)} and key = ${pg.escapeLiteral(claim.key)}
          and owner = ${pg.escapeLiteral(claim.owner)}::uuid and fence = ${integer(claim.fence, 'fence')}
          and status = 'processing'
-      returning scope, key
+      returning scope, key, has_waiters
     ),
     notified as (
       select pg_notify(${pg.escapeLiteral(keySettledChannel(schema))}, json_build_object('scope', scope, 'key', key)::text)
-        from completed
+        from completed where has_waiters
     )
     select case when c.n = 1 then (select count(*) from notified) else 1 / (c.n - c.n) end as completed
       from (select count(*) as n from completed) as c;

@@ -18,7 +18,8 @@ export async function completeKey(
   resultJson: string,
   retentionMs: number,
 ): Promise<boolean> {
-  // The notification is transactional: waiters hear of the completion only once it commits.
+  // The notification is transactional: waiters hear of the completion only once it commits. It
+  // goes out only when a waiter asked (has_waiters): NOTIFY serializes commits database-wide.
   const { rows } = await sql`
     with completed as (
     update ${sql.id(schema, 'idempotency_keys')}
@@ -31,10 +32,13 @@ export async function completeKey(
      where scope = ${claim.scope} and key = ${claim.key}
        and owner = ${claim.owner}::uuid and fence = ${claim.fence}
        and status = 'processing'
-    returning scope, key
+    returning scope, key, has_waiters
+    ),
+    notified as (
+      select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
+        from completed where has_waiters
     )
-    select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
-      from completed`.execute(tx);
+    select (select count(*) from notified) as notified from completed`.execute(tx);
   return rows.length === 1;
 }
 

@@ -26,9 +26,12 @@ export async function failKey(
      where scope = ${claim.scope} and key = ${claim.key}
        and owner = ${claim.owner}::uuid and fence = ${claim.fence}
        and status = 'processing'
-    returning scope, key
+    returning scope, key, has_waiters
+    ),
+    notified as (
+      select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
+        from failed where has_waiters
     )
-    select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
-      from failed`.execute(db);
+    select (select count(*) from notified) as notified from failed`.execute(db);
   return rows.length === 1;
 }
