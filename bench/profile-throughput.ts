@@ -5,7 +5,7 @@
 import { createBenchEnv, RoundTripCounter } from './support/bench-env.js';
 import { runThroughput, type Contender } from './support/throughput.js';
 
-const contenders: Contender[] = ['bullmq-noop', 'bullmq-tx', 'leased', 'fast-path', 'leased-async-claim', 'leased-unbatched', 'fast-path-no-probe', 'leased-two-trip-commit', 'fast-path-two-trip-commit'];
+const contenders: Contender[] = ['bullmq-noop', 'bullmq-tx', 'leased', 'fast-path', 'leased-group', 'fast-path-group', 'leased-async-claim', 'leased-unbatched', 'fast-path-no-probe', 'leased-two-trip-commit', 'fast-path-two-trip-commit'];
 const contender = process.argv[2] as Contender;
 if (!contenders.includes(contender)) throw new Error(`first argument: one of ${contenders.join(', ')} (got ${JSON.stringify(process.argv[2])})`);
 const n = Number(process.argv[3] ?? 5000);
@@ -17,7 +17,7 @@ const counter = new RoundTripCounter();
 counter.install();
 const env = await createBenchEnv();
 try {
-  console.log(JSON.stringify(await runThroughput(env, counter, { contender, n, concurrency: 16, duplicateRatio })));
+  console.log(JSON.stringify(await runThroughput(env, counter, { contender, n, concurrency: Number(process.env.BENCH_CONCURRENCY ?? 16), duplicateRatio })));
 } finally {
   await env.teardown();
 }

@@ -27,6 +27,8 @@ export type Contender =
   | 'bullmq-tx'
   | 'leased'
   | 'fast-path'
+  | 'leased-group'
+  | 'fast-path-group'
   | 'leased-async-claim'
   | 'leased-unbatched'
   | 'fast-path-no-probe'
@@ -126,7 +128,16 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
       probeSettledKeys: contender !== 'fast-path-no-probe',
     });
     timed = new TimedKeyStore(store, { oneTripCommit: !contender.endsWith('two-trip-commit') });
-    const keys = new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, claimSynchronousCommit: contender !== 'leased-async-claim' }, timed);
+    const keys = new IdempotencyKeys(
+      {
+        db,
+        schema: env.schema,
+        leaseMs: 30_000,
+        claimSynchronousCommit: contender !== 'leased-async-claim',
+        groupCommit: contender.endsWith('-group') && { maxGroups: Number(process.env.BENCH_GROUPS ?? 2), maxJobs: Number(process.env.BENCH_GROUP_JOBS ?? 16) },
+      },
+      timed,
+    );
     const worker = createIdempotentWorker<BenchPayload>({
       queue: queueName,
       connection,

@@ -17,6 +17,8 @@ export class TimedKeyStore implements KeyStore {
   readonly storeFastPathResultAndCommit?: KeyStore['storeFastPathResultAndCommit'];
   /** Present when the wrapped store has it. */
   readonly findSettled?: KeyStore['findSettled'];
+  /** The wrapped store's, when it has them (group commit). */
+  readonly groupStatements?: KeyStore['groupStatements'];
 
   /**
    * `oneTripCommit: false` hides the store's one-round-trip commit, so the protocol falls back
@@ -25,6 +27,7 @@ export class TimedKeyStore implements KeyStore {
   constructor(inner: KeyStore, options: { oneTripCommit?: boolean } = {}) {
     this.#inner = inner;
     if (inner.findSettled) this.findSettled = inner.findSettled.bind(inner);
+    this.groupStatements = inner.groupStatements;
     if (options.oneTripCommit ?? true) {
       if (inner.completeAndCommit) this.completeAndCommit = inner.completeAndCommit.bind(inner);
       if (inner.storeFastPathResultAndCommit) this.storeFastPathResultAndCommit = inner.storeFastPathResultAndCommit.bind(inner);

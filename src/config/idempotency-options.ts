@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { ValidationError } from '../errors.js';
 import type { Fingerprinter } from '../fingerprint.js';
 import { sha256Fingerprint } from '../fingerprint.js';
+import type { GroupCommitOptions } from '../protocol/group-commit.js';
 
 /** Options for {@link IdempotencyKeys}: where keys live and how long leases and results last. */
 export interface IdempotencyOptions {
@@ -49,6 +50,15 @@ export interface IdempotencyOptions {
    * @defaultValue SHA-256 of RFC 8785 canonical JSON
    */
   readonly fingerprint?: Fingerprinter;
+  /**
+   * Group commit: concurrent effects (`commitEffect`, `runEffect`, `executeOnce`) share
+   * transactions, each in its own savepoint, so a group pays one COMMIT and one WAL flush, and
+   * a failing effect rolls back only itself. The price: a group's effects run one after another
+   * on its connection and it holds all their row locks until it commits, so it suits short
+   * effects that only touch this database. `true` takes the defaults. See `src/protocol/group-commit.ts`.
+   * @defaultValue `false`
+   */
+  readonly groupCommit?: boolean | GroupCommitOptions;
 }
 
 /** {@link IdempotencyOptions} with every default applied and every value checked. */
@@ -61,6 +71,8 @@ export interface ResolvedIdempotencyOptions {
   readonly claimLockTimeoutMs: number;
   readonly claimSynchronousCommit: boolean;
   readonly fingerprint: Fingerprinter;
+  /** Group commit's settings, or false when it is off. */
+  readonly groupCommit: Required<GroupCommitOptions> | false;
 }
 
 const positiveMs = z.number().int().positive();
@@ -75,6 +87,16 @@ const optionsSchema = z.object({
   maxResultBytes: positiveMs.default(1_048_576),
   claimLockTimeoutMs: positiveMs.default(2_000),
   claimSynchronousCommit: z.boolean().default(true),
+  groupCommit: z
+    .union([
+      z.boolean().transform((on) => (on ? { maxJobs: 16, maxGroups: 2 } : false)),
+      z.object({
+        // Postgres caches 64 subtransactions per transaction; more spill to pg_subtrans and slow every session.
+        maxJobs: z.number().int().min(1).max(63).default(16),
+        maxGroups: z.number().int().min(1).max(64).default(2),
+      }),
+    ])
+    .default(false),
 });
 
 /** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */
@@ -89,6 +111,7 @@ export function resolveIdempotencyOptions(options: IdempotencyOptions): Resolved
     maxResultBytes: options.maxResultBytes,
     claimLockTimeoutMs: options.claimLockTimeoutMs,
     claimSynchronousCommit: options.claimSynchronousCommit,
+    groupCommit: options.groupCommit,
   });
   if (!parsed.success) {
     const issue = parsed.error.issues[0]!;

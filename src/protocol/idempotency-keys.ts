@@ -13,6 +13,9 @@ import type { KeyRecord } from '../store/key-record.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
 import { assertValidKeyPart, serializeResult, toStoredError } from './validate.js';
+import { GroupCommitter } from './group-commit.js';
+import { ValidationError } from '../errors.js';
+import type { GroupStatements } from '../store/key-store.js';
 
 /** Per-claim options of {@link IdempotencyKeys.claim}. */
 export interface ClaimOptions {
@@ -65,10 +68,20 @@ export type Effect<T> = (tx: Transaction<any>) => Promise<T>;
 export class IdempotencyKeys {
   readonly #options: ResolvedIdempotencyOptions;
   readonly #store: KeyStore;
+  /** Set when group commit is on: effects then share transactions (see `group-commit.ts`). */
+  readonly #group: { committer: GroupCommitter; statements: GroupStatements } | undefined;
 
   constructor(options: IdempotencyOptions, store?: KeyStore) {
     this.#options = resolveIdempotencyOptions(options);
     this.#store = store ?? new PostgresKeyStore(this.#options.db, this.#options.schema);
+    const { groupCommit } = this.#options;
+    if (groupCommit) {
+      const statements = this.#store.groupStatements;
+      if (!statements) {
+        throw new ValidationError('INVALID_OPTIONS', 'groupCommit', 'groupCommit needs a store that offers groupStatements (PostgresKeyStore does).');
+      }
+      this.#group = { committer: new GroupCommitter(this.#options.db, groupCommit), statements };
+    }
   }
 
   /** The resolved options (defaults applied). */
@@ -133,6 +146,19 @@ export class IdempotencyKeys {
    * transaction (the chaos suite crashes there).
    */
   async commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void): Promise<T> {
+    const group = this.#group;
+    if (group) {
+      return group.committer.run(async (tx) => {
+        const result = await effect(tx);
+        const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
+        await beforeCommit?.();
+        return {
+          value: result,
+          closing: group.statements.completion(claim, json, this.#options.retentionMs),
+          closingError: (error: unknown) => this.#explainClosingFailure(group.statements, error, claim),
+        };
+      });
+    }
     return runTransaction(this.db, async (tx) => {
       const result = await effect(tx);
       const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
@@ -184,6 +210,23 @@ export class IdempotencyKeys {
     const settled = await store.findSettled?.(scope, key, fingerprint);
     if (settled) return settled as ExecuteOnceOutcome<T>;
     const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
+    const group = this.#group;
+    if (group) {
+      // The same steps inside the job's savepoint of a shared transaction.
+      return group.committer.run(async (tx) => {
+        const outcome = await store.claim(tx, input);
+        if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, closing: 'rollback' as const };
+        const result = await effect(tx, outcome);
+        const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
+        if (result === undefined) return { value };
+        const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
+        return {
+          value,
+          closing: group.statements.fastPathResult(outcome, json),
+          closingError: (error: unknown) => this.#explainClosingFailure(group.statements, error, outcome),
+        };
+      });
+    }
     // The claim bounds its own lock wait and puts lock_timeout back in the same statement, so
     // the effect runs under the session's usual lock_timeout. A claim that does not hold the
     // key rolls back: its transaction may be aborted (the lock wait timed out), so no COMMIT.
@@ -269,6 +312,11 @@ export class IdempotencyKeys {
     if (store.storeFastPathResultAndCommit) return store.storeFastPathResultAndCommit(tx, claim, json);
     await store.storeFastPathResult(tx, claim, json);
     await endWithCommit(tx);
+  }
+
+  #explainClosingFailure(statements: GroupStatements, error: unknown, claim: Claim): unknown {
+    const failure = statements.explainFailure(error, claim);
+    return 'leaseLost' in failure ? new LeaseLostError(claim.scope, claim.key, claim.fence) : failure.error;
   }
 
   async #settleFailedClaim(claim: Claim, error: unknown, action: EffectFailureAction): Promise<void> {

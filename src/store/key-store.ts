@@ -30,6 +30,11 @@ export interface KeyStore {
   /** Optional, like {@link KeyStore.completeAndCommit}: {@link KeyStore.storeFastPathResult} and the COMMIT at once. */
   storeFastPathResultAndCommit?(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void>;
   /**
+   * Optional, needed for group commit: the closing statements of a job in a shared transaction,
+   * as literal SQL (see `group-transaction.ts`).
+   */
+  readonly groupStatements?: GroupStatements;
+  /**
    * Optional: a read of a key that is already settled, without a transaction: the `completed`,
    * `failed` or `key-reused` outcome a claim would return, or undefined (unknown or still
    * processing: claim it the usual way). The fast path asks this first, so that a duplicate
@@ -44,4 +49,14 @@ export interface KeyStore {
   fail(claim: Claim, errorJson: string, retentionMs: number): Promise<boolean>;
   /** Reads one key. */
   get(scope: string, key: string): Promise<KeyRecord | undefined>;
+}
+
+/** The statements group commit needs from a store, as literal SQL (no bind parameters). */
+export interface GroupStatements {
+  /** The fenced completion; it must fail when the claim no longer owns the key. */
+  completion(claim: Claim, resultJson: string, retentionMs: number): string;
+  /** Stores a fast-path result on a key claimed as completed in this transaction. */
+  fastPathResult(claim: Claim, resultJson: string): string;
+  /** What a failed closing statement means: the lease was lost, or an error to report as it is (mapped). */
+  explainFailure(error: unknown, claim: Claim): { readonly leaseLost: true } | { readonly error: unknown };
 }

@@ -35,14 +35,7 @@ const NO_DIALECT: Dialect = {
  * real Kysely `Transaction` over that connection, with the instance's plugins.
  */
 export function runTransaction<T>(db: Kysely<any>, body: (tx: Transaction<any>) => Promise<TransactionEnd<T>>): Promise<T> {
-  const executor = db.getExecutor();
-  return executor.provideConnection(async (connection) => {
-    const tx = new Transaction<any>({
-      config: { dialect: NO_DIALECT },
-      dialect: NO_DIALECT,
-      driver: new DummyDriver(),
-      executor: executor.withConnectionProvider(new SingleConnectionProvider(connection)),
-    });
+  return onOneConnection(db, async (tx) => {
     await beginTransaction(tx);
     try {
       const { value, end } = await body(tx);
@@ -53,6 +46,24 @@ export function runTransaction<T>(db: Kysely<any>, body: (tx: Transaction<any>) 
       throw error;
     }
   });
+}
+
+/**
+ * Lends `body` one pooled connection as a Kysely `Transaction` object (with the instance's
+ * plugins) that sends nothing by itself: BEGIN, COMMIT and ROLLBACK are the caller's to send.
+ */
+export function onOneConnection<T>(db: Kysely<any>, body: (tx: Transaction<any>) => Promise<T>): Promise<T> {
+  const executor = db.getExecutor();
+  return executor.provideConnection((connection) =>
+    body(
+      new Transaction<any>({
+        config: { dialect: NO_DIALECT },
+        dialect: NO_DIALECT,
+        driver: new DummyDriver(),
+        executor: executor.withConnectionProvider(new SingleConnectionProvider(connection)),
+      }),
+    ),
+  );
 }
 
 /** Ends a transaction with a plain COMMIT (nothing left to write). */

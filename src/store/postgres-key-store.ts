@@ -1,7 +1,7 @@
 import type { Kysely } from 'kysely';
 import { ResultNotStorableError } from '../errors.js';
 import type { Claim, ClaimOutcome } from './claim-outcome.js';
-import type { ClaimInput, KeyStore } from './key-store.js';
+import type { ClaimInput, GroupStatements, KeyStore } from './key-store.js';
 import type { KeyRecord } from './key-record.js';
 import { isUnstorableJson } from './pg-errors.js';
 import { ClaimBatcher } from './claim-batcher.js';
@@ -9,7 +9,7 @@ import { findSettledKeys, type SettledKeyRow } from './sql/find-settled-keys.js'
 import { StatementBatcher } from './statement-batcher.js';
 import { claimKey } from './sql/claim.js';
 import { completeKey, storeFastPathResult } from './sql/complete.js';
-import { completeAndCommit, storeResultAndCommit } from './sql/complete-and-commit.js';
+import { completeAndCommit, fastPathResultText, fencedCompletionText, isLeaseLost, storeResultAndCommit } from './sql/complete-and-commit.js';
 import { extendLease } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
@@ -39,6 +39,12 @@ export class PostgresKeyStore implements KeyStore {
   readonly #db: Kysely<any>;
   readonly #batcher: ClaimBatcher | undefined;
   readonly schema: string;
+
+  readonly groupStatements: GroupStatements = {
+    completion: (claim, resultJson, retentionMs) => fencedCompletionText(this.schema, claim, resultJson, retentionMs),
+    fastPathResult: (claim, resultJson) => fastPathResultText(this.schema, claim, resultJson),
+    explainFailure: (error, claim) => (isLeaseLost(error) ? { leaseLost: true } : { error: this.#mapResultError(error, claim) }),
+  };
 
   /** See {@link KeyStore.findSettled}; present unless `probeSettledKeys` is false. */
   readonly findSettled?: (scope: string, key: string, fingerprint: string) => Promise<ClaimOutcome | undefined>;

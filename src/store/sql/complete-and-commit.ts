@@ -30,8 +30,29 @@ export async function completeAndCommit(
   resultJson: string,
   retentionMs: number,
 ): Promise<boolean> {
+  try {
+    await sql.raw(`${fencedCompletionText(schema, claim, resultJson, retentionMs)}; commit`).execute(tx);
+    return true;
+  } catch (error) {
+    if (isLeaseLost(error)) return false;
+    throw error;
+  }
+}
+
+/** True for the deliberate error of a fenced completion that matched no row (see {@link fencedCompletionText}). */
+export function isLeaseLost(error: unknown): boolean {
+  return (error as { code?: unknown } | null)?.code === LEASE_LOST_STATE;
+}
+
+/**
+ * The fenced completion as one self-contained statement of literal SQL, for a simple-protocol
+ * string that also carries other statements (`…; commit` here, savepoints in group commit).
+ * It fails with {@link LEASE_LOST_STATE} when the claim no longer owns the key, so nothing
+ * after it in the string runs. Notifies at commit only when a waiter asked (`has_waiters`).
+ */
+export function fencedCompletionText(schema: string, claim: Claim, resultJson: string, retentionMs: number): string {
   const table = `${pg.escapeIdentifier(schema)}.idempotency_keys`;
-  const text = `
+  return `
     with completed as (
       update ${table}
          set status = 'completed',
@@ -50,31 +71,28 @@ export async function completeAndCommit(
         from completed where has_waiters
     )
     select case when c.n = 1 then (select count(*) from notified) else 1 / (c.n - c.n) end as completed
-      from (select count(*) as n from completed) as c;
-    commit`;
-  try {
-    await sql.raw(text).execute(tx);
-    return true;
-  } catch (error) {
-    if ((error as { code?: unknown }).code === LEASE_LOST_STATE) return false;
-    throw error;
-  }
+      from (select count(*) as n from completed) as c`;
 }
 
 /**
  * The fast path's result and the COMMIT in one round trip (same simple-protocol technique as
- * {@link completeAndCommit}). The key was claimed as `completed` in this transaction and its
- * row is locked by it, so the UPDATE cannot miss; the owner condition only documents whose row
- * this is.
+ * {@link completeAndCommit}).
  */
 export async function storeResultAndCommit(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string): Promise<void> {
-  const text = `
+  await sql.raw(`${fastPathResultText(schema, claim, resultJson)}; commit`).execute(tx);
+}
+
+/**
+ * The fast path's result as one statement of literal SQL. The key was claimed as `completed` in
+ * this transaction and its row is locked by it, so the UPDATE cannot miss; the owner condition
+ * only documents whose row this is.
+ */
+export function fastPathResultText(schema: string, claim: Claim, resultJson: string): string {
+  return `
     update ${pg.escapeIdentifier(schema)}.idempotency_keys
        set result = ${pg.escapeLiteral(resultJson)}::jsonb
      where scope = ${pg.escapeLiteral(claim.scope)} and key = ${pg.escapeLiteral(claim.key)}
-       and owner = ${pg.escapeLiteral(claim.owner)}::uuid;
-    commit`;
-  await sql.raw(text).execute(tx);
+       and owner = ${pg.escapeLiteral(claim.owner)}::uuid`;
 }
 
 function integer(value: number, name: string): string {

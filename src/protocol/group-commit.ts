@@ -1,0 +1,126 @@
+import type { Kysely, Transaction } from 'kysely';
+import { GroupTransaction } from '../store/group-transaction.js';
+import { onOneConnection } from '../store/one-trip-commit.js';
+
+/** Options of group commit (see {@link GroupCommitter}). */
+export interface GroupCommitOptions {
+  /** Most jobs in one transaction. Keep it under 64: Postgres caches 64 subtransactions per transaction. @defaultValue `16` */
+  readonly maxJobs?: number;
+  /** Groups open at once, each on its own connection. @defaultValue `2` */
+  readonly maxGroups?: number;
+}
+
+/** How a job's part of a group ends: its value, and the statement that closes it. */
+export interface GroupJobEnd<T> {
+  readonly value: T;
+  /**
+   * `'rollback'`: nothing of this job is kept (its claim found the key held or settled).
+   * A string: literal SQL run after the job, before its savepoint is released (its completion).
+   * Undefined: nothing more to run.
+   */
+  readonly closing?: string | 'rollback';
+  /** What the job fails with when `closing` fails (a lost lease, say). @defaultValue the SQL error */
+  readonly closingError?: (error: unknown) => unknown;
+}
+
+/** A job's part of a group: runs on the group's transaction, inside the job's own savepoint. */
+export type GroupJob<T> = (tx: Transaction<any>) => Promise<GroupJobEnd<T>>;
+
+interface Waiting {
+  readonly job: GroupJob<unknown>;
+  readonly resolve: (value: unknown) => void;
+  readonly reject: (error: unknown) => void;
+  outcome?: { readonly value: unknown } | { readonly error: unknown };
+}
+
+/**
+ * Group commit: concurrent jobs' effects and completions share one transaction (see
+ * {@link GroupTransaction}), so a group of N jobs pays one BEGIN, one COMMIT and one WAL flush
+ * instead of N, and each job's savepoint and closing statement share round trips.
+ *
+ * A job that arrives while fewer than `maxGroups` groups are open starts a group; otherwise it
+ * waits and joins the next open group that looks for work. A group takes waiting jobs one at a
+ * time until none is waiting or it holds `maxJobs`, then commits. Nothing waits on a timer:
+ * under load, jobs group themselves.
+ *
+ * Every job of a group settles when the group ends: resolved when the COMMIT succeeded (or with
+ * its own error when its part was rolled back), rejected with the group's error when the group
+ * could not commit, so that nothing is reported done that did not commit.
+ *
+ * The price, and why it is opt-in: a group's jobs run one after another on its connection, and
+ * the group holds every job's row locks until it commits, so a slow job holds up its group.
+ */
+export class GroupCommitter {
+  readonly #db: Kysely<any>;
+  readonly #maxJobs: number;
+  readonly #maxGroups: number;
+  readonly #waiting: Waiting[] = [];
+  #open = 0;
+
+  constructor(db: Kysely<any>, options: GroupCommitOptions = {}) {
+    this.#db = db;
+    this.#maxJobs = options.maxJobs ?? 16;
+    this.#maxGroups = options.maxGroups ?? 2;
+  }
+
+  /** Runs `job` in a group; resolves with its value once its group committed. */
+  run<T>(job: GroupJob<T>): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      this.#waiting.push({ job: job as GroupJob<unknown>, resolve: resolve as (value: unknown) => void, reject });
+      if (this.#open < this.#maxGroups) void this.#runGroup();
+    });
+  }
+
+  async #runGroup(): Promise<void> {
+    this.#open++;
+    const members: Waiting[] = [];
+    try {
+      await onOneConnection(this.#db, async (tx) => {
+        const group = new GroupTransaction(tx);
+        try {
+          while (members.length < this.#maxJobs && this.#waiting.length > 0) {
+            const member = this.#waiting.shift()!;
+            members.push(member);
+            await group.startJob();
+            await this.#runMember(group, member);
+          }
+          await group.commit();
+        } catch (error) {
+          await group.rollback().catch(() => {});
+          throw error;
+        }
+      });
+      for (const member of members) settle(member, member.outcome ?? { error: new Error('group job left no outcome') });
+    } catch (groupError) {
+      // Nothing of the group committed: a job's own error still says more than the group's.
+      for (const member of members) settle(member, member.outcome && 'error' in member.outcome ? member.outcome : { error: groupError });
+    } finally {
+      this.#open--;
+      if (this.#waiting.length > 0 && this.#open < this.#maxGroups) void this.#runGroup();
+    }
+  }
+
+  async #runMember(group: GroupTransaction, member: Waiting): Promise<void> {
+    let end: GroupJobEnd<unknown>;
+    try {
+      end = await member.job(group.tx);
+    } catch (error) {
+      member.outcome = { error };
+      group.abortJob();
+      return;
+    }
+    member.outcome = { value: end.value };
+    if (end.closing === 'rollback') {
+      group.abortJob();
+      return;
+    }
+    group.endJob(end.closing, (error) => {
+      member.outcome = { error: end.closingError ? end.closingError(error) : error };
+    });
+  }
+}
+
+function settle(member: Waiting, outcome: { readonly value: unknown } | { readonly error: unknown }): void {
+  if ('error' in outcome) member.reject(outcome.error);
+  else member.resolve(outcome.value);
+}

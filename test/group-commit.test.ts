@@ -1,0 +1,137 @@
+import { sql, type Kysely } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { IdempotencyKeys, LeaseLostError, ValidationError, isHeld, type ClaimOutcome, type HeldClaim, type KeyStore } from '../src/index.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+import { expireLease } from './support/protocol-fixtures.js';
+
+let env: TestEnv;
+/** Group commit on; one group at a time, so that jobs submitted together share transactions. */
+let grouped: IdempotencyKeys;
+let plain: IdempotencyKeys;
+const scope = 'group';
+
+beforeAll(async () => {
+  env = await createTestEnv('group_commit');
+  grouped = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxJobs: 16, maxGroups: 1 } });
+  plain = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000 });
+  // txid records which transaction committed each effect; `ref` is a foreign key checked only at COMMIT.
+  await sql`create table ${sql.id(env.schema, 'group_refs')} (id int primary key)`.execute(env.db);
+  await sql`create table ${sql.id(env.schema, 'group_effects')} (
+    key text not null, txid bigint not null default txid_current(),
+    ref int references ${sql.id(env.schema, 'group_refs')} (id) deferrable initially deferred)`.execute(env.db);
+});
+afterAll(async () => {
+  await env?.teardown();
+});
+
+function held(outcome: ClaimOutcome): HeldClaim {
+  if (!isHeld(outcome)) throw new Error(`expected a held claim, got ${outcome.kind}`);
+  return outcome;
+}
+
+async function insertEffect(tx: Kysely<any>, key: string, bad = false): Promise<void> {
+  await sql`insert into ${sql.id(env.schema, 'group_effects')} (key, ref) values (${key}, ${bad ? -1 : null})`.execute(tx);
+}
+
+async function effects(prefix: string): Promise<Array<{ key: string; txid: string }>> {
+  const { rows } = await sql<{ key: string; txid: string }>`
+    select key, txid from ${sql.id(env.schema, 'group_effects')} where key like ${`${prefix}%`} order by key`.execute(env.db);
+  return rows;
+}
+
+const fp = (key: string) => grouped.fingerprint({ key });
+
+describe('group commit', () => {
+  it('1. concurrent fast-path jobs share transactions, and each key takes effect once', async () => {
+    const keys = Array.from({ length: 12 }, (_, i) => `share-${String(i).padStart(2, '0')}`);
+    const outcomes = await Promise.all(keys.map((key) => grouped.executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key), { key }))));
+    expect(outcomes.map((o) => o.kind)).toEqual(keys.map(() => 'executed'));
+    const rows = await effects('share-');
+    expect(rows.map((r) => r.key)).toEqual(keys);
+    // One group at a time: the first job goes alone, the other eleven wait and share one transaction.
+    expect(new Set(rows.map((r) => r.txid)).size).toBeLessThan(keys.length);
+    // Replays see the stored results.
+    const again = await grouped.executeOnce(scope, keys[3]!, fp(keys[3]!), async () => 'must not run');
+    expect(again).toMatchObject({ kind: 'completed', result: { key: keys[3] } });
+  });
+
+  it('2. a job that throws in a group rolls back only itself (its effect and its claim); the others commit', async () => {
+    const keys = Array.from({ length: 8 }, (_, i) => `iso-${i}`);
+    const settled = await Promise.allSettled(
+      keys.map((key, i) =>
+        grouped.executeOnce(scope, key, fp(key), async (tx) => {
+          await insertEffect(tx, key);
+          if (i === 4) throw new Error('boom in the middle of the group');
+          if (i === 6) await sql`select 1 / 0`.execute(tx); // an SQL error aborts only this job's savepoint
+          return i;
+        }),
+      ),
+    );
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled', 'rejected', 'fulfilled', 'rejected', 'fulfilled']);
+    expect((await effects('iso-')).map((r) => r.key)).toEqual(['iso-0', 'iso-1', 'iso-2', 'iso-3', 'iso-5', 'iso-7']);
+    // The failed keys are exactly as before: no row, so the next attempt runs them.
+    expect(await plain.get(scope, 'iso-4')).toBeUndefined();
+    expect(await plain.get(scope, 'iso-6')).toBeUndefined();
+    const retried = await grouped.executeOnce(scope, 'iso-4', fp('iso-4'), async (tx) => (await insertEffect(tx, 'iso-4'), 'second try'));
+    expect(retried.kind).toBe('executed');
+    expect((await effects('iso-4')).length).toBe(1);
+  });
+
+  it('3. a leased job whose lease was taken over is fenced inside its group; its group-mates commit', async () => {
+    const zombie = held(await plain.claim(scope, 'fenced-zombie', fp('fenced-zombie')));
+    await expireLease(env.db, env.schema, scope, 'fenced-zombie');
+    const successor = held(await plain.claim(scope, 'fenced-zombie', fp('fenced-zombie')));
+    expect(successor.fence).toBe(2);
+    const mates = await Promise.all(['fenced-mate-1', 'fenced-mate-2'].map(async (key) => held(await plain.claim(scope, key, fp(key)))));
+    const results = await Promise.allSettled([
+      grouped.commitEffect(mates[0]!, async (tx) => (await insertEffect(tx, 'fenced-mate-1'), 1)),
+      grouped.commitEffect(zombie, async (tx) => (await insertEffect(tx, 'fenced-zombie'), 'zombie')),
+      grouped.commitEffect(mates[1]!, async (tx) => (await insertEffect(tx, 'fenced-mate-2'), 2)),
+    ]);
+    expect(results[0]).toMatchObject({ status: 'fulfilled', value: 1 });
+    expect(results[1].status).toBe('rejected');
+    expect((results[1] as PromiseRejectedResult).reason).toBeInstanceOf(LeaseLostError);
+    expect(results[2]).toMatchObject({ status: 'fulfilled', value: 2 });
+    expect((await effects('fenced-')).map((r) => r.key)).toEqual(['fenced-mate-1', 'fenced-mate-2']);
+    expect(await plain.get(scope, 'fenced-zombie')).toMatchObject({ status: 'processing', fence: 2 });
+    // The successor still completes.
+    await grouped.commitEffect(successor, async (tx) => (await insertEffect(tx, 'fenced-zombie'), 'successor'));
+    expect(await plain.get(scope, 'fenced-zombie')).toMatchObject({ status: 'completed', result: 'successor' });
+  });
+
+  it('4. when the COMMIT itself fails, every job of the group fails and nothing of it is kept', async () => {
+    const keys = ['commit-fail-0', 'commit-fail-1', 'commit-fail-2', 'commit-fail-3'];
+    const settled = await Promise.allSettled(
+      // The deferred constraint is checked only at COMMIT: job 2's row makes the whole COMMIT fail.
+      keys.map((key, i) => grouped.executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key, i === 2), i))),
+    );
+    // The first job may have gone alone in its own group (and committed); every job grouped with job 2 failed.
+    const failed = keys.filter((_, i) => settled[i]!.status === 'rejected');
+    expect(failed).toContain('commit-fail-2');
+    for (const key of failed) {
+      expect(await plain.get(scope, key)).toBeUndefined();
+      expect(await effects(key)).toEqual([]);
+    }
+    const kept = keys.filter((key) => !failed.includes(key));
+    for (const key of kept) expect((await effects(key)).length).toBe(1);
+    expect(failed.length).toBeGreaterThan(1);
+    // Retried without the bad row, each runs once.
+    for (const key of failed) await grouped.executeOnce(scope, key, fp(key), async (tx) => insertEffect(tx, key));
+    for (const key of keys) expect((await effects(key)).length).toBe(1);
+  });
+
+  it('5. two jobs of one key in one group: one runs, the other replays its result, never a second effect', async () => {
+    const runs = await Promise.all(
+      [1, 2, 3].map(() => grouped.executeOnce(scope, 'same-key', fp('same-key'), async (tx) => (await insertEffect(tx, 'same-key'), 'only once'))),
+    );
+    expect(runs.filter((o) => o.kind === 'executed')).toHaveLength(1);
+    for (const o of runs) if (o.kind !== 'executed') expect(o).toMatchObject({ kind: 'completed', result: 'only once' });
+    expect((await effects('same-key')).length).toBe(1);
+  });
+
+  it('6. group commit needs a store with group statements, and at most 63 jobs a group', () => {
+    const store = { schema: env.schema } as unknown as KeyStore;
+    expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: true }, store)).toThrow(ValidationError);
+    expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 64 } })).toThrow(/maxJobs/);
+  });
+});
