@@ -61,6 +61,8 @@ function parseArgs(argv: string[]): Args {
 const args = parseArgs(process.argv.slice(2));
 const wants = (section: string) => !args.only || args.only.has(section);
 const CONCURRENCY = 16;
+/** Group commit pays off with more jobs in flight: the main contenders again at this concurrency. */
+const HIGH_CONCURRENCY = 64;
 const RATIOS = [0, 0.5, 0.9];
 const log = (line: string) => process.stderr.write(`${new Date().toISOString().slice(11, 19)} ${line}\n`);
 
@@ -122,12 +124,25 @@ async function throughputSection(): Promise<void> {
   // at most 2 repetitions (to keep the whole run near 10 minutes); the ablation is opt-in.
   const dupN = Math.max(1000, Math.round(args.n / 2));
   const dupReps = Math.min(args.reps, 2);
-  const combos: Array<{ contender: Contender; ratio: number; n: number; reps: number }> = [
+  const combos: Array<{ contender: Contender; ratio: number; n: number; reps: number; concurrency?: number }> = [
     { contender: 'bullmq-noop', ratio: 0, n: args.n, reps: args.reps },
     { contender: 'bullmq-tx', ratio: 0, n: args.n, reps: args.reps },
     ...RATIOS.flatMap((ratio) =>
-      (['leased', 'fast-path'] as const).map((contender) => ({ contender, ratio, n: ratio === 0 ? args.n : dupN, reps: ratio === 0 ? args.reps : dupReps })),
+      (['leased', 'fast-path', 'leased-group', 'fast-path-group'] as const).map((contender) => ({
+        contender,
+        ratio,
+        n: ratio === 0 ? args.n : dupN,
+        reps: ratio === 0 ? args.reps : dupReps,
+      })),
     ),
+    // The same at concurrency 64, against the baseline at 64.
+    ...(['bullmq-tx', 'leased', 'fast-path', 'leased-group', 'fast-path-group'] as const).map((contender) => ({
+      contender,
+      ratio: 0,
+      n: args.n,
+      reps: dupReps,
+      concurrency: HIGH_CONCURRENCY,
+    })),
     // Ablation: the same protocol without claim batching, without the fast path's settled-key
     // probe, with the completion (or result) and COMMIT as two round trips, and with
     // asynchronous claim commits.
@@ -139,26 +154,27 @@ async function throughputSection(): Promise<void> {
   for (let rep = 0; rep < args.reps; rep++) {
     // Alternate the order: forward on even repetitions, backward on odd ones.
     const order = (rep % 2 === 0 ? combos : [...combos].reverse()).filter((combo) => rep < combo.reps);
-    for (const { contender, ratio, n } of order) {
-      const run = await runThroughput(env, counter, { contender, n, concurrency: CONCURRENCY, duplicateRatio: ratio });
-      log(`rep ${rep + 1} ${contender} N ${n} dup ${ratio * 100}%: ${run.jobsPerSec.toFixed(0)} jobs/s, ${run.roundTripsPerJob.toFixed(2)} RT/job`);
+    for (const { contender, ratio, n, concurrency = CONCURRENCY } of order) {
+      const run = await runThroughput(env, counter, { contender, n, concurrency, duplicateRatio: ratio });
+      log(`rep ${rep + 1} ${contender} c ${concurrency} N ${n} dup ${ratio * 100}%: ${run.jobsPerSec.toFixed(0)} jobs/s, ${run.roundTripsPerJob.toFixed(2)} RT/job`);
       if (run.failedJobs > 0) throw new Error(`${contender}: ${run.failedJobs} jobs failed`);
       const expectedEffects = contender === 'bullmq-noop' ? 0 : contender === 'bullmq-tx' ? run.n : run.distinctKeys;
       if (run.effects !== expectedEffects) throw new Error(`${contender}: ${run.effects} effects, expected ${expectedEffects}`);
       runs.push({ ...run, rep });
     }
   }
-  const find = (contender: Contender, ratio: number, rep: number) => runs.find((r) => r.contender === contender && r.duplicateRatio === ratio && r.rep === rep);
-  const summary = combos.map(({ contender, ratio, n }) => {
-    const mine = runs.filter((r) => r.contender === contender && r.duplicateRatio === ratio);
-    const ratioToBaseline = spread(mine.map((r) => r.jobsPerSec / find('bullmq-tx', 0, r.rep)!.jobsPerSec));
-    const ratioToUnique = ratio > 0 ? spread(mine.map((r) => r.jobsPerSec / find(contender, 0, r.rep)!.jobsPerSec)) : undefined;
+  const find = (contender: Contender, ratio: number, rep: number, concurrency: number) =>
+    runs.find((r) => r.contender === contender && r.duplicateRatio === ratio && r.rep === rep && r.concurrency === concurrency);
+  const summary = combos.map(({ contender, ratio, n, concurrency = CONCURRENCY }) => {
+    const mine = runs.filter((r) => r.contender === contender && r.duplicateRatio === ratio && r.concurrency === concurrency);
+    const ratioToBaseline = spread(mine.map((r) => r.jobsPerSec / find('bullmq-tx', 0, r.rep, concurrency)!.jobsPerSec));
+    const ratioToUnique = ratio > 0 ? spread(mine.map((r) => r.jobsPerSec / find(contender, 0, r.rep, concurrency)!.jobsPerSec)) : undefined;
     // Round trips per duplicate: this run's trips minus the unique jobs' share at the 0% rate.
     const roundTripsPerDuplicate =
       ratio > 0
         ? spread(
             mine.map((r) => {
-              const unique = find(contender, 0, r.rep)!;
+              const unique = find(contender, 0, r.rep, concurrency)!;
               const duplicates = r.n - r.distinctKeys;
               return (r.roundTrips - r.distinctKeys * unique.roundTripsPerJob) / duplicates;
             }),
@@ -167,6 +183,7 @@ async function throughputSection(): Promise<void> {
     const latency = (kind: string, field: 'p50' | 'p99') => spread(mine.map((r) => r.claimLatency?.[kind]?.[field] ?? NaN).filter(Number.isFinite));
     return {
       contender,
+      concurrency,
       duplicateRatio: ratio,
       n,
       reps: mine.length,
@@ -184,6 +201,7 @@ async function throughputSection(): Promise<void> {
 
   const rows = summary.map((s) => [
     s.contender,
+    String(s.concurrency),
     `${s.duplicateRatio * 100}%`,
     String(s.n),
     String(s.reps),
@@ -197,19 +215,30 @@ async function throughputSection(): Promise<void> {
   ]);
   tables.push(
     table(
-      `Throughput: concurrency ${CONCURRENCY}; median (min–max) over repetitions; ratios against bullmq-tx (N=${args.n}) of the same repetition`,
-      ['contender', 'dup', 'N', 'reps', 'jobs/s', 'x at-least-once', 'x all-unique', 'PG RT/job', 'PG RT/dup', 'claim p50/p99 ms', 'dup claim p50/p99 ms'],
+      `Throughput: median (min–max) over repetitions; ratios against bullmq-tx (N=${args.n}) at the same concurrency in the same repetition; *-group: group commit`,
+      ['contender', 'conc', 'dup', 'N', 'reps', 'jobs/s', 'x at-least-once', 'x all-unique', 'PG RT/job', 'PG RT/dup', 'claim p50/p99 ms', 'dup claim p50/p99 ms'],
       rows,
     ),
   );
   const series = (contender: Contender, label: string, color: string) => ({
     label,
     color,
-    points: summary.filter((s) => s.contender === contender).map((s) => ({ ratio: s.duplicateRatio, ...pick(s.jobsPerSec) })),
+    points: summary.filter((s) => s.contender === contender && s.concurrency === CONCURRENCY).map((s) => ({ ratio: s.duplicateRatio, ...pick(s.jobsPerSec) })),
   });
   results.chartData = {
-    throughput: [series('leased', 'idempotent-jobs, leased', '#2471a3'), series('fast-path', 'idempotent-jobs, fast path', '#27ae60')],
-    baselines: [{ label: 'plain BullMQ + same transaction (at-least-once)', color: '#7f8c8d', value: summary.find((s) => s.contender === 'bullmq-tx')!.jobsPerSec.median }],
+    throughput: [
+      series('leased', 'idempotent-jobs, leased', '#2471a3'),
+      series('fast-path', 'idempotent-jobs, fast path', '#27ae60'),
+      series('leased-group', 'leased + group commit', '#8e44ad'),
+      series('fast-path-group', 'fast path + group commit', '#d35400'),
+    ],
+    baselines: [
+      {
+        label: `plain BullMQ + same transaction (at-least-once), concurrency ${CONCURRENCY}`,
+        color: '#7f8c8d',
+        value: summary.find((s) => s.contender === 'bullmq-tx' && s.concurrency === CONCURRENCY)!.jobsPerSec.median,
+      },
+    ],
   };
 }
 

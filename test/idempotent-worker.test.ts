@@ -306,6 +306,20 @@ describe('worker', () => {
     for (const f of finished) expect(f.job.returnvalue).toMatchObject({ value: 'fast' });
   });
 
+  it('group commit: leased and fast-path workers sharing transactions run each of 20 keys once over 100 jobs, and child workers do too', async () => {
+    const grouped = new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 8, maxGroups: 2 } });
+    startInProcess({ keys: grouped, concurrency: 8, deferMaxMs: 100 });
+    startInProcess({ keys: grouped, concurrency: 8, fastPath: true, deferMaxMs: 100 });
+    children.push(await startWorkerChild('./test-worker.ts', childEnv({ GROUP_COMMIT: 'true', CONCURRENCY: '8', DEFER_MAX_MS: '100' })));
+    const jobs = await Promise.all(
+      Array.from({ length: 100 }, (_, i) => rawAdd('charge', { idempotencyKey: `grouped-${i % 20}`, payload: { value: `v${i % 20}` } })),
+    );
+    const finished = await Promise.all(jobs.map((j) => waitForJobState(queue, j.id!, ['completed', 'failed'], 30_000)));
+    expect(finished.filter((f) => f.state !== 'completed').map((f) => f.job.failedReason)).toEqual([]);
+    for (let k = 0; k < 20; k++) expect(await effectsOf(env.db, env.schema, 'default', `grouped-${k}`)).toHaveLength(1);
+    for (const f of finished) expect(f.job.returnvalue).toMatchObject({ value: (f.job.data as { payload: { value: string } }).payload.value });
+  });
+
   it('waitMs: a duplicate waits for the owner over LISTEN/NOTIFY and replays without being deferred', async () => {
     const listener = new KeySettledListener({ connectionString: env.databaseUrl, schema: env.schema });
     const events: WorkerEvent[] = [];

@@ -28,6 +28,12 @@ const envSchema = z.object({
   SHUTDOWN_TIMEOUT_MS: int(0).default(30_000),
   RETENTION_MS: int(1).default(86_400_000),
   FAST_PATH: bool.default(false),
+  /** Group commit: concurrent jobs' effects share transactions (see IdempotencyOptions.groupCommit). */
+  GROUP_COMMIT: bool.default(false),
+  /** Most jobs in one group transaction (1-63). */
+  GROUP_COMMIT_MAX_JOBS: int(1).max(63).default(16),
+  /** Group transactions open at once, each on its own connection. */
+  GROUP_COMMIT_GROUPS: int(1).max(64).default(2),
   STORE_PAYLOAD: bool.default(false),
   PG_POOL_SIZE: int(1).optional(),
   /** Port of /metrics and /healthz; 0 picks a free port. Unset: no metrics server. */

@@ -53,7 +53,13 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
   );
   if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
-  const keys = new IdempotencyKeys({ db, schema: config.SCHEMA, leaseMs: config.LEASE_MS, retentionMs: config.RETENTION_MS });
+  const keys = new IdempotencyKeys({
+    db,
+    schema: config.SCHEMA,
+    leaseMs: config.LEASE_MS,
+    retentionMs: config.RETENTION_MS,
+    groupCommit: config.GROUP_COMMIT && { maxJobs: config.GROUP_COMMIT_MAX_JOBS, maxGroups: config.GROUP_COMMIT_GROUPS },
+  });
   const listener =
     config.WAIT_MS > 0
       ? new KeySettledListener({ connectionString: config.DATABASE_URL, schema: config.SCHEMA, onError: (e) => logger.warn({ err: e }, 'listener error') })

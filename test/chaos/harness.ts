@@ -39,6 +39,8 @@ export interface ChaosOptions {
   readonly databaseUrl: string;
   /** Run the workers on the single-transaction fast path (`FAST_PATH=true`) instead of leases. */
   readonly fastPath: boolean;
+  /** Workers share transactions between concurrent jobs (`GROUP_COMMIT=true`). */
+  readonly groupCommit: boolean;
   /** Keep the schema afterwards (for investigating a failed run). */
   readonly keepSchema: boolean;
   /** Progress lines go here. */
@@ -116,6 +118,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         FAULT_POINTS: options.faultPoints,
         FAULT_SEED: String(options.seed),
         FAST_PATH: String(options.fastPath),
+        GROUP_COMMIT: String(options.groupCommit),
       },
     });
     await fleet.start();

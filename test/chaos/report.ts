@@ -14,6 +14,7 @@ export interface ChaosSummary {
   readonly concurrency: number;
   readonly leaseMs: number;
   readonly fastPath: boolean;
+  readonly groupCommit: boolean;
   readonly chaosSeconds: number;
   readonly jobs: number;
   readonly requests: Readonly<Record<string, number>>;
@@ -72,6 +73,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
     concurrency: options.concurrency,
     leaseMs: options.leaseMs,
     fastPath: options.fastPath,
+    groupCommit: options.groupCommit,
     chaosSeconds: Math.round(run.timings.chaosMs / 1000),
     jobs: load.acknowledged,
     requests: load.requests,
@@ -128,7 +130,7 @@ export function formatTable(summary: ChaosSummary): string {
   const rows: Array<[string, string]> = [
     ['verdict', s.verdict],
     ['seed', String(s.seed)],
-    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`})`],
+    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''})`],
     ['chaos phase', `${s.chaosSeconds} s (drain ${s.drainSeconds} s, total ${s.totalSeconds} s)`],
     ['jobs (acknowledged adds)', `${s.jobs} (new ${s.requests.new}, repeated ${s.requests.repeat}, foreign ${s.requests.foreign}, concurrent ${s.requests.concurrent})`],
     ['unique keys (acknowledged)', `${s.uniqueKeys} (${s.acknowledgedKeys})`],

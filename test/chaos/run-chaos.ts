@@ -28,6 +28,7 @@ const USAGE = `Usage: npm run chaos -- [flags]
   --drain-minutes M      how long the system may take to finish after the faults stop (default 1.5)
   --report-dir DIR       where report-<seed>.json goes (default .chaos)
   --fast-path            workers use the single-transaction fast path (FAST_PATH=true)
+  --group-commit         workers share transactions between concurrent jobs (GROUP_COMMIT=true)
   --keep-schema          keep the run's Postgres schema for investigation
   --help`;
 
@@ -52,6 +53,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string }) | 
       'report-dir': { type: 'string' },
       'keep-schema': { type: 'boolean' },
       'fast-path': { type: 'boolean' },
+      'group-commit': { type: 'boolean' },
       help: { type: 'boolean' },
     },
   });
@@ -87,6 +89,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string }) | 
     databaseUrl: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
     keepSchema: values['keep-schema'] ?? false,
     fastPath: values['fast-path'] ?? false,
+    groupCommit: values['group-commit'] ?? false,
     reportDir: values['report-dir'] ?? '.chaos',
     log: (line) => console.log(`[chaos] ${line}`),
   };
