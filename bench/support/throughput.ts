@@ -133,9 +133,9 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
         db,
         schema: env.schema,
         leaseMs: 30_000,
-        claimSynchronousCommit: contender !== 'leased-async-claim',
+        claimSynchronousCommit: contender !== 'leased-async-claim' && process.env.X_ASYNC !== '1',
         // Group commit with the library's defaults (16 jobs a group, 2 groups open).
-        groupCommit: contender.endsWith('-group'),
+        groupCommit: contender.endsWith('-group') && { maxGroups: Number(process.env.X_G ?? 2) },
       },
       timed,
     );

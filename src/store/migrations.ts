@@ -1,6 +1,7 @@
 import { sql, type Kysely, type Migration } from 'kysely';
 import { claimKeyFunctionDdl } from './sql/claim.js';
 import { claimKeysFunctionDdl } from './sql/claim-batch.js';
+import { completeKeyFunctionDdl } from './sql/complete-and-commit.js';
 
 /**
  * The schema's history, oldest first. Each migration takes the schema name because the
@@ -83,6 +84,13 @@ export function migrationsFor(schema: string): Record<string, Migration> {
         await sql`alter table ${t('idempotency_keys')} add column has_waiters boolean not null default false`.execute(db);
         await claimKeyFunctionDdl(schema).execute(db);
         await claimKeysFunctionDdl(schema).execute(db);
+      },
+    },
+    '006_complete_key_function': {
+      // The fenced completion as a function: planned once per connection instead of parsed and
+      // planned from literal text on every job (a sixth of Postgres's time under load).
+      async up(db: Kysely<any>) {
+        await completeKeyFunctionDdl(schema).execute(db);
       },
     },
   };

@@ -4,22 +4,23 @@ import { keySettledChannel } from '../channels.js';
 import type { Claim } from '../claim-outcome.js';
 
 /**
- * SQLSTATE raised on purpose by {@link completeAndCommit} when the fenced UPDATE matched no row.
- * 22012 (division by zero) cannot otherwise come out of that statement.
+ * SQLSTATE the `complete_key` function raises when the fenced UPDATE matched no row (the claim
+ * no longer owns the key). A class of its own, so it cannot be mistaken for any other error.
  */
-export const LEASE_LOST_STATE = '22012';
+export const LEASE_LOST_STATE = 'IJ001';
 
 /**
  * The leased path's fenced completion and the COMMIT, in ONE round trip: the two statements go
  * as one simple-protocol query string (`…; commit`), which node-postgres sends as one message.
  * The simple protocol takes no bind parameters, so the values are inlined as literals escaped
- * by node-postgres (`escapeLiteral`, `escapeIdentifier`); numbers are checked to be integers.
+ * by node-postgres (`escapeLiteral`); numbers are checked to be integers.
  *
- * The completion is the same UPDATE as `complete.ts` (owner token + fence + `processing`, no
- * clock check). When it matches no row the lease was lost: the statement then divides by zero
- * on purpose (22012, {@link LEASE_LOST_STATE}), Postgres skips the rest of the string, so the
- * COMMIT never runs, and the caller rolls the transaction (effect included) back. A CASE on
- * the counted rows makes that error data-dependent, so the planner cannot fold it early.
+ * The completion is a call of the `complete_key` function ({@link completeKeyFunctionDdl}):
+ * the same UPDATE as ever (owner token + fence + `processing`, no clock check), planned once
+ * per connection instead of parsed and planned from literal text on every job. When it matches
+ * no row the lease was lost: the function raises {@link LEASE_LOST_STATE}, Postgres skips the
+ * rest of the string, so the COMMIT never runs, and the caller rolls the transaction (effect
+ * included) back.
  *
  * Returns false when the lease was lost; any other error is thrown as it is.
  */
@@ -48,30 +49,47 @@ export function isLeaseLost(error: unknown): boolean {
  * The fenced completion as one self-contained statement of literal SQL, for a simple-protocol
  * string that also carries other statements (`…; commit` here, savepoints in group commit).
  * It fails with {@link LEASE_LOST_STATE} when the claim no longer owns the key, so nothing
- * after it in the string runs. Notifies at commit only when a waiter asked (`has_waiters`).
+ * after it in the string runs.
  */
 export function fencedCompletionText(schema: string, claim: Claim, resultJson: string, retentionMs: number): string {
-  const table = `${pg.escapeIdentifier(schema)}.idempotency_keys`;
-  return `
-    with completed as (
-      update ${table}
+  return `select ${pg.escapeIdentifier(schema)}.complete_key(${pg.escapeLiteral(claim.scope)}, ${pg.escapeLiteral(claim.key)}, ${pg.escapeLiteral(claim.owner)}::uuid, ${integer(claim.fence, 'fence')}, ${pg.escapeLiteral(resultJson)}::jsonb, ${integer(retentionMs, 'retentionMs')}, ${pg.escapeLiteral(keySettledChannel(schema))})`;
+}
+
+/**
+ * DDL of `complete_key(scope, key, owner, fence, result, retention_ms, channel)`, for the
+ * migration that installs it: the fenced completion. Marks the key `completed` with its result
+ * if this claim still owns it, and notifies at commit only when a waiter asked (`has_waiters`:
+ * NOTIFY serializes commits database-wide); otherwise raises {@link LEASE_LOST_STATE}.
+ */
+export function completeKeyFunctionDdl(schema: string) {
+  return sql`
+    create or replace function ${sql.id(schema, 'complete_key')}(
+      p_scope text, p_key text, p_owner uuid, p_fence bigint, p_result jsonb, p_retention_ms bigint, p_channel text)
+    returns void
+    language plpgsql volatile as $complete_key$
+    declare
+      v_has_waiters boolean;
+    begin
+      update ${sql.id(schema, 'idempotency_keys')} as k
          set status = 'completed',
-             result = ${pg.escapeLiteral(resultJson)}::jsonb,
+             result = p_result,
              locked_until = null,
              completed_at = now(),
              updated_at = now(),
-             expires_at = now() + ${integer(retentionMs, 'retentionMs')}::bigint * interval '1 millisecond'
-       where scope = ${pg.escapeLiteral(claim.scope)} and key = ${pg.escapeLiteral(claim.key)}
-         and owner = ${pg.escapeLiteral(claim.owner)}::uuid and fence = ${integer(claim.fence, 'fence')}
-         and status = 'processing'
-      returning scope, key, has_waiters
-    ),
-    notified as (
-      select pg_notify(${pg.escapeLiteral(keySettledChannel(schema))}, json_build_object('scope', scope, 'key', key)::text)
-        from completed where has_waiters
-    )
-    select case when c.n = 1 then (select count(*) from notified) else 1 / (c.n - c.n) end as completed
-      from (select count(*) as n from completed) as c`;
+             expires_at = now() + p_retention_ms * interval '1 millisecond'
+       where k.scope = p_scope and k.key = p_key
+         and k.owner = p_owner and k.fence = p_fence
+         and k.status = 'processing'
+      returning k.has_waiters into v_has_waiters;
+      if not found then
+        raise exception 'lease lost: key % in scope % is no longer owned by this claim (fence %)', p_key, p_scope, p_fence
+          using errcode = ${sql.lit(LEASE_LOST_STATE)};
+      end if;
+      if v_has_waiters then
+        perform pg_notify(p_channel, json_build_object('scope', p_scope, 'key', p_key)::text);
+      end if;
+    end;
+    $complete_key$`;
 }
 
 /**

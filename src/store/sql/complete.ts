@@ -1,6 +1,7 @@
 import { sql, type Kysely } from 'kysely';
 import { keySettledChannel } from '../channels.js';
 import type { Claim } from '../claim-outcome.js';
+import { isLeaseLost } from './complete-and-commit.js';
 
 /**
  * Fenced completion, run inside the effect's transaction: the key becomes `completed` with its
@@ -18,28 +19,16 @@ export async function completeKey(
   resultJson: string,
   retentionMs: number,
 ): Promise<boolean> {
-  // The notification is transactional: waiters hear of the completion only once it commits. It
-  // goes out only when a waiter asked (has_waiters): NOTIFY serializes commits database-wide.
-  const { rows } = await sql`
-    with completed as (
-    update ${sql.id(schema, 'idempotency_keys')}
-       set status = 'completed',
-           result = ${resultJson}::jsonb,
-           locked_until = null,
-           completed_at = now(),
-           updated_at = now(),
-           expires_at = now() + ${retentionMs}::bigint * interval '1 millisecond'
-     where scope = ${claim.scope} and key = ${claim.key}
-       and owner = ${claim.owner}::uuid and fence = ${claim.fence}
-       and status = 'processing'
-    returning scope, key, has_waiters
-    ),
-    notified as (
-      select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
-        from completed where has_waiters
-    )
-    select (select count(*) from notified) as notified from completed`.execute(tx);
-  return rows.length === 1;
+  // The notification (when a waiter asked) is transactional: sent only once this commits.
+  try {
+    await sql`select ${sql.id(schema, 'complete_key')}(
+      ${claim.scope}::text, ${claim.key}::text, ${claim.owner}::uuid, ${claim.fence}::bigint,
+      ${resultJson}::jsonb, ${retentionMs}::bigint, ${keySettledChannel(schema)}::text)`.execute(tx);
+    return true;
+  } catch (error) {
+    if (isLeaseLost(error)) return false;
+    throw error;
+  }
 }
 
 /**
