@@ -1,4 +1,5 @@
 import { sql, type Kysely } from 'kysely';
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyKeys, LeaseLostError, ValidationError, isHeld, type ClaimOutcome, type HeldClaim, type KeyStore } from '../src/index.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
@@ -129,7 +130,29 @@ describe('group commit', () => {
     expect((await effects('same-key')).length).toBe(1);
   });
 
-  it('6. group commit needs a store with group statements, and at most 63 jobs a group', () => {
+  it('6. a group of 8 leased jobs costs 9 round trips: each savepoint rides with its job\'s first statement, each completion with the next', async () => {
+    const claims = await Promise.all(Array.from({ length: 8 }, async (_, i) => held(await plain.claim(scope, `trips-${i}`, fp(`trips-${i}`)))));
+    await sql`select 1`.execute(env.db); // a warm pool connection
+    const sent: string[] = [];
+    const original = pg.Client.prototype.query;
+    pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
+      sent.push(typeof args[0] === 'string' ? args[0] : String((args[0] as { text?: string })?.text));
+      return (original as (...a: unknown[]) => unknown).apply(this, args);
+    } as typeof original;
+    try {
+      await Promise.all(claims.map((claim, i) => grouped.commitEffect(claim, async (tx) => (await insertEffect(tx, `trips-${i}`), i))));
+    } finally {
+      pg.Client.prototype.query = original;
+    }
+    expect(sent).toHaveLength(9);
+    expect(sent[0]).toMatch(/^begin;\nsavepoint job_1;\ninsert into/);
+    expect(sent[1]).toMatch(/complete_key.*;\nrelease savepoint job_1;\nsavepoint job_2;\ninsert into/s);
+    expect(sent[8]).toMatch(/complete_key.*;\nrelease savepoint job_8;\ncommit$/s);
+    expect((await effects('trips-')).map((r) => r.txid)).toEqual(Array(8).fill((await effects('trips-'))[0]!.txid));
+    for (let i = 0; i < 8; i++) expect(await plain.get(scope, `trips-${i}`)).toMatchObject({ status: 'completed', result: i });
+  });
+
+  it('7. group commit needs a store with group statements, and at most 63 jobs a group', () => {
     const store = { schema: env.schema } as unknown as KeyStore;
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: true }, store)).toThrow(ValidationError);
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 64 } })).toThrow(/maxJobs/);

@@ -1,4 +1,5 @@
 import type { Kysely, Transaction } from 'kysely';
+import { returnsLastResult } from '../store/create-postgres-db.js';
 import { GroupTransaction } from '../store/group-transaction.js';
 import { onOneConnection } from '../store/one-trip-commit.js';
 
@@ -74,22 +75,30 @@ export class GroupCommitter {
   async #runGroup(): Promise<void> {
     this.#open++;
     const members: Waiting[] = [];
+    let group!: GroupTransaction;
+    const mergeStatements = returnsLastResult(this.#db);
     try {
-      await onOneConnection(this.#db, async (tx) => {
-        const group = new GroupTransaction(tx);
-        try {
-          while (members.length < this.#maxJobs && this.#waiting.length > 0) {
-            const member = this.#waiting.shift()!;
-            members.push(member);
-            await group.startJob();
-            await this.#runMember(group, member);
+      await onOneConnection(
+        this.#db,
+        async (tx) => {
+          try {
+            while (members.length < this.#maxJobs && this.#waiting.length > 0) {
+              const member = this.#waiting.shift()!;
+              members.push(member);
+              group.startJob();
+              await this.#runMember(group, tx, member);
+            }
+            await group.commit();
+          } catch (error) {
+            await group.rollback().catch(() => {});
+            throw error;
           }
-          await group.commit();
-        } catch (error) {
-          await group.rollback().catch(() => {});
-          throw error;
-        }
-      });
+        },
+        (connection) => {
+          group = new GroupTransaction(connection, { mergeStatements });
+          return group.connection;
+        },
+      );
       for (const member of members) settle(member, member.outcome ?? { error: new Error('group job left no outcome') });
     } catch (groupError) {
       // Nothing of the group committed: a job's own error still says more than the group's.
@@ -100,10 +109,10 @@ export class GroupCommitter {
     }
   }
 
-  async #runMember(group: GroupTransaction, member: Waiting): Promise<void> {
+  async #runMember(group: GroupTransaction, tx: Transaction<any>, member: Waiting): Promise<void> {
     let end: GroupJobEnd<unknown>;
     try {
-      end = await member.job(group.tx);
+      end = await member.job(tx);
     } catch (error) {
       member.outcome = { error };
       group.abortJob();

@@ -1,5 +1,18 @@
-import { Kysely, PostgresDialect } from 'kysely';
+import { Kysely, PostgresDialect, type PostgresPool, type PostgresPoolClient } from 'kysely';
 import pg from 'pg';
+
+/** Kysely instances made by {@link createPostgresDb}: their connections answer multi-statement strings with the last statement's result. */
+const lastResultDbs = new WeakSet<Kysely<any>>();
+
+/**
+ * True when `db` was made by {@link createPostgresDb}, so a simple-protocol string of several
+ * statements returns the LAST statement's rows through Kysely (as psql shows them). Group
+ * commit then sends a job's SAVEPOINT in the same round trip as the job's first statement;
+ * with any other Kysely instance it sends them one after the other.
+ */
+export function returnsLastResult(db: Kysely<any>): boolean {
+  return lastResultDbs.has(db);
+}
 
 /** Options for {@link createPostgresDb}. */
 export interface PostgresDbOptions {
@@ -32,5 +45,30 @@ export function createPostgresDb(options: PostgresDbOptions, onPoolError?: (erro
   // the process. The error also fails the client's current or next statement, which the
   // caller sees, and the pool discards the broken client when it is released.
   pool.on('connect', (client) => client.on('error', () => {}));
-  return new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
+  const db = new Kysely<any>({ dialect: new PostgresDialect({ pool: lastResultPool(pool) }) });
+  lastResultDbs.add(db);
+  return db;
+}
+
+/**
+ * The pool as Kysely sees it, except that a string of several statements resolves with the last
+ * statement's result (node-postgres resolves with an array of them, which Kysely would read as
+ * no rows). A single statement's result is untouched.
+ */
+function lastResultPool(pool: pg.Pool): PostgresPool {
+  return {
+    async connect(): Promise<PostgresPoolClient> {
+      const client = await pool.connect();
+      return {
+        query: ((text: unknown, parameters?: readonly unknown[]) => {
+          if (typeof text !== 'string') return client.query(text as any);
+          return client.query(text, parameters as unknown[]).then((result: pg.QueryResult | pg.QueryResult[]) =>
+            Array.isArray(result) ? result[result.length - 1] : result,
+          );
+        }) as PostgresPoolClient['query'],
+        release: (destroy?: boolean) => client.release(destroy),
+      };
+    },
+    end: () => pool.end(),
+  };
 }

@@ -1,4 +1,4 @@
-import { DummyDriver, SingleConnectionProvider, Transaction, type Dialect, type Kysely } from 'kysely';
+import { DummyDriver, SingleConnectionProvider, Transaction, type DatabaseConnection, type Dialect, type Kysely } from 'kysely';
 import { beginTransaction, commitTransaction, rollbackTransaction } from './sql/transaction-control.js';
 
 /** What the body of {@link runTransaction} hands back: its value, and the statement that ends the transaction. */
@@ -51,8 +51,13 @@ export function runTransaction<T>(db: Kysely<any>, body: (tx: Transaction<any>) 
 /**
  * Lends `body` one pooled connection as a Kysely `Transaction` object (with the instance's
  * plugins) that sends nothing by itself: BEGIN, COMMIT and ROLLBACK are the caller's to send.
+ * `wrap` may put its own {@link DatabaseConnection} between the transaction and the connection.
  */
-export function onOneConnection<T>(db: Kysely<any>, body: (tx: Transaction<any>) => Promise<T>): Promise<T> {
+export function onOneConnection<T>(
+  db: Kysely<any>,
+  body: (tx: Transaction<any>) => Promise<T>,
+  wrap: (connection: DatabaseConnection) => DatabaseConnection = (connection) => connection,
+): Promise<T> {
   const executor = db.getExecutor();
   return executor.provideConnection((connection) =>
     body(
@@ -60,7 +65,7 @@ export function onOneConnection<T>(db: Kysely<any>, body: (tx: Transaction<any>)
         config: { dialect: NO_DIALECT },
         dialect: NO_DIALECT,
         driver: new DummyDriver(),
-        executor: executor.withConnectionProvider(new SingleConnectionProvider(connection)),
+        executor: executor.withConnectionProvider(new SingleConnectionProvider(wrap(connection))),
       }),
     ),
   );
