@@ -18,6 +18,7 @@ import {
 } from '../../src/index.js';
 import { benchHandler, insertEffect, type BenchPayload } from './bench-handler.js';
 import type { BenchEnv, RoundTripCounter } from './bench-env.js';
+import { cpuSince, cpuSnapshot, type CpuSnapshot, type CpuSpent } from './cpu-usage.js';
 import { percentile } from './stats.js';
 import { TimedKeyStore } from './timed-key-store.js';
 
@@ -52,6 +53,10 @@ export interface ThroughputRun {
   readonly failedJobs: number;
   /** CPU time of this Node process (worker, BullMQ, drivers) per job over the window, in ms. */
   readonly nodeCpuMsPerJob: number;
+  /** Per job over the window, in ms: the whole machine's busy CPU, the Postgres and the Redis server processes' (Linux only). */
+  readonly machineCpuMsPerJob?: number;
+  readonly postgresCpuMsPerJob?: number;
+  readonly redisCpuMsPerJob?: number;
   /** Claim statement latency in ms by outcome (idempotent contenders only). */
   readonly claimLatency?: Record<string, { count: number; p50: number; p99: number }>;
 }
@@ -133,9 +138,10 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
         db,
         schema: env.schema,
         leaseMs: 30_000,
-        claimSynchronousCommit: contender !== 'leased-async-claim' && process.env.X_ASYNC !== '1',
+        claimSynchronousCommit: contender !== 'leased-async-claim',
         // Group commit with the library's defaults (16 jobs a group, 2 groups open).
-        groupCommit: contender.endsWith('-group') && { maxGroups: Number(process.env.X_G ?? 2) },
+        // Group commit with the library's defaults (16 jobs a group, 2 groups open).
+        groupCommit: contender.endsWith('-group'),
       },
       timed,
     );
@@ -160,6 +166,8 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
   let roundTrips = 0;
   let cpuMicros = 0;
   const startCpu = { value: process.cpuUsage() };
+  const startServers: { value: CpuSnapshot | undefined } = { value: undefined };
+  let servers: CpuSpent | undefined;
   const startRoundTrips = { value: 0 };
   const startedAt = { value: 0 };
   const done = new Promise<void>((resolve) => {
@@ -169,6 +177,7 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
         roundTrips = counter.count - startRoundTrips.value;
         const cpu = process.cpuUsage(startCpu.value);
         cpuMicros = cpu.user + cpu.system;
+        servers = cpuSince(startServers.value);
         resolve();
       }
     };
@@ -187,6 +196,7 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
   timed?.reset();
   startRoundTrips.value = counter.count;
   startCpu.value = process.cpuUsage();
+  startServers.value = cpuSnapshot();
   startedAt.value = performance.now();
   await queue.resume();
   await withTimeout(done, 15 * 60_000, `${contender}: ${completed}/${n} jobs completed`);
@@ -211,6 +221,9 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
     distinctKeys: contender === 'bullmq-noop' ? 0 : distinctKeys,
     failedJobs: failed,
     nodeCpuMsPerJob: cpuMicros / 1000 / n,
+    machineCpuMsPerJob: servers && servers.machineMs / n,
+    postgresCpuMsPerJob: servers && servers.postgresMs / n,
+    redisCpuMsPerJob: servers && servers.redisMs / n,
     claimLatency: timed ? summarizeLatencies(timed.latencies) : undefined,
   };
 }

@@ -45,6 +45,14 @@ export function createPostgresDb(options: PostgresDbOptions, onPoolError?: (erro
   // the process. The error also fails the client's current or next statement, which the
   // caller sees, and the pool discards the broken client when it is released.
   pool.on('connect', (client) => client.on('error', () => {}));
+  return kyselyOverPool(pool);
+}
+
+/**
+ * A Kysely instance over an existing node-postgres pool whose connections answer a string of
+ * statements with the last statement's result (see {@link returnsLastResult}).
+ */
+export function kyselyOverPool(pool: pg.Pool): Kysely<any> {
   const db = new Kysely<any>({ dialect: new PostgresDialect({ pool: lastResultPool(pool) }) });
   lastResultDbs.add(db);
   return db;

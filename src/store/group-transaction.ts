@@ -1,5 +1,5 @@
-import { CompiledQuery, type DatabaseConnection, type QueryResult } from 'kysely';
-import { inlineParameters } from './inline-parameters.js';
+import type { DatabaseConnection } from 'kysely';
+import { MergingConnection } from './merging-connection.js';
 import { sqlStateOf } from './pg-errors.js';
 import { LEASE_LOST_STATE } from './sql/complete-and-commit.js';
 
@@ -8,49 +8,45 @@ import { LEASE_LOST_STATE } from './sql/complete-and-commit.js';
  * each job runs inside its own savepoint, so a job that fails rolls back only itself, and the
  * group pays for one BEGIN and one COMMIT (one WAL flush) in all.
  *
- * Control statements never take a round trip of their own. They wait in `#pending` and go out
- * at the front of the next statement sent on the connection, as one simple-protocol string: a
- * job's closing statement (its fenced completion, say), `RELEASE SAVEPOINT` and the next job's
+ * Control statements never take a round trip of their own ({@link MergingConnection}): a job's
+ * closing statement (its fenced completion, say), `RELEASE SAVEPOINT` and the next job's
  * `SAVEPOINT` travel with that job's first statement (its claim, or the first statement of its
- * effect), or with the COMMIT. To share a string with control statements, the job's statement
- * is written with its parameters inlined as literals ({@link inlineParameters}); the connection
- * must answer a string of statements with the last one's rows (`returnsLastResult`). When it
- * cannot, or a statement carries binary values, the pending statements go out on their own
- * first.
+ * effect), and the last job's with the COMMIT.
  *
  * A job's closing statement may fail on purpose: a lost lease raises `LEASE_LOST_STATE`.
  * Postgres then skips the rest of the string; the recovery rolls back to that job's savepoint
- * and sends what was skipped, and the job reports the error. Any other error in a string that
- * carried a job's statement is that statement's (the control statements before it succeeded).
+ * and sends what was skipped again, and the job reports the error. Any other error in a string
+ * that carried a job's statement is that statement's (the control statements before it
+ * succeeded); in a string of control statements only, any SQL error is the closing
+ * statement's. If the COMMIT itself fails, the recovery fails too, and so does the group.
  *
  * A job that has started must end (`endJob` or `abortJob`) before the next `startJob`.
  */
 export class GroupTransaction {
-  readonly #connection: DatabaseConnection;
-  readonly #mergeStatements: boolean;
-  #pending: string[] = ['begin'];
+  readonly #connection: MergingConnection;
   #jobs = 0;
-  /** The job whose closing statement is in `#pending`, not yet confirmed by Postgres. */
+  /** The job whose closing statement is deferred, not yet confirmed by Postgres. */
   #unconfirmed: { savepoint: string; onError: (error: unknown) => void } | undefined;
 
-  /** `mergeStatements`: the connection returns a multi-statement string's last result (see above). */
+  /** `mergeStatements`: the connection returns a multi-statement string's last result (`returnsLastResult`). */
   constructor(connection: DatabaseConnection, options: { mergeStatements: boolean }) {
-    this.#connection = connection;
-    this.#mergeStatements = options.mergeStatements;
+    this.#connection = new MergingConnection(connection, {
+      mergeStatements: options.mergeStatements,
+      recover: (error, sent, withStatement) => this.#recover(error, sent, withStatement),
+    });
+    this.#connection.defer('begin');
   }
 
-  /** The connection the group's jobs run their statements on (wrap the pooled one with it). */
+  /** The connection the group's jobs run their statements on. */
   get connection(): DatabaseConnection {
-    return {
-      executeQuery: (query) => this.#executeJobStatement(query),
-      streamQuery: (query, chunkSize) => this.#streamJobStatement(query, chunkSize),
-    };
+    return this.#connection;
   }
 
   /** Opens the next job's savepoint (sent with the job's first statement). */
   startJob(): void {
     this.#jobs++;
-    this.#pending.push(`savepoint ${this.#savepoint()}`);
+    this.#confirmSent();
+    this.#connection.defer(`savepoint ${this.#savepoint()}`);
   }
 
   /**
@@ -60,89 +56,49 @@ export class GroupTransaction {
    */
   endJob(closing: string | undefined, onError: (error: unknown) => void): void {
     const savepoint = this.#savepoint();
-    this.#pending.push(...(closing ? [closing] : []), `release savepoint ${savepoint}`);
+    this.#connection.defer(...(closing ? [closing] : []), `release savepoint ${savepoint}`);
     this.#unconfirmed = { savepoint, onError };
   }
 
   /** The current job failed or has nothing to commit: its work is rolled back with the next statement. */
   abortJob(): void {
     const savepoint = this.#savepoint();
-    this.#pending.push(`rollback to savepoint ${savepoint}`, `release savepoint ${savepoint}`);
+    this.#connection.defer(`rollback to savepoint ${savepoint}`, `release savepoint ${savepoint}`);
   }
 
-  /** Sends what is pending and COMMIT (one round trip). Throws when the group could not commit. */
+  /** Sends what is deferred and COMMIT (one round trip). Throws when the group could not commit. */
   commit(): Promise<void> {
-    return this.#sendPending(['commit']);
+    return this.#connection.flush(['commit']);
   }
 
   /** Ends the group without keeping anything (after a failure that left it unusable). */
   async rollback(): Promise<void> {
-    this.#pending = [];
+    this.#connection.discard();
     this.#unconfirmed = undefined;
-    await this.#connection.executeQuery(CompiledQuery.raw('rollback'));
+    await this.#connection.flush(['rollback']);
   }
 
   #savepoint(): string {
     return `job_${this.#jobs}`;
   }
 
-  async #executeJobStatement<R>(query: CompiledQuery): Promise<QueryResult<R>> {
-    if (this.#pending.length === 0) return this.#connection.executeQuery<R>(query);
-    const inlined = this.#mergeStatements ? inlineParameters(query.sql, query.parameters) : undefined;
-    if (inlined === undefined) {
-      await this.#sendPending([]);
-      return this.#connection.executeQuery<R>(query);
-    }
-    const statements = this.#takePending();
+  /** A closing statement no longer deferred went out without failing. */
+  #confirmSent(): void {
     const unconfirmed = this.#unconfirmed;
-    this.#unconfirmed = undefined;
-    try {
-      return await this.#connection.executeQuery<R>(CompiledQuery.raw([...statements, inlined].join(';\n')));
-    } catch (error) {
-      if (!unconfirmed || sqlStateOf(error) !== LEASE_LOST_STATE) throw error; // the job statement's own error
-      // The previous job's closing failed, so nothing after it ran: roll that job back, then
-      // send the rest again with this statement.
-      this.#pending = [...this.#recoveryFor(unconfirmed.savepoint), ...afterRelease(statements, unconfirmed.savepoint)];
-      unconfirmed.onError(error);
-      return this.#executeJobStatement<R>(query);
-    }
+    if (unconfirmed && !this.#connection.deferred.includes(`release savepoint ${unconfirmed.savepoint}`)) this.#unconfirmed = undefined;
   }
 
-  async *#streamJobStatement<R>(query: CompiledQuery, chunkSize?: number): AsyncIterableIterator<QueryResult<R>> {
-    await this.#sendPending([]);
-    yield* this.#connection.streamQuery<R>(query, chunkSize);
-  }
-
-  /** Sends the pending statements and `next` as one string (no job statement with them). */
-  async #sendPending(next: string[]): Promise<void> {
-    const statements = [...this.#takePending(), ...next];
+  async #recover(error: unknown, sent: readonly string[], withStatement: boolean): Promise<string[] | undefined> {
     const unconfirmed = this.#unconfirmed;
+    const release = unconfirmed ? sent.indexOf(`release savepoint ${unconfirmed.savepoint}`) : -1;
+    const state = sqlStateOf(error);
+    // Only an SQL error can be the closing statement's (a broken connection has none), and only
+    // the deliberate one when a job's own statement came after it.
+    const closingFailed = unconfirmed && release >= 0 && state !== undefined && (!withStatement || state === LEASE_LOST_STATE);
+    if (!closingFailed) return undefined;
     this.#unconfirmed = undefined;
-    if (statements.length === 0) return;
-    try {
-      await this.#connection.executeQuery(CompiledQuery.raw(statements.join(';\n')));
-    } catch (error) {
-      // Only an SQL error can be the closing statement's (a broken connection has no SQLSTATE);
-      // if the transaction is gone (the COMMIT itself failed), the recovery fails and so does the group.
-      if (!unconfirmed || sqlStateOf(error) === undefined) throw error;
-      const rest = [...this.#recoveryFor(unconfirmed.savepoint), ...afterRelease(statements, unconfirmed.savepoint)];
-      await this.#connection.executeQuery(CompiledQuery.raw(rest.join(';\n')));
-      unconfirmed.onError(error);
-    }
+    // Nothing after the closing statement ran: roll its job back, then send the rest again.
+    unconfirmed.onError(error);
+    return [`rollback to savepoint ${unconfirmed.savepoint}`, `release savepoint ${unconfirmed.savepoint}`, ...sent.slice(release + 1)];
   }
-
-  #takePending(): string[] {
-    const statements = this.#pending;
-    this.#pending = [];
-    return statements;
-  }
-
-  #recoveryFor(savepoint: string): string[] {
-    return [`rollback to savepoint ${savepoint}`, `release savepoint ${savepoint}`];
-  }
-}
-
-/** The statements after the release of `savepoint` (those a failed closing statement skipped). */
-function afterRelease(statements: string[], savepoint: string): string[] {
-  return statements.slice(statements.indexOf(`release savepoint ${savepoint}`) + 1);
 }

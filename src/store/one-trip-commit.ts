@@ -1,5 +1,7 @@
 import { DummyDriver, SingleConnectionProvider, Transaction, type DatabaseConnection, type Dialect, type Kysely } from 'kysely';
-import { beginTransaction, commitTransaction, rollbackTransaction } from './sql/transaction-control.js';
+import { returnsLastResult } from './create-postgres-db.js';
+import { MergingConnection } from './merging-connection.js';
+import { commitTransaction, rollbackTransaction } from './sql/transaction-control.js';
 
 /** What the body of {@link runTransaction} hands back: its value, and the statement that ends the transaction. */
 export interface TransactionEnd<T> {
@@ -28,24 +30,34 @@ const NO_DIALECT: Dialect = {
 };
 
 /**
- * A transaction whose COMMIT the store sends itself, so the last write and the COMMIT share a
- * round trip (Kysely's `db.transaction()` always sends COMMIT on its own). BEGIN, the body on
- * one pooled connection, then `end`; on any error a ROLLBACK (safe even when `end` already
- * ended the transaction: Postgres only warns) and the error is rethrown. The body receives a
- * real Kysely `Transaction` over that connection, with the instance's plugins.
+ * A transaction whose BEGIN and COMMIT the store sends itself, so that each shares a round trip
+ * with a statement: BEGIN with the body's first statement (on a connection that can answer a
+ * string of statements, see `returnsLastResult`), and the last write with the COMMIT (Kysely's
+ * `db.transaction()` sends both on their own). The body runs on one pooled connection, then
+ * `end`; on any error a ROLLBACK (safe even when `end` already ended the transaction: Postgres
+ * only warns; skipped when not even BEGIN went out) and the error is rethrown. The body
+ * receives a real Kysely `Transaction` over that connection, with the instance's plugins.
  */
 export function runTransaction<T>(db: Kysely<any>, body: (tx: Transaction<any>) => Promise<TransactionEnd<T>>): Promise<T> {
-  return onOneConnection(db, async (tx) => {
-    await beginTransaction(tx);
-    try {
-      const { value, end } = await body(tx);
-      await end(tx);
-      return value;
-    } catch (error) {
-      await rollbackTransaction(tx).catch(() => {});
-      throw error;
-    }
-  });
+  const mergeStatements = returnsLastResult(db);
+  let connection!: MergingConnection;
+  return onOneConnection(
+    db,
+    async (tx) => {
+      // BEGIN rides with the transaction's first statement (see MergingConnection).
+      connection.defer('begin');
+      try {
+        const { value, end } = await body(tx);
+        await end(tx);
+        return value;
+      } catch (error) {
+        if (connection.deferred.length > 0) connection.discard(); // never sent: nothing to roll back
+        else await rollbackTransaction(tx).catch(() => {});
+        throw error;
+      }
+    },
+    (inner) => (connection = new MergingConnection(inner, { mergeStatements })),
+  );
 }
 
 /**

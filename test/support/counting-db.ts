@@ -1,8 +1,13 @@
 /** A Kysely instance whose every Postgres round trip (BEGIN and COMMIT included) is counted. */
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
+import { kyselyOverPool } from '../../src/store/create-postgres-db.js';
 
-export function createCountingDb(connectionString: string) {
+/**
+ * `kind: 'library'` builds the instance as `createPostgresDb` does (statements can share a
+ * round trip); `'plain'` is a plain Kysely over the pool, as a user might pass in.
+ */
+export function createCountingDb(connectionString: string, kind: 'library' | 'plain' = 'library') {
   const counter = { roundTrips: 0, statements: [] as string[] };
   const pool = new pg.Pool({ connectionString, max: 2 });
   pool.on('connect', (client) => {
@@ -14,7 +19,7 @@ export function createCountingDb(connectionString: string) {
       return query(...args);
     };
   });
-  const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
+  const db = kind === 'library' ? kyselyOverPool(pool) : new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
   return {
     db,
     counter,

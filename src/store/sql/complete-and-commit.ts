@@ -101,16 +101,28 @@ export async function storeResultAndCommit(tx: Kysely<any>, schema: string, clai
 }
 
 /**
- * The fast path's result as one statement of literal SQL. The key was claimed as `completed` in
- * this transaction and its row is locked by it, so the UPDATE cannot miss; the owner condition
- * only documents whose row this is.
+ * The fast path's result as one statement of literal SQL: a call of `store_fast_path_result`
+ * ({@link storeFastPathResultFunctionDdl}), planned once per connection.
  */
 export function fastPathResultText(schema: string, claim: Claim, resultJson: string): string {
-  return `
-    update ${pg.escapeIdentifier(schema)}.idempotency_keys
-       set result = ${pg.escapeLiteral(resultJson)}::jsonb
-     where scope = ${pg.escapeLiteral(claim.scope)} and key = ${pg.escapeLiteral(claim.key)}
-       and owner = ${pg.escapeLiteral(claim.owner)}::uuid`;
+  return `select ${pg.escapeIdentifier(schema)}.store_fast_path_result(${pg.escapeLiteral(claim.scope)}, ${pg.escapeLiteral(claim.key)}, ${pg.escapeLiteral(claim.owner)}::uuid, ${pg.escapeLiteral(resultJson)}::jsonb)`;
+}
+
+/**
+ * DDL of `store_fast_path_result(scope, key, owner, result)`: stores the effect's result on a
+ * key the fast path claimed as `completed` in this same transaction. Its row is locked by the
+ * transaction since the claim, so the UPDATE cannot miss; the owner condition only documents
+ * whose row this is. Only `result` changes, which no index covers, so with the table's spare
+ * room per page (fillfactor, same migration) this is a HOT update: no index entries.
+ */
+export function storeFastPathResultFunctionDdl(schema: string) {
+  return sql`
+    create or replace function ${sql.id(schema, 'store_fast_path_result')}(p_scope text, p_key text, p_owner uuid, p_result jsonb)
+    returns void
+    language sql volatile as $store_result$
+      update ${sql.id(schema, 'idempotency_keys')} set result = p_result
+       where scope = p_scope and key = p_key and owner = p_owner
+    $store_result$`;
 }
 
 function integer(value: number, name: string): string {

@@ -33,12 +33,8 @@ export async function completeKey(
 
 /**
  * Stores the effect's result on a key the fast path already claimed as `completed` in this same
- * transaction. The row is locked by this transaction since the claim, so nobody else can have
- * changed it; the owner condition only documents whose row this is.
+ * transaction (the `store_fast_path_result` function; see `complete-and-commit.ts`).
  */
 export async function storeFastPathResult(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string): Promise<void> {
-  await sql`
-    update ${sql.id(schema, 'idempotency_keys')}
-       set result = ${resultJson}::jsonb
-     where scope = ${claim.scope} and key = ${claim.key} and owner = ${claim.owner}::uuid`.execute(tx);
+  await sql`select ${sql.id(schema, 'store_fast_path_result')}(${claim.scope}::text, ${claim.key}::text, ${claim.owner}::uuid, ${resultJson}::jsonb)`.execute(tx);
 }

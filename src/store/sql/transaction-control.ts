@@ -1,13 +1,10 @@
 import { sql, type Kysely } from 'kysely';
 
-/**
- * BEGIN, COMMIT and ROLLBACK for transactions the store drives by hand (see
- * `../one-trip-commit.ts`). Each is its own round trip; no parameters, so node-postgres sends
- * them as simple queries.
+/*
+ * COMMIT and ROLLBACK for transactions the store drives by hand (see `../one-trip-commit.ts`;
+ * BEGIN is deferred there, to ride with the first statement). No parameters, so node-postgres
+ * sends them as simple queries.
  */
-export async function beginTransaction(tx: Kysely<any>): Promise<void> {
-  await sql`begin`.execute(tx);
-}
 
 /** COMMIT on its own, for a transaction with nothing left to write. */
 export async function commitTransaction(tx: Kysely<any>): Promise<void> {
