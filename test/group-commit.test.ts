@@ -1,7 +1,7 @@
 import { sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, LeaseLostError, ValidationError, isHeld, type ClaimOutcome, type HeldClaim, type KeyStore } from '../src/index.js';
+import { IdempotencyKeys, LeaseLostError, PostgresKeyStore, ValidationError, createPostgresDb, isHeld, type ClaimOutcome, type HeldClaim, type KeyStore } from '../src/index.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 import { expireLease } from './support/protocol-fixtures.js';
 
@@ -156,5 +156,16 @@ describe('group commit', () => {
     const store = { schema: env.schema } as unknown as KeyStore;
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: true }, store)).toThrow(ValidationError);
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 64 } })).toThrow(/maxJobs/);
+  });
+});
+
+describe('group commit without Postgres', () => {
+  it('8. jobs waiting for a group fail (for their callers to retry) when no connection can be had, instead of looping', async () => {
+    const unreachable = createPostgresDb({ connectionString: 'postgres://postgres@127.0.0.1:1/postgres', maxConnections: 1 });
+    const keys = new IdempotencyKeys({ db: unreachable, schema: 'nowhere', groupCommit: { maxGroups: 1 } }, new PostgresKeyStore(unreachable, 'nowhere', { probeSettledKeys: false }));
+    const claim = { scope, key: 'k', owner: '00000000-0000-4000-8000-000000000000', fence: 1, attempts: 1, lockedUntil: null } as const;
+    const settled = await Promise.allSettled([1, 2, 3].map(() => keys.commitEffect(claim as never, async () => 'never')));
+    expect(settled.map((s) => s.status)).toEqual(['rejected', 'rejected', 'rejected']);
+    await unreachable.destroy();
   });
 });

@@ -103,6 +103,9 @@ export class GroupCommitter {
     } catch (groupError) {
       // Nothing of the group committed: a job's own error still says more than the group's.
       for (const member of members) settle(member, member.outcome && 'error' in member.outcome ? member.outcome : { error: groupError });
+      // No connection at all (Postgres unreachable): fail the waiting jobs too, for their
+      // callers to retry, instead of starting the next group at once and failing again in a loop.
+      if (members.length === 0) for (const waiting of this.#waiting.splice(0)) waiting.reject(groupError);
     } finally {
       this.#open--;
       if (this.#waiting.length > 0 && this.#open < this.#maxGroups) void this.#runGroup();
