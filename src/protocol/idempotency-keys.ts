@@ -5,17 +5,15 @@ import {
   type IdempotencyOptions,
   type ResolvedIdempotencyOptions,
 } from '../config/idempotency-options.js';
-import { LeaseLostError, ResultNotStorableError } from '../errors.js';
+import { LeaseLostError, ResultNotStorableError, ValidationError } from '../errors.js';
 import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
 import { isHeld } from '../store/claim-outcome.js';
-import type { KeyStore } from '../store/key-store.js';
+import type { GroupStatements, KeyStore } from '../store/key-store.js';
 import type { KeyRecord } from '../store/key-record.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
-import { assertValidKeyPart, serializeResult, toStoredError } from './validate.js';
 import { GroupCommitter } from './group-commit.js';
-import { ValidationError } from '../errors.js';
-import type { GroupStatements } from '../store/key-store.js';
+import { assertValidKeyPart, serializeResult, toStoredError } from './validate.js';
 
 /** Per-claim options of {@link IdempotencyKeys.claim}. */
 export interface ClaimOptions {
