@@ -136,7 +136,9 @@ describe('worker', () => {
     const timing = { LEASE_MS: '2000', STALLED_INTERVAL_MS: '1000', DEFER_MAX_MS: '250' };
     const victim = await startWorkerChild('./test-worker.ts', childEnv(timing));
     children.push(victim);
-    const job = await rawAdd('charge', { idempotencyKey: 'order-4', payload: { sleepMs: 4000, value: 4 } });
+    // The victim holds its first claim for 60 s, so it cannot finish before the kill even when
+    // the rescuer is slow to start on a loaded machine; the rescuer's own run takes 4 s.
+    const job = await rawAdd('charge', { idempotencyKey: 'order-4', payload: { sleepMs: 4000, holdFirstClaimMs: 60_000, value: 4 } });
     await victim.waitForLine((l) => l.key === 'order-4' && l.msg === 'key claimed');
     // The rescuer is already running when the victim dies, as another worker would be.
     const rescuer = await startWorkerChild('./test-worker.ts', childEnv(timing));

@@ -9,6 +9,8 @@ import type { JobContext } from '../../src/index.js';
 
 export interface TestPayload {
   readonly sleepMs?: number;
+  /** On the key's first claim only, sleep this long first: a worker to kill mid-handler, which must not finish before the kill however slowly the test goes. */
+  readonly holdFirstClaimMs?: number;
   readonly failTimes?: number;
   readonly permanent?: boolean;
   readonly value?: unknown;
@@ -17,6 +19,7 @@ export interface TestPayload {
 export function testHandler(schema: string, worker: string) {
   return async (ctx: JobContext<TestPayload>) => {
     const payload = ctx.data ?? {};
+    if (payload.holdFirstClaimMs && ctx.attempt === 1) await new Promise((resolve) => setTimeout(resolve, payload.holdFirstClaimMs));
     if (payload.sleepMs) await new Promise((resolve) => setTimeout(resolve, payload.sleepMs));
     if (payload.permanent) throw new UnrecoverableError('account closed (permanent)');
     if (payload.failTimes && ctx.job.attemptsMade < payload.failTimes) throw new Error('provider timed out (transient)');
