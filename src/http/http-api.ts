@@ -98,7 +98,25 @@ export class HttpApi {
       return503OnClosing: true,
       forceCloseConnections: 'idle',
     }) as unknown as FastifyInstance;
+    this.#refuseOversizedBodiesBeforeUpload();
     this.#setUp();
+  }
+
+  /**
+   * A client that sends `Expect: 100-continue` (curl does for bodies over 1 MiB) waits for
+   * "100 Continue" before uploading. Node sends it at once by default, so an oversized body was
+   * invited, then refused (413) and cut off mid-upload, which the client sees as a reset
+   * connection instead of the 413. Here a request whose Content-Length is over the limit gets
+   * no "100 Continue": Fastify answers 413 and the client never sends the body.
+   */
+  #refuseOversizedBodiesBeforeUpload(): void {
+    const limit = this.#options.bodyLimitBytes;
+    const server = this.app.server;
+    server.on('checkContinue', (request, response) => {
+      const length = Number(request.headers['content-length']);
+      if (!(length > limit)) response.writeContinue();
+      server.emit('request', request, response);
+    });
   }
 
   /** The queues this API accepts. */
