@@ -1,7 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
+import pg from 'pg';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createPostgresDb, migrate } from '../src/index.js';
+import { kyselyOverPool } from '../src/store/create-postgres-db.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
@@ -31,5 +33,43 @@ it('many processes migrating one fresh schema at once all succeed, and it is app
     expect(again.results).toEqual([]);
   } finally {
     await Promise.all(pools.map((db) => db.destroy()));
+  }
+});
+
+/**
+ * A Kysely instance whose connections fail the table listing Kysely's Migrator runs (it names
+ * `has_schema_privilege`) with `error`, as many times as `failures` says.
+ */
+function failingListings(failures: { left: number }, error: () => Error) {
+  const pool = new pg.Pool({ connectionString: env.databaseUrl, max: 1 });
+  pool.on('connect', (client) => {
+    const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+    (client as unknown as { query: (...args: unknown[]) => unknown }).query = (...args: unknown[]) => {
+      if (typeof args[0] === 'string' && args[0].includes('has_schema_privilege') && failures.left-- > 0) return Promise.reject(error());
+      return query(...args);
+    };
+  });
+  return kyselyOverPool(pool);
+}
+
+it('a migration that meets another schema being dropped (Kysely lists every table) looks again instead of failing', async () => {
+  // The race itself is rare and timing-bound; this makes it certain: the first table listing
+  // fails exactly as Postgres fails it when another schema vanishes under the listing.
+  const fresh = `${schema}_vanishing`;
+  const otherVanished = { left: 1 };
+  const db = failingListings(otherVanished, () => Object.assign(new Error('schema "someone_elses_schema" does not exist'), { code: '3F000' }));
+  const oursVanished = { left: 100 };
+  const dbOurs = failingListings(oursVanished, () => Object.assign(new Error(`schema "${fresh}" does not exist`), { code: '3F000' }));
+  try {
+    const result = await migrate(db, { schema: fresh });
+    expect(otherVanished.left).toBeLessThan(0);
+    expect(result.results?.length).toBeGreaterThan(0);
+    expect(result.results?.every((r) => r.status === 'Success')).toBe(true);
+    // An error about our own schema is not retried.
+    await expect(migrate(dbOurs, { schema: fresh })).rejects.toThrow(fresh);
+    expect(oursVanished.left).toBe(99);
+  } finally {
+    await sql`drop schema if exists ${sql.id(fresh)} cascade`.execute(env.db);
+    await Promise.all([db.destroy(), dbOurs.destroy()]);
   }
 });

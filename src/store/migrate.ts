@@ -1,5 +1,6 @@
 import { Migrator, sql, type Kysely, type MigrationResultSet } from 'kysely';
 import { migrationsFor } from './migrations.js';
+import { sqlStateOf } from './pg-errors.js';
 
 /** Options for {@link migrate}. */
 export interface MigrateOptions {
@@ -12,6 +13,16 @@ export interface MigrateOptions {
 
 // An arbitrary, fixed advisory-lock key ("idem" in ASCII) shared by every process that migrates.
 const MIGRATION_LOCK_KEY = 0x6964656d;
+const MAX_ATTEMPTS = 5;
+
+/**
+ * Kysely's Migrator looks for its tables by listing every table of the database; when another
+ * schema is dropped at that moment (another application's, a test's), the listing fails with
+ * "schema … does not exist" (3F000) for that other schema. Nothing was applied then: look again.
+ */
+function isOtherSchemaVanishing(error: unknown, schema: string): boolean {
+  return sqlStateOf(error) === '3F000' && !String((error as Error).message).includes(`"${schema}"`);
+}
 
 /**
  * Creates or upgrades the idempotency tables. Safe when many processes run it at once: they
@@ -36,9 +47,11 @@ export async function migrate(db: Kysely<any>, options: MigrateOptions = {}): Pr
         migrationTableName: 'idempotent_jobs_migration',
         migrationLockTableName: 'idempotent_jobs_migration_lock',
       });
-      const resultSet = await migrator.migrateToLatest();
-      if (resultSet.error) throw resultSet.error;
-      return resultSet;
+      for (let attempt = 1; ; attempt++) {
+        const resultSet = await migrator.migrateToLatest();
+        if (!resultSet.error) return resultSet;
+        if (attempt >= MAX_ATTEMPTS || !isOtherSchemaVanishing(resultSet.error, schema)) throw resultSet.error;
+      }
     } finally {
       await sql`select pg_advisory_unlock(${MIGRATION_LOCK_KEY}, hashtext(${schema}))`.execute(conn);
     }
