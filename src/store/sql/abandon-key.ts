@@ -1,5 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-import { keySettledChannel } from '../channels.js';
+import { notifyWaitersOf } from './notify-waiters.js';
 
 /** Which key the sweeper gives up on, and the state it saw it in. */
 export interface AbandonKeyInput {
@@ -44,10 +44,6 @@ export async function abandonKey(db: Kysely<any>, schema: string, input: Abandon
          and locked_until <= now() - ${input.sweepAfterMs}::bigint * interval '1 millisecond'
       returning scope, key, has_waiters
     ),
-    notified as (
-      select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
-        from abandoned where has_waiters
-    )
-    select (select count(*) from notified) as notified from abandoned`.execute(db);
+    ${notifyWaitersOf(schema, 'abandoned')}`.execute(db);
   return rows.length === 1;
 }

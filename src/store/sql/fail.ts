@@ -1,5 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-import { keySettledChannel } from '../channels.js';
+import { notifyWaitersOf } from './notify-waiters.js';
 import type { Claim } from '../claim-outcome.js';
 
 /**
@@ -28,10 +28,6 @@ export async function failKey(
        and status = 'processing'
     returning scope, key, has_waiters
     ),
-    notified as (
-      select pg_notify(${keySettledChannel(schema)}, json_build_object('scope', scope, 'key', key)::text)
-        from failed where has_waiters
-    )
-    select (select count(*) from notified) as notified from failed`.execute(db);
+    ${notifyWaitersOf(schema, 'failed')}`.execute(db);
   return rows.length === 1;
 }
