@@ -320,6 +320,8 @@ describe('bad input', () => {
       ['circular', circular],
       ['too-large', { blob: 'x'.repeat(100) }],
       ['nul-char', { text: 'a\u0000b' }],
+      ['lone-surrogate', { text: 'half an emoji \ud83d' }],
+      ['nul-in-a-name', { ['a\u0000b']: 1 }],
       ['function', () => 1],
     ];
     for (const [key, result] of cases) {
@@ -333,6 +335,10 @@ describe('bad input', () => {
       expect(await effectsOf(env.db, env.schema, scope, `unstorable-${key}`), key).toHaveLength(0);
       expect((await small.get(scope, `unstorable-${key}`))!.status, key).toBe('failed');
     }
+    // A backslash followed by the letters u0000 is ordinary text, and a surrogate pair a character.
+    const claim = held(await small.claim(scope, 'storable-escapes', 'fp'));
+    await small.runEffect(claim, async () => ['C:\\u0000', '\ud83d\ude00']);
+    expect(await small.get(scope, 'storable-escapes')).toMatchObject({ status: 'completed', result: ['C:\\u0000', '\ud83d\ude00'] });
   });
 
   it('9. options are validated with the option named', () => {

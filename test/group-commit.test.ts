@@ -3,7 +3,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyKeys, LeaseLostError, PostgresKeyStore, ValidationError, createPostgresDb, isHeld, type ClaimOutcome, type HeldClaim, type KeyStore } from '../src/index.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
-import { expireLease } from './support/protocol-fixtures.js';
+import { createGate, expireLease } from './support/protocol-fixtures.js';
 
 let env: TestEnv;
 /** Group commit on; one group at a time, so that jobs submitted together share transactions. */
@@ -41,6 +41,21 @@ async function effects(prefix: string): Promise<Array<{ key: string; txid: strin
 }
 
 const fp = (key: string) => grouped.fingerprint({ key });
+
+/** Runs `body` and records every statement string any pg client sent meanwhile. */
+async function recordStatements<T>(body: () => Promise<T>): Promise<{ value: T; statements: string[] }> {
+  const statements: string[] = [];
+  const original = pg.Client.prototype.query;
+  pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
+    statements.push(typeof args[0] === 'string' ? args[0] : String((args[0] as { text?: string })?.text));
+    return (original as (...a: unknown[]) => unknown).apply(this, args);
+  } as typeof original;
+  try {
+    return { value: await body(), statements };
+  } finally {
+    pg.Client.prototype.query = original;
+  }
+}
 
 describe('group commit', () => {
   it('1. concurrent fast-path jobs share transactions, and each key takes effect once', async () => {
@@ -133,23 +148,108 @@ describe('group commit', () => {
   it('6. a group of 8 leased jobs costs 9 round trips: each savepoint rides with its job\'s first statement, each completion with the next', async () => {
     const claims = await Promise.all(Array.from({ length: 8 }, async (_, i) => held(await plain.claim(scope, `trips-${i}`, fp(`trips-${i}`)))));
     await sql`select 1`.execute(env.db); // a warm pool connection
-    const sent: string[] = [];
-    const original = pg.Client.prototype.query;
-    pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
-      sent.push(typeof args[0] === 'string' ? args[0] : String((args[0] as { text?: string })?.text));
-      return (original as (...a: unknown[]) => unknown).apply(this, args);
-    } as typeof original;
-    try {
-      await Promise.all(claims.map((claim, i) => grouped.commitEffect(claim, async (tx) => (await insertEffect(tx, `trips-${i}`), i))));
-    } finally {
-      pg.Client.prototype.query = original;
-    }
+    const { statements: sent } = await recordStatements(() =>
+      Promise.all(claims.map((claim, i) => grouped.commitEffect(claim, async (tx) => (await insertEffect(tx, `trips-${i}`), i)))),
+    );
     expect(sent).toHaveLength(9);
     expect(sent[0]).toMatch(/^begin;\nsavepoint job_1;\ninsert into/);
     expect(sent[1]).toMatch(/complete_key.*;\nrelease savepoint job_1;\nsavepoint job_2;\ninsert into/s);
     expect(sent[8]).toMatch(/complete_key.*;\nrelease savepoint job_8;\ncommit$/s);
     expect((await effects('trips-')).map((r) => r.txid)).toEqual(Array(8).fill((await effects('trips-'))[0]!.txid));
     for (let i = 0; i < 8; i++) expect(await plain.get(scope, `trips-${i}`)).toMatchObject({ status: 'completed', result: i });
+  });
+
+  it('9. a group claims its jobs\' new keys in one statement; keys with a row, and a key repeated, are claimed by their jobs', async () => {
+    // No settled-key probe, so that every job reaches the group and the statements are predictable.
+    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
+    const oneGroup = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1 } }, store);
+    await plain.executeOnce(scope, 'ahead-done', fp('ahead-done'), async () => 'stored');
+    await plain.executeOnce(scope, 'ahead-reused', grouped.fingerprint('something else'), async () => 'other');
+    await plain.claim(scope, 'ahead-expired', fp('ahead-expired'));
+    await expireLease(env.db, env.schema, scope, 'ahead-expired');
+    await plain.claim(scope, 'ahead-live', fp('ahead-live'));
+    const keys = ['ahead-new-1', 'ahead-done', 'ahead-new-2', 'ahead-reused', 'ahead-new-1', 'ahead-expired', 'ahead-live', 'ahead-new-3'];
+
+    const started = createGate();
+    const gate = createGate();
+    const { value: outcomes, statements: sent } = await recordStatements(async () => {
+      // A first job holds the only group open while the others queue up, so they form one batch.
+      const first = oneGroup.executeOnce(scope, 'ahead-first', fp('ahead-first'), async (tx) => (started.open(), await gate.wait, await insertEffect(tx, 'ahead-first'), 'first'));
+      await started.wait;
+      const rest = keys.map((key, i) => oneGroup.executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key), `${key}#${i}`)));
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      gate.open();
+      return [await first, ...(await Promise.all(rest))];
+    });
+
+    expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed', 'completed', 'executed', 'key-reused', 'completed', 'executed', 'in-progress', 'executed']);
+    expect(outcomes[5]).toMatchObject({ result: 'ahead-new-1#0' }); // the repeat replays its twin's result
+    expect(outcomes[2]).toMatchObject({ result: 'stored' });
+    expect(outcomes[6]).toMatchObject({ kind: 'executed', claim: { fence: 2, attempts: 2 } }); // taken over by its own claim
+    expect(outcomes[1]).toMatchObject({ kind: 'executed', claim: { fence: 1, attempts: 1 } });
+    // One statement claimed the three new keys; claim_key ran only for the first job (alone) and the five others.
+    expect(sent.filter((text) => text.includes('claim_new_keys'))).toHaveLength(1);
+    expect(sent.filter((text) => /\bclaim_key"?\(/.test(text))).toHaveLength(1 + 5);
+    for (const key of ['ahead-first', 'ahead-new-1', 'ahead-new-2', 'ahead-expired', 'ahead-new-3']) expect((await effects(key)).length, key).toBe(1);
+    for (const key of ['ahead-done', 'ahead-reused', 'ahead-live']) expect(await effects(key), key).toEqual([]);
+    for (const key of ['ahead-new-1', 'ahead-new-2', 'ahead-new-3']) expect(await plain.get(scope, key), key).toMatchObject({ status: 'completed', fence: 1, attempts: 1 });
+  });
+
+  it('10. a job whose key its group claimed ahead and which then fails (throws, or returns a result jsonb refuses) leaves its key absent; its group-mates commit', async () => {
+    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
+    const oneGroup = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1 } }, store);
+    const started = createGate();
+    const gate = createGate();
+    const { value: settled, statements } = await recordStatements(async () => {
+      const first = oneGroup.executeOnce(scope, 'undo-first', fp('undo-first'), async () => (started.open(), await gate.wait, 'first'));
+      await started.wait;
+      const rest = ['undo-0', 'undo-1', 'undo-2', 'undo-3'].map((key, i) =>
+        oneGroup.executeOnce(scope, key, fp(key), async (tx) => {
+          await insertEffect(tx, key);
+          if (i === 1) throw new Error('effect failed after its key was claimed ahead');
+          return i === 2 ? { text: 'NUL \u0000 is refused' } : i;
+        }),
+      );
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      gate.open();
+      return Promise.allSettled([first, ...rest]);
+    });
+    expect(statements.filter((text) => text.includes('claim_new_keys'))).toHaveLength(1);
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'rejected', 'rejected', 'fulfilled']);
+    expect((settled[3] as PromiseRejectedResult).reason).toMatchObject({ code: 'RESULT_NOT_STORABLE' });
+    expect((await effects('undo-')).map((r) => r.key)).toEqual(['undo-0', 'undo-3']);
+    expect(await plain.get(scope, 'undo-1')).toBeUndefined();
+    expect(await plain.get(scope, 'undo-2')).toBeUndefined();
+    expect(await plain.get(scope, 'undo-3')).toMatchObject({ status: 'completed', result: 3 });
+    // The next attempt finds the key new, and runs once.
+    expect((await oneGroup.executeOnce(scope, 'undo-1', fp('undo-1'), async (tx) => (await insertEffect(tx, 'undo-1'), 'again'))).kind).toBe('executed');
+    expect((await effects('undo-1')).length).toBe(1);
+  });
+
+  it('11. when the batched claim waits too long on a key another transaction holds, it is rolled back and each job claims alone', async () => {
+    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
+    const quick = new IdempotencyKeys({ db: env.db, schema: env.schema, claimLockTimeoutMs: 200, groupCommit: { maxGroups: 1 } }, store);
+    // Another transaction holds 'timeout-held' uncommitted (a fast path outside the group).
+    const holding = createGate();
+    const released = createGate();
+    const holder = plain.executeOnce(scope, 'timeout-held', fp('timeout-held'), async () => (holding.open(), await released.wait, 'holder'));
+    await holding.wait;
+    const started = createGate();
+    const gate = createGate();
+    const { value: outcomes, statements } = await recordStatements(async () => {
+      const first = quick.executeOnce(scope, 'timeout-first', fp('timeout-first'), async () => (started.open(), await gate.wait, 'first'));
+      await started.wait;
+      const rest = ['timeout-a', 'timeout-held', 'timeout-b'].map((key) => quick.executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key), key)));
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      gate.open();
+      return Promise.all([first, ...rest]);
+    });
+    released.open();
+    expect((await holder).kind).toBe('executed');
+    expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed', 'in-progress', 'executed']);
+    expect(statements.some((text) => /rollback to savepoint shared_1/.test(text))).toBe(true);
+    expect((await effects('timeout-')).map((r) => r.key)).toEqual(['timeout-a', 'timeout-b']);
+    expect(await plain.get(scope, 'timeout-held')).toMatchObject({ status: 'completed', result: 'holder' });
   });
 
   it('7. group commit needs a store with group statements, and at most 63 jobs a group', () => {

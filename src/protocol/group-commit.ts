@@ -7,7 +7,7 @@ import { onOneConnection } from '../store/one-trip-commit.js';
 export interface GroupCommitOptions {
   /** Most jobs in one transaction. Keep it under 64: Postgres caches 64 subtransactions per transaction. @defaultValue `16` */
   readonly maxJobs?: number;
-  /** Groups open at once, each on its own connection. @defaultValue `2` */
+  /** Groups open at once, each on its own connection. @defaultValue `4` */
   readonly maxGroups?: number;
 }
 
@@ -24,11 +24,32 @@ export interface GroupJobEnd<T> {
   readonly closingError?: (error: unknown) => unknown;
 }
 
-/** A job's part of a group: runs on the group's transaction, inside the job's own savepoint. */
-export type GroupJob<T> = (tx: Transaction<any>) => Promise<GroupJobEnd<T>>;
+/**
+ * A job's part of a group: runs on the group's transaction, inside the job's own savepoint.
+ * `stepped` is what the group's {@link BatchedStep} gave this job, if it ran for it.
+ */
+export type GroupJob<T> = (tx: Transaction<any>, stepped: unknown) => Promise<GroupJobEnd<T>>;
+
+/** What a {@link BatchedStep} did for one job: the value its job receives, and the literal SQL that undoes it. */
+export interface SteppedJob {
+  readonly value: unknown;
+  readonly undo: string;
+}
+
+/**
+ * One statement that does a step of several jobs at once, before they run (the fast path's
+ * claims of a group's keys: one round trip instead of one per job). It runs between jobs, on
+ * the group's transaction, outside the jobs' savepoints, so what it did for a job that then
+ * fails is undone by that job's `undo`. For each input: what it did, or undefined when the job
+ * must do the step itself. If it throws an SQL error, it is rolled back and every job does its
+ * own step.
+ */
+export type BatchedStep = (tx: Transaction<any>, inputs: readonly unknown[]) => Promise<ReadonlyArray<SteppedJob | undefined>>;
 
 interface Waiting {
   readonly job: GroupJob<unknown>;
+  /** Input of the group's batched step for this job; undefined when it takes none. */
+  readonly stepInput: unknown;
   readonly resolve: (value: unknown) => void;
   readonly reject: (error: unknown) => void;
   outcome?: { readonly value: unknown } | { readonly error: unknown };
@@ -40,9 +61,10 @@ interface Waiting {
  * instead of N, and each job's savepoint and closing statement share round trips.
  *
  * A job that arrives while fewer than `maxGroups` groups are open starts a group; otherwise it
- * waits and joins the next open group that looks for work. A group takes waiting jobs one at a
- * time until none is waiting or it holds `maxJobs`, then commits. Nothing waits on a timer:
- * under load, jobs group themselves.
+ * waits and joins the next open group that looks for work. A group takes all the waiting jobs
+ * (up to `maxJobs`), runs the batched step for them if there is one, then runs them one after
+ * another; it takes more while any are waiting and it holds fewer than `maxJobs`, then commits.
+ * Nothing waits on a timer: under load, jobs group themselves.
  *
  * Every job of a group settles when the group ends: resolved when the COMMIT succeeded (or with
  * its own error when its part was rolled back), rejected with the group's error when the group
@@ -55,19 +77,24 @@ export class GroupCommitter {
   readonly #db: Kysely<any>;
   readonly #maxJobs: number;
   readonly #maxGroups: number;
+  readonly #batchedStep: BatchedStep | undefined;
   readonly #waiting: Waiting[] = [];
   #open = 0;
 
-  constructor(db: Kysely<any>, options: GroupCommitOptions = {}) {
+  constructor(db: Kysely<any>, options: GroupCommitOptions = {}, batchedStep?: BatchedStep) {
     this.#db = db;
     this.#maxJobs = options.maxJobs ?? 16;
-    this.#maxGroups = options.maxGroups ?? 2;
+    this.#maxGroups = options.maxGroups ?? 4;
+    this.#batchedStep = batchedStep;
   }
 
-  /** Runs `job` in a group; resolves with its value once its group committed. */
-  run<T>(job: GroupJob<T>): Promise<T> {
+  /**
+   * Runs `job` in a group; resolves with its value once its group committed. With `stepInput`,
+   * the group's batched step may do the job's first step for it (see {@link BatchedStep}).
+   */
+  run<T>(job: GroupJob<T>, stepInput?: unknown): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      this.#waiting.push({ job: job as GroupJob<unknown>, resolve: resolve as (value: unknown) => void, reject });
+      this.#waiting.push({ job: job as GroupJob<unknown>, stepInput, resolve: resolve as (value: unknown) => void, reject });
       if (this.#open < this.#maxGroups) void this.#runGroup();
     });
   }
@@ -83,10 +110,13 @@ export class GroupCommitter {
         async (tx) => {
           try {
             while (members.length < this.#maxJobs && this.#waiting.length > 0) {
-              const member = this.#waiting.shift()!;
-              members.push(member);
-              group.startJob();
-              await this.#runMember(group, tx, member);
+              const batch = this.#waiting.splice(0, this.#maxJobs - members.length);
+              members.push(...batch);
+              const stepped = await this.#runBatchedStep(group, tx, batch);
+              for (const [i, member] of batch.entries()) {
+                group.startJob();
+                await this.#runMember(group, tx, member, stepped[i]);
+              }
             }
             await group.commit();
           } catch (error) {
@@ -112,23 +142,40 @@ export class GroupCommitter {
     }
   }
 
-  async #runMember(group: GroupTransaction, tx: Transaction<any>, member: Waiting): Promise<void> {
+  /** The batched step for the jobs of `batch` that take one; what it did for each (by position). */
+  async #runBatchedStep(group: GroupTransaction, tx: Transaction<any>, batch: readonly Waiting[]): Promise<Array<SteppedJob | undefined>> {
+    const step = this.#batchedStep;
+    const taking = batch.flatMap((member, position) => (member.stepInput === undefined ? [] : [position]));
+    // One job's step costs the same round trip alone as batched.
+    if (!step || taking.length < 2) return [];
+    const done = await group.runShared(() => step(tx, taking.map((position) => batch[position]!.stepInput)));
+    const stepped: Array<SteppedJob | undefined> = [];
+    if ('value' in done) taking.forEach((position, i) => (stepped[position] = done.value[i]));
+    return stepped;
+  }
+
+  async #runMember(group: GroupTransaction, tx: Transaction<any>, member: Waiting, stepped: SteppedJob | undefined): Promise<void> {
+    const undo = stepped ? [stepped.undo] : [];
     let end: GroupJobEnd<unknown>;
     try {
-      end = await member.job(tx);
+      end = await member.job(tx, stepped?.value);
     } catch (error) {
       member.outcome = { error };
-      group.abortJob();
+      group.abortJob(undo);
       return;
     }
     member.outcome = { value: end.value };
     if (end.closing === 'rollback') {
-      group.abortJob();
+      group.abortJob(undo);
       return;
     }
-    group.endJob(end.closing, (error) => {
-      member.outcome = { error: end.closingError ? end.closingError(error) : error };
-    });
+    group.endJob(
+      end.closing,
+      (error) => {
+        member.outcome = { error: end.closingError ? end.closingError(error) : error };
+      },
+      undo,
+    );
   }
 }
 

@@ -7,12 +7,12 @@ import {
 } from '../config/idempotency-options.js';
 import { LeaseLostError, ResultNotStorableError, ValidationError } from '../errors.js';
 import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
-import { isHeld } from '../store/claim-outcome.js';
-import type { GroupStatements, KeyStore } from '../store/key-store.js';
+import { isHeld, type HeldClaim } from '../store/claim-outcome.js';
+import type { ClaimInput, GroupStatements, KeyStore } from '../store/key-store.js';
 import type { KeyRecord } from '../store/key-record.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
-import { GroupCommitter } from './group-commit.js';
+import { GroupCommitter, type BatchedStep } from './group-commit.js';
 import { assertValidKeyPart, serializeResult, toStoredError } from './validate.js';
 
 /** Per-claim options of {@link IdempotencyKeys.claim}. */
@@ -78,7 +78,7 @@ export class IdempotencyKeys {
       if (!statements) {
         throw new ValidationError('INVALID_OPTIONS', 'groupCommit', 'groupCommit needs a store that offers groupStatements (PostgresKeyStore does).');
       }
-      this.#group = { committer: new GroupCommitter(this.#options.db, groupCommit), statements };
+      this.#group = { committer: new GroupCommitter(this.#options.db, groupCommit, claimNewKeysStep(statements)), statements };
     }
   }
 
@@ -210,9 +210,10 @@ export class IdempotencyKeys {
     const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
     const group = this.#group;
     if (group) {
-      // The same steps inside the job's savepoint of a shared transaction.
-      return group.committer.run(async (tx) => {
-        const outcome = await store.claim(tx, input);
+      // The same steps inside the job's savepoint of a shared transaction. A new key may have
+      // been claimed already, with the keys of the jobs grouped with this one (one statement).
+      return group.committer.run(async (tx, claimedAhead) => {
+        const outcome = (claimedAhead as HeldClaim | undefined) ?? (await store.claim(tx, input));
         if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, closing: 'rollback' as const };
         const result = await effect(tx, outcome);
         const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
@@ -223,7 +224,7 @@ export class IdempotencyKeys {
           closing: group.statements.fastPathResult(outcome, json),
           closingError: (error: unknown) => this.#explainClosingFailure(group.statements, error, outcome),
         };
-      });
+      }, input);
     }
     // The claim bounds its own lock wait and puts lock_timeout back in the same statement, so
     // the effect runs under the session's usual lock_timeout. A claim that does not hold the
@@ -326,6 +327,25 @@ export class IdempotencyKeys {
       // claim take it over. The effect's error is the one worth surfacing.
     }
   }
+}
+
+/**
+ * Group commit's batched step for the fast path, when the store offers it: the new keys of the
+ * jobs about to run in a group, claimed in one statement. A job gets its claim, which is what
+ * its own claim of a new key would have returned; undone (the row deleted) if the job fails.
+ */
+function claimNewKeysStep(statements: GroupStatements): BatchedStep | undefined {
+  const claims = statements.newKeyClaims;
+  if (!claims) return undefined;
+  return async (tx, inputs) => {
+    const claimInputs = inputs as readonly ClaimInput[];
+    const claimed = await claims.claim(tx, claimInputs);
+    return claimInputs.map((input, i) => {
+      if (!claimed[i]) return undefined;
+      const claim: HeldClaim = { kind: 'claimed', scope: input.scope, key: input.key, owner: input.owner, fence: 1, attempts: 1, lockedUntil: null };
+      return { value: claim, undo: claims.undo(claim) };
+    });
+  };
 }
 
 function defaultFailureAction(error: unknown): EffectFailureAction {

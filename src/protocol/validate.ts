@@ -29,8 +29,19 @@ export function assertValidKeyPart(field: 'key' | 'scope', value: unknown): asse
 }
 
 /**
+ * An escape in `JSON.stringify` output that Postgres `jsonb` refuses: `\u0000` (NUL) or a lone
+ * UTF-16 surrogate (`\ud800`-`\udfff`; paired surrogates are written as the character
+ * itself). Preceded by an even number of backslashes, so an escaped backslash followed by the
+ * letters `u0000` does not count.
+ */
+const JSONB_REFUSED_ESCAPE = /(?<!\\)(?:\\\\)*\\u(?:0000|d[89a-f][0-9a-f]{2})/i;
+
+/**
  * Serialises an effect's result for storage. `undefined` is stored as JSON null. Throws
- * {@link ResultNotStorableError} when it is not JSON (BigInt, cycles, functions) or too large.
+ * {@link ResultNotStorableError} when it is not JSON (BigInt, cycles, functions), holds text
+ * `jsonb` cannot store (NUL, lone surrogates: refused here rather than by Postgres, whose error
+ * would arrive in the middle of a transaction, in group commit after the next job's statement),
+ * or is too large.
  */
 export function serializeResult(scope: string, key: string, result: unknown, maxBytes: number): string {
   let json: string | undefined;
@@ -43,6 +54,9 @@ export function serializeResult(scope: string, key: string, result: unknown, max
   }
   if (json === undefined) {
     throw new ResultNotStorableError(scope, key, `a ${typeof result} is not JSON-serialisable`);
+  }
+  if (json.includes('\\u') && JSONB_REFUSED_ESCAPE.test(json)) {
+    throw new ResultNotStorableError(scope, key, 'it contains a NUL character (\\u0000) or a lone UTF-16 surrogate, which Postgres jsonb cannot store');
   }
   const bytes = Buffer.byteLength(json, 'utf8');
   if (bytes > maxBytes) {

@@ -20,13 +20,15 @@ import { LEASE_LOST_STATE } from './sql/complete-and-commit.js';
  * succeeded); in a string of control statements only, any SQL error is the closing
  * statement's. If the COMMIT itself fails, the recovery fails too, and so does the group.
  *
- * A job that has started must end (`endJob` or `abortJob`) before the next `startJob`.
+ * A job that has started must end (`endJob` or `abortJob`) before the next `startJob`;
+ * {@link runShared} runs between jobs.
  */
 export class GroupTransaction {
   readonly #connection: MergingConnection;
   #jobs = 0;
+  #sharedWork = 0;
   /** The job whose closing statement is deferred, not yet confirmed by Postgres. */
-  #unconfirmed: { savepoint: string; onError: (error: unknown) => void } | undefined;
+  #unconfirmed: { savepoint: string; onError: (error: unknown) => void; undo: readonly string[] } | undefined;
 
   /** `mergeStatements`: the connection returns a multi-statement string's last result (`returnsLastResult`). */
   constructor(connection: DatabaseConnection, options: { mergeStatements: boolean }) {
@@ -52,18 +54,43 @@ export class GroupTransaction {
   /**
    * The current job succeeded: `closing` (literal SQL, may be empty) runs next, then its
    * savepoint is released, both sent with the next statement. If `closing` fails, `onError` gets
-   * the error and the job's work is rolled back; the group goes on.
+   * the error and the job's work is rolled back, followed by `undo` (see {@link abortJob}); the
+   * group goes on.
    */
-  endJob(closing: string | undefined, onError: (error: unknown) => void): void {
+  endJob(closing: string | undefined, onError: (error: unknown) => void, undo: readonly string[] = []): void {
     const savepoint = this.#savepoint();
     this.#connection.defer(...(closing ? [closing] : []), `release savepoint ${savepoint}`);
-    this.#unconfirmed = { savepoint, onError };
+    this.#unconfirmed = { savepoint, onError, undo };
   }
 
-  /** The current job failed or has nothing to commit: its work is rolled back with the next statement. */
-  abortJob(): void {
+  /**
+   * The current job failed or has nothing to commit: its work is rolled back with the next
+   * statement, then `undo` runs: literal SQL that reverts what {@link runShared} did for this
+   * job before its savepoint (its claim), which rolling back to the savepoint cannot reach.
+   */
+  abortJob(undo: readonly string[] = []): void {
     const savepoint = this.#savepoint();
-    this.#connection.defer(`rollback to savepoint ${savepoint}`, `release savepoint ${savepoint}`);
+    this.#connection.defer(`rollback to savepoint ${savepoint}`, `release savepoint ${savepoint}`, ...undo);
+  }
+
+  /**
+   * Runs `work` between two jobs, for several jobs at once (the fast path's claims of the jobs
+   * about to run), inside a savepoint of its own: when it fails with an SQL error (a lock
+   * timeout, say), only it is rolled back, and the result says so; the group goes on. Any
+   * other error (a broken connection) is thrown.
+   */
+  async runShared<T>(work: () => Promise<T>): Promise<{ readonly value: T } | { readonly error: unknown }> {
+    const savepoint = `shared_${++this.#sharedWork}`;
+    this.#connection.defer(`savepoint ${savepoint}`);
+    try {
+      const value = await work();
+      this.#connection.defer(`release savepoint ${savepoint}`);
+      return { value };
+    } catch (error) {
+      if (sqlStateOf(error) === undefined) throw error;
+      this.#connection.defer(`rollback to savepoint ${savepoint}`, `release savepoint ${savepoint}`);
+      return { error };
+    }
   }
 
   /** Sends what is deferred and COMMIT (one round trip). Throws when the group could not commit. */
@@ -99,6 +126,6 @@ export class GroupTransaction {
     this.#unconfirmed = undefined;
     // Nothing after the closing statement ran: roll its job back, then send the rest again.
     unconfirmed.onError(error);
-    return [`rollback to savepoint ${unconfirmed.savepoint}`, `release savepoint ${unconfirmed.savepoint}`, ...sent.slice(release + 1)];
+    return [`rollback to savepoint ${unconfirmed.savepoint}`, `release savepoint ${unconfirmed.savepoint}`, ...unconfirmed.undo, ...sent.slice(release + 1)];
   }
 }

@@ -59,4 +59,25 @@ export interface GroupStatements {
   fastPathResult(claim: Claim, resultJson: string): string;
   /** What a failed closing statement means: the lease was lost, or an error to report as it is (mapped). */
   explainFailure(error: unknown, claim: Claim): { readonly leaseLost: true } | { readonly error: unknown };
+  /**
+   * Optional, for fewer round trips: the fast path's claims of a whole group at once. Without
+   * it, each job of a group claims its own key.
+   */
+  readonly newKeyClaims?: NewKeyClaims;
+}
+
+/**
+ * Claims, in one statement on a group's open transaction, every key that has no row yet, as a
+ * fast-path (`'complete'` mode) claim would; and undoes one such claim within the transaction.
+ */
+export interface NewKeyClaims {
+  /**
+   * For each input (`'complete'` mode), whether it was claimed (fresh key: fence 1, attempts 1,
+   * owner `input.owner`). Inputs not claimed are left for their jobs to claim as usual (an
+   * existing row, or a key repeated in `inputs`). It may throw (a `lock_timeout`, say); the
+   * caller runs it inside a savepoint and rolls back to it.
+   */
+  claim(tx: Kysely<any>, inputs: readonly ClaimInput[]): Promise<readonly boolean[]>;
+  /** Literal SQL that undoes one claim of {@link NewKeyClaims.claim} in the same transaction (its job failed). */
+  undo(claim: Claim): string;
 }

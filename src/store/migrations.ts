@@ -1,6 +1,7 @@
 import { sql, type Kysely, type Migration } from 'kysely';
 import { claimKeyFunctionDdl } from './sql/claim.js';
 import { claimKeysFunctionDdl } from './sql/claim-batch.js';
+import { claimNewKeysFunctionDdl } from './sql/claim-new-keys.js';
 import { completeKeyFunctionDdl, storeFastPathResultFunctionDdl } from './sql/complete-and-commit.js';
 
 /**
@@ -99,6 +100,12 @@ export function migrationsFor(schema: string): Record<string, Migration> {
       async up(db: Kysely<any>) {
         await storeFastPathResultFunctionDdl(schema).execute(db);
         await sql`alter table ${t('idempotency_keys')} set (fillfactor = 85)`.execute(db);
+      },
+    },
+    '008_claim_new_keys_function': {
+      // Group commit's fast path claims all of a group's new keys in one statement.
+      async up(db: Kysely<any>) {
+        await claimNewKeysFunctionDdl(schema).execute(db);
       },
     },
   };

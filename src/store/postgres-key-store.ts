@@ -8,6 +8,7 @@ import { ClaimBatcher } from './claim-batcher.js';
 import { findSettledKeys, type SettledKeyRow } from './sql/find-settled-keys.js';
 import { StatementBatcher } from './statement-batcher.js';
 import { claimKey } from './sql/claim.js';
+import { claimNewKeys, unclaimNewKeyText } from './sql/claim-new-keys.js';
 import { completeKey, storeFastPathResult } from './sql/complete.js';
 import { completeAndCommit, fastPathResultText, fencedCompletionText, isLeaseLost, storeResultAndCommit } from './sql/complete-and-commit.js';
 import { extendLease } from './sql/extend.js';
@@ -44,6 +45,10 @@ export class PostgresKeyStore implements KeyStore {
     completion: (claim, resultJson, retentionMs) => fencedCompletionText(this.schema, claim, resultJson, retentionMs),
     fastPathResult: (claim, resultJson) => fastPathResultText(this.schema, claim, resultJson),
     explainFailure: (error, claim) => (isLeaseLost(error) ? { leaseLost: true } : { error: this.#mapResultError(error, claim) }),
+    newKeyClaims: {
+      claim: (tx, inputs) => claimNewKeys(tx, this.schema, inputs),
+      undo: (claim) => unclaimNewKeyText(this.schema, claim),
+    },
   };
 
   /** See {@link KeyStore.findSettled}; present unless `probeSettledKeys` is false. */
