@@ -139,7 +139,7 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
         schema: env.schema,
         leaseMs: 30_000,
         claimSynchronousCommit: contender !== 'leased-async-claim',
-        // Group commit with the library's defaults (16 jobs a group, 4 groups open); BENCH_GROUPS sets
+        // Group commit with the library's defaults (16 jobs a group, 2 groups open); BENCH_GROUPS sets
         // maxGroups instead, for profiling.
         groupCommit: contender.endsWith('-group') && (process.env.BENCH_GROUPS ? { maxGroups: Number(process.env.BENCH_GROUPS) } : true),
       },

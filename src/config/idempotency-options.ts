@@ -89,11 +89,11 @@ const optionsSchema = z.object({
   claimSynchronousCommit: z.boolean().default(true),
   groupCommit: z
     .union([
-      z.boolean().transform((on) => (on ? { maxJobs: 16, maxGroups: 4 } : false)),
+      z.boolean().transform((on) => (on ? { maxJobs: 16, maxGroups: 2 } : false)),
       z.object({
         // Postgres caches 64 subtransactions per transaction; more spill to pg_subtrans and slow every session.
         maxJobs: z.number().int().min(1).max(63).default(16),
-        maxGroups: z.number().int().min(1).max(64).default(4),
+        maxGroups: z.number().int().min(1).max(64).default(2),
       }),
     ])
     .default(false),

@@ -7,7 +7,7 @@ import { onOneConnection } from '../store/one-trip-commit.js';
 export interface GroupCommitOptions {
   /** Most jobs in one transaction. Keep it under 64: Postgres caches 64 subtransactions per transaction. @defaultValue `16` */
   readonly maxJobs?: number;
-  /** Groups open at once, each on its own connection. @defaultValue `4` */
+  /** Groups open at once, each on its own connection. @defaultValue `2` */
   readonly maxGroups?: number;
 }
 
@@ -84,7 +84,7 @@ export class GroupCommitter {
   constructor(db: Kysely<any>, options: GroupCommitOptions = {}, batchedStep?: BatchedStep) {
     this.#db = db;
     this.#maxJobs = options.maxJobs ?? 16;
-    this.#maxGroups = options.maxGroups ?? 4;
+    this.#maxGroups = options.maxGroups ?? 2;
     this.#batchedStep = batchedStep;
   }
 

@@ -108,5 +108,11 @@ export function migrationsFor(schema: string): Record<string, Migration> {
         await claimNewKeysFunctionDdl(schema).execute(db);
       },
     },
+    '009_fast_path_result_in_plpgsql': {
+      // store_fast_path_result was `language sql`, whose body Postgres plans again on every call.
+      async up(db: Kysely<any>) {
+        await storeFastPathResultFunctionDdl(schema).execute(db);
+      },
+    },
   };
 }

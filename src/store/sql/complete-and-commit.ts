@@ -113,15 +113,22 @@ export function fastPathResultText(schema: string, claim: Claim, resultJson: str
  * key the fast path claimed as `completed` in this same transaction. Its row is locked by the
  * transaction since the claim, so the UPDATE cannot miss; the owner condition only documents
  * whose row this is. Only `result` changes, which no index covers, so with the table's spare
- * room per page (fillfactor, same migration) this is a HOT update: no index entries.
+ * room per page (fillfactor, migration 007) this is a HOT update: no index entries.
+ *
+ * PL/pgSQL, not SQL: Postgres caches a PL/pgSQL function's plans for the session, while a
+ * `language sql` function's body is parsed and planned again on every call (migration 007
+ * installed it so: 7% of the machine's CPU in a fast-path drain went to `fmgr_sql`; migration
+ * 009 replaced it).
  */
 export function storeFastPathResultFunctionDdl(schema: string) {
   return sql`
     create or replace function ${sql.id(schema, 'store_fast_path_result')}(p_scope text, p_key text, p_owner uuid, p_result jsonb)
     returns void
-    language sql volatile as $store_result$
-      update ${sql.id(schema, 'idempotency_keys')} set result = p_result
-       where scope = p_scope and key = p_key and owner = p_owner
+    language plpgsql volatile as $store_result$
+    begin
+      update ${sql.id(schema, 'idempotency_keys')} as k set result = p_result
+       where k.scope = p_scope and k.key = p_key and k.owner = p_owner;
+    end;
     $store_result$`;
 }
 
