@@ -252,6 +252,35 @@ describe('group commit', () => {
     expect(await plain.get(scope, 'timeout-held')).toMatchObject({ status: 'completed', result: 'holder' });
   });
 
+  it('12. a group opens at most 64 savepoints (Postgres caches 64 subtransaction ids), batched steps included', async () => {
+    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
+    const wide = new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 63, maxGroups: 1 } }, store);
+    const run = (key: string, before?: () => Promise<void>) =>
+      wide.executeOnce(scope, key, fp(key), async (tx) => (await before?.(), await insertEffect(tx, key), key));
+    const started = createGate();
+    const gate = createGate();
+    const later: Array<Promise<unknown>> = [];
+    // Savepoints: the first job alone (1); a batch of 40 (1 shared + 40); then a batch that
+    // arrives while the 40th runs: room for 64 - 42 - 1 = 21 of its 30 jobs, not 22.
+    const first = run('subx-first', async () => (started.open(), await gate.wait));
+    await started.wait;
+    const batch = Array.from({ length: 40 }, (_, i) =>
+      run(`subx-a-${String(i).padStart(2, '0')}`, async () => {
+        if (i !== 39) return;
+        for (let j = 0; j < 30; j++) later.push(run(`subx-b-${String(j).padStart(2, '0')}`));
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    gate.open();
+    await Promise.all([first, ...batch]);
+    await Promise.all(later);
+    const rows = await effects('subx-');
+    expect(rows).toHaveLength(71);
+    const firstGroup = rows.filter((row) => row.txid === rows.find((r) => r.key === 'subx-first')!.txid);
+    expect(firstGroup).toHaveLength(1 + 40 + 21);
+  });
+
   it('7. group commit needs a store with group statements, and at most 63 jobs a group', () => {
     const store = { schema: env.schema } as unknown as KeyStore;
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: true }, store)).toThrow(ValidationError);

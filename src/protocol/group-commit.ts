@@ -3,6 +3,12 @@ import { returnsLastResult } from '../store/create-postgres-db.js';
 import { GroupTransaction } from '../store/group-transaction.js';
 import { onOneConnection } from '../store/one-trip-commit.js';
 
+/**
+ * Subtransaction ids Postgres caches per transaction (`PGPROC_MAX_CACHED_SUBXIDS`); past them,
+ * every other session's snapshots must look up `pg_subtrans`, which slows the whole database.
+ */
+const CACHED_SUBTRANSACTIONS = 64;
+
 /** Options of group commit (see {@link GroupCommitter}). */
 export interface GroupCommitOptions {
   /** Most jobs in one transaction. Keep it under 64: Postgres caches 64 subtransactions per transaction. @defaultValue `16` */
@@ -109,8 +115,12 @@ export class GroupCommitter {
         this.#db,
         async (tx) => {
           try {
-            while (members.length < this.#maxJobs && this.#waiting.length > 0) {
-              const batch = this.#waiting.splice(0, this.#maxJobs - members.length);
+            while (this.#waiting.length > 0) {
+              // Up to maxJobs in all, and within Postgres's cache of subtransaction ids: one
+              // savepoint per job, plus one for this batch's batched step.
+              const room = Math.min(this.#maxJobs - members.length, CACHED_SUBTRANSACTIONS - group.savepoints - 1);
+              if (room <= 0) break;
+              const batch = this.#waiting.splice(0, room);
               members.push(...batch);
               const stepped = await this.#runBatchedStep(group, tx, batch);
               for (const [i, member] of batch.entries()) {

@@ -39,6 +39,11 @@ export class GroupTransaction {
     this.#connection.defer('begin');
   }
 
+  /** Savepoints opened so far (jobs' and shared work's): each that writes takes a subtransaction id. */
+  get savepoints(): number {
+    return this.#jobs + this.#sharedWork;
+  }
+
   /** The connection the group's jobs run their statements on. */
   get connection(): DatabaseConnection {
     return this.#connection;
