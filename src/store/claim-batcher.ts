@@ -2,6 +2,7 @@ import type { Kysely } from 'kysely';
 import type { ClaimOutcome } from './claim-outcome.js';
 import { claimKeysBatch } from './sql/claim-batch.js';
 import { claimKey, classifyClaimRow, type ClaimStatementInput } from './sql/claim.js';
+import { compareLockOrder } from './lock-order.js';
 import { StatementBatcher } from './statement-batcher.js';
 
 type Settled = { readonly outcome: ClaimOutcome } | { readonly error: unknown };
@@ -39,7 +40,7 @@ export class ClaimBatcher {
   async #claimAll(inputs: ClaimStatementInput[]): Promise<Settled[]> {
     if (inputs.length === 1) return [await this.#claimAlone(inputs[0]!)];
     // One lock order for every batch: two batches sharing keys cannot deadlock.
-    const order = inputs.map((input, i) => ({ input, i })).sort((a, b) => compare(a.input.scope, b.input.scope) || compare(a.input.key, b.input.key));
+    const order = inputs.map((input, i) => ({ input, i })).sort((a, b) => compareLockOrder(a.input, b.input));
     let rows;
     try {
       rows = await claimKeysBatch(this.#db, this.#schema, order.map((o) => o.input));
@@ -65,8 +66,4 @@ export class ClaimBatcher {
       return { error };
     }
   }
-}
-
-function compare(a: string, b: string): number {
-  return a < b ? -1 : a > b ? 1 : 0;
 }

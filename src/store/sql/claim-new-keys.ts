@@ -2,6 +2,7 @@ import { sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import type { Claim } from '../claim-outcome.js';
 import type { ClaimInput } from '../key-store.js';
+import { compareLockOrder, type KeyIdentity } from '../lock-order.js';
 
 /**
  * The fast path's claims for a whole commit group in ONE statement, inside the group's open
@@ -16,14 +17,14 @@ import type { ClaimInput } from '../key-store.js';
  * the batch), so its claim is undone by deleting the row ({@link unclaimNewKeyText}), which
  * puts the key back as it was: absent. Nothing outside the transaction ever saw the row.
  *
- * Keys are inserted sorted by (scope, key), so two groups insert shared keys in one order. A
+ * Keys are inserted in lock order (`lock-order.ts`), so two groups insert shared keys in one order. A
  * key another transaction holds uncommitted makes the statement wait, bounded by the inputs'
  * `lockTimeoutMs` (set for the statement and put back before it returns, as `claim_key` does);
  * a timeout or any other error fails the whole statement, and the caller, which runs it inside
  * a savepoint, rolls back to that savepoint and lets each job claim its key alone.
  */
 export async function claimNewKeys(tx: Kysely<any>, schema: string, inputs: readonly ClaimInput[]): Promise<boolean[]> {
-  const identity = (input: ClaimInput) => `${input.scope}\u0000${input.key}`;
+  const identity = (k: KeyIdentity) => `${k.scope}\u0000${k.key}`;
   const firsts: ClaimInput[] = [];
   const seen = new Set<string>();
   for (const input of inputs) {
@@ -32,23 +33,18 @@ export async function claimNewKeys(tx: Kysely<any>, schema: string, inputs: read
     firsts.push(input);
   }
   if (firsts.length === 0) return [];
-  firsts.sort((a, b) => compare(a.scope, b.scope) || compare(a.key, b.key));
+  firsts.sort(compareLockOrder);
   const column = <T>(pick: (input: ClaimInput) => T) => firsts.map(pick);
   const lockTimeoutMs = Math.max(...firsts.map((input) => input.lockTimeoutMs));
-  const { rows } = await sql<{ scope: string; key: string }>`
+  const { rows } = await sql<KeyIdentity>`
     select * from ${sql.id(schema, 'claim_new_keys')}(
       ${column((i) => i.scope)}::text[], ${column((i) => i.key)}::text[], ${column((i) => i.fingerprint)}::text[],
       ${column((i) => i.owner)}::uuid[], ${column((i) => i.retentionMs)}::bigint[], ${lockTimeoutMs}::int,
       ${column((i) => i.jobId ?? null)}::text[], ${column((i) => i.queue ?? null)}::text[], ${column((i) => i.jobName ?? null)}::text[],
       ${column((i) => i.payloadJson ?? null)}::jsonb[])`.execute(tx);
-  const claimed = new Set(rows.map((row) => identity(row as ClaimInput)));
+  const claimed = new Set(rows.map(identity));
   const first = new Set(firsts);
   return inputs.map((input) => first.has(input) && claimed.has(identity(input)));
-}
-
-/** Byte order, as Postgres's "C" collation and the claim batcher sort. */
-function compare(a: string, b: string): number {
-  return a < b ? -1 : a > b ? 1 : 0;
 }
 
 /**
