@@ -5,7 +5,11 @@ import type { Claim, ClaimInput, ClaimOutcome, KeyRecord, KeyStore } from '../..
 /** Claim latencies in milliseconds, by outcome kind. */
 export type ClaimLatencies = Map<ClaimOutcome['kind'], number[]>;
 
-/** Wraps a store and times `claim`; every other call is passed through untouched. */
+/**
+ * Wraps a store and times `claim`, and group commit's batched claim of new keys (each job it
+ * claimed waited for that one statement, so each gets its duration as a `claimed` sample);
+ * every other call is passed through untouched.
+ */
 export class TimedKeyStore implements KeyStore {
   readonly #inner: KeyStore;
   /** Latencies recorded since the last {@link TimedKeyStore.reset}. */
@@ -17,7 +21,7 @@ export class TimedKeyStore implements KeyStore {
   readonly storeFastPathResultAndCommit?: KeyStore['storeFastPathResultAndCommit'];
   /** Present when the wrapped store has it. */
   readonly findSettled?: KeyStore['findSettled'];
-  /** The wrapped store's, when it has them (group commit). */
+  /** The wrapped store's, when it has them (group commit), with the batched claim timed. */
   readonly groupStatements?: KeyStore['groupStatements'];
 
   /**
@@ -27,7 +31,7 @@ export class TimedKeyStore implements KeyStore {
   constructor(inner: KeyStore, options: { oneTripCommit?: boolean } = {}) {
     this.#inner = inner;
     if (inner.findSettled) this.findSettled = inner.findSettled.bind(inner);
-    this.groupStatements = inner.groupStatements;
+    this.groupStatements = this.#timedGroupStatements(inner.groupStatements);
     if (options.oneTripCommit ?? true) {
       if (inner.completeAndCommit) this.completeAndCommit = inner.completeAndCommit.bind(inner);
       if (inner.storeFastPathResultAndCommit) this.storeFastPathResultAndCommit = inner.storeFastPathResultAndCommit.bind(inner);
@@ -46,10 +50,32 @@ export class TimedKeyStore implements KeyStore {
   async claim(executor: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome> {
     const startedAt = performance.now();
     const outcome = await this.#inner.claim(executor, input);
-    const list = this.latencies.get(outcome.kind) ?? [];
-    list.push(performance.now() - startedAt);
-    this.latencies.set(outcome.kind, list);
+    this.#record(outcome.kind, performance.now() - startedAt);
     return outcome;
+  }
+
+  #timedGroupStatements(statements: KeyStore['groupStatements']): KeyStore['groupStatements'] {
+    const newKeyClaims = statements?.newKeyClaims;
+    if (!statements || !newKeyClaims) return statements;
+    return {
+      ...statements,
+      newKeyClaims: {
+        undo: (claim) => newKeyClaims.undo(claim),
+        claim: async (tx, inputs) => {
+          const startedAt = performance.now();
+          const claimed = await newKeyClaims.claim(tx, inputs);
+          const ms = performance.now() - startedAt;
+          for (const isClaimed of claimed) if (isClaimed) this.#record('claimed', ms);
+          return claimed;
+        },
+      },
+    };
+  }
+
+  #record(kind: ClaimOutcome['kind'], ms: number): void {
+    const list = this.latencies.get(kind) ?? [];
+    list.push(ms);
+    this.latencies.set(kind, list);
   }
 
   complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean> {
