@@ -1,4 +1,5 @@
 import { EventEmitter } from 'node:events';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { DelayedError, UnrecoverableError, Worker, type ConnectionOptions, type Job, type WorkerOptions } from 'bullmq';
 import type { Transaction } from 'kysely';
 import { pino, type Logger } from 'pino';
@@ -190,7 +191,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     this.#closing ??= (async () => {
       this.#log.info({ active: this.#active.size }, 'closing: waiting for active jobs');
       const graceful = this.#bull.close().then(() => true);
-      const finished = await Promise.race([graceful, sleep(this.#timing.shutdownTimeoutMs).then(() => false)]);
+      const finished = await Promise.race([graceful, sleep(this.#timing.shutdownTimeoutMs, false, { ref: false })]);
       if (!finished) await this.#forceClose();
       this.#log.info('closed');
     })();
@@ -524,8 +525,4 @@ function safeIdentity<P>(job: Job, keyOf: (job: Job) => JobIdentity<P>): JobIden
   } catch {
     return undefined;
   }
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms).unref());
 }

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { ConfigError } from '../errors.js';
+import { GROUP_COMMIT_DEFAULTS } from '../protocol/group-commit.js';
 
 const int = (min: number) => z.coerce.number().int().min(min);
 const bool = z
@@ -31,9 +32,9 @@ const envSchema = z.object({
   /** Group commit: concurrent jobs' effects share transactions (see IdempotencyOptions.groupCommit). */
   GROUP_COMMIT: bool.default(false),
   /** Most jobs in one group transaction (1-63). */
-  GROUP_COMMIT_MAX_JOBS: int(1).max(63).default(16),
+  GROUP_COMMIT_MAX_JOBS: int(1).max(63).default(GROUP_COMMIT_DEFAULTS.maxJobs),
   /** Group transactions open at once, each on its own connection. */
-  GROUP_COMMIT_GROUPS: int(1).max(64).default(2),
+  GROUP_COMMIT_GROUPS: int(1).max(64).default(GROUP_COMMIT_DEFAULTS.maxGroups),
   STORE_PAYLOAD: bool.default(false),
   PG_POOL_SIZE: int(1).optional(),
   /** Port of /metrics and /healthz; 0 picks a free port. Unset: no metrics server. */

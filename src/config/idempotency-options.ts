@@ -3,7 +3,7 @@ import { z } from 'zod';
 import { ValidationError } from '../errors.js';
 import type { Fingerprinter } from '../fingerprint.js';
 import { sha256Fingerprint } from '../fingerprint.js';
-import type { GroupCommitOptions } from '../protocol/group-commit.js';
+import { GROUP_COMMIT_DEFAULTS, type GroupCommitOptions } from '../protocol/group-commit.js';
 
 /** Options for {@link IdempotencyKeys}: where keys live and how long leases and results last. */
 export interface IdempotencyOptions {
@@ -89,11 +89,11 @@ const optionsSchema = z.object({
   claimSynchronousCommit: z.boolean().default(true),
   groupCommit: z
     .union([
-      z.boolean().transform((on) => (on ? { maxJobs: 16, maxGroups: 2 } : false)),
+      z.boolean().transform((on) => (on ? GROUP_COMMIT_DEFAULTS : false)),
       z.object({
         // Postgres caches 64 subtransactions per transaction; more spill to pg_subtrans and slow every session.
-        maxJobs: z.number().int().min(1).max(63).default(16),
-        maxGroups: z.number().int().min(1).max(64).default(2),
+        maxJobs: z.number().int().min(1).max(63).default(GROUP_COMMIT_DEFAULTS.maxJobs),
+        maxGroups: z.number().int().min(1).max(64).default(GROUP_COMMIT_DEFAULTS.maxGroups),
       }),
     ])
     .default(false),

@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { keySettledChannel } from './channels.js';
 
@@ -80,7 +81,7 @@ export class KeySettledListener {
     const lookUntilSettled = async (): Promise<boolean> => {
       if (await look()) return true;
       for (let interval = FIRST_LOOK_AFTER_MS; !gaveUpAlready; interval = Math.min(interval * 2, MAX_LOOK_INTERVAL_MS)) {
-        await sleep(interval);
+        await sleep(interval, undefined, { ref: false });
         // A failed look (Postgres briefly unreachable) is not an answer; the next one may be.
         if (!gaveUpAlready && (await look().catch(() => false))) return true;
       }
@@ -158,8 +159,4 @@ export class KeySettledListener {
     const waiters = this.#waiters.get(JSON.stringify([parsed.scope, parsed.key]));
     if (waiters) for (const wake of waiters) wake();
   }
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms).unref());
 }

@@ -66,18 +66,10 @@ export function migrationsFor(schema: string): Record<string, Migration> {
         await sql`create index outbox_unsent on ${t('outbox')} (id) where sent_at is null`.execute(db);
       },
     },
-    '003_claim_key_function': {
-      // The claim as a PL/pgSQL function: planned once per session instead of once per job.
-      async up(db: Kysely<any>) {
-        await claimKeyFunctionDdl(schema).execute(db);
-      },
-    },
-    '004_claim_keys_function': {
-      // Several leased claims in one statement and one commit (the claim batcher).
-      async up(db: Kysely<any>) {
-        await claimKeysFunctionDdl(schema).execute(db);
-      },
-    },
+    // The claim as a PL/pgSQL function: planned once per session instead of once per job.
+    '003_claim_key_function': installing(claimKeyFunctionDdl),
+    // Several leased claims in one statement and one commit (the claim batcher).
+    '004_claim_keys_function': installing(claimKeysFunctionDdl),
     '005_notify_only_waiters': {
       // NOTIFY at commit takes a database-wide lock and halves commit throughput; a key now
       // notifies only when a waiter asked for it (see key-settled-listener.ts).
@@ -87,32 +79,29 @@ export function migrationsFor(schema: string): Record<string, Migration> {
         await claimKeysFunctionDdl(schema).execute(db);
       },
     },
-    '006_complete_key_function': {
-      // The fenced completion as a function: planned once per connection instead of parsed and
-      // planned from literal text on every job (a sixth of Postgres's time under load).
-      async up(db: Kysely<any>) {
-        await completeKeyFunctionDdl(schema).execute(db);
-      },
-    },
+    // The fenced completion as a function: planned once per connection instead of parsed and
+    // planned from literal text on every job (a sixth of Postgres's time under load).
+    '006_complete_key_function': installing(completeKeyFunctionDdl),
     '007_fast_path_result_function': {
-      // The fast path's result UPDATE as a function (planned once per connection), and room on
-      // each page so that this UPDATE, which changes no indexed column, can be HOT.
+      // The fast path's result UPDATE as a function, and room on each page so that this
+      // UPDATE, which changes no indexed column, can be HOT.
       async up(db: Kysely<any>) {
         await storeFastPathResultFunctionDdl(schema).execute(db);
         await sql`alter table ${t('idempotency_keys')} set (fillfactor = 85)`.execute(db);
       },
     },
-    '008_claim_new_keys_function': {
-      // Group commit's fast path claims all of a group's new keys in one statement.
-      async up(db: Kysely<any>) {
-        await claimNewKeysFunctionDdl(schema).execute(db);
-      },
-    },
-    '009_fast_path_result_in_plpgsql': {
-      // store_fast_path_result was `language sql`, whose body Postgres plans again on every call.
-      async up(db: Kysely<any>) {
-        await storeFastPathResultFunctionDdl(schema).execute(db);
-      },
-    },
+    // Group commit's fast path claims all of a group's new keys in one statement.
+    '008_claim_new_keys_function': installing(claimNewKeysFunctionDdl),
+    // store_fast_path_result was `language sql`, whose body Postgres plans again on every call.
+    '009_fast_path_result_in_plpgsql': installing(storeFastPathResultFunctionDdl),
   };
+
+  /** A migration that only installs (the current body of) one function. */
+  function installing(ddl: (schema: string) => { execute(db: Kysely<any>): Promise<unknown> }): Migration {
+    return {
+      async up(db: Kysely<any>) {
+        await ddl(schema).execute(db);
+      },
+    };
+  }
 }

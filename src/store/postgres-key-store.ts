@@ -9,8 +9,15 @@ import { findSettledKeys, type SettledKeyRow } from './sql/find-settled-keys.js'
 import { StatementBatcher } from './statement-batcher.js';
 import { claimKey } from './sql/claim.js';
 import { claimNewKeys, unclaimNewKeyText } from './sql/claim-new-keys.js';
-import { completeKey, storeFastPathResult } from './sql/complete.js';
-import { completeAndCommit, fastPathResultText, fencedCompletionText, isLeaseLost, storeResultAndCommit } from './sql/complete-and-commit.js';
+import {
+  completeAndCommit,
+  completeKey,
+  fastPathResultText,
+  fencedCompletionText,
+  isLeaseLost,
+  storeFastPathResult,
+  storeResultAndCommit,
+} from './sql/complete-and-commit.js';
 import { extendLease } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';

@@ -31,8 +31,30 @@ export async function completeAndCommit(
   resultJson: string,
   retentionMs: number,
 ): Promise<boolean> {
+  return completeKey(tx, schema, claim, resultJson, retentionMs, '; commit');
+}
+
+/**
+ * Fenced completion, run inside the effect's transaction ({@link fencedCompletionText}),
+ * followed in the same string by `then` (`'; commit'` for {@link completeAndCommit}): the key
+ * becomes `completed` with its result only if this claim still owns it (owner token and fence
+ * match, still `processing`). Deliberately no clock check: a worker whose lease expired but was
+ * not taken over still owns the key and may complete; fencing is by token, not by time. The
+ * notification (when a waiter asked) is transactional: sent only once this commits.
+ *
+ * Returns false when no row matched (the caller throws `LeaseLostError`, so the whole
+ * transaction, effect included, rolls back); any other error is thrown as it is.
+ */
+export async function completeKey(
+  tx: Kysely<any>,
+  schema: string,
+  claim: Claim,
+  resultJson: string,
+  retentionMs: number,
+  then = '',
+): Promise<boolean> {
   try {
-    await sql.raw(`${fencedCompletionText(schema, claim, resultJson, retentionMs)}; commit`).execute(tx);
+    await sql.raw(`${fencedCompletionText(schema, claim, resultJson, retentionMs)}${then}`).execute(tx);
     return true;
   } catch (error) {
     if (isLeaseLost(error)) return false;
@@ -96,8 +118,16 @@ export function completeKeyFunctionDdl(schema: string) {
  * The fast path's result and the COMMIT in one round trip (same simple-protocol technique as
  * {@link completeAndCommit}).
  */
-export async function storeResultAndCommit(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string): Promise<void> {
-  await sql.raw(`${fastPathResultText(schema, claim, resultJson)}; commit`).execute(tx);
+export function storeResultAndCommit(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string): Promise<void> {
+  return storeFastPathResult(tx, schema, claim, resultJson, '; commit');
+}
+
+/**
+ * Stores the effect's result on a key the fast path already claimed as `completed` in this same
+ * transaction ({@link fastPathResultText}), followed in the same string by `then`.
+ */
+export async function storeFastPathResult(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string, then = ''): Promise<void> {
+  await sql.raw(`${fastPathResultText(schema, claim, resultJson)}${then}`).execute(tx);
 }
 
 /**
