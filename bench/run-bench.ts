@@ -7,7 +7,7 @@
  * `bench/results/<date>[-tag].json` and `bench/results/<date>[-tag].svg`.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { Redis } from 'ioredis';
@@ -65,6 +65,14 @@ const CONCURRENCY = 16;
 const HIGH_CONCURRENCY = 64;
 const RATIOS = [0, 0.5, 0.9];
 const log = (line: string) => process.stderr.write(`${new Date().toISOString().slice(11, 19)} ${line}\n`);
+/** The peers run on Node 22, which they require (not on the Node running this script). */
+const NODE_22 = 'tools/node-versions/node_modules/node22/bin/node';
+// Checked before anything runs, so a missing Node 22 does not surface after the other sections' minutes.
+if (wants('peers') && !existsSync(fileURLToPath(new URL(`../${NODE_22}`, import.meta.url)))) {
+  throw new Error(
+    `The peers section needs Node 22 (pg-boss and graphile-worker require it) at ${NODE_22}: install it with \`npm ci --prefix tools/node-versions\`, or leave the peers out with --only.`,
+  );
+}
 
 const counter = new RoundTripCounter();
 counter.install();
@@ -323,7 +331,7 @@ async function recoverySection(): Promise<void> {
 }
 
 async function peersSection(): Promise<void> {
-  const node22 = fileURLToPath(new URL('../node_modules/node22/bin/node', import.meta.url));
+  const node22 = fileURLToPath(new URL(`../${NODE_22}`, import.meta.url));
   const runs: Array<Record<string, unknown>> = [];
   const peers = ['pg-boss', 'graphile-worker'];
   const peerN = args.quick ? args.n : Math.min(args.n, 10_000);
@@ -362,7 +370,7 @@ async function peersSection(): Promise<void> {
       reRunsAfterCompletion: mine.some((r) => Number(r.effectsAfterReEnqueue) > 1),
     };
   });
-  results.peers = { node: 'node_modules/node22/bin/node', n: peerN, summary, runs };
+  results.peers = { node: NODE_22, n: peerN, summary, runs };
   tables.push(
     table(
       `Peers on the same workload (N=${peerN}, ${CONCURRENCY} at once, same effect transaction; Node 22)`,

@@ -11,7 +11,7 @@ declare module 'vitest' {
 /** Resolves Postgres and Redis once for the whole run and hands the URLs to every test file. */
 export default async function setup(project: TestProject) {
   const urls = await resolveServiceUrls();
-  console.log(`[tests] Postgres and Redis from ${urls.source}: ${urls.databaseUrl} ${urls.redisUrl}`);
+  console.log(`[tests] Node ${process.version}; Postgres and Redis from ${urls.source}: ${urls.databaseUrl} ${urls.redisUrl}`);
   project.provide('databaseUrl', urls.databaseUrl);
   project.provide('redisUrl', urls.redisUrl);
   return async () => {

@@ -1,0 +1,112 @@
+#!/bin/bash
+# The Postgres side alone: each transaction shape the benchmark's contenders send, replayed by
+# pgbench (16 clients, no Node, no Redis), so the cost of the key's row can be told apart from
+# the worker's. Prints transactions/s and jobs/s per shape and the ratio of jobs/s to the
+# baseline's, alternating the shapes for REPS repetitions of SECONDS each.
+#
+# Usage: bench/postgres-side.sh [SECONDS=6] [REPS=3]. Needs pgbench, psql and GNU awk; DATABASE_URL
+# as for the tests (default postgres://postgres@127.0.0.1:5432/postgres). Works in a schema of
+# its own (pgside_<random>), dropped at the end.
+set -euo pipefail
+seconds=${1:-6}
+reps=${2:-3}
+url=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+here=$(cd "$(dirname "$0")/.." && pwd)
+schema="pgside_$(head -c 4 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+scripts=$(mktemp -d)
+trap 'psql -q "$url" -c "drop schema if exists $schema cascade" >/dev/null 2>&1; rm -rf "$scripts"' EXIT
+
+(cd "$here" && SCHEMA=$schema DATABASE_URL=$url npx tsx src/cli/main.ts migrate >/dev/null)
+# The benchmark's effect table (bench/support/bench-env.ts).
+psql -q "$url" -c "create table $schema.bench_effects (id bigint generated always as identity primary key,
+  scope text not null, key text not null, worker text not null, created_at timestamptz not null default now())"
+
+# Each shape is a pgbench script; `\;` joins statements into one round trip, as the worker's
+# merged strings do. Keys are random (as idempotency keys are); owner tokens derive from them.
+key="'k' || :r"
+owner="md5(:r::text)::uuid"
+effect="insert into $schema.bench_effects (scope, key, worker) values ('s', $key, 'w')"
+claim="select * from $schema.claim_key('s', $key, 'fp', $owner, 'complete', 30000, 86400000, 2000, false, null, null, null, null, 'c')"
+store="select $schema.store_fast_path_result('s', $key, $owner, '{\"n\":1}')"
+header='\set r random(1, 1000000000000)'
+
+# One job per transaction: the baseline's transaction; with a second row like the effect's; with
+# the key's row inserted by a bare statement (the least any key row costs); the fast path as the
+# worker sends it (claim_key, the effect, the result with the COMMIT), without and with a result.
+cat > "$scripts/baseline.sql" <<EOF
+$header
+begin;
+$effect;
+commit;
+EOF
+cat > "$scripts/baseline+row.sql" <<EOF
+$header
+begin \; $effect;
+$effect;
+commit;
+EOF
+cat > "$scripts/bare-key-insert.sql" <<EOF
+$header
+begin \; insert into $schema.idempotency_keys (scope, key, fingerprint, status, owner, completed_at, expires_at) values ('s', $key, 'fp', 'completed', $owner, now(), now() + interval '1 day') on conflict do nothing returning fence;
+$effect;
+commit;
+EOF
+cat > "$scripts/fast-path-no-result.sql" <<EOF
+$header
+begin \; $claim;
+$effect;
+commit;
+EOF
+cat > "$scripts/fast-path.sql" <<EOF
+$header
+begin \; $claim;
+$effect;
+$store \; commit;
+EOF
+# A group of 8 jobs per transaction, shaped as fast path + group commit sends it: the batch
+# claim of the 8 new keys, then per job a savepoint riding with its effect, its result and
+# release riding with the next job's statements, the last with the COMMIT.
+group=8
+{
+  echo "$header"
+  keys="array[" owners="array[" fps="array[" scopes="array[" rets="array[" nulls="array["
+  for j in $(seq 1 $group); do
+    sep=$([ "$j" = 1 ] || echo ,)
+    keys+="$sep'k' || :r || '-$j'" owners+="${sep}md5(:r::text || '-$j')::uuid" fps+="$sep'fp'" scopes+="$sep's'" rets+="${sep}86400000::bigint" nulls+="${sep}null"
+  done
+  echo "begin \; select * from $schema.claim_new_keys($scopes], $keys], $fps], $owners], $rets], 2000, $nulls]::text[], $nulls]::text[], $nulls]::text[], $nulls]::jsonb[]);"
+  for j in $(seq 1 $group); do
+    prefix=""
+    [ "$j" -gt 1 ] && prefix="select $schema.store_fast_path_result('s', 'k' || :r || '-$((j - 1))', md5(:r::text || '-$((j - 1))')::uuid, '{\"n\":1}') \; release savepoint job_$((j - 1)) \; "
+    echo "${prefix}savepoint job_$j \; insert into $schema.bench_effects (scope, key, worker) values ('s', 'k' || :r || '-$j', 'w');"
+  done
+  echo "select $schema.store_fast_path_result('s', 'k' || :r || '-$group', md5(:r::text || '-$group')::uuid, '{\"n\":1}') \; release savepoint job_$group \; commit;"
+} > "$scripts/fast-path-group-of-8.sql"
+
+shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path fast-path-group-of-8)
+lines="$scripts/lines"
+for rep in $(seq 1 "$reps"); do
+  for shape in "${shapes[@]}"; do
+    tps=$(pgbench "$url" -n -c 16 -j 2 -T "$seconds" -f "$scripts/$shape.sql" 2>&1 | awk '/^tps/ {print $3}')
+    per=1; [ "$shape" = fast-path-group-of-8 ] && per=$group
+    echo "$rep $shape $tps $per" | tee -a "$lines" | awk '{printf "rep %s  %-22s %7.0f tx/s  %7.0f jobs/s\n", $1, $2, $3, $3 * $4}'
+  done
+  # Empty the tables between repetitions so that they do not grow across them.
+  psql -q "$url" -c "truncate $schema.bench_effects, $schema.idempotency_keys"
+done
+
+# Per shape: median jobs/s, and the median (min-max) of its ratio to the same repetition's
+# baseline (with an even number of repetitions, the lower of the middle two).
+echo
+echo "shape                  jobs/s (median)   x baseline, median (min-max) of $reps"
+for shape in "${shapes[@]}"; do
+  awk -v shape="$shape" '
+    { jobs[$1, $2] = $3 * $4; reps[$1] = 1 }
+    END {
+      n = 0
+      for (r in reps) { n++; j[n] = jobs[r, shape]; x[n] = jobs[r, shape] / jobs[r, "baseline"] }
+      asort(j); asort(x)
+      mid = int((n + 1) / 2)
+      printf "%-22s %15.0f   %.2f (%.2f-%.2f)\n", shape, j[mid], x[mid], x[1], x[n]
+    }' "$lines"
+done
