@@ -63,32 +63,53 @@ begin \; $claim;
 $effect;
 $store \; commit;
 EOF
-# A group of 8 jobs per transaction, shaped as fast path + group commit sends it: the batch
-# claim of the 8 new keys, then per job a savepoint riding with its effect, its result and
-# release riding with the next job's statements, the last with the COMMIT.
-group=8
+# The leased path: the claim commits on its own, then the effect's transaction ends with the
+# fenced completion.
+cat > "$scripts/leased.sql" <<EOF
+$header
+select * from $schema.claim_key('s', $key, 'fp', $owner, 'lease', 30000, 86400000, 2000, false, null, null, null, null, 'c');
+begin \; $effect;
+select $schema.complete_key('s', $key, $owner, 1, '{"n":1}', 86400000, 'c') \; commit;
+EOF
+
+# Shapes of BATCH jobs per script. Job j's key and owner token, and an array of BATCH values.
+batch=8
+key_of() { echo "'k' || :r || '-$1'"; }
+owner_of() { echo "md5(:r::text || '-$1')::uuid"; }
+column() { local out="array[" j; for j in $(seq 1 $batch); do out+="$([ "$j" = 1 ] || echo ,)$("$@" "$j")"; done; echo "$out]"; }
+value() { echo "$1"; }
+
+# The leased path under load: the claim batcher sends concurrent claims as one claim_keys
+# statement (one commit), then each job's effect transaction as above.
 {
   echo "$header"
-  keys="array[" owners="array[" fps="array[" scopes="array[" rets="array[" nulls="array["
-  for j in $(seq 1 $group); do
-    sep=$([ "$j" = 1 ] || echo ,)
-    keys+="$sep'k' || :r || '-$j'" owners+="${sep}md5(:r::text || '-$j')::uuid" fps+="$sep'fp'" scopes+="$sep's'" rets+="${sep}86400000::bigint" nulls+="${sep}null"
+  echo "select * from $schema.claim_keys($(column value "'s'"), $(column key_of), $(column value "'fp'"), $(column owner_of), $(column value 30000), $(column value 86400000::bigint), $(column value 2000), false, $(column value null)::text[], $(column value null)::text[], $(column value null)::text[], $(column value null)::jsonb[], 'c');"
+  for j in $(seq 1 $batch); do
+    echo "begin \; insert into $schema.bench_effects (scope, key, worker) values ('s', $(key_of "$j"), 'w');"
+    echo "select $schema.complete_key('s', $(key_of "$j"), $(owner_of "$j"), 1, '{\"n\":1}', 86400000, 'c') \; commit;"
   done
-  echo "begin \; select * from $schema.claim_new_keys($scopes], $keys], $fps], $owners], $rets], 2000, $nulls]::text[], $nulls]::text[], $nulls]::text[], $nulls]::jsonb[]);"
-  for j in $(seq 1 $group); do
-    prefix=""
-    [ "$j" -gt 1 ] && prefix="select $schema.store_fast_path_result('s', 'k' || :r || '-$((j - 1))', md5(:r::text || '-$((j - 1))')::uuid, '{\"n\":1}') \; release savepoint job_$((j - 1)) \; "
-    echo "${prefix}savepoint job_$j \; insert into $schema.bench_effects (scope, key, worker) values ('s', 'k' || :r || '-$j', 'w');"
-  done
-  echo "select $schema.store_fast_path_result('s', 'k' || :r || '-$group', md5(:r::text || '-$group')::uuid, '{\"n\":1}') \; release savepoint job_$group \; commit;"
-} > "$scripts/fast-path-group-of-8.sql"
+} > "$scripts/leased-claims-by-$batch.sql"
 
-shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path fast-path-group-of-8)
+# Fast path + group commit, BATCH jobs in one transaction: the group's new keys claimed in one
+# statement, then each job's savepoint riding with its effect, its result and savepoint release
+# riding with the next job's statements, the last job's with the COMMIT.
+{
+  echo "$header"
+  echo "begin \; select * from $schema.claim_new_keys($(column value "'s'"), $(column key_of), $(column value "'fp'"), $(column owner_of), $(column value 86400000::bigint), 2000, $(column value null)::text[], $(column value null)::text[], $(column value null)::text[], $(column value null)::jsonb[]);"
+  closing=""
+  for j in $(seq 1 $batch); do
+    echo "${closing}savepoint job_$j \; insert into $schema.bench_effects (scope, key, worker) values ('s', $(key_of "$j"), 'w');"
+    closing="select $schema.store_fast_path_result('s', $(key_of "$j"), $(owner_of "$j"), '{\"n\":1}') \; release savepoint job_$j \; "
+  done
+  echo "${closing}commit;"
+} > "$scripts/fast-path-group-of-$batch.sql"
+
+shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path leased "leased-claims-by-$batch" "fast-path-group-of-$batch")
 lines="$scripts/lines"
 for rep in $(seq 1 "$reps"); do
   for shape in "${shapes[@]}"; do
     tps=$(pgbench "$url" -n -c 16 -j 2 -T "$seconds" -f "$scripts/$shape.sql" 2>&1 | awk '/^tps/ {print $3}')
-    per=1; [ "$shape" = fast-path-group-of-8 ] && per=$group
+    per=1; case $shape in *-"$batch") per=$batch ;; esac
     echo "$rep $shape $tps $per" | tee -a "$lines" | awk '{printf "rep %s  %-22s %7.0f tx/s  %7.0f jobs/s\n", $1, $2, $3, $3 * $4}'
   done
   # Empty the tables between repetitions so that they do not grow across them.

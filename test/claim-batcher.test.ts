@@ -7,7 +7,10 @@
 import { Kysely, PostgresDialect, sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { randomUUID } from 'node:crypto';
 import { IdempotencyKeys, PostgresKeyStore, isHeld } from '../src/index.js';
+import { claimKeysBatch } from '../src/store/sql/claim-batch.js';
+import { classifyClaimRow, type ClaimStatementInput } from '../src/store/sql/claim.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
@@ -97,6 +100,60 @@ describe('claim batching', () => {
     expect([outcomes[0], outcomes[1], outcomes[3]].map((o) => o?.kind)).toEqual(['claimed', 'claimed', 'claimed']);
     // Nothing of the aborted batch committed twice: free-3 has one claim, fence 1.
     expect(outcomes[3]).toMatchObject({ fence: 1, attempts: 1 });
+  });
+
+  it('one claim_keys statement answers each input as claim_key would: new keys inserted together, every other key on its own', async () => {
+    const keys = new IdempotencyKeys({ db, schema: env.schema });
+    const settle = async (key: string, fingerprint: string, how: 'complete' | 'fail' | 'hold') => {
+      const claim = await keys.claim(scope, key, keys.fingerprint(fingerprint));
+      if (!isHeld(claim)) throw new Error(`expected a claim of ${key}, got ${claim.kind}`);
+      if (how === 'complete') await keys.runEffect(claim, async () => `result-${key}`);
+      if (how === 'fail') await keys.fail(claim, new Error('declined'));
+    };
+    await settle('set-done', 'a', 'complete');
+    await settle('set-broken', 'b', 'fail');
+    await settle('set-live', 'c', 'hold');
+    await settle('set-expired', 'd', 'hold');
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 second'
+               where scope = ${scope} and key = 'set-expired'`.execute(db);
+
+    const input = (key: string, fingerprint: string): ClaimStatementInput => ({
+      schema: env.schema, scope, key, fingerprint: keys.fingerprint(fingerprint), owner: randomUUID(), mode: 'lease',
+      leaseMs: 30_000, lockTimeoutMs: 2_000, retentionMs: 60_000, jobId: `job-${key}`, queue: 'q', jobName: 'n',
+      payloadJson: JSON.stringify({ key }),
+    });
+    const inputs = [
+      input('set-new-1', 'n1'),
+      input('set-done', 'a'),
+      input('set-new-1', 'n1'), // the same key again in the batch: sees the first one's lease
+      input('set-expired', 'd'),
+      input('set-done', 'other payload'),
+      input('set-broken', 'b'),
+      input('set-live', 'c'),
+      input('set-new-2', 'n2'),
+    ];
+    const startedAt = Date.now();
+    const rows = await claimKeysBatch(db, env.schema, inputs);
+    expect(rows.map((row) => row.idx)).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
+    const outcomes = rows.map((row, i) => classifyClaimRow(inputs[i]!, row));
+    expect(outcomes.map((o) => (o === 'again' ? o : o.kind))).toEqual([
+      'claimed', 'completed', 'in-progress', 'taken-over', 'key-reused', 'failed', 'in-progress', 'claimed',
+    ]);
+    expect(outcomes[0]).toMatchObject({ fence: 1, attempts: 1, owner: inputs[0]!.owner });
+    expect(outcomes[7]).toMatchObject({ fence: 1, attempts: 1, owner: inputs[7]!.owner });
+    expect(outcomes[1]).toMatchObject({ result: 'result-set-done' });
+    expect(outcomes[3]).toMatchObject({ fence: 2, attempts: 2, owner: inputs[3]!.owner });
+    // Each new key's row is what claim_key inserts: processing under the claim's owner and lease.
+    for (const i of [0, 7]) {
+      const claimed = outcomes[i] as { lockedUntil: Date };
+      expect(claimed.lockedUntil.getTime()).toBeGreaterThanOrEqual(startedAt + 30_000 - 2_000);
+      const stored = await keys.get(scope, inputs[i]!.key);
+      expect(stored).toMatchObject({
+        status: 'processing', owner: inputs[i]!.owner, fence: 1, attempts: 1, jobId: inputs[i]!.jobId, queue: 'q', jobName: 'n',
+        payload: { key: inputs[i]!.key }, fingerprint: inputs[i]!.fingerprint,
+      });
+      expect(stored!.lockedUntil!.getTime()).toBe(claimed.lockedUntil.getTime());
+    }
   });
 
   it('batchClaims: false sends every claim alone', async () => {

@@ -94,6 +94,8 @@ export function migrationsFor(schema: string): Record<string, Migration> {
     '008_claim_new_keys_function': installing(claimNewKeysFunctionDdl),
     // store_fast_path_result was `language sql`, whose body Postgres plans again on every call.
     '009_fast_path_result_in_plpgsql': installing(storeFastPathResultFunctionDdl),
+    // claim_keys inserts a batch's new keys in one statement instead of one claim_key call each.
+    '010_claim_keys_set_based': installing(claimKeysFunctionDdl),
   };
 
   /** A migration that only installs (the current body of) one function. */
