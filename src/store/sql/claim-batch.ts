@@ -44,8 +44,9 @@ export async function claimKeysBatch(db: Kysely<any>, schema: string, inputs: re
  * order), exactly as `claim_key` would insert it; only the others (an existing row: replay,
  * takeover, live lease, reused key; or the second input of one key) go through `claim_key`,
  * one call each. The loop of `claim_key` calls it replaces cost a function call, two
- * `set_config`s and a statement per key: measured with pgbench (bench/postgres-side.sh shapes,
- * 8 claims a batch), the set-based insert ran the leased path's Postgres side 12–18% faster.
+ * `set_config`s and a statement per key: in pgbench (bench/postgres-side.sh's leased shape with
+ * 8 claims a batch, old and new side by side) this ran the leased path's Postgres side 1–26%
+ * faster, 12% at the median of 4 repetitions.
  *
  * An inserted row is told apart by its owner token, which is fresh for every input. The insert
  * waits on a key another transaction holds uncommitted for at most the largest of the inputs'
