@@ -194,12 +194,46 @@ describe('claim batching', () => {
     expect(runs).toBe(1);
   });
 
-  it('fast path with probeSettledKeys: false claims inside the transaction (BEGIN, claim, ROLLBACK) and still replays', async () => {
+  it('fast path with probeSettledKeys: false claims inside the transaction (BEGIN, the new-key claim, claim_key, ROLLBACK) and still replays', async () => {
     const keys = new IdempotencyKeys({ db, schema: env.schema }, new PostgresKeyStore(db, env.schema, { probeSettledKeys: false }));
+    let before = statements.length;
     await keys.executeOnce(scope, 'probe-2', keys.fingerprint('q'), async () => 'once');
-    const before = statements.length;
+    // A new key: claimed by claim_new_key alone (this pool sends BEGIN on its own).
+    expect(statements.slice(before, before + 2)).toEqual(['begin', expect.stringMatching(/claim_new_key"\(/)]);
+    expect(statements.slice(before).some((q) => q.includes('claim_key"('))).toBe(false);
+    before = statements.length;
     const again = await keys.executeOnce(scope, 'probe-2', keys.fingerprint('q'), async () => 'twice');
     expect(again).toMatchObject({ kind: 'completed', result: 'once' });
-    expect(statements.slice(before).map((q) => q.trim().split(/\s+/)[0]!.toLowerCase())).toEqual(['begin', 'select', 'rollback']);
+    // A key with a row: claim_new_key says so, and claim_key (same transaction) replays it.
+    const sent = statements.slice(before);
+    expect(sent.map((q) => q.trim().split(/\s+/)[0]!.toLowerCase())).toEqual(['begin', 'select', 'select', 'rollback']);
+    expect(sent[1]).toMatch(/claim_new_key"\(/);
+    expect(sent[2]).toMatch(/claim_key"\(/);
+  });
+
+  it('fast path without group commit: a key with a row falls back to claim_key in the same transaction, whatever its state', async () => {
+    const keys = new IdempotencyKeys({ db, schema: env.schema }, new PostgresKeyStore(db, env.schema, { probeSettledKeys: false }));
+    const runs: string[] = [];
+    const effect = (label: string) => async (tx: Kysely<any>) => {
+      runs.push(label);
+      await sql`select 1`.execute(tx);
+      return label;
+    };
+    // An expired lease: taken over (fence 2) and run once.
+    const held = await keys.claim(scope, 'fp-expired', keys.fingerprint('e'));
+    if (!isHeld(held)) throw new Error(`expected a claim, got ${held.kind}`);
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 second'
+               where scope = ${scope} and key = 'fp-expired'`.execute(db);
+    expect(await keys.executeOnce(scope, 'fp-expired', keys.fingerprint('e'), effect('takeover'))).toMatchObject({
+      kind: 'executed',
+      claim: { kind: 'taken-over', fence: 2 },
+    });
+    // A live lease: in progress, nothing run. A reused key: refused, nothing run.
+    const live = await keys.claim(scope, 'fp-live', keys.fingerprint('l'));
+    if (!isHeld(live)) throw new Error(`expected a claim, got ${live.kind}`);
+    expect(await keys.executeOnce(scope, 'fp-live', keys.fingerprint('l'), effect('live'))).toMatchObject({ kind: 'in-progress' });
+    expect(await keys.executeOnce(scope, 'fp-expired', keys.fingerprint('other'), effect('reused'))).toMatchObject({ kind: 'key-reused' });
+    expect(runs).toEqual(['takeover']);
+    expect(await keys.get(scope, 'fp-expired')).toMatchObject({ status: 'completed', fence: 2, attempts: 2, result: 'takeover' });
   });
 });

@@ -51,7 +51,7 @@ describe('round trips', () => {
     expect(leased.statements[0]).toMatch(/^begin;\ninsert into /);
     expect(leased.statements[1]).toMatch(/^select .*complete_key\(.*;\s*commit$/s);
     expect(fast.statements).toHaveLength(3);
-    expect(fast.statements[0]).toMatch(/^begin;\s*select \* from .*claim_key/s);
+    expect(fast.statements[0]).toMatch(/^begin;\s*select .*claim_new_key"\(/s);
     expect(fast.statements[1]).toMatch(/^insert into /);
     expect(fast.statements[2]).toMatch(/^select .*store_fast_path_result\(.*;\s*commit$/s);
   });

@@ -229,8 +229,10 @@ export class IdempotencyKeys {
     // The claim bounds its own lock wait and puts lock_timeout back in the same statement, so
     // the effect runs under the session's usual lock_timeout. A claim that does not hold the
     // key rolls back: its transaction may be aborted (the lock wait timed out), so no COMMIT.
+    // A new key (the common case) is claimed by the store's cheaper statement when it has one;
+    // a key with a row, by the claim that handles every case, in the same transaction.
     return runTransaction(this.db, async (tx) => {
-      const outcome = await store.claim(tx, input);
+      const outcome = (await store.claimNewKey?.(tx, input)) ?? (await store.claim(tx, input));
       if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, end: endWithRollback };
       const result = await effect(tx, outcome);
       const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };

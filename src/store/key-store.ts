@@ -16,6 +16,14 @@ export interface KeyStore {
   readonly schema: string;
   /** Claims a key (see `sql/claim.ts`). */
   claim(executor: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome>;
+  /**
+   * Optional, for the fast path: claims a key that has no row yet inside the open transaction
+   * `tx`, as {@link KeyStore.claim} in `'complete'` mode would, more cheaply. Returns undefined
+   * when the key has a row: the caller then claims it with `claim`, in the same transaction.
+   * Returns `in-progress` when another transaction held the key past `lockTimeoutMs`; `tx` is
+   * then aborted, as after such a `claim`.
+   */
+  claimNewKey?(tx: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome | undefined>;
   /** Fenced completion inside `tx`; false when the claim no longer owns the key. */
   complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean>;
   /** Stores a fast-path result on a key claimed as completed in `tx`. */

@@ -3,12 +3,12 @@ import { ResultNotStorableError } from '../errors.js';
 import type { Claim, ClaimOutcome } from './claim-outcome.js';
 import type { ClaimInput, GroupStatements, KeyStore } from './key-store.js';
 import type { KeyRecord } from './key-record.js';
-import { isUnstorableJson } from './pg-errors.js';
+import { isLockTimeout, isUnstorableJson } from './pg-errors.js';
 import { ClaimBatcher } from './claim-batcher.js';
 import { findSettledKeys, type SettledKeyRow } from './sql/find-settled-keys.js';
 import { StatementBatcher } from './statement-batcher.js';
 import { claimKey } from './sql/claim.js';
-import { claimNewKeys, unclaimNewKeyText } from './sql/claim-new-keys.js';
+import { claimNewKey, claimNewKeys, unclaimNewKeyText } from './sql/claim-new-keys.js';
 import {
   completeAndCommit,
   completeKey,
@@ -89,6 +89,18 @@ export class PostgresKeyStore implements KeyStore {
     // Only autocommit leased claims batch: a fast-path claim belongs to its caller's transaction.
     if (this.#batcher && executor === this.#db && input.mode === 'lease') return this.#batcher.claim(statementInput);
     return claimKey(executor, statementInput);
+  }
+
+  /** See {@link KeyStore.claimNewKey}. */
+  async claimNewKey(tx: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome | undefined> {
+    const { scope, key, owner } = input;
+    try {
+      if (!(await claimNewKey(tx, this.schema, input))) return undefined;
+    } catch (error) {
+      if (isLockTimeout(error)) return { kind: 'in-progress', scope, key, retryAfterMs: input.lockTimeoutMs };
+      throw error;
+    }
+    return { kind: 'claimed', scope, key, owner, fence: 1, attempts: 1, lockedUntil: null };
   }
 
   async complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean> {
