@@ -26,13 +26,15 @@ psql -q "$url" -c "create table $schema.bench_effects (id bigint generated alway
 key="'k' || :r"
 owner="md5(:r::text)::uuid"
 effect="insert into $schema.bench_effects (scope, key, worker) values ('s', $key, 'w')"
-claim="select * from $schema.claim_key('s', $key, 'fp', $owner, 'complete', 30000, 86400000, 2000, false, null, null, null, null, 'c')"
+claim="select $schema.claim_new_key('s', $key, 'fp', $owner, 86400000, 2000, null, null, null, null)"
+general_claim="select * from $schema.claim_key('s', $key, 'fp', $owner, 'complete', 30000, 86400000, 2000, false, null, null, null, null, 'c')"
 store="select $schema.store_fast_path_result('s', $key, $owner, '{\"n\":1}')"
 header='\set r random(1, 1000000000000)'
 
 # One job per transaction: the baseline's transaction; with a second row like the effect's; with
 # the key's row inserted by a bare statement (the least any key row costs); the fast path as the
-# worker sends it (claim_key, the effect, the result with the COMMIT), without and with a result.
+# worker sends it for a new key (claim_new_key, the effect, the result with the COMMIT), without
+# and with a result; and with claim_key, which the fast path used for every key before.
 cat > "$scripts/baseline.sql" <<EOF
 $header
 begin;
@@ -60,6 +62,12 @@ EOF
 cat > "$scripts/fast-path.sql" <<EOF
 $header
 begin \; $claim;
+$effect;
+$store \; commit;
+EOF
+cat > "$scripts/fast-path-claim-key.sql" <<EOF
+$header
+begin \; $general_claim;
 $effect;
 $store \; commit;
 EOF
@@ -104,7 +112,7 @@ value() { echo "$1"; }
   echo "${closing}commit;"
 } > "$scripts/fast-path-group-of-$batch.sql"
 
-shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path leased "leased-claims-by-$batch" "fast-path-group-of-$batch")
+shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path fast-path-claim-key leased "leased-claims-by-$batch" "fast-path-group-of-$batch")
 lines="$scripts/lines"
 for rep in $(seq 1 "$reps"); do
   for shape in "${shapes[@]}"; do
