@@ -1,7 +1,8 @@
 import { sql, type Kysely, type Migration } from 'kysely';
 import { claimKeyFunctionDdl } from './sql/claim.js';
 import { claimKeysFunctionDdl } from './sql/claim-batch.js';
-import { claimNewKeyFunctionDdl, claimNewKeysFunctionDdl } from './sql/claim-new-keys.js';
+import { claimNewKeyFunctionDdl } from './sql/claim-new-key.js';
+import { claimNewKeysFunctionDdl } from './sql/claim-new-keys.js';
 import { completeKeyFunctionDdl, storeFastPathResultFunctionDdl } from './sql/complete-and-commit.js';
 
 /**
@@ -96,7 +97,7 @@ export function migrationsFor(schema: string): Record<string, Migration> {
     '009_fast_path_result_in_plpgsql': installing(storeFastPathResultFunctionDdl),
     // claim_keys inserts a batch's new keys in one statement instead of one claim_key call each.
     '010_claim_keys_set_based': installing(claimKeysFunctionDdl),
-    // The fast path's claim of one new key without claim_key's generality (see claim-new-keys.ts).
+    // The fast path's claim of one new key without claim_key's generality (see claim-new-key.ts).
     '011_claim_new_key_function': installing(claimNewKeyFunctionDdl),
   };
 

@@ -8,7 +8,8 @@ import { ClaimBatcher } from './claim-batcher.js';
 import { findSettledKeys, type SettledKeyRow } from './sql/find-settled-keys.js';
 import { StatementBatcher } from './statement-batcher.js';
 import { claimKey } from './sql/claim.js';
-import { claimNewKey, claimNewKeys, unclaimNewKeyText } from './sql/claim-new-keys.js';
+import { claimNewKey } from './sql/claim-new-key.js';
+import { claimNewKeys, unclaimNewKeyText } from './sql/claim-new-keys.js';
 import {
   completeAndCommit,
   completeKey,
