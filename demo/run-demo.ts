@@ -141,8 +141,11 @@ try {
     console.log(`\nOK: ${unique} unique keys, ${effects} effects, 0 duplicates executed (worker pid ${killed} was killed mid-run)`);
   }
 } finally {
-  for (const child of children) if (child.exitCode === null) child.kill('SIGTERM');
-  await Promise.all(children.map((child) => (child.exitCode === null ? new Promise((r) => child.once('exit', r)) : null)));
+  // A child killed by a signal (the SIGKILLed worker) has exited with exitCode null: only
+  // signalCode tells it apart from a running one, whose 'exit' is still to come.
+  const running = children.filter((child) => child.exitCode === null && child.signalCode === null);
+  for (const child of running) child.kill('SIGTERM');
+  await Promise.all(running.map((child) => new Promise((resolve) => child.once('exit', resolve))));
   await queue.close();
   redis.disconnect();
   await db.destroy();
