@@ -2,7 +2,8 @@
  * Claim batching (group commit of leased claims): concurrent claims through one store go out
  * as `claim_keys` statements, each claim keeps its own outcome, and a batch that fails as a whole
  * falls back to single claims. And the fast path's settled-key probe: a duplicate replays from
- * one read, without a transaction.
+ * one read, without a transaction; and its claim of a new key (`claim_new_key`), with
+ * `claim_key` in the same transaction for a key that has a row.
  */
 import { Kysely, PostgresDialect, sql } from 'kysely';
 import pg from 'pg';
