@@ -7,7 +7,7 @@ import {
 } from '../config/idempotency-options.js';
 import { LeaseLostError, ResultNotStorableError, ValidationError } from '../errors.js';
 import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
-import { isHeld, type HeldClaim } from '../store/claim-outcome.js';
+import { freshCompletingClaim, isHeld, type HeldClaim } from '../store/claim-outcome.js';
 import type { ClaimInput, GroupStatements, KeyStore } from '../store/key-store.js';
 import type { KeyRecord } from '../store/key-record.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
@@ -344,7 +344,7 @@ function claimNewKeysStep(statements: GroupStatements): BatchedStep | undefined 
     const claimed = await claims.claim(tx, claimInputs);
     return claimInputs.map((input, i) => {
       if (!claimed[i]) return undefined;
-      const claim: HeldClaim = { kind: 'claimed', scope: input.scope, key: input.key, owner: input.owner, fence: 1, attempts: 1, lockedUntil: null };
+      const claim = freshCompletingClaim(input);
       return { value: claim, undo: claims.undo(claim) };
     });
   };

@@ -36,3 +36,20 @@ export type HeldClaim = Extract<ClaimOutcome, { kind: 'claimed' | 'taken-over' }
 export function isHeld(outcome: ClaimOutcome): outcome is HeldClaim {
   return outcome.kind === 'claimed' || outcome.kind === 'taken-over';
 }
+
+/**
+ * The claim of a key that had no row, inserted as the fast path inserts it (`completed` inside
+ * the caller's transaction, so no lease): what `claim_key`, `claim_new_key` and
+ * `claim_new_keys` mean when they insert it.
+ */
+export function freshCompletingClaim(input: { readonly scope: string; readonly key: string; readonly owner: string }): HeldClaim {
+  return { kind: 'claimed', scope: input.scope, key: input.key, owner: input.owner, fence: 1, attempts: 1, lockedUntil: null };
+}
+
+/**
+ * A claim whose wait on a key another transaction held uncommitted ran past its lock timeout
+ * (55P03): the key is in progress; try again after that timeout.
+ */
+export function lockWaitTimedOut(input: { readonly scope: string; readonly key: string; readonly lockTimeoutMs: number }): ClaimOutcome {
+  return { kind: 'in-progress', scope: input.scope, key: input.key, retryAfterMs: input.lockTimeoutMs };
+}

@@ -1,6 +1,6 @@
 import type { Kysely } from 'kysely';
 import { ResultNotStorableError } from '../errors.js';
-import type { Claim, ClaimOutcome } from './claim-outcome.js';
+import { freshCompletingClaim, lockWaitTimedOut, type Claim, type ClaimOutcome } from './claim-outcome.js';
 import type { ClaimInput, GroupStatements, KeyStore } from './key-store.js';
 import type { KeyRecord } from './key-record.js';
 import { isLockTimeout, isUnstorableJson } from './pg-errors.js';
@@ -94,14 +94,12 @@ export class PostgresKeyStore implements KeyStore {
 
   /** See {@link KeyStore.claimNewKey}. */
   async claimNewKey(tx: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome | undefined> {
-    const { scope, key, owner } = input;
     try {
-      if (!(await claimNewKey(tx, this.schema, input))) return undefined;
+      return (await claimNewKey(tx, this.schema, input)) ? freshCompletingClaim(input) : undefined;
     } catch (error) {
-      if (isLockTimeout(error)) return { kind: 'in-progress', scope, key, retryAfterMs: input.lockTimeoutMs };
+      if (isLockTimeout(error)) return lockWaitTimedOut(input);
       throw error;
     }
-    return { kind: 'claimed', scope, key, owner, fence: 1, attempts: 1, lockedUntil: null };
   }
 
   async complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean> {

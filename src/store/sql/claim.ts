@@ -1,7 +1,7 @@
 import { sql, type Kysely } from 'kysely';
 import { ClaimContendedError } from '../../errors.js';
 import { keySettledChannel } from '../channels.js';
-import type { ClaimOutcome } from '../claim-outcome.js';
+import { lockWaitTimedOut, type ClaimOutcome } from '../claim-outcome.js';
 import { isLockTimeout } from '../pg-errors.js';
 
 /** Everything one claim statement needs. */
@@ -97,7 +97,7 @@ export async function claimKey(db: Kysely<any>, input: ClaimStatementInput): Pro
     try {
       row = (await claimStatement(input).execute(db)).rows[0];
     } catch (error) {
-      if (isLockTimeout(error)) return { kind: 'in-progress', scope, key, retryAfterMs: input.lockTimeoutMs };
+      if (isLockTimeout(error)) return lockWaitTimedOut(input);
       throw error;
     }
     const outcome = classifyClaimRow(input, row);
