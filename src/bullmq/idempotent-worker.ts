@@ -10,6 +10,7 @@ import type { ClaimOptions, IdempotencyKeys } from '../protocol/idempotency-keys
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
 import { identityFromWireContract, type JobIdentity } from './job-identity.js';
+import { JobLogger } from './job-logger.js';
 
 /** What a handler receives for one job whose key this worker holds. */
 export interface JobContext<P = unknown> {
@@ -226,7 +227,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       throw new UnrecoverableError(reason);
     }
     const { scope, key } = identity;
-    const log = this.#log.child({ jobId: job.id, scope, key });
+    const log = new JobLogger(this.#log, { jobId: job.id, scope, key });
     const fingerprint = this.#keys.fingerprint(identity.fingerprintOf);
     const claimOptions: ClaimOptions = {
       leaseMs: this.#timing.leaseMs,
@@ -248,11 +249,11 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     this.#emit(outcome.kind, job, outcome);
     log.info({ fence: outcome.fence, outcome: outcome.kind }, 'key claimed');
     await this.#fault('after-claim', identity);
-    return this.#runLeased(job, token, identity, outcome, bullSignal, log.child({ fence: outcome.fence }));
+    return this.#runLeased(job, token, identity, outcome, bullSignal, log.with({ fence: outcome.fence }));
   }
 
   /** Outcomes where this worker does not hold the key: replay, refuse, or defer. */
-  async #settleUnheld(job: Job, token: string | undefined, outcome: Exclude<ClaimOutcome, HeldClaim>, log: Logger): Promise<unknown> {
+  async #settleUnheld(job: Job, token: string | undefined, outcome: Exclude<ClaimOutcome, HeldClaim>, log: JobLogger): Promise<unknown> {
     switch (outcome.kind) {
       case 'completed':
         this.#emit('replayed', job);
@@ -276,7 +277,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
   }
 
   /** Moves the job to delayed without consuming an attempt, to replay once the owner finishes. */
-  async #defer(job: Job, token: string | undefined, retryAfterMs: number, log: Logger): Promise<never> {
+  async #defer(job: Job, token: string | undefined, retryAfterMs: number, log: JobLogger): Promise<never> {
     const delayMs = deferralMs(this.#timing, retryAfterMs);
     this.#emit('deferred', job);
     log.info({ outcome: 'deferred', delayMs }, 'key in progress elsewhere: deferring the job');
@@ -299,7 +300,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     identity: JobIdentity<P>,
     claim: HeldClaim,
     bullSignal: AbortSignal | undefined,
-    log: Logger,
+    log: JobLogger,
   ): Promise<unknown> {
     const controller = new AbortController();
     bullSignal?.addEventListener('abort', () => controller.abort(bullSignal.reason), { once: true });
@@ -345,7 +346,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     identity: JobIdentity<P>,
     fingerprint: string,
     claimOptions: ClaimOptions,
-    log: Logger,
+    log: JobLogger,
   ): Promise<unknown> {
     const controller = new AbortController();
     const active: ActiveJob = { job, token, claim: undefined, controller };
@@ -404,7 +405,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
   }
 
   /** Extends the lease every `heartbeatMs`; on loss, aborts the handler's signal. */
-  #startHeartbeat(job: Job, claim: Claim, controller: AbortController, log: Logger): () => void {
+  #startHeartbeat(job: Job, claim: Claim, controller: AbortController, log: JobLogger): () => void {
     let stopped = false;
     const timer = setInterval(async () => {
       try {
@@ -440,7 +441,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     claim: Claim,
     signal: AbortSignal,
     error: unknown,
-    log: Logger,
+    log: JobLogger,
   ): Promise<never> {
     if (error instanceof LeaseLostError || signal.reason instanceof LeaseLostError) {
       // Another worker owns the key now and will finish it; this job becomes a duplicate.
@@ -467,7 +468,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     fingerprint: string,
     claimOptions: ClaimOptions,
     error: unknown,
-    log: Logger,
+    log: JobLogger,
   ): Promise<never> {
     // The transaction rolled back: the key is as it was before, nothing to release.
     if (!this.#isFinal(job, error)) {
@@ -496,12 +497,13 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
 
   #emit(kind: WorkerEventKind, job: Job, claim?: Claim, durationMs?: number): void {
     if (this.listenerCount('event') === 0) return;
-    const identity = safeIdentity(job, this.#keyOf);
+    // A claim names its key; only events without one read the job's data again for it.
+    const identity = claim ?? safeIdentity(job, this.#keyOf);
     this.emit('event', {
       kind,
       jobId: job.id,
-      scope: claim?.scope ?? identity?.scope,
-      key: claim?.key ?? identity?.key,
+      scope: identity?.scope,
+      key: identity?.key,
       fence: claim?.fence,
       durationMs,
     });
