@@ -139,9 +139,9 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
         schema: env.schema,
         leaseMs: 30_000,
         claimSynchronousCommit: contender !== 'leased-async-claim',
-        // Group commit with the library's defaults (16 jobs a group, 2 groups open); BENCH_GROUPS sets
-        // maxGroups instead, for profiling.
-        groupCommit: contender.endsWith('-group') && (process.env.BENCH_GROUPS ? { maxGroups: Number(process.env.BENCH_GROUPS) } : true),
+        // Group commit with the library's defaults (16 jobs a group, 2 groups open); BENCH_GROUPS and
+        // BENCH_GROUP_JOBS set maxGroups and maxJobs instead, for profiling.
+        groupCommit: contender.endsWith('-group') && groupCommitFromEnvironment(),
       },
       timed,
     );
@@ -248,4 +248,11 @@ export async function withTimeout<T>(promise: Promise<T>, ms: number, what: stri
   } finally {
     clearTimeout(timer);
   }
+}
+
+/** The bench's group commit options: the library's defaults, or BENCH_GROUPS / BENCH_GROUP_JOBS. */
+function groupCommitFromEnvironment(): true | { maxGroups?: number; maxJobs?: number } {
+  const { BENCH_GROUPS: groups, BENCH_GROUP_JOBS: jobs } = process.env;
+  if (!groups && !jobs) return true;
+  return { ...(groups ? { maxGroups: Number(groups) } : {}), ...(jobs ? { maxJobs: Number(jobs) } : {}) };
 }
