@@ -1,6 +1,7 @@
 /**
  * The chaos suite's checker and schedule, on hand-made histories: a checker that cannot see a
- * duplicate, a loss or an overlap would make every chaos run pass. (The chaos run itself is
+ * duplicate, a loss, a failed job, a key left processing or an overlap would make every chaos
+ * run pass. (The chaos run itself is
  * `npm run chaos`, outside vitest.)
  */
 import { describe, expect, it } from 'vitest';
@@ -32,7 +33,7 @@ function cleanHistory(): History {
       line(3, 'k2', 2, 'taken-over', 4_000),
       line(3, 'k2', 2, 'completed', 5_010),
     ],
-    exits: [{ pid: 2, slot: 1, at: T0 + 1_000, code: null, signal: 'SIGKILL' }],
+    exits: [{ pid: 2, slot: 1, at: T0 + 1_000, code: null, signal: 'SIGKILL', beforeReady: false }],
     stoppedAt: T0 + 10_000,
   };
 }
@@ -84,6 +85,35 @@ describe('checkHistory', () => {
     });
     expect(result.lost).toEqual(['s/k4']);
     expect(result.failedKeys).toEqual(['s/k4']);
+  });
+
+  it('fails a run with a failed BullMQ job, even when the key completed through another job', () => {
+    const history = cleanHistory();
+    const failed = { id: 's/k1', jobId: 'foreign-7', attemptsMade: 1, reason: 'terminating connection due to administrator command' };
+    const result = checkHistory({ ...history, failedJobs: [failed] });
+    expect(result.failedJobs).toEqual([failed]);
+    expect(result.lost).toEqual([]);
+    expect(result.ok).toBe(false);
+    expect(checkHistory({ ...history, failedJobs: [] }).ok).toBe(true);
+  });
+
+  it('fails a run with a key left processing after the drain, acknowledged or not', () => {
+    const history = cleanHistory();
+    const result = checkHistory({
+      ...history,
+      // k3's add was never acknowledged (so it is not held to "never lost"), but its job ran
+      // far enough to claim the key, and nobody finished it.
+      produced: new Map([...history.produced, ['s/k3', { acks: 0 }]]),
+      keys: [...history.keys, { scope: 's', key: 'k3', status: 'processing', fence: 1 }],
+    });
+    expect(result.leftProcessing).toEqual(['s/k3']);
+    expect(result.lost).toEqual([]);
+    expect(result.ok).toBe(false);
+
+    const acknowledged = checkHistory({ ...history, keys: [history.keys[0]!, { scope: 's', key: 'k2', status: 'processing', fence: 2 }] });
+    expect(acknowledged.leftProcessing).toEqual(['s/k2']);
+    expect(acknowledged.lost).toEqual(['s/k2']);
+    expect(acknowledged.ok).toBe(false);
   });
 
   it('tells a fenced zombie (overlap, allowed) from two overlapping owners that both committed', () => {
@@ -182,7 +212,15 @@ describe('nemesisSchedule', () => {
       expect(op.slot).toBeGreaterThanOrEqual(0);
       expect(op.slot).toBeLessThan(options.workers);
     }
-    const pause = schedule.find((op) => op.kind === 'pause')!;
-    expect(pause.pauseMs).toBeGreaterThan(options.leaseMs);
+    for (const op of schedule.filter((op) => op.kind === 'pause' || op.kind === 'pg-pause')) expect(op.pauseMs).toBeGreaterThan(options.leaseMs);
+    for (const op of schedule.filter((op) => op.kind === 'pg-crash' || op.kind === 'pg-restart' || op.kind === 'redis-restart')) {
+      expect(op.downMs).toBeGreaterThanOrEqual(200);
+      expect(op.downMs).toBeLessThanOrEqual(2_000);
+    }
+  });
+
+  it('restarts, crashes and freezes Postgres in the short profile', () => {
+    const kinds = nemesisSchedule(options).map((op) => op.kind);
+    for (const kind of ['pg-crash', 'pg-restart', 'pg-pause', 'pg-terminate'] as const) expect(kinds).toContain(kind);
   });
 });

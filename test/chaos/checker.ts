@@ -25,6 +25,15 @@ export interface KeyRow {
   readonly fence: number;
 }
 
+/** A BullMQ job left in the `failed` state. */
+export interface FailedJob {
+  /** `scope/key` of its idempotency key. */
+  readonly id: string;
+  readonly jobId: string;
+  readonly attemptsMade: number;
+  readonly reason: string;
+}
+
 /** Everything the checker reads. */
 export interface History {
   /** Every key the producer tried, by `scope/key`, with how many of its adds were acknowledged. */
@@ -38,6 +47,11 @@ export interface History {
   readonly stoppedAt: number;
   /** Keys that still had a job waiting, delayed or active in BullMQ at the end (none once drained). */
   readonly pending?: ReadonlySet<string>;
+  /**
+   * BullMQ jobs in the `failed` state after the drain. The chaos handler never fails on its
+   * own, so a failed job is the system giving up on a job because of a fault.
+   */
+  readonly failedJobs?: readonly FailedJob[];
   /**
    * The workers ran the fast path: no lease outlives a rolled-back attempt (each attempt claims
    * afresh, under fence 1), so "one external call per lease" does not apply; it is reported only.
@@ -62,6 +76,10 @@ export interface CheckResult {
   readonly unfinished: string[];
   /** Keys whose status is `failed` (also counted in `lost` when acknowledged). */
   readonly failedKeys: string[];
+  /** BullMQ jobs that ended `failed`: a fault used up a job's attempts. */
+  readonly failedJobs: FailedJob[];
+  /** Keys still `processing` after the drain and the workers' stop: nobody will finish them. */
+  readonly leftProcessing: string[];
   /** Keys with more than one effect row. */
   readonly duplicated: string[];
   /** Effects for keys the producer never sent. */
@@ -100,6 +118,8 @@ export function checkHistory(history: History): CheckResult {
   const lost = notDone.filter((id) => !stillQueued(id));
   const unfinished = notDone.filter(stillQueued);
   const failedKeys = history.keys.filter((row) => row.status === 'failed').map(idOf);
+  const failedJobs = [...(history.failedJobs ?? [])];
+  const leftProcessing = history.keys.filter((row) => row.status === 'processing').map(idOf);
   const duplicated = [...effectsByKey].filter(([, rows]) => rows.length > 1).map(([id]) => id);
   const unexpected = [...effectsByKey.keys()].filter((id) => !history.produced.has(id));
   const fenceMismatches = [...effectsByKey]
@@ -175,22 +195,31 @@ export function checkHistory(history: History): CheckResult {
   const samples: number[] = [];
   let killedProcesses = 0;
   const firstEffectAt = new Map([...effectsByKey].map(([id, rows]) => [id, Math.min(...rows.map((r) => r.at))]));
+  // Indexed by pid: a long run has hundreds of deaths and a million owners.
+  const ownedByPid = new Map<number, Array<{ id: string; owner: Owner }>>();
+  for (const [id, list] of owners) {
+    for (const owner of list) {
+      const held = ownedByPid.get(owner.pid) ?? [];
+      held.push({ id, owner });
+      ownedByPid.set(owner.pid, held);
+    }
+  }
   for (const exit of history.exits) {
     if (exit.signal !== 'SIGKILL' || exit.at >= history.stoppedAt) continue;
     killedProcesses++;
     const diedAt = Math.min(exit.at, faultTimes.get(exit.pid) ?? Infinity);
-    for (const [id, list] of owners) {
-      for (const owner of list) {
-        if (owner.pid !== exit.pid || terminal.has(`${owner.pid}:${id}#${owner.fence}`)) continue;
-        const doneAt = firstEffectAt.get(id);
-        if (doneAt !== undefined && doneAt > diedAt) samples.push(doneAt - diedAt);
-      }
+    for (const { id, owner } of ownedByPid.get(exit.pid) ?? []) {
+      if (terminal.has(`${owner.pid}:${id}#${owner.fence}`)) continue;
+      const doneAt = firstEffectAt.get(id);
+      if (doneAt !== undefined && doneAt > diedAt) samples.push(doneAt - diedAt);
     }
   }
 
   const ok =
     lost.length === 0 &&
     unfinished.length === 0 &&
+    failedJobs.length === 0 &&
+    leftProcessing.length === 0 &&
     duplicated.length === 0 &&
     unexpected.length === 0 &&
     committedOverlaps.length === 0 &&
@@ -201,6 +230,8 @@ export function checkHistory(history: History): CheckResult {
     lost,
     unfinished,
     failedKeys,
+    failedJobs,
+    leftProcessing,
     duplicated,
     unexpected,
     fenceMismatches,

@@ -1,8 +1,8 @@
 /**
- * One chaos run: a private Redis, a per-run Postgres schema, K worker processes, the producer
- * and the nemesis at once for the chaos phase; then a drain (faults stop, the system must
- * finish every acknowledged key), a graceful stop, and the check. Everything the run created
- * is removed afterwards, also when it fails or is interrupted.
+ * One chaos run: a private Postgres cluster and a private Redis, K worker processes, the
+ * producer and the nemesis at once for the chaos phase; then a drain (faults stop, the system
+ * must finish every acknowledged key), a graceful stop, and the check. Everything the run
+ * created is removed afterwards, also when it fails or is interrupted.
  */
 import { randomBytes } from 'node:crypto';
 import { Queue } from 'bullmq';
@@ -11,8 +11,9 @@ import { sql, type Kysely } from 'kysely';
 import { createPostgresDb, migrate } from '../../src/index.js';
 import { createChaosTables } from './chaos-handler.js';
 import { FAULT_LOG_MESSAGE } from './fault-injection.js';
-import { checkHistory, type CheckResult, type ExecutionRow, type KeyRow } from './checker.js';
+import { checkHistory, type CheckResult, type ExecutionRow, type FailedJob, type KeyRow } from './checker.js';
 import { abortableSleep, nemesisSchedule, runNemesis, type NemesisEvent, type NemesisOp } from './nemesis.js';
+import { PrivatePostgres } from './private-postgres.js';
 import { PrivateRedis } from './private-redis.js';
 import { runProducerLoad, type LoadResult } from './producer-load.js';
 import { WorkerFleet, type WorkerExit, type WorkerLogLine } from './worker-fleet.js';
@@ -36,13 +37,16 @@ export interface ChaosOptions {
   readonly faultPoints: string;
   /** How long the system may take to finish after the faults stop. */
   readonly drainTimeoutMs: number;
-  readonly databaseUrl: string;
+  /** Directory of the Postgres server binaries (`initdb`, `postgres`); found when unset. */
+  readonly postgresBinDir?: string;
   /** Run the workers on the single-transaction fast path (`FAST_PATH=true`) instead of leases. */
   readonly fastPath: boolean;
   /** Workers share transactions between concurrent jobs (`GROUP_COMMIT=true`). */
   readonly groupCommit: boolean;
-  /** Keep the schema afterwards (for investigating a failed run). */
-  readonly keepSchema: boolean;
+  /** Keep the private cluster's directory afterwards (for investigating a failed run). */
+  readonly keepData: boolean;
+  /** How often a progress line is logged. */
+  readonly progressIntervalMs: number;
   /** Progress lines go here. */
   readonly log: (line: string) => void;
 }
@@ -50,14 +54,16 @@ export interface ChaosOptions {
 /** Everything a run produced: the input to the report. */
 export interface ChaosRun {
   readonly options: ChaosOptions;
-  readonly names: { readonly schema: string; readonly queue: string; readonly prefix: string; readonly redisPort: number };
+  readonly names: { readonly schema: string; readonly queue: string; readonly prefix: string; readonly redisPort: number; readonly postgresPort: number };
   readonly schedule: readonly NemesisOp[];
   readonly events: readonly NemesisEvent[];
   readonly load: LoadResult;
   readonly check: CheckResult;
   readonly drained: boolean;
-  /** BullMQ job counts after the drain (all but `failed` should be 0). */
+  /** BullMQ job counts after the drain (all should be 0). */
   readonly queueCounts: Record<string, number>;
+  /** Times the private Postgres started with crash recovery. */
+  readonly postgresRecoveries: number;
   readonly workerStarts: number;
   /** The raw history: every kept worker log line, process start and exit. */
   readonly history: {
@@ -79,21 +85,27 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
   const began = Date.now();
   const suffix = randomBytes(3).toString('hex');
   const queue = `chaos_${suffix}`;
-  const names = { schema: `chaos_${options.seed}_${suffix}`, queue, prefix: `ijchaos-${options.seed}-${suffix}`, redisPort: 0 };
+  const names = { schema: `chaos_${options.seed}_${suffix}`, queue, prefix: `ijchaos-${options.seed}-${suffix}`, redisPort: 0, postgresPort: 0 };
   const applicationName = `idempotent-jobs:worker:${queue}`;
   const { log } = options;
 
-  const db = createPostgresDb({ connectionString: options.databaseUrl, maxConnections: 3, applicationName: 'idempotent-jobs:chaos-harness' }, () => {});
+  let postgres: PrivatePostgres | undefined;
+  let db: Kysely<any> | undefined;
   let redis: PrivateRedis | undefined;
   let redisAdmin: Redis | undefined;
   let bullQueue: Queue | undefined;
   let fleet: WorkerFleet | undefined;
   try {
+    postgres = await PrivatePostgres.start({ maxConnections: maxConnectionsFor(options), ...(options.postgresBinDir ? { binDir: options.postgresBinDir } : {}) });
+    names.postgresPort = postgres.port;
+    // The harness's own pool: a connection that a fault killed is dropped, and the next query
+    // opens a new one.
+    db = createPostgresDb({ connectionString: postgres.url, maxConnections: 3, applicationName: 'idempotent-jobs:chaos-harness' }, () => {});
     await migrate(db, { schema: names.schema });
     await createChaosTables(db, names.schema);
     redis = await PrivateRedis.start();
     names.redisPort = redis.port;
-    log(`schema ${names.schema}, private redis-server on port ${redis.port} (${redis.dir}), queue ${queue}`);
+    log(`private postgres on port ${postgres.port} (${postgres.dir}), schema ${names.schema}; private redis-server on port ${redis.port} (${redis.dir}); queue ${queue}`);
     redisAdmin = new Redis(redis.url, { maxRetriesPerRequest: null });
     redisAdmin.on('error', () => {});
     bullQueue = new Queue(queue, { connection: { url: redis.url }, prefix: names.prefix });
@@ -102,7 +114,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
     fleet = new WorkerFleet({
       count: options.workers,
       env: {
-        DATABASE_URL: options.databaseUrl,
+        DATABASE_URL: postgres.url,
         REDIS_URL: redis.url,
         SCHEMA: names.schema,
         REDIS_PREFIX: names.prefix,
@@ -154,8 +166,10 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
       stop: stopProducer.signal,
       giveUp: giveUp.signal,
     });
-    const nemesisDone = runNemesis(schedule, { fleet, redis, redisAdmin, db, applicationName }, chaosStart, stopNemesis.signal, options.seed);
-    const progress = setInterval(() => void reportProgress(db, names.schema, fleet!, chaosStart, log), 10_000);
+    const targets = { fleet, redis, redisAdmin, postgres, db, applicationName };
+    const nemesisDone = runNemesis(schedule, targets, chaosStart, stopNemesis.signal, options.seed);
+    const harnessDb = db;
+    const progress = setInterval(() => void reportProgress(harnessDb, names.schema, fleet!, chaosStart, log), options.progressIntervalMs);
     try {
       await abortableSleep(options.durationMs, interrupt);
       stopNemesis.abort();
@@ -169,30 +183,55 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
       const giveUpTimer = setTimeout(() => giveUp.abort(), options.drainTimeoutMs);
       const load = await loadDone;
       clearTimeout(giveUpTimer);
+      const acknowledged = [...load.keys.values()].filter((k) => k.acks > 0).length;
       let drained = false;
       let queueCounts: Record<string, number> = {};
+      // Settled: nothing queued and nothing changing for a while, although keys are missing
+      // (their jobs failed, or were lost). Waiting longer cannot help; the checker says why.
+      let unchanged = { state: '', since: Date.now() };
       while (!interrupt.aborted && Date.now() < drainDeadline) {
         if (fleet.failure) throw fleet.failure;
-        const acknowledged = [...load.keys.values()].filter((k) => k.acks > 0).length;
-        const completed = await countCompleted(db, names.schema);
-        queueCounts = await bullQueue.getJobCounts(...QUEUE_STATES).catch(() => ({}));
-        const pending = QUEUE_STATES.filter((s) => s !== 'failed').reduce((sum, s) => sum + (queueCounts[s] ?? 0), 0);
-        if (completed >= acknowledged && pending === 0 && Object.keys(queueCounts).length > 0) {
-          drained = true;
-          break;
+        try {
+          const completed = await countCompleted(db, names.schema);
+          queueCounts = await bullQueue.getJobCounts(...QUEUE_STATES);
+          const pending = QUEUE_STATES.filter((s) => s !== 'failed').reduce((sum, s) => sum + (queueCounts[s] ?? 0), 0);
+          if (completed >= acknowledged && pending === 0) {
+            drained = true;
+            break;
+          }
+          const state = `${completed}/${JSON.stringify(queueCounts)}`;
+          if (state !== unchanged.state) unchanged = { state, since: Date.now() };
+          else if (pending === 0 && Date.now() - unchanged.since >= settleMsFor(options)) {
+            log(`queue empty and nothing changed for ${Math.round(settleMsFor(options) / 1000)} s, but only ${completed} of ${acknowledged} keys completed (${queueCounts.failed ?? 0} jobs failed)`);
+            drained = true;
+            break;
+          }
+        } catch {
+          // A connection left over from a fault; the next round opens a new one.
         }
         await abortableSleep(500, interrupt);
       }
       if (interrupt.aborted) throw new Error('interrupted');
       const drainMs = Date.now() - drainStart;
       clearInterval(progress);
-      log(drained ? `drained in ${Math.round(drainMs / 1000)} s` : `NOT drained within ${Math.round(options.drainTimeoutMs / 1000)} s`);
+      log(drained ? `queue drained in ${Math.round(drainMs / 1000)} s` : `NOT drained within ${Math.round(options.drainTimeoutMs / 1000)} s`);
 
       const stoppedAt = Date.now();
       await fleet.stop(10_000);
-      const rows = await readRows(db, names.schema);
+      const rows = await retrying(() => readRows(harnessDb, names.schema));
       const pending = drained ? new Set<string>() : await pendingKeys(bullQueue);
-      const check = checkHistory({ produced: load.keys, ...rows, lines: fleet.lines, exits: fleet.exits, stoppedAt, pending, fastPath: options.fastPath });
+      const failedJobs = await retrying(() => readFailedJobs(bullQueue!));
+      queueCounts = await retrying(() => bullQueue!.getJobCounts(...QUEUE_STATES));
+      const check = checkHistory({
+        produced: load.keys,
+        ...rows,
+        lines: fleet.lines,
+        exits: fleet.exits,
+        stoppedAt,
+        pending,
+        failedJobs,
+        fastPath: options.fastPath,
+      });
       return {
         options,
         names,
@@ -202,6 +241,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         check,
         drained,
         queueCounts,
+        postgresRecoveries: postgres.recoveries,
         workerStarts: fleet.starts.length,
         history: { lines: fleet.lines, starts: fleet.starts, exits: fleet.exits },
         timings: { chaosMs, drainMs, totalMs: Date.now() - began },
@@ -220,12 +260,52 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
     await fleet?.killAll().catch(() => {});
     await bullQueue?.close().catch(() => {});
     redisAdmin?.disconnect();
-    // The private server holds only this run's keys; stopping it and deleting its directory
-    // removes them all.
+    await db?.destroy().catch(() => {});
+    // The private servers hold only this run's data; stopping them and deleting their
+    // directories removes it all.
     await redis?.destroy().catch(() => {});
-    if (!options.keepSchema) await sql`drop schema if exists ${sql.id(names.schema)} cascade`.execute(db).catch(() => {});
-    await db.destroy();
+    if (postgres && options.keepData) {
+      log(`private postgres data kept in ${postgres.dataDir} (start it with: postgres -D ${postgres.dataDir} -p ${postgres.port} -k ${postgres.dir})`);
+      await postgres.crash().catch(() => {});
+    } else await postgres?.destroy().catch(() => {});
   }
+}
+
+/**
+ * The private cluster's `max_connections`: every worker's pool and listener, twice over (a
+ * killed worker's backends linger while its replacement connects; a frozen one keeps its own),
+ * and the harness.
+ */
+function maxConnectionsFor(options: ChaosOptions): number {
+  return Math.max(100, options.workers * (options.concurrency + 2 + 4) * 2 + 20);
+}
+
+/** How long an empty queue must stay unchanged before a drain with keys missing ends. */
+function settleMsFor(options: ChaosOptions): number {
+  return Math.max(10_000, 3 * options.leaseMs);
+}
+
+/** Retries `read` for a while: a harness query may meet a connection a fault left broken. */
+async function retrying<T>(read: () => Promise<T>, attempts = 20): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await read();
+    } catch (error) {
+      if (attempt >= attempts) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 500));
+    }
+  }
+}
+
+/** Every job BullMQ holds as failed: whose key it was, and why it failed. */
+async function readFailedJobs(queue: Queue): Promise<FailedJob[]> {
+  const jobs = await queue.getJobs(['failed'], 0, -1);
+  return jobs.filter(Boolean).map((job) => ({
+    id: `${job.data?.scope}/${job.data?.idempotencyKey}`,
+    jobId: String(job.id),
+    attemptsMade: job.attemptsMade,
+    reason: String(job.failedReason ?? ''),
+  }));
 }
 
 /** Keys of the jobs still waiting, delayed or active in BullMQ (after a drain that timed out). */
@@ -266,12 +346,15 @@ async function readRows(db: Kysely<any>, schema: string): Promise<Rows> {
   };
 }
 
-/** Deaths before the stop that the nemesis did not cause: a worker that crashed by itself. */
+/**
+ * Deaths before the stop that the nemesis did not cause: a worker that crashed by itself. A
+ * worker that exits at start because a server was down is not one (the fleet starts it again).
+ */
 function unexpectedExits(fleet: WorkerFleet, events: readonly NemesisEvent[], stoppedAt: number) {
   const killed = new Set(events.filter((e) => e.kind === 'kill' && e.pid !== undefined).map((e) => e.pid));
   const crashed = new Set(fleet.lines.filter((l) => l.msg === FAULT_LOG_MESSAGE).map((l) => l.pid));
   return fleet.exits
-    .filter((exit) => exit.at < stoppedAt && !killed.has(exit.pid) && !crashed.has(exit.pid))
+    .filter((exit) => exit.at < stoppedAt && !exit.beforeReady && !killed.has(exit.pid) && !crashed.has(exit.pid))
     .map((exit) => ({ ...exit, stderr: fleet.stderrOf(exit.pid).slice(-2_000) }));
 }
 
@@ -280,6 +363,8 @@ function evidenceFor(check: CheckResult, rows: Rows, lines: readonly WorkerLogLi
   const bad = [
     ...check.lost,
     ...check.unfinished.slice(0, 5),
+    ...check.failedJobs.slice(0, 5).map((job) => job.id),
+    ...check.leftProcessing.slice(0, 5),
     ...check.duplicated,
     ...check.unexpected,
     ...check.committedOverlaps,
@@ -295,6 +380,7 @@ function evidenceFor(check: CheckResult, rows: Rows, lines: readonly WorkerLogLi
       key: rows.keys.find(match),
       effects: rows.effects.filter(match),
       externalCalls: rows.externalCalls.filter(match),
+      failedJobs: check.failedJobs.filter((job) => job.id === id),
       lines: keyLines,
       exitsOfItsWorkers: exits.filter((e) => pids.has(e.pid)),
     };

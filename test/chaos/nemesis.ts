@@ -5,6 +5,7 @@
 import type { Redis } from 'ioredis';
 import { sql, type Kysely } from 'kysely';
 import type { CrashPoint } from './fault-injection.js';
+import type { PrivatePostgres } from './private-postgres.js';
 import type { PrivateRedis } from './private-redis.js';
 import { seededRandom } from './random.js';
 import type { WorkerFleet } from './worker-fleet.js';
@@ -14,6 +15,9 @@ export const FAULT_KINDS = [
   'kill',
   'pause',
   'pg-terminate',
+  'pg-crash',
+  'pg-restart',
+  'pg-pause',
   'redis-client-kill',
   'redis-restart',
   'crash-after-claim',
@@ -30,9 +34,9 @@ export interface NemesisOp {
   readonly kind: FaultKind;
   /** Target worker slot (for worker faults). */
   readonly slot: number;
-  /** `pause`: how long the worker stays stopped. */
+  /** `pause`, `pg-pause`: how long the worker or Postgres stays stopped. */
   readonly pauseMs?: number;
-  /** `redis-restart`: how long Redis stays down. */
+  /** `redis-restart`, `pg-crash`, `pg-restart`: how long the server stays down. */
   readonly downMs?: number;
   /** `pg-terminate`, `redis-client-kill`: the share of connections cut. */
   readonly fraction?: number;
@@ -71,8 +75,8 @@ export function nemesisSchedule(options: ScheduleOptions): NemesisOp[] {
     const kind = round.pop()!;
     const slot = random.int(0, options.workers - 1);
     const op: NemesisOp = { atMs, kind, slot };
-    if (kind === 'pause') ops.push({ ...op, pauseMs: Math.round(options.leaseMs * (1.5 + random.next())) });
-    else if (kind === 'redis-restart') ops.push({ ...op, downMs: random.int(200, 2_000) });
+    if (kind === 'pause' || kind === 'pg-pause') ops.push({ ...op, pauseMs: Math.round(options.leaseMs * (1.5 + random.next())) });
+    else if (kind === 'redis-restart' || kind === 'pg-crash' || kind === 'pg-restart') ops.push({ ...op, downMs: random.int(200, 2_000) });
     else if (kind === 'pg-terminate' || kind === 'redis-client-kill') ops.push({ ...op, fraction: 0.25 + 0.75 * random.next() });
     else ops.push(op);
     atMs += Math.round(options.intervalMs * (0.5 + random.next()));
@@ -86,7 +90,9 @@ export interface NemesisTargets {
   readonly redis: PrivateRedis;
   /** An admin connection to the private Redis (never cut by the nemesis itself). */
   readonly redisAdmin: Redis;
-  /** The harness's own Postgres pool. */
+  /** The private Postgres cluster the workers use. */
+  readonly postgres: PrivatePostgres;
+  /** The harness's own pool on it. */
   readonly db: Kysely<any>;
   /** The workers' `application_name`, which identifies their Postgres backends. */
   readonly applicationName: string;
@@ -147,6 +153,7 @@ async function carryOut(
       return done({ pid });
     }
     case 'pg-terminate': {
+      if (targets.postgres.paused) return done({ skipped: 'postgres is paused' });
       const { rows } = await sql<{ pid: number }>`
         select pid from pg_stat_activity
          where application_name = ${targets.applicationName} and pid <> pg_backend_pid()
@@ -154,6 +161,32 @@ async function carryOut(
       const chosen = choose(rows.map((r) => r.pid), op.fraction!, next);
       for (const pid of chosen) await sql`select pg_terminate_backend(${pid}::int)`.execute(targets.db);
       return done({ cut: chosen.length });
+    }
+    case 'pg-crash': {
+      // A frozen server (pg-pause) is killed as well: SIGKILL needs no cooperation.
+      const pid = targets.postgres.pid;
+      await targets.postgres.crashAndRecover(op.downMs!);
+      return done({ pid });
+    }
+    case 'pg-restart': {
+      if (targets.postgres.paused) return done({ skipped: 'postgres is paused' });
+      const pid = targets.postgres.pid;
+      await targets.postgres.fastRestart(op.downMs!);
+      return done({ pid });
+    }
+    case 'pg-pause': {
+      const { postgres } = targets;
+      if (postgres.paused) return done({ skipped: 'already paused' });
+      const pid = postgres.pid;
+      if (pid === undefined) return done({ skipped: 'postgres is down' });
+      postgres.pause();
+      resumes.push(
+        abortableSleep(op.pauseMs!, signal).then(() => {
+          // Only the server that was frozen: a crash in between started another one.
+          if (postgres.pid === pid) postgres.resume();
+        }),
+      );
+      return done({ pid });
     }
     case 'redis-client-kill': {
       const own = Number(await targets.redisAdmin.client('ID'));

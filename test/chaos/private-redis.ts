@@ -97,7 +97,8 @@ async function waitForPing(port: number, timeoutMs: number): Promise<void> {
   }
 }
 
-function freePort(): Promise<number> {
+/** A TCP port free on 127.0.0.1 right now. */
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const server = createServer();
     server.once('error', reject);

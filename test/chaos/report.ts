@@ -2,7 +2,7 @@
  * The report of a chaos run: a summary table for the terminal and a JSON file with the same
  * numbers, the fault schedule as carried out, and the history of every key that failed a check.
  */
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdirSync, openSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ChaosRun } from './harness.js';
 
@@ -25,6 +25,11 @@ export interface ChaosSummary {
     readonly pauses: number;
     readonly pgTerminations: number;
     readonly pgBackendsTerminated: number;
+    readonly pgCrashes: number;
+    readonly pgRestarts: number;
+    readonly pgPauses: number;
+    /** Starts of the private Postgres that ran crash recovery (its log says so). */
+    readonly pgCrashRecoveries: number;
     readonly redisClientKills: number;
     readonly redisClientsKilled: number;
     readonly redisRestarts: number;
@@ -35,6 +40,8 @@ export interface ChaosSummary {
   readonly workerProcessesStarted: number;
   /** Workers that died by themselves (not killed, not crashed on purpose): a robustness bug. */
   readonly unexpectedWorkerExits: number;
+  /** Workers that exited at start because a server was down (started again by the fleet). */
+  readonly workerStartFailures: number;
   readonly takeovers: number;
   readonly fencedCommits: number;
   readonly leaseLost: number;
@@ -52,6 +59,8 @@ export interface ChaosSummary {
   readonly fenceMismatches: number;
   readonly externalCallsRepeatedWithinLease: number;
   readonly failedKeys: number;
+  readonly failedJobs: number;
+  readonly keysLeftProcessing: number;
   readonly producerRetries: number;
   readonly unacknowledgedRequests: number;
   readonly drained: boolean;
@@ -84,6 +93,10 @@ export function summarize(run: ChaosRun): ChaosSummary {
       pauses: count('pause'),
       pgTerminations: count('pg-terminate'),
       pgBackendsTerminated: cut('pg-terminate'),
+      pgCrashes: count('pg-crash'),
+      pgRestarts: count('pg-restart'),
+      pgPauses: count('pg-pause'),
+      pgCrashRecoveries: run.postgresRecoveries,
       redisClientKills: count('redis-client-kill'),
       redisClientsKilled: cut('redis-client-kill'),
       redisRestarts: count('redis-restart'),
@@ -97,6 +110,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
     },
     workerProcessesStarted: run.workerStarts,
     unexpectedWorkerExits: run.unexpectedExits.length,
+    workerStartFailures: run.history.exits.filter((exit) => exit.beforeReady && exit.signal === null).length,
     takeovers: outcome('taken-over'),
     fencedCommits: outcome('fenced'),
     leaseLost: outcome('lease-lost'),
@@ -114,6 +128,8 @@ export function summarize(run: ChaosRun): ChaosSummary {
     fenceMismatches: check.fenceMismatches.length,
     externalCallsRepeatedWithinLease: check.repeatedWithinLease.length,
     failedKeys: check.failedKeys.length,
+    failedJobs: check.failedJobs.length,
+    keysLeftProcessing: check.leftProcessing.length,
     producerRetries: load.retries,
     unacknowledgedRequests: load.unacknowledged,
     drained: run.drained,
@@ -137,10 +153,11 @@ export function formatTable(summary: ChaosSummary): string {
     ['worker kills (SIGKILL)', String(s.faults.kills)],
     ['pauses (SIGSTOP past the lease)', String(s.faults.pauses)],
     ['Postgres backends terminated', `${s.faults.pgBackendsTerminated} in ${s.faults.pgTerminations} rounds`],
+    ['Postgres crashes (SIGKILL, crash recovery) / fast restarts / pauses past the lease', `${s.faults.pgCrashes} (${s.faults.pgCrashRecoveries} recoveries) / ${s.faults.pgRestarts} / ${s.faults.pgPauses}`],
     ['Redis connections killed', `${s.faults.redisClientsKilled} in ${s.faults.redisClientKills} rounds`],
     ['Redis restarts (crash + AOF reload)', String(s.faults.redisRestarts)],
     ['injected crashes by point', `after-claim ${crashes['after-claim']}, before-commit ${crashes['before-commit']}, after-commit ${crashes['after-commit']} (${s.faults.crashesArmed} armed)`],
-    ['worker processes started (died by themselves)', `${s.workerProcessesStarted} (${s.unexpectedWorkerExits})`],
+    ['worker processes started (died by themselves; could not start, a server down)', `${s.workerProcessesStarted} (${s.unexpectedWorkerExits}; ${s.workerStartFailures})`],
     ['takeovers', String(s.takeovers)],
     ['fenced commits', `${s.fencedCommits} (leases lost: ${s.leaseLost})`],
     ['deferrals', String(s.deferrals)],
@@ -152,6 +169,8 @@ export function formatTable(summary: ChaosSummary): string {
     ],
     ['lease overlaps (zombie still running, fenced)', String(s.leaseOverlaps)],
     ['**lost**', s.unfinished > 0 ? `${s.lost} (and ${s.unfinished} not finished: still queued when the drain timed out)` : String(s.lost)],
+    ['**failed jobs**', String(s.failedJobs)],
+    ['**keys left processing**', String(s.keysLeftProcessing)],
     ['**duplicated**', String(s.duplicated)],
     ['**unexpected**', String(s.unexpected)],
     ['**committed overlaps**', String(s.committedOverlaps)],
@@ -183,7 +202,15 @@ export function writeHistory(run: ChaosRun, dir: string): string {
     if (key.firstAckAt !== undefined) add(key.firstAckAt, { type: 'acknowledged', at: key.firstAckAt, scope: key.scope, key: key.key, adds: key.acks });
   }
   entries.sort((a, b) => a.at - b.at);
-  writeFileSync(path, entries.map((e) => e.text).join('\n') + '\n');
+  // In chunks: a long run's history is larger than the longest string V8 can build.
+  const fd = openSync(path, 'w');
+  try {
+    for (let i = 0; i < entries.length; i += 10_000) {
+      writeSync(fd, `${entries.slice(i, i + 10_000).map((e) => e.text).join('\n')}\n`);
+    }
+  } finally {
+    closeSync(fd);
+  }
   return path;
 }
 
@@ -198,6 +225,7 @@ export function writeJsonReport(run: ChaosRun, summary: ChaosSummary, dir: strin
     options,
     names: run.names,
     queueCountsAfterDrain: run.queueCounts,
+    postgresCrashRecoveries: run.postgresRecoveries,
     outcomes: run.check.outcomes,
     violations: {
       lost: cap(run.check.lost),
@@ -208,6 +236,8 @@ export function writeJsonReport(run: ChaosRun, summary: ChaosSummary, dir: strin
       fenceMismatches: cap(run.check.fenceMismatches),
       externalCallsRepeatedWithinLease: cap(run.check.repeatedWithinLease),
       failedKeys: cap(run.check.failedKeys),
+      failedJobs: run.check.failedJobs.slice(0, 100),
+      keysLeftProcessing: cap(run.check.leftProcessing),
     },
     faults: run.events,
     unexpectedWorkerExits: run.unexpectedExits,

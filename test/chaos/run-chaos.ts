@@ -2,11 +2,12 @@
  * The chaos suite's command:
  *
  *   npm run chaos                                                  # short profile (~2 min, CI)
- *   npm run chaos -- --jobs 50000 --minutes 10 --workers 6         # long profile
+ *   npm run chaos -- --profile long                                # long profile (hours; docs/chaos.md)
  *   npm run chaos -- --seed 1234                                   # the same fault schedule again
  *
- * Exits 0 when nothing was lost, duplicated or unexpected and no two overlapping owners both
- * committed; 1 when a check failed; 2 on bad flags or when the run could not be carried out.
+ * Exits 0 when nothing was lost, duplicated, unexpected, failed or left processing and no two
+ * overlapping owners both committed; 1 when a check failed; 2 on bad flags or when the run
+ * could not be carried out; 130 when interrupted.
  */
 import { randomInt } from 'node:crypto';
 import { parseArgs } from 'node:util';
@@ -14,31 +15,47 @@ import { runChaos, type ChaosOptions } from './harness.js';
 import { parseFaultPoints } from './fault-injection.js';
 import { formatTable, summarize, writeHistory, writeJsonReport } from './report.js';
 
+/** Defaults of each profile; any flag overrides its own. */
+const PROFILES = {
+  short: { jobs: 3_000, minutes: 1.5, workers: 3, concurrency: 4, faultIntervalMs: 3_000, maxWorkMs: 250, drainMinutes: 1.5, progressSeconds: 10 },
+  long: { jobs: 1_050_000, minutes: 240, workers: 6, concurrency: 16, faultIntervalMs: 10_000, maxWorkMs: 50, drainMinutes: 30, progressSeconds: 60 },
+} as const;
+type Profile = keyof typeof PROFILES;
+
 const USAGE = `Usage: npm run chaos -- [flags]
+  --profile P            short (default: CI's, about 2 minutes) or long (at least 1,000,000
+                         acknowledged jobs, about ${PROFILES.long.minutes / 60} hours; see docs/chaos.md); the flags below
+                         override its defaults, shown as short / long
   --seed N               seed of the fault schedule and the producer (default: random, printed)
-  --jobs N               enqueue requests, duplicates included (default 3000)
-  --minutes M            length of the chaos phase, decimals allowed (default 1.5)
-  --workers K            worker processes (default 3)
-  --concurrency C        jobs at once per worker (default 4)
+  --jobs N               enqueue requests, duplicates included (${PROFILES.short.jobs} / ${PROFILES.long.jobs})
+  --minutes M            length of the chaos phase, decimals allowed (${PROFILES.short.minutes} / ${PROFILES.long.minutes})
+  --workers K            worker processes (${PROFILES.short.workers} / ${PROFILES.long.workers})
+  --concurrency C        jobs at once per worker (${PROFILES.short.concurrency} / ${PROFILES.long.concurrency})
   --duplicates P         percent of requests that repeat a key (default 20)
   --lease-ms MS          lease, BullMQ lock duration follows it (default 3000)
-  --fault-interval-ms MS mean time between faults (default 3000)
-  --max-work-ms MS       longest simulated work per job (default 250)
+  --fault-interval-ms MS mean time between faults (${PROFILES.short.faultIntervalMs} / ${PROFILES.long.faultIntervalMs})
+  --max-work-ms MS       longest simulated work per job (${PROFILES.short.maxWorkMs} / ${PROFILES.long.maxWorkMs})
   --fault-points SPEC    extra random crashes, e.g. after-claim:0.001,before-commit:0.001 (default none)
-  --drain-minutes M      how long the system may take to finish after the faults stop (default 1.5)
+  --drain-minutes M      how long the system may take to finish after the faults stop (${PROFILES.short.drainMinutes} / ${PROFILES.long.drainMinutes})
+  --progress-seconds S   how often a progress line is printed (${PROFILES.short.progressSeconds} / ${PROFILES.long.progressSeconds})
   --report-dir DIR       where report-<seed>.json goes (default .chaos)
   --fast-path            workers use the single-transaction fast path (FAST_PATH=true)
   --group-commit         workers share transactions between concurrent jobs (GROUP_COMMIT=true)
-  --keep-schema          keep the run's Postgres schema for investigation
-  --help`;
+  --keep-data            keep the private Postgres cluster's directory for investigation
+  --help
+
+Postgres and Redis are private to the run (initdb into a temporary directory, redis-server on a
+spare port): the servers on DATABASE_URL and REDIS_URL are not used. PG_BINDIR names the
+directory of initdb and postgres when they are not found; REDIS_SERVER the redis-server binary.`;
 
 class UsageError extends Error {}
 
-function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string }) | undefined {
+function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; profile: Profile }) | undefined {
   const { values } = parseArgs({
     args: argv,
     strict: true,
     options: {
+      profile: { type: 'string' },
       seed: { type: 'string' },
       jobs: { type: 'string' },
       minutes: { type: 'string' },
@@ -50,14 +67,18 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string }) | 
       'max-work-ms': { type: 'string' },
       'fault-points': { type: 'string' },
       'drain-minutes': { type: 'string' },
+      'progress-seconds': { type: 'string' },
       'report-dir': { type: 'string' },
-      'keep-schema': { type: 'boolean' },
+      'keep-data': { type: 'boolean' },
       'fast-path': { type: 'boolean' },
       'group-commit': { type: 'boolean' },
       help: { type: 'boolean' },
     },
   });
   if (values.help) return undefined;
+  const profile = values.profile ?? 'short';
+  if (!(profile in PROFILES)) throw new UsageError(`--profile: expected short or long, got "${profile}"`);
+  const defaults = PROFILES[profile as Profile];
   const number = (flag: keyof typeof values, fallback: number, min: number, max: number, integer = true) => {
     const raw = values[flag];
     if (raw === undefined) return fallback;
@@ -75,23 +96,24 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string }) | 
   }
   const leaseMs = number('lease-ms', 3_000, 500, 60_000);
   return {
+    profile: profile as Profile,
     seed: number('seed', randomInt(1, 2 ** 31 - 1), 0, 2 ** 31 - 1),
-    jobs: number('jobs', 3_000, 1, 10_000_000),
-    durationMs: Math.round(number('minutes', 1.5, 0.1, 24 * 60, false) * 60_000),
-    workers: number('workers', 3, 1, 64),
-    concurrency: number('concurrency', 4, 1, 256),
+    jobs: number('jobs', defaults.jobs, 1, 10_000_000),
+    durationMs: Math.round(number('minutes', defaults.minutes, 0.1, 24 * 60, false) * 60_000),
+    workers: number('workers', defaults.workers, 1, 64),
+    concurrency: number('concurrency', defaults.concurrency, 1, 256),
     duplicateRatio: number('duplicates', 20, 0, 90) / 100,
     leaseMs,
-    faultIntervalMs: number('fault-interval-ms', 3_000, 100, 3_600_000),
-    maxWorkMs: number('max-work-ms', 250, 0, leaseMs),
+    faultIntervalMs: number('fault-interval-ms', defaults.faultIntervalMs, 100, 3_600_000),
+    maxWorkMs: number('max-work-ms', Math.min(defaults.maxWorkMs, leaseMs), 0, leaseMs),
     faultPoints,
-    drainTimeoutMs: Math.round(number('drain-minutes', 1.5, 0.1, 24 * 60, false) * 60_000),
-    databaseUrl: process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres',
-    keepSchema: values['keep-schema'] ?? false,
+    drainTimeoutMs: Math.round(number('drain-minutes', defaults.drainMinutes, 0.1, 24 * 60, false) * 60_000),
+    progressIntervalMs: number('progress-seconds', defaults.progressSeconds, 1, 3_600) * 1_000,
+    keepData: values['keep-data'] ?? false,
     fastPath: values['fast-path'] ?? false,
     groupCommit: values['group-commit'] ?? false,
     reportDir: values['report-dir'] ?? '.chaos',
-    log: (line) => console.log(`[chaos] ${line}`),
+    log: (line) => console.log(`[chaos] ${new Date().toISOString().slice(11, 19)} ${line}`),
   };
 }
 
@@ -117,7 +139,10 @@ async function main(): Promise<number> {
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
 
-  options.log(`seed ${options.seed} (reproduce with --seed ${options.seed}); ${options.jobs} jobs, ${options.workers} workers`);
+  options.log(
+    `${options.profile} profile, seed ${options.seed} (reproduce with --seed ${options.seed}); ${options.jobs} jobs, ${options.workers} workers × ${options.concurrency}; ` +
+      `at most ${Math.round((options.durationMs + options.drainTimeoutMs) / 60_000)} minutes of chaos and drain`,
+  );
   let run;
   try {
     run = await runChaos(options, interrupt.signal);

@@ -1,6 +1,9 @@
 /**
  * K chaos worker processes, each in a slot. A worker that dies (killed by the nemesis, or
- * crashed by its fault hook) is replaced in its slot at once. Every worker's JSON log lines
+ * crashed by its fault hook) is replaced in its slot at once. A worker that exits before it is
+ * ready (it could not reach Postgres or Redis while the nemesis had them down) is started
+ * again after a growing delay, as a supervisor would; only a slot that keeps failing to start
+ * voids the run. Every worker's JSON log lines
  * that matter to the checker are kept, with the time and pid pino writes on each.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -34,6 +37,8 @@ export interface WorkerExit {
   readonly at: number;
   readonly code: number | null;
   readonly signal: string | null;
+  /** It exited before it was ready (it could not start: a server it needs was down). */
+  readonly beforeReady: boolean;
 }
 
 /** Options of {@link WorkerFleet}. */
@@ -41,7 +46,10 @@ export interface WorkerFleetOptions {
   readonly count: number;
   /** Environment of every worker (on top of this process's). */
   readonly env: Record<string, string>;
-  /** Gives up when a worker exits on its own, by code, this many times before it was ready. */
+  /**
+   * Gives up when a slot's worker exits on its own, by code, before it was ready this many times
+   * in a row (the delays between them add up to about half a minute). @defaultValue 10
+   */
   readonly maxStartFailures?: number;
 }
 
@@ -49,6 +57,8 @@ interface Slot {
   child: ChildProcess | undefined;
   ready: boolean;
   paused: boolean;
+  /** Exits before ready since the slot's last ready worker. */
+  startFailures: number;
 }
 
 const ENTRY = fileURLToPath(new URL('./chaos-worker.ts', import.meta.url));
@@ -63,12 +73,11 @@ export class WorkerFleet {
   readonly #slots: Slot[];
   readonly #stderr = new Map<number, string>();
   #stopping = false;
-  #startFailures = 0;
   #failure: Error | undefined;
 
   constructor(options: WorkerFleetOptions) {
     this.#options = options;
-    this.#slots = Array.from({ length: options.count }, () => ({ child: undefined, ready: false, paused: false }));
+    this.#slots = Array.from({ length: options.count }, () => ({ child: undefined, ready: false, paused: false, startFailures: 0 }));
   }
 
   /** Set when workers cannot start (a configuration or environment problem): the run is void. */
@@ -166,19 +175,27 @@ export class WorkerFleet {
     createInterface({ input: child.stdout! }).on('line', (text) => {
       const line = parseLine(text);
       if (!line) return;
-      if (line.msg === 'worker ready' && s.child === child) s.ready = true;
+      if (line.msg === 'worker ready' && s.child === child) {
+        s.ready = true;
+        s.startFailures = 0;
+      }
       this.lines.push(line);
     });
     child.once('exit', (code, signal) => {
-      this.exits.push({ pid, slot, at: Date.now(), code, signal });
+      this.exits.push({ pid, slot, at: Date.now(), code, signal, beforeReady: !(s.child === child && s.ready) });
       if (this.#stopping || s.child !== child) return;
       s.child = undefined;
       if (signal === null && !s.ready) {
-        this.#startFailures++;
-        if (this.#startFailures >= (this.#options.maxStartFailures ?? 3)) {
-          this.#failure = new Error(`chaos worker ${pid} exited with code ${code} before it was ready:\n${this.stderrOf(pid)}`);
+        s.startFailures++;
+        if (s.startFailures >= (this.#options.maxStartFailures ?? 10)) {
+          this.#failure = new Error(`chaos worker ${pid} exited with code ${code} before it was ready, ${s.startFailures} times in a row:\n${this.stderrOf(pid)}`);
           return;
         }
+        const delay = Math.min(5_000, 100 * 2 ** s.startFailures);
+        setTimeout(() => {
+          if (!this.#stopping && s.child === undefined) this.#spawn(slot);
+        }, delay).unref();
+        return;
       }
       this.#spawn(slot);
     });
