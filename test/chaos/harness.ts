@@ -169,7 +169,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
     const targets = { fleet, redis, redisAdmin, postgres, db, applicationName };
     const nemesisDone = runNemesis(schedule, targets, chaosStart, stopNemesis.signal, options.seed);
     const harnessDb = db;
-    const progress = setInterval(() => void reportProgress(harnessDb, names.schema, fleet!, chaosStart, log), options.progressIntervalMs);
+    const progress = setInterval(() => void reportProgress(harnessDb, bullQueue!, names.schema, fleet!, chaosStart, log), options.progressIntervalMs);
     try {
       await abortableSleep(options.durationMs, interrupt);
       stopNemesis.abort();
@@ -320,9 +320,14 @@ async function countCompleted(db: Kysely<any>, schema: string): Promise<number> 
   return Number(rows[0]!.n);
 }
 
-async function reportProgress(db: Kysely<any>, schema: string, fleet: WorkerFleet, start: number, log: (line: string) => void) {
+async function reportProgress(db: Kysely<any>, queue: Queue, schema: string, fleet: WorkerFleet, start: number, log: (line: string) => void) {
   const completed = await countCompleted(db, schema).catch(() => NaN);
-  log(`  t+${Math.round((Date.now() - start) / 1000)} s: ${completed} keys completed, ${fleet.starts.length} worker starts, ${fleet.exits.length} exits`);
+  const counts = await queue.getJobCounts('wait', 'delayed', 'active', 'failed').catch(() => ({}) as Record<string, number>);
+  const backlog = (counts.wait ?? NaN) + (counts.delayed ?? NaN) + (counts.active ?? NaN);
+  log(
+    `  t+${Math.round((Date.now() - start) / 1000)} s: ${completed} keys completed, ${backlog} jobs queued, ${counts.failed ?? NaN} failed; ` +
+      `${fleet.starts.length} worker starts, ${fleet.exits.length} exits`,
+  );
 }
 
 interface Rows {

@@ -18,7 +18,7 @@ import { formatTable, summarize, writeHistory, writeJsonReport } from './report.
 /** Defaults of each profile; any flag overrides its own. */
 const PROFILES = {
   short: { jobs: 3_000, minutes: 1.5, workers: 3, concurrency: 4, faultIntervalMs: 3_000, maxWorkMs: 250, drainMinutes: 1.5, progressSeconds: 10 },
-  long: { jobs: 1_050_000, minutes: 240, workers: 6, concurrency: 16, faultIntervalMs: 10_000, maxWorkMs: 50, drainMinutes: 30, progressSeconds: 60 },
+  long: { jobs: 1_050_000, minutes: 300, workers: 6, concurrency: 16, faultIntervalMs: 10_000, maxWorkMs: 50, drainMinutes: 60, progressSeconds: 60 },
 } as const;
 type Profile = keyof typeof PROFILES;
 

@@ -89,8 +89,8 @@ export class WorkerFleet {
     return this.#slots.length;
   }
 
-  /** Starts every slot's worker and waits until all are ready. */
-  async start(timeoutMs = 60_000): Promise<void> {
+  /** Starts every slot's worker and waits until all are ready (tsx compiles each at start: slow on a busy machine). */
+  async start(timeoutMs = 180_000): Promise<void> {
     for (let slot = 0; slot < this.#slots.length; slot++) this.#spawn(slot);
     const deadline = Date.now() + timeoutMs;
     while (!this.#slots.every((s) => s.ready)) {
