@@ -37,8 +37,6 @@ export interface ChaosOptions {
   readonly faultPoints: string;
   /** How long the system may take to finish after the faults stop. */
   readonly drainTimeoutMs: number;
-  /** Directory of the Postgres server binaries (`initdb`, `postgres`); found when unset. */
-  readonly postgresBinDir?: string;
   /** Run the workers on the single-transaction fast path (`FAST_PATH=true`) instead of leases. */
   readonly fastPath: boolean;
   /** Workers share transactions between concurrent jobs (`GROUP_COMMIT=true`). */
@@ -96,7 +94,8 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
   let bullQueue: Queue | undefined;
   let fleet: WorkerFleet | undefined;
   try {
-    postgres = await PrivatePostgres.start({ maxConnections: maxConnectionsFor(options), ...(options.postgresBinDir ? { binDir: options.postgresBinDir } : {}) });
+    // Its binaries: PG_BINDIR, else pg_config --bindir, else /usr/lib/postgresql/<newest>/bin.
+    postgres = await PrivatePostgres.start({ maxConnections: maxConnectionsFor(options) });
     names.postgresPort = postgres.port;
     // The harness's own pool: a connection that a fault killed is dropped, and the next query
     // opens a new one.
