@@ -16,6 +16,9 @@ export type MergeRecovery = (error: unknown, sent: readonly string[], withStatem
  * ({@link inlineParameters}), and the connection must answer a string of statements with the
  * last one's rows (`returnsLastResult`); when it cannot (`mergeStatements: false`), or a
  * statement carries binary values, the deferred statements go out on their own first.
+ *
+ * Every failed string goes to the `recover` option (a group transaction's), a statement sent
+ * alone included: it decides whose failure it was, and what to send again.
  */
 export class MergingConnection implements DatabaseConnection {
   readonly #inner: DatabaseConnection;
