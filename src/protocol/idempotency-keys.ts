@@ -192,7 +192,7 @@ export class IdempotencyKeys {
         await this.fail(outcome, error);
       } catch (failure) {
         // Never leave the key processing (claimed by nobody who will finish it) for the sweeper.
-        await this.release(outcome).catch(() => {});
+        await this.release(outcome, error).catch(() => {});
         throw failure;
       }
     }
