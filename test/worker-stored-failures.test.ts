@@ -107,7 +107,7 @@ describe('recordFailure', () => {
     const refusing = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 60_000 }, store);
     const fingerprint = keys.fingerprint({ n: 1 });
     await expect(refusing.recordFailure('sf', 'record-refused', fingerprint, new Error('effect failed'))).rejects.toThrow(/refused the failure/);
-    expect(await keys.get('sf', 'record-refused')).toMatchObject({ status: 'processing', owner: null });
+    expect(await keys.get('sf', 'record-refused')).toMatchObject({ status: 'processing', owner: null, error: { message: 'effect failed' } });
     expect((await keys.claim('sf', 'record-refused', fingerprint)).kind).toBe('taken-over');
   });
 });
