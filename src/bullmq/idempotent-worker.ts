@@ -239,7 +239,13 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
 
     if (this.#options.fastPath) return this.#processFastPath(job, token, identity, fingerprint, claimOptions, log);
 
-    let outcome = await this.#keys.claim(scope, key, fingerprint, claimOptions);
+    let outcome = await this.#keys.claim(scope, key, fingerprint, claimOptions).catch((error: unknown) => {
+      // Refused before anything was claimed (a payload storePayload cannot keep): no attempt can do better.
+      if (!(error instanceof ValidationError)) throw error;
+      this.#emit('invalid', job);
+      log.warn({ outcome: 'invalid', err: error }, error.message);
+      throw new UnrecoverableError(describeFailure(identity, error));
+    });
     if (outcome.kind === 'in-progress' && this.#timing.waitMs > 0) {
       outcome = await this.#waitForOwner(outcome, fingerprint, claimOptions);
     }

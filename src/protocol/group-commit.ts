@@ -80,7 +80,10 @@ interface Waiting {
  *
  * Every job of a group settles when the group ends: resolved when the COMMIT succeeded (or with
  * its own error when its part was rolled back), rejected with the group's error when the group
- * could not commit, so that nothing is reported done that did not commit.
+ * could not commit, so that nothing is reported done that did not commit. A job is never failed
+ * for a group-mate's error: a failed statement, a failed closing statement (a lost lease) and an
+ * SQL error the job caught itself roll back that job alone (see {@link GroupTransaction}).
+ * A job that caught an SQL error of its own statement fails with that error.
  *
  * The price, and why it is opt-in: a group's jobs run one after another on its connection, and
  * the group holds every job's row locks until it commits, so a slow job holds up its group.
@@ -180,11 +183,20 @@ export class GroupCommitter {
       group.abortJob(undo);
       return;
     }
-    member.outcome = { value: end.value };
     if (end.closing === 'rollback') {
+      member.outcome = { value: end.value };
       group.abortJob(undo);
       return;
     }
+    // A statement of the job failed and the job caught the error: its savepoint is aborted, so
+    // it cannot commit. It fails with the error it swallowed, rolled back alone.
+    const failure = group.statementFailure;
+    if (failure !== undefined) {
+      member.outcome = { error: failure };
+      group.abortJob(undo);
+      return;
+    }
+    member.outcome = { value: end.value };
     group.endJob(
       end.closing,
       (error) => {

@@ -13,7 +13,7 @@ import type { KeyRecord } from '../store/key-record.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
 import { GroupCommitter, type BatchedStep } from './group-commit.js';
-import { assertValidKeyPart, serializeResult, toStoredError } from './validate.js';
+import { assertValidKeyPart, serializePayload, serializeResult, toStoredError } from './validate.js';
 
 /** Per-claim options of {@link IdempotencyKeys.claim}. */
 export interface ClaimOptions {
@@ -24,7 +24,11 @@ export interface ClaimOptions {
   /** Queue and job name, kept on the row for operators and the sweeper. */
   readonly queue?: string;
   readonly jobName?: string;
-  /** Payload to keep with the key so the sweeper can re-enqueue a lost job. Omitted: not stored. */
+  /**
+   * Payload to keep with the key so the sweeper can re-enqueue a lost job. Omitted: not stored.
+   * It must be JSON that Postgres `jsonb` can store (no NUL, no lone surrogate); otherwise the
+   * claim throws a `ValidationError` (`INVALID_JOB_DATA`) before sending anything.
+   */
   readonly payload?: unknown;
 }
 
@@ -169,6 +173,8 @@ export class IdempotencyKeys {
    * Records a permanent failure for a key nobody holds (the fast path's last attempt failed
    * and rolled its claim back): claims it and fails it. Returns the claim outcome when the key
    * turned out to be held or settled by someone else, in which case nothing was recorded.
+   * The payload is not kept. If the failure cannot be stored, the key is released (never left
+   * `processing`) and the store's error is thrown.
    */
   async recordFailure(
     scope: string,
@@ -177,8 +183,19 @@ export class IdempotencyKeys {
     error: unknown,
     options: ClaimOptions = {},
   ): Promise<ClaimOutcome> {
-    const outcome = await this.claim(scope, key, fingerprint, options);
-    if (isHeld(outcome)) await this.fail(outcome, error);
+    // No payload: it is kept only for re-enqueueing a key left processing, which this one is
+    // not, and a payload that cannot be stored may be the very failure being recorded.
+    const { payload: _, ...withoutPayload } = options;
+    const outcome = await this.claim(scope, key, fingerprint, withoutPayload);
+    if (isHeld(outcome)) {
+      try {
+        await this.fail(outcome, error);
+      } catch (failure) {
+        // Never leave the key processing (claimed by nobody who will finish it) for the sweeper.
+        await this.release(outcome, error).catch(() => {});
+        throw failure;
+      }
+    }
     return outcome;
   }
 
@@ -204,10 +221,10 @@ export class IdempotencyKeys {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
     const store = this.#store;
+    const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
     // A settled key (a duplicate) replays from one read, without a transaction.
     const settled = await store.findSettled?.(scope, key, fingerprint);
     if (settled) return settled as ExecuteOnceOutcome<T>;
-    const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
     const group = this.#group;
     if (group) {
       // The same steps inside the job's savepoint of a shared transaction. A new key may have
@@ -285,7 +302,7 @@ export class IdempotencyKeys {
       jobId: options.jobId ?? null,
       queue: options.queue ?? null,
       jobName: options.jobName ?? null,
-      payloadJson: options.payload === undefined ? null : JSON.stringify(options.payload),
+      payloadJson: options.payload === undefined ? null : serializePayload(scope, key, options.payload),
     };
   }
 

@@ -55,13 +55,46 @@ export function serializeResult(scope: string, key: string, result: unknown, max
   if (json === undefined) {
     throw new ResultNotStorableError(scope, key, `a ${typeof result} is not JSON-serialisable`);
   }
-  if (json.includes('\\u') && JSONB_REFUSED_ESCAPE.test(json)) {
+  if (jsonbRefuses(json)) {
     throw new ResultNotStorableError(scope, key, 'it contains a NUL character (\\u0000) or a lone UTF-16 surrogate, which Postgres jsonb cannot store');
   }
   const bytes = Buffer.byteLength(json, 'utf8');
   if (bytes > maxBytes) {
     throw new ResultNotStorableError(scope, key, `it is ${bytes} bytes as JSON; the limit is ${maxBytes} (maxResultBytes)`);
   }
+  return json;
+}
+
+/**
+ * True when Postgres `jsonb` would refuse this `JSON.stringify` output: it holds a NUL (`\u0000`)
+ * or a lone UTF-16 surrogate.
+ */
+export function jsonbRefuses(json: string): boolean {
+  return json.includes('\\u') && JSONB_REFUSED_ESCAPE.test(json);
+}
+
+/**
+ * Checks the payload a claim keeps with its key (`storePayload`): it must be JSON that `jsonb`
+ * can store. Returns the JSON; throws a {@link ValidationError} (`INVALID_JOB_DATA`) naming the
+ * scope, the key and what is wrong, before any statement is sent (Postgres would refuse it
+ * with an error naming neither, on every attempt).
+ */
+export function serializePayload(scope: string, key: string, payload: unknown): string {
+  const refuse = (what: string) =>
+    new ValidationError(
+      'INVALID_JOB_DATA',
+      'payload',
+      `Payload of idempotency key "${key}" in scope "${scope}" cannot be stored with the key (storePayload is on): ${what}. ` +
+        'Nothing was claimed or run. Send a JSON payload without them, or turn storePayload off.',
+    );
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(payload);
+  } catch (error) {
+    throw refuse(`it is not JSON-serialisable (${describeThrown(error)})`);
+  }
+  if (json === undefined) throw refuse(`a ${typeof payload} is not JSON-serialisable`);
+  if (jsonbRefuses(json)) throw refuse('it contains a NUL character (\\u0000) or a lone UTF-16 surrogate, which Postgres jsonb cannot store');
   return json;
 }
 
@@ -72,21 +105,79 @@ export interface StoredError {
   readonly code?: string;
 }
 
-/** Turns anything thrown into a {@link StoredError}. */
+/**
+ * Longest stored error message, in UTF-16 code units; a longer one is cut there and says so.
+ * 8 KiB of text keeps a stack of nested causes or a quoted input readable, while a handler that
+ * throws a megabyte of text cannot bloat every replay and the key's row.
+ */
+export const MAX_STORED_ERROR_MESSAGE_LENGTH = 8192;
+
+/** Longest stored error name or code: they are identifiers, not prose. */
+const MAX_STORED_ERROR_NAME_LENGTH = 256;
+
+/**
+ * Turns anything thrown into a {@link StoredError} that Postgres `jsonb` can always store: NUL
+ * characters and lone surrogates become U+FFFD (`JSON.parse` of binary data, for one, quotes
+ * a raw NUL in its message), the message is cut at {@link MAX_STORED_ERROR_MESSAGE_LENGTH}, and
+ * it never throws, whatever was thrown (a getter that throws, a Proxy, a Symbol, an object
+ * whose `toString` throws): a failure must always be recorded, or its key stays `processing`.
+ */
 export function toStoredError(error: unknown): StoredError {
-  if (error instanceof Error) {
-    const code = (error as { code?: unknown }).code;
-    return typeof code === 'string'
-      ? { name: error.name, message: error.message, code }
-      : { name: error.name, message: error.message };
+  let name = 'Error';
+  let message: string;
+  let code: string | undefined;
+  try {
+    if (error instanceof Error) {
+      name = describe(() => error.name) || 'Error';
+      message = describe(() => error.message);
+      const ownCode = attempt(() => (error as { code?: unknown }).code);
+      if (typeof ownCode === 'string') code = ownCode;
+    } else {
+      message = describeThrown(error);
+    }
+  } catch {
+    message = 'an unreadable value was thrown';
   }
-  return { name: 'Error', message: typeof error === 'string' ? error : safeJson(error) };
+  const stored = { name: storableText(name, MAX_STORED_ERROR_NAME_LENGTH), message: storableText(message, MAX_STORED_ERROR_MESSAGE_LENGTH) };
+  return code === undefined ? stored : { ...stored, code: storableText(code, MAX_STORED_ERROR_NAME_LENGTH) };
 }
 
-function safeJson(value: unknown): string {
+/** A lone surrogate: a high one not followed by a low one, or a low one not preceded by a high one. */
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
+
+/** `text` with NUL and lone surrogates replaced by U+FFFD, cut to `maxLength` code units (never inside a pair). */
+function storableText(text: string, maxLength: number): string {
+  let clean = text.replaceAll('\u0000', '\ufffd').replace(LONE_SURROGATE, '\ufffd');
+  if (clean.length > maxLength) {
+    const note = ` … [cut: ${clean.length} characters in all]`;
+    let end = maxLength - note.length;
+    if (/[\ud800-\udbff]/.test(clean.charAt(end - 1))) end--;
+    clean = clean.slice(0, end) + note;
+  }
+  return clean;
+}
+
+/** What a thrown non-Error value looks like as text: its JSON, else `String()` of it. */
+function describeThrown(value: unknown): string {
+  if (typeof value === 'string') return value;
+  const json = attempt(() => JSON.stringify(value));
+  if (typeof json === 'string') return json;
+  return describe(() => value);
+}
+
+/** `String(read())`, or a placeholder when reading or converting it throws. */
+function describe(read: () => unknown): string {
   try {
-    return JSON.stringify(value) ?? String(value);
+    return String(read());
   } catch {
-    return String(value);
+    return '(unreadable)';
+  }
+}
+
+function attempt<T>(read: () => T): T | undefined {
+  try {
+    return read();
+  } catch {
+    return undefined;
   }
 }

@@ -2,9 +2,10 @@ import { CompiledQuery, type DatabaseConnection, type QueryResult } from 'kysely
 import { inlineParameters } from './inline-parameters.js';
 
 /**
- * What a failed string of deferred statements (and maybe the statement they rode with) means:
- * the statements to defer again before trying once more, or undefined to let the error through.
- * `withStatement` tells whether a caller's statement was at the end of the string.
+ * What a failed string means: the statements to defer again before trying once more, or
+ * undefined to let the error through. `sent` are the deferred statements that went out (none
+ * when a caller's statement went alone: the error is then that statement's); `withStatement`
+ * tells whether a caller's statement was at the end of the string.
  */
 export type MergeRecovery = (error: unknown, sent: readonly string[], withStatement: boolean) => Promise<string[] | undefined>;
 
@@ -15,6 +16,9 @@ export type MergeRecovery = (error: unknown, sent: readonly string[], withStatem
  * ({@link inlineParameters}), and the connection must answer a string of statements with the
  * last one's rows (`returnsLastResult`); when it cannot (`mergeStatements: false`), or a
  * statement carries binary values, the deferred statements go out on their own first.
+ *
+ * Every failed string goes to the `recover` option (a group transaction's), a statement sent
+ * alone included: it decides whose failure it was, and what to send again.
  */
 export class MergingConnection implements DatabaseConnection {
   readonly #inner: DatabaseConnection;
@@ -57,16 +61,16 @@ export class MergingConnection implements DatabaseConnection {
     }
   }
 
+  /**
+   * Runs `query`, with the deferred statements in front when they can share its string. Every
+   * failure goes to the recovery, a statement's own too: it is the one to tell whose it was.
+   */
   async executeQuery<R>(query: CompiledQuery): Promise<QueryResult<R>> {
-    if (this.#deferred.length === 0) return this.#inner.executeQuery<R>(query);
-    const inlined = this.#mergeStatements ? inlineParameters(query.sql, query.parameters) : undefined;
-    if (inlined === undefined) {
-      await this.flush();
-      return this.#inner.executeQuery<R>(query);
-    }
+    const inlined = this.#deferred.length > 0 && this.#mergeStatements ? inlineParameters(query.sql, query.parameters) : undefined;
+    if (inlined === undefined && this.#deferred.length > 0) await this.flush();
     const statements = this.#take();
     try {
-      return await this.#inner.executeQuery<R>(CompiledQuery.raw([...statements, inlined].join(';\n')));
+      return await this.#inner.executeQuery<R>(inlined === undefined ? query : CompiledQuery.raw([...statements, inlined].join(';\n')));
     } catch (error) {
       const again = await this.#recover?.(error, statements, true);
       if (!again) throw error;
