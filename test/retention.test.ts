@@ -24,6 +24,7 @@ import {
   type IdempotentWorker,
 } from '../src/index.js';
 import { readStoredJob, removeFinishedJob } from '../src/bullmq/finished-job-removal.js';
+import { insertOutboxRows } from '../src/store/sql/outbox.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
 import { httpClient } from './support/http-client.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
@@ -315,6 +316,49 @@ describe('the outbox relay under transient faults', () => {
     for (const request of requests) {
       expect((await queue.getJob(jobIdFor('f', request.key)))?.data.payload).toEqual(request.data);
     }
+    await relay.stop();
+  });
+
+  it('keeps every row when its Redis connection is killed between batches and between an add and its commit, and sends each once', { timeout: 30_000 }, async () => {
+    const queueName = 'redis-faults';
+    // The relay's own Redis connection (BullMQ shares a connection it is given), so that the
+    // test kills exactly it, from another connection, as a server restart or a proxy would.
+    const relayConnection = env.openRedis();
+    const admin = env.openRedis();
+    const killRelayConnections = async () => {
+      const id = await relayConnection.client('ID');
+      await admin.client('KILL', 'ID', String(id));
+      return 1;
+    };
+    let kills = 0;
+    const relay = relayFor({
+      connection: relayConnection,
+      batchSize: 10,
+      pollIntervalMs: 20,
+      faultHook: async (point) => {
+        if (point === 'relay-after-add' && kills < 2) {
+          kills++;
+          expect(await killRelayConnections()).toBeGreaterThan(0);
+        }
+      },
+    });
+    const rows = Array.from({ length: 25 }, (_, i) => ({
+      queue: queueName,
+      jobName: 'charge',
+      jobId: jobIdFor('r', `k${i}`),
+      data: { idempotencyKey: `k${i}`, scope: 'r', payload: { i } },
+      opts: {},
+    }));
+    await insertOutboxRows(env.db, env.schema, rows.slice(0, 5));
+    expect(await relay.relayOnce()).toBe(5);
+    expect(await killRelayConnections()).toBeGreaterThan(0);
+    await insertOutboxRows(env.db, env.schema, rows.slice(5));
+    relay.start();
+    await waitFor('every outbox row sent', async () => (await unsentOutboxRows()) === 0);
+    expect(kills).toBe(2);
+    const queue = bullQueue(queueName);
+    expect(await queue.getJobCounts('wait')).toEqual({ wait: 25 });
+    for (const row of rows) expect((await queue.getJob(row.jobId))?.data).toEqual(row.data);
     await relay.stop();
   });
 });
