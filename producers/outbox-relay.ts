@@ -4,7 +4,11 @@ import { OutboxRelay, createPostgresDb, loadEnvConfig, migrate, onShutdownSignal
 
 const config = loadEnvConfig();
 const logger = pino({ level: config.LOG_LEVEL });
-const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 2, applicationName: 'idempotent-jobs:relay' });
+// An idle connection that breaks (server restart, terminated backend) is dropped by the pool and
+// replaced on the next batch; it is only logged.
+const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 2, applicationName: 'idempotent-jobs:relay' }, (error) =>
+  logger.warn({ err: error }, 'idle Postgres connection lost; the relay reconnects at its next batch'),
+);
 if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
 const relay = new OutboxRelay({ db, schema: config.SCHEMA, connection: { url: config.REDIS_URL }, prefix: config.REDIS_PREFIX, logger });
 relay.start();

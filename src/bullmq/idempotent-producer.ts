@@ -4,7 +4,8 @@ import { KeyReusedError } from '../errors.js';
 import { sha256Fingerprint, type Fingerprinter } from '../fingerprint.js';
 import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
 import { insertOutboxRows } from '../store/sql/outbox.js';
-import { identityFromWireContract, jobIdFor, toWireJobData } from './job-identity.js';
+import { addOrReplaceFinished } from './add-or-replace-finished.js';
+import { jobIdFor, toWireJobData } from './job-identity.js';
 
 /** Options of {@link IdempotentProducer}. */
 export interface IdempotentProducerOptions {
@@ -42,7 +43,8 @@ export interface EnqueueResult {
   readonly scope: string;
   readonly key: string;
   /**
-   * `added`: a new job; `duplicate`: the job for this key already exists with the same payload,
+   * `added`: a new job (replacing, if need be, a finished job of an earlier request with
+   * another payload); `duplicate`: the job for this key already exists with the same payload,
    * so BullMQ kept the existing one; `outboxed`: written to the outbox in the caller's transaction.
    */
   readonly status: 'added' | 'duplicate' | 'outboxed';
@@ -50,9 +52,12 @@ export interface EnqueueResult {
 
 /**
  * Enqueues jobs carrying idempotency keys, under the wire contract. The job id is derived from
- * scope + key, so a duplicate add while the job exists is a no-op; with a different payload it
- * is refused with {@link KeyReusedError}. Given a transaction, it writes to the outbox instead,
- * and the relay delivers the jobs once that transaction commits.
+ * scope + key, so a duplicate add while the job exists is a no-op. With a different payload
+ * (or job name) it is refused with {@link KeyReusedError} while the existing job is still
+ * waiting, delayed or running; once that job has finished it is replaced, never silently kept:
+ * the new job runs if the key's record has expired, and the worker refuses it as reused if
+ * not. Given a transaction, it writes to the outbox instead, and the relay delivers the jobs
+ * once that transaction commits.
  *
  * @example
  * ```ts
@@ -93,19 +98,15 @@ export class IdempotentProducer {
       );
       return jobs.map((job) => ({ jobId: job.jobId, scope: job.scope, key: job.key, status: 'outboxed' }));
     }
-    const added = await this.#queue.addBulk(jobs.map((job) => ({ name: job.name, data: job.data, opts: { ...job.opts, jobId: job.jobId } })));
-    // A duplicate add returns our data, not the stored job's: read the stored jobs back to
-    // learn whether each was ours, or an existing job with the same or another payload.
-    const stored = await Promise.all(jobs.map((job) => this.#queue.getJob(job.jobId)));
-    const seen = new Set<string>();
+    const outcomes = await addOrReplaceFinished(
+      this.#queue,
+      jobs.map((job) => ({ name: job.name, data: job.data, opts: { ...job.opts, jobId: job.jobId }, fingerprint: job.fingerprint })),
+      this.#fingerprint,
+    );
     return jobs.map((job, i) => {
-      const existing = stored[i];
-      const repeatedInBatch = seen.has(job.jobId);
-      seen.add(job.jobId);
-      if (!existing) return { jobId: job.jobId, scope: job.scope, key: job.key, status: 'added' };
-      if (this.#fingerprintOfStored(existing) !== job.fingerprint) throw new KeyReusedError(job.scope, job.key);
-      const ours = !repeatedInBatch && existing.timestamp === added[i]!.timestamp;
-      return { jobId: job.jobId, scope: job.scope, key: job.key, status: ours ? 'added' : 'duplicate' };
+      const outcome = outcomes[i]!;
+      if (outcome === 'held-by-other') throw new KeyReusedError(job.scope, job.key);
+      return { jobId: job.jobId, scope: job.scope, key: job.key, status: outcome === 'duplicate' ? 'duplicate' : 'added' };
     });
   }
 
@@ -128,13 +129,5 @@ export class IdempotentProducer {
       opts: { ...this.#options.defaultJobOptions, ...request.opts },
       fingerprint: this.#fingerprint({ name: request.name, payload: request.data }),
     };
-  }
-
-  #fingerprintOfStored(job: { name: string; data: unknown }): string | undefined {
-    try {
-      return this.#fingerprint(identityFromWireContract(job).fingerprintOf);
-    } catch {
-      return undefined;
-    }
   }
 }

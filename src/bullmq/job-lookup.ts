@@ -1,4 +1,5 @@
 import type { ConnectionOptions, JobsOptions, Worker } from 'bullmq';
+import { readStoredJob, removeFinishedJob } from './finished-job-removal.js';
 import { QueuesByName } from './queues-by-name.js';
 
 /**
@@ -54,13 +55,19 @@ export class BullmqJobLookup {
   /**
    * Adds the job under its deterministic id. A finished job with that id is removed first
    * (BullMQ ignores an add whose id exists in any state); a pending one is left alone and
-   * `'exists'` is returned, as it will run anyway.
+   * `'exists'` is returned, as it will run anyway. The removal takes only the finished job
+   * that was read ({@link removeFinishedJob}): should a producer or relay replace it at the
+   * same moment, their new job is never removed, and this add is then ignored in its favour.
    */
   async reenqueue(request: ReenqueueRequest): Promise<'added' | 'exists'> {
     const queue = this.#queues.get(request.queue);
-    const state = await queue.getJobState(request.jobId);
-    if (state === 'completed' || state === 'failed') await queue.remove(request.jobId);
-    else if (state !== 'unknown') return 'exists';
+    const stored = await readStoredJob(queue, request.jobId);
+    if (stored) {
+      const removal = await removeFinishedJob(queue, stored);
+      if (removal === 'pending') return 'exists';
+      // A finished job inside a flow: BullMQ's own removal also settles its parent's bookkeeping.
+      if (removal === 'in-flow') await queue.remove(request.jobId);
+    }
     await queue.add(request.name, request.data, { ...request.opts, jobId: request.jobId });
     return 'added';
   }

@@ -2,8 +2,12 @@ import type { ConnectionOptions, JobsOptions } from 'bullmq';
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
 import type { FaultHook } from '../fault-hook.js';
+import { sha256Fingerprint } from '../fingerprint.js';
 import { relayMetrics } from '../metrics/relay-metrics.js';
-import { lockUnsentOutboxRows, markOutboxRowsSent } from '../store/sql/outbox.js';
+import { isTransientStoreError } from '../store/pg-errors.js';
+import { lockUnsentOutboxRows, markOutboxRowsSent, type OutboxRow } from '../store/sql/outbox.js';
+import { addOrReplaceFinished, type JobToAdd } from './add-or-replace-finished.js';
+import { fingerprintOfJob } from './job-fingerprint.js';
 import { QueuesByName } from './queues-by-name.js';
 
 /** Options of {@link OutboxRelay}. */
@@ -18,8 +22,13 @@ export interface OutboxRelayOptions {
   readonly prefix?: string;
   /** Rows moved per transaction. @defaultValue `100` */
   readonly batchSize?: number;
-  /** Pause between polls when the outbox is empty. @defaultValue `200` */
+  /** Pause between polls when the outbox is empty, and after a failed batch. @defaultValue `200` */
   readonly pollIntervalMs?: number;
+  /**
+   * How long a row whose job id is held by another request's pending job waits before it is
+   * tried again (meanwhile the relay moves the rows behind it). @defaultValue `1_000`
+   */
+  readonly heldRowRetryMs?: number;
   readonly logger?: Logger;
   /** Chaos testing only. @defaultValue unset */
   readonly faultHook?: FaultHook;
@@ -32,6 +41,14 @@ export interface OutboxRelayOptions {
  * relay adds them again, which BullMQ ignores while the job exists, and which the worker's
  * claim turns into a replay if it does not. Delivery is at least once; the effect, once.
  *
+ * No row is marked sent unless BullMQ holds its job or one with the same fingerprint (job name
+ * and payload). A job id depends on scope and key only, so it may still hold the finished job
+ * of an earlier request with the same key and another payload (its key record expired since):
+ * that job is removed and the row's added ({@link addOrReplaceFinished}). If the id holds a
+ * pending job with another payload, the row stays unsent and is tried again after
+ * `heldRowRetryMs`, until that job has finished. A failed batch (database or Redis
+ * unreachable, a connection cut) is rolled back, logged, and retried at the next poll.
+ *
  * @example
  * ```ts
  * const relay = new OutboxRelay({ db, connection: { host: '127.0.0.1' } });
@@ -42,35 +59,54 @@ export class OutboxRelay {
   readonly #options: OutboxRelayOptions;
   readonly #queues: QueuesByName;
   readonly #log: Logger;
+  /** Rows held by another request's pending job, by row id: when to try each again (this process's clock). */
+  readonly #heldUntil = new Map<string, number>();
   #running: Promise<void> | undefined;
   #stopping = false;
   #wake: (() => void) | undefined;
 
   constructor(options: OutboxRelayOptions) {
     this.#options = Object.freeze({ ...options });
-    this.#queues = new QueuesByName(options);
     this.#log = (options.logger ?? pino()).child({ component: 'outbox-relay' });
+    this.#queues = new QueuesByName({
+      ...options,
+      onError: (error, queue) => this.#log.warn({ err: error, queue }, 'Redis connection error; the relay retries its batch'),
+    });
   }
 
   /** Relays one batch; returns how many rows were delivered. */
   async relayOnce(): Promise<number> {
     const schema = this.#options.schema ?? 'idempotent_jobs';
-    const relayed = await this.#options.db.transaction().execute(async (tx) => {
-      const rows = await lockUnsentOutboxRows(tx, schema, this.#options.batchSize ?? 100);
-      if (rows.length === 0) return 0;
-      const byQueue = new Map<string, typeof rows>();
+    const now = Date.now();
+    for (const [id, until] of this.#heldUntil) if (until <= now) this.#heldUntil.delete(id);
+    const { sent, held } = await this.#options.db.transaction().execute(async (tx) => {
+      const rows = await lockUnsentOutboxRows(tx, schema, this.#options.batchSize ?? 100, [...this.#heldUntil.keys()]);
+      const delivered: OutboxRow[] = [];
+      const waiting: OutboxRow[] = [];
+      if (rows.length === 0) return { sent: delivered, held: waiting };
+      const byQueue = new Map<string, OutboxRow[]>();
       for (const row of rows) byQueue.set(row.queue, [...(byQueue.get(row.queue) ?? []), row]);
       for (const [queueName, queueRows] of byQueue) {
-        await this.#queues.get(queueName).addBulk(
-          queueRows.map((row) => ({ name: row.jobName, data: row.data, opts: { ...(row.opts as JobsOptions), jobId: row.jobId } })),
-        );
+        const outcomes = await addOrReplaceFinished(this.#queues.get(queueName), queueRows.map(jobOfRow), sha256Fingerprint);
+        queueRows.forEach((row, i) => (outcomes[i] === 'held-by-other' ? waiting : delivered).push(row));
       }
       if (this.#options.faultHook) await this.#options.faultHook('relay-after-add', {});
-      await markOutboxRowsSent(tx, schema, rows.map((row) => row.id));
-      return rows.length;
+      await markOutboxRowsSent(tx, schema, delivered.map((row) => row.id));
+      return { sent: delivered, held: waiting };
     });
-    relayMetrics().relayed.inc({ schema }, relayed); // counted once committed
-    return relayed;
+    for (const row of held) {
+      if (!this.#heldUntil.has(row.id)) {
+        this.#log.warn(
+          { outboxRowId: row.id, queue: row.queue, jobId: row.jobId },
+          `Outbox row ${row.id} waits: its job id ${row.jobId} in queue "${row.queue}" holds another request's job ` +
+            '(same scope and key, another payload) that has not finished. The row is added once that job has finished; ' +
+            "the worker then refuses it as reused while the key's record is kept.",
+        );
+      }
+      this.#heldUntil.set(row.id, now + (this.#options.heldRowRetryMs ?? 1_000));
+    }
+    relayMetrics().relayed.inc({ schema }, sent.length); // counted once committed
+    return sent.length;
   }
 
   /** Starts relaying in the background until {@link stop}. */
@@ -93,7 +129,9 @@ export class OutboxRelay {
         relayed = await this.relayOnce();
         if (relayed > 0) this.#log.debug({ relayed }, 'relayed outbox rows');
       } catch (error) {
-        this.#log.error({ err: error }, 'outbox relay batch failed; retrying');
+        // Nothing is lost: the batch's transaction rolled back, so its rows are still unsent.
+        if (isTransientStoreError(error)) this.#log.warn({ err: error }, 'outbox relay batch failed on a connection fault; retrying at the next poll');
+        else this.#log.error({ err: error }, 'outbox relay batch failed; retrying at the next poll');
         relayMetrics().errors.inc({ schema: this.#options.schema ?? 'idempotent_jobs' });
       }
       if (relayed === 0 && !this.#stopping) {
@@ -104,4 +142,16 @@ export class OutboxRelay {
       }
     }
   }
+}
+
+/** The job a row stands for; its fingerprint is compared with whatever job its id holds. */
+function jobOfRow(row: OutboxRow): JobToAdd {
+  const job = { name: row.jobName, data: row.data };
+  return {
+    ...job,
+    opts: { ...(row.opts as JobsOptions), jobId: row.jobId },
+    // Rows are written by the producer under the wire contract; should one not be, it is
+    // still told apart from any job whose data is.
+    fingerprint: fingerprintOfJob(job, sha256Fingerprint) ?? sha256Fingerprint({ notWireContract: job }),
+  };
 }

@@ -8,13 +8,22 @@ import { Queue, type ConnectionOptions } from 'bullmq';
 export class QueuesByName {
   readonly #queues = new Map<string, Queue>();
 
-  constructor(private readonly options: { readonly connection: ConnectionOptions; readonly prefix?: string }) {}
+  constructor(
+    private readonly options: {
+      readonly connection: ConnectionOptions;
+      readonly prefix?: string;
+      /** Told of each queue's Redis connection errors (ioredis reconnects by itself). */
+      readonly onError?: (error: Error, queue: string) => void;
+    },
+  ) {}
 
   /** The queue named `name`, opened on first use. */
   get(name: string): Queue {
     let queue = this.#queues.get(name);
     if (!queue) {
       queue = new Queue(name, { connection: this.options.connection, prefix: this.options.prefix });
+      const { onError } = this.options;
+      if (onError) queue.on('error', (error) => onError(error, name));
       this.#queues.set(name, queue);
     }
     return queue;

@@ -1,4 +1,5 @@
 import type { IdempotentProducer } from '../bullmq/idempotent-producer.js';
+import { fingerprintOfJob } from '../bullmq/job-fingerprint.js';
 import { jobIdFor } from '../bullmq/job-identity.js';
 import { IdempotencyError } from '../errors.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
@@ -174,7 +175,7 @@ export class JobIngestion {
     if (ours && ours.owner !== null) {
       return { ...base, state: 'processing', attempts: ours.attempts, startedAt: ours.createdAt.toISOString(), finishedAt: null };
     }
-    return { ...base, ...(await this.#fromQueue(queue, receipt.jobId, ours)) };
+    return { ...base, ...(await this.#fromQueue(queue, receipt, ours)) };
   }
 
   /**
@@ -195,7 +196,8 @@ export class JobIngestion {
   }
 
   /** The job's state from BullMQ, for a job whose key no worker holds (yet, or any more). */
-  async #fromQueue(queue: string, jobId: string, released: KeyRecord | undefined) {
+  async #fromQueue(queue: string, receipt: Receipt, released: KeyRecord | undefined) {
+    const { jobId } = receipt;
     const bullQueue = this.#producer(queue).queue;
     let state: Awaited<ReturnType<typeof bullQueue.getJobState>> | undefined;
     let job: Awaited<ReturnType<typeof bullQueue.getJob>> | undefined;
@@ -204,6 +206,14 @@ export class JobIngestion {
         // State first, then the job: a job read before its state could be older than the state.
         state = await bullQueue.getJobState(jobId);
         job = state === 'unknown' ? undefined : await bullQueue.getJob(jobId);
+        // The id may hold an earlier request's job (same key, another payload): not this one's,
+        // which is still in the outbox or waits for that job to finish. Or the finished job
+        // whose state was read has just been replaced by this one's, which has not run yet.
+        const keys = this.#options.keys;
+        const finishedState = state === 'completed' || state === 'failed';
+        if (job && (fingerprintOfJob(job, (identity) => keys.fingerprint(identity)) !== receipt.jobFingerprint || (finishedState && !job.finishedOn))) {
+          [state, job] = ['unknown', undefined];
+        }
       });
     } catch (error) {
       this.#options.onQueueReadError?.(error);

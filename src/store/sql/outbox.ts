@@ -28,15 +28,22 @@ export async function insertOutboxRows(tx: Kysely<any>, schema: string, entries:
 }
 
 /**
- * Takes the oldest unsent rows for this relay. `FOR UPDATE SKIP LOCKED` lets several relays
- * run at once without handing the same row to two of them; the lock lasts until the caller's
- * transaction marks them sent (or crashes, and the rows are picked up again).
+ * Takes the oldest unsent rows for this relay, except `excludedIds` (rows the relay holds back
+ * for a while, so that they do not block the rows behind them). `FOR UPDATE SKIP LOCKED` lets
+ * several relays run at once without handing the same row to two of them; the lock lasts
+ * until the caller's transaction marks them sent (or crashes, and the rows are picked up again).
  */
-export async function lockUnsentOutboxRows(tx: Kysely<any>, schema: string, limit: number): Promise<OutboxRow[]> {
+export async function lockUnsentOutboxRows(
+  tx: Kysely<any>,
+  schema: string,
+  limit: number,
+  excludedIds: readonly string[] = [],
+): Promise<OutboxRow[]> {
   const { rows } = await sql<{ id: string; queue: string; job_name: string; job_id: string; data: unknown; opts: Record<string, unknown> }>`
     select id, queue, job_name, job_id, data, opts
       from ${sql.id(schema, 'outbox')}
      where sent_at is null
+       and id <> all(${excludedIds}::bigint[])
      order by id
      limit ${limit}
        for update skip locked`.execute(tx);
