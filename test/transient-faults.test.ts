@@ -344,13 +344,19 @@ describe('group commit', () => {
 });
 
 describe('read committed, whatever the server default', () => {
-  it('concurrent duplicates on a connection whose default isolation is serializable meet no serialization failure', async () => {
+  /** A pool whose connections default to serializable, as a server or role configured so would. */
+  async function serializablePool(): Promise<Kysely<any>> {
     const url = new URL(env.databaseUrl);
     url.searchParams.set('options', '-c default_transaction_isolation=serializable');
-    const serializable = createPostgresDb({ connectionString: url.toString(), maxConnections: 16, applicationName: `${appName}-serializable` }, () => {});
-    extraDbs.push(serializable);
-    const { rows } = await sql<{ level: string }>`select current_setting('default_transaction_isolation') as level`.execute(serializable);
+    const db = createPostgresDb({ connectionString: url.toString(), maxConnections: 16, applicationName: `${appName}-serializable` }, () => {});
+    extraDbs.push(db);
+    const { rows } = await sql<{ level: string }>`select current_setting('default_transaction_isolation') as level`.execute(db);
     expect(rows[0]!.level).toBe('serializable');
+    return db;
+  }
+
+  it('concurrent duplicates in fast-path transactions meet no serialization failure', async () => {
+    const serializable = await serializablePool();
     const keys = keysOn(serializable, { claimLockTimeoutMs: 10_000 });
     for (let round = 0; round < 5; round++) {
       const key = `serializable-${round}-${randomUUID()}`;
@@ -372,4 +378,22 @@ describe('read committed, whatever the server default', () => {
       expect(await effectsOf(env.db, env.schema, scope, key)).toHaveLength(1);
     }
   });
+
+  for (const fastPath of [false, true]) {
+    it(`duplicate jobs with one attempt each all finish, none failed (${fastPath ? 'fast path' : 'leased'})`, async () => {
+      const keys = keysOn(await serializablePool(), { claimLockTimeoutMs: 10_000 });
+      const { events } = startWorker(keys, { fastPath, concurrency: 8 });
+      const jobs: Job[] = [];
+      const keyNames = Array.from({ length: 3 }, (_, i) => `serializable-jobs-${i}-${randomUUID()}`);
+      for (const key of keyNames) {
+        for (let copy = 0; copy < 6; copy++) jobs.push(await queue.add('pay', { idempotencyKey: key, scope, payload: { n: 1 } }));
+      }
+      for (const job of jobs) {
+        const { job: finished, state } = await waitForJobState(queue, job.id!, ['completed', 'failed'], 30_000);
+        expect({ state, failedReason: finished.failedReason }).toEqual({ state: 'completed', failedReason: undefined });
+      }
+      for (const key of keyNames) expect(await effectsOf(env.db, env.schema, scope, key)).toHaveLength(1);
+      expect(events.filter((e) => e.kind === 'failed')).toEqual([]);
+    });
+  }
 });
