@@ -148,12 +148,13 @@ async function expectCompletedOnce(added: Array<{ job: Job; key: string }>, even
  * went through, the reply did not. The connection error is real (the backend terminates itself
  * after the COMMIT, and the next statement on that connection fails).
  */
-function commitThenDisconnect(db: Kysely<any>) {
+function commitThenDisconnect(db: Kysely<any>, options: { failReadsAfterCut?: number } = {}) {
   const real = new PostgresKeyStore(db, env.schema);
-  const state = { cut: 0 };
+  const state = { cut: 0, failedReads: 0, error: undefined as unknown };
   const disconnectAfter = async (tx: Kysely<any>) => {
     if (state.cut++ > 0) return;
-    await sql`select pg_terminate_backend(pg_backend_pid())`.execute(tx);
+    state.error = await sql`select pg_terminate_backend(pg_backend_pid())`.execute(tx).catch((e: unknown) => e);
+    throw state.error;
   };
   const store: KeyStore = new Proxy(real, {
     get(target, property) {
@@ -168,6 +169,16 @@ function commitThenDisconnect(db: Kysely<any>) {
         return async (tx: Transaction<any>, ...rest: [any, string]) => {
           await target.storeFastPathResultAndCommit(tx, ...rest);
           await disconnectAfter(tx);
+        };
+      }
+      if (property === 'get') {
+        // The read that resolves the COMMIT may fail too (Postgres still down): the same real error.
+        return async (...args: [string, string]) => {
+          if (state.error !== undefined && state.failedReads < (options.failReadsAfterCut ?? 0)) {
+            state.failedReads++;
+            throw state.error;
+          }
+          return target.get(...args);
         };
       }
       const value = Reflect.get(target, property, target) as unknown;
@@ -288,6 +299,21 @@ describe('the leased path', () => {
     expect(state.cut).toBeGreaterThan(0);
     expect(runs).toBe(1);
     expect(events.filter((e) => e.kind === 'store-unavailable')).toHaveLength(0);
+  });
+
+  it('an ambiguous COMMIT whose resolving read fails too is deferred, then replays the committed result', async () => {
+    const { store, state } = commitThenDisconnect(workerDb, { failReadsAfterCut: 1 });
+    let runs = 0;
+    const handler: Handler = async (ctx) => {
+      runs++;
+      return effectHandler(ctx);
+    };
+    const { events } = startWorker(keysOn(workerDb, {}, store), { handler });
+    const added = await addJobs('ambiguous-unread', 1);
+    await expectCompletedOnce(added, events);
+    expect(state).toMatchObject({ cut: 1, failedReads: 1 });
+    expect(runs).toBe(1);
+    expect(events.map((e) => e.kind)).toEqual(expect.arrayContaining(['store-unavailable', 'replayed']));
   });
 
   it('IdempotencyKeys.commitEffect throws StoreUnavailableError, and runEffect releases the key, whatever onError says', async () => {
