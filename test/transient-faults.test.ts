@@ -224,6 +224,7 @@ describe('classification of store errors', () => {
     expect([0, 1, 2, 3, 4, 10].map((n) => storeRetryDelayMs(timing, n, () => 0))).toEqual([100, 200, 400, 800, 1_000, 1_000]);
     expect(storeRetryDelayMs(timing, 0, () => 1)).toBe(150);
     expect(storeRetryDelayMs(timing, -1, () => 0)).toBe(100);
+    expect(storeRetryDelayMs(timing, Number.NaN, () => 0)).toBe(100);
     expect(() => resolveWorkerTiming({ storeRetryMinMs: 2_000, storeRetryMaxMs: 1_000 }, 30_000)).toThrow(/storeRetryMinMs/);
   });
 });

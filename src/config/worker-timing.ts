@@ -134,7 +134,8 @@ export function deferralMs(timing: ResolvedWorkerTiming, retryAfterMs: number, r
  * interrupted do not all come back at the same instant.
  */
 export function storeRetryDelayMs(timing: ResolvedWorkerTiming, deferrals: number, random: () => number = Math.random): number {
-  const doublings = Math.min(Math.max(0, deferrals), 30);
+  // A job from an older BullMQ has no attemptsStarted: treat it as never deferred.
+  const doublings = Number.isFinite(deferrals) ? Math.min(Math.max(0, Math.floor(deferrals)), 30) : 0;
   const base = Math.min(timing.storeRetryMaxMs, timing.storeRetryMinMs * 2 ** doublings);
   return Math.round(base * (1 + timing.deferJitterRatio * random()));
 }

@@ -122,7 +122,7 @@ export class IdempotencyKeys {
    */
   async complete(tx: Kysely<any>, claim: Claim, result: unknown): Promise<void> {
     const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-    const completed = await this.#store.complete(tx, claim, json, this.#options.retentionMs);
+    const completed = await storeCall(claim.scope, claim.key, 'completion', () => this.#store.complete(tx, claim, json, this.#options.retentionMs));
     if (!completed) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
   }
 
@@ -313,7 +313,7 @@ export class IdempotencyKeys {
 
   /** Heartbeat: extends the lease from now; null when the lease was lost. */
   extend(claim: Claim, leaseMs: number = this.#options.leaseMs): Promise<Date | null> {
-    return this.#store.extend(claim, leaseMs);
+    return storeCall(claim.scope, claim.key, 'lease extension', () => this.#store.extend(claim, leaseMs));
   }
 
   /**
@@ -350,7 +350,7 @@ export class IdempotencyKeys {
   async #resultOfInterruptedCommit(claim: Claim, fault: unknown): Promise<unknown> {
     const record = await this.#store.get(claim.scope, claim.key).catch(() => undefined);
     if (record?.status === 'completed' && record.owner === claim.owner && record.fence === claim.fence) return record.result;
-    throw new StoreUnavailableError(claim.scope, claim.key, 'commit', { cause: fault });
+    throw new StoreUnavailableError(claim.scope, claim.key, 'effect transaction', { cause: fault });
   }
 
   #claimInput(scope: string, key: string, fingerprint: string, mode: 'lease' | 'complete', options: ClaimOptions) {
