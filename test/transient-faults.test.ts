@@ -7,7 +7,7 @@
  * BullMQ queue with its default options: ONE attempt, as a foreign producer gives them.
  */
 import { randomBytes, randomUUID } from 'node:crypto';
-import { Queue, type Job } from 'bullmq';
+import { Queue, UnrecoverableError, type Job } from 'bullmq';
 import { sql, type Kysely, type Transaction } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -188,6 +188,38 @@ function commitThenDisconnect(db: Kysely<any>, options: { failReadsAfterCut?: nu
   return { store, state };
 }
 
+/** A real driver error of a terminated connection (a backend that terminated itself). */
+async function realConnectionError(): Promise<unknown> {
+  const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 1, applicationName: appName }, () => {});
+  extraDbs.push(db);
+  const error = await sql`select pg_terminate_backend(pg_backend_pid())`.execute(db).catch((e: unknown) => e);
+  expect(transientStoreFault(error)).toBe('connection');
+  return error;
+}
+
+/** A store whose recording of a failure first meets a terminated connection (`times` times). */
+async function failingFailures(db: Kysely<any>, times = 1) {
+  const real = new PostgresKeyStore(db, env.schema);
+  const error = await realConnectionError();
+  const state = { refused: 0 };
+  const store: KeyStore = new Proxy(real, {
+    get(target, property) {
+      if (property === 'fail') {
+        return async (...args: Parameters<PostgresKeyStore['fail']>) => {
+          if (state.refused < times) {
+            state.refused++;
+            throw error;
+          }
+          return target.fail(...args);
+        };
+      }
+      const value = Reflect.get(target, property, target) as unknown;
+      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    },
+  });
+  return { store, state };
+}
+
 describe('classification of store errors', () => {
   it('names connection, conflict and timeout faults, and nothing else', () => {
     const pgError = (code: string) => Object.assign(new Error(`sqlstate ${code}`), { code });
@@ -209,10 +241,7 @@ describe('classification of store errors', () => {
   });
 
   it('classifies a real terminated connection and a real refused connection', async () => {
-    const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 1, applicationName: appName }, () => {});
-    extraDbs.push(db);
-    const terminated = await sql`select pg_terminate_backend(pg_backend_pid())`.execute(db).catch((e: unknown) => e);
-    expect(transientStoreFault(terminated)).toBe('connection');
+    await realConnectionError();
     const refusedDb = createPostgresDb({ connectionString: 'postgres://postgres@127.0.0.1:1/postgres', maxConnections: 1 }, () => {});
     extraDbs.push(refusedDb);
     const refused = await sql`select 1`.execute(refusedDb).catch((e: unknown) => e);
@@ -354,6 +383,28 @@ describe('the fast path', () => {
     expect(state.cut).toBeGreaterThan(0);
     expect(runs).toBe(1);
   });
+});
+
+describe('recording a permanent failure', () => {
+  const permanent: Handler = async () => {
+    throw new UnrecoverableError('account closed (permanent)');
+  };
+
+  for (const fastPath of [false, true]) {
+    it(`when storing the failure meets a terminated connection, the job is deferred and the failure recorded later (${fastPath ? 'fast path' : 'leased'})`, async () => {
+      const { store, state } = await failingFailures(workerDb);
+      const { events } = startWorker(keysOn(workerDb, {}, store), { fastPath, handler: permanent });
+      const { job, key } = (await addJobs(fastPath ? 'fail-fast' : 'fail-leased', 1))[0]!;
+      const { job: finished, state: jobState } = await waitForJobState(queue, job.id!, ['completed', 'failed'], 30_000);
+      expect(jobState).toBe('failed');
+      expect(finished.failedReason).toMatch(/account closed/);
+      expect(state.refused).toBe(1);
+      // Recorded for good with the handler's error, not left processing (nor failed with the connection error).
+      const row = await keysOn(env.db).get(scope, key);
+      expect(row).toMatchObject({ status: 'failed', error: expect.objectContaining({ message: 'account closed (permanent)' }) });
+      expect(events.map((e) => e.kind)).toEqual(expect.arrayContaining(['store-unavailable', 'failed']));
+    });
+  }
 });
 
 describe('group commit', () => {
