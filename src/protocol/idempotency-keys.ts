@@ -36,7 +36,7 @@ export type EffectFailureAction = 'release' | 'fail';
 export interface RunEffectOptions {
   /**
    * Decides what a thrown error does to the key. `LeaseLostError` never reaches it (the key is
-   * someone else's).
+   * someone else's), nor does {@link StoreUnavailableError} (a store fault: the key is released).
    * @defaultValue `'fail'` for {@link ResultNotStorableError} (the same effect would produce it
    * again), `'release'` for everything else
    */
