@@ -16,7 +16,8 @@ export type IdempotencyErrorCode =
   | 'LEASE_LOST'
   | 'RESULT_NOT_STORABLE'
   | 'CLAIM_CONTENDED'
-  | 'CONFIG_INVALID';
+  | 'CONFIG_INVALID'
+  | 'STORE_UNAVAILABLE';
 
 /** Base class of every error this library throws on purpose. */
 export class IdempotencyError extends Error {
@@ -119,11 +120,53 @@ export class ClaimContendedError extends IdempotencyError {
   }
 }
 
+/**
+ * Postgres failed one of the key's own statements for a reason that says nothing about the
+ * job: the connection was refused, reset or terminated (a restart, a failover), the server was
+ * out of connections or resources, a serialization failure or deadlock, a lock or statement
+ * timeout. The same call may succeed later; `cause` is the driver's error. The worker defers
+ * the job without using an attempt and stores nothing as the key's outcome.
+ */
+export class StoreUnavailableError extends IdempotencyError {
+  constructor(
+    readonly scope: string,
+    readonly key: string,
+    /** What the store was doing, e.g. `'claim'`, `'commit'`. */
+    readonly operation: string,
+    options: { cause: unknown },
+  ) {
+    super(
+      'STORE_UNAVAILABLE',
+      `Postgres was unavailable during the ${operation} of idempotency key "${key}" in scope "${scope}" ` +
+        `(${describeCause(options.cause)}); nothing was recorded as the key's outcome. Try again later: ` +
+        'the worker defers such a job without using an attempt.',
+      options,
+    );
+  }
+}
+
+/**
+ * The {@link StoreUnavailableError} that `error` is or wraps (through `cause`, as a handler that
+ * wraps what `ctx.transaction` threw would), or undefined.
+ */
+export function findStoreUnavailable(error: unknown): StoreUnavailableError | undefined {
+  let current = error;
+  for (let depth = 0; depth < 8 && current instanceof Error; depth++) {
+    if (current instanceof StoreUnavailableError) return current;
+    current = current.cause;
+  }
+  return undefined;
+}
+
 /** Process configuration (usually environment variables) is missing or wrong. */
 export class ConfigError extends IdempotencyError {
   constructor(message: string) {
     super('CONFIG_INVALID', message);
   }
+}
+
+function describeCause(cause: unknown): string {
+  return cause instanceof Error ? cause.message || cause.name : String(cause);
 }
 
 function describeStoredError(error: unknown): string {

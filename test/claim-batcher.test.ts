@@ -200,7 +200,7 @@ describe('claim batching', () => {
     let before = statements.length;
     await keys.executeOnce(scope, 'probe-2', keys.fingerprint('q'), async () => 'once');
     // A new key: claimed by claim_new_key alone (this pool sends BEGIN on its own).
-    expect(statements.slice(before, before + 2)).toEqual(['begin', expect.stringMatching(/claim_new_key"\(/)]);
+    expect(statements.slice(before, before + 2)).toEqual(['begin isolation level read committed', expect.stringMatching(/claim_new_key"\(/)]);
     expect(statements.slice(before).some((q) => q.includes('claim_key"('))).toBe(false);
     before = statements.length;
     const again = await keys.executeOnce(scope, 'probe-2', keys.fingerprint('q'), async () => 'twice');

@@ -152,7 +152,7 @@ describe('group commit', () => {
       Promise.all(claims.map((claim, i) => grouped.commitEffect(claim, async (tx) => (await insertEffect(tx, `trips-${i}`), i)))),
     );
     expect(sent).toHaveLength(9);
-    expect(sent[0]).toMatch(/^begin;\nsavepoint job_1;\ninsert into/);
+    expect(sent[0]).toMatch(/^begin isolation level read committed;\nsavepoint job_1;\ninsert into/);
     expect(sent[1]).toMatch(/complete_key.*;\nrelease savepoint job_1;\nsavepoint job_2;\ninsert into/s);
     expect(sent[8]).toMatch(/complete_key.*;\nrelease savepoint job_8;\ncommit$/s);
     expect((await effects('trips-')).map((r) => r.txid)).toEqual(Array(8).fill((await effects('trips-'))[0]!.txid));

@@ -48,10 +48,10 @@ describe('round trips', () => {
   it('the leased effect boundary: 2 round trips (BEGIN rides with the effect, the completion with the COMMIT); the fast path 3', async () => {
     const { leased, fast } = await effectBoundaries(keys, counting, 'k3', 'k4');
     expect(leased.statements).toHaveLength(2);
-    expect(leased.statements[0]).toMatch(/^begin;\ninsert into /);
+    expect(leased.statements[0]).toMatch(/^begin isolation level read committed;\ninsert into /);
     expect(leased.statements[1]).toMatch(/^select .*complete_key\(.*;\s*commit$/s);
     expect(fast.statements).toHaveLength(3);
-    expect(fast.statements[0]).toMatch(/^begin;\s*select .*claim_new_key"\(/s);
+    expect(fast.statements[0]).toMatch(/^begin isolation level read committed;\s*select .*claim_new_key"\(/s);
     expect(fast.statements[1]).toMatch(/^insert into /);
     expect(fast.statements[2]).toMatch(/^select .*store_fast_path_result\(.*;\s*commit$/s);
   });

@@ -3,8 +3,14 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { DelayedError, UnrecoverableError, Worker, type ConnectionOptions, type Job, type WorkerOptions } from 'bullmq';
 import type { Transaction } from 'kysely';
 import { pino, type Logger } from 'pino';
-import { deferralMs, resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../config/worker-timing.js';
-import { IdempotencyError, KeyFailedError, KeyReusedError, LeaseLostError, ValidationError } from '../errors.js';
+import {
+  deferralMs,
+  resolveWorkerTiming,
+  storeRetryDelayMs,
+  type ResolvedWorkerTiming,
+  type WorkerTimingOptions,
+} from '../config/worker-timing.js';
+import { IdempotencyError, KeyFailedError, KeyReusedError, LeaseLostError, ValidationError, findStoreUnavailable } from '../errors.js';
 import type { FaultHook, FaultPoint } from '../fault-hook.js';
 import type { ClaimOptions, IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
@@ -62,7 +68,9 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
   readonly keyOf?: (job: Job) => JobIdentity<P>;
   /**
    * Which handler errors are stored (`'fail'`) and which release the key for BullMQ's retry
-   * (`'retry'`). The last attempt's error is stored either way.
+   * (`'retry'`). The last attempt's error is stored either way. Never consulted for a
+   * `StoreUnavailableError` (a transient store fault, also when `ctx.transaction` throws it):
+   * such a job is deferred without using an attempt.
    * @defaultValue `'fail'` for `UnrecoverableError`, validation errors and unstorable results; else `'retry'`
    */
   readonly errorDisposition?: (error: unknown, job: Job) => ErrorDisposition;
@@ -90,7 +98,8 @@ export type WorkerEventKind =
   | 'failed'
   | 'lease-lost'
   | 'fenced'
-  | 'lease-extended';
+  | 'lease-extended'
+  | 'store-unavailable';
 
 /** One thing that happened to a job, emitted as `'event'` by {@link IdempotentWorker}. */
 export interface WorkerEvent {
@@ -239,15 +248,20 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
 
     if (this.#options.fastPath) return this.#processFastPath(job, token, identity, fingerprint, claimOptions, log);
 
-    let outcome = await this.#keys.claim(scope, key, fingerprint, claimOptions).catch((error: unknown) => {
+    let outcome: ClaimOutcome;
+    try {
+      outcome = await this.#keys.claim(scope, key, fingerprint, claimOptions);
+      if (outcome.kind === 'in-progress' && this.#timing.waitMs > 0) {
+        outcome = await this.#waitForOwner(outcome, fingerprint, claimOptions);
+      }
+    } catch (error) {
       // Refused before anything was claimed (a payload storePayload cannot keep): no attempt can do better.
-      if (!(error instanceof ValidationError)) throw error;
-      this.#emit('invalid', job);
-      log.warn({ outcome: 'invalid', err: error }, error.message);
-      throw new UnrecoverableError(describeFailure(identity, error));
-    });
-    if (outcome.kind === 'in-progress' && this.#timing.waitMs > 0) {
-      outcome = await this.#waitForOwner(outcome, fingerprint, claimOptions);
+      if (error instanceof ValidationError) {
+        this.#emit('invalid', job);
+        log.warn({ outcome: 'invalid', err: error }, error.message);
+        throw new UnrecoverableError(describeFailure(identity, error));
+      }
+      return this.#deferAfterStoreFault(job, token, error, log);
     }
     if (outcome.kind !== 'claimed' && outcome.kind !== 'taken-over') {
       return this.#settleUnheld(job, token, outcome, log);
@@ -287,6 +301,28 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     const delayMs = deferralMs(this.#timing, retryAfterMs);
     this.#emit('deferred', job);
     log.info({ outcome: 'deferred', delayMs }, 'key in progress elsewhere: deferring the job');
+    await job.moveToDelayed(Date.now() + delayMs, token);
+    throw new DelayedError();
+  }
+
+  /**
+   * A transient store fault (Postgres restarting, a dropped connection, …): gives the key back
+   * when this job holds it (best effort: the lease expires anyway), and moves the job to
+   * delayed without using an attempt. The delay backs off exponentially with the number of
+   * times the job has been deferred or has stalled: `attemptsStarted - attemptsMade - 1` counts
+   * exactly the activations that used no attempt, so no write is needed to keep a count.
+   * Rethrows any other error.
+   */
+  async #deferAfterStoreFault(job: Job, token: string | undefined, error: unknown, log: JobLogger, held?: Claim): Promise<never> {
+    const fault = findStoreUnavailable(error);
+    if (!fault) throw error;
+    if (held) {
+      const released = await this.#keys.release(held, fault).catch(() => false);
+      if (released) this.#emit('released', job, held);
+    }
+    const delayMs = storeRetryDelayMs(this.#timing, job.attemptsStarted - job.attemptsMade - 1);
+    this.#emit('store-unavailable', job, held);
+    log.warn({ outcome: 'store-unavailable', delayMs, err: fault }, 'Postgres unavailable: deferring the job without using an attempt');
     await job.moveToDelayed(Date.now() + delayMs, token);
     throw new DelayedError();
   }
@@ -379,7 +415,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
         claimOptions,
       );
     } catch (error) {
-      return await this.#handleFastPathFailure(job, identity, fingerprint, claimOptions, error, log);
+      return await this.#handleFastPathFailure(job, token, identity, fingerprint, claimOptions, error, log);
     } finally {
       this.#active.delete(active);
     }
@@ -456,8 +492,17 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       return this.#defer(job, token, this.#timing.deferMinMs, log);
     }
     if (signal.reason instanceof WorkerClosingError) throw error; // key already released by close()
+    // Postgres, not the handler, failed (an ambiguous COMMIT was already resolved, as failed).
+    if (findStoreUnavailable(error)) return this.#deferAfterStoreFault(job, token, error, log, claim);
     if (this.#isFinal(job, error)) {
-      const stored = await this.#keys.fail(claim, error).catch(() => false);
+      let stored: boolean;
+      try {
+        stored = await this.#keys.fail(claim, error);
+      } catch (failError) {
+        // The failure could not be recorded for now: run the job again later rather than lose it.
+        if (findStoreUnavailable(failError)) return this.#deferAfterStoreFault(job, token, failError, log, claim);
+        stored = false;
+      }
       if (stored) this.#emit('failed', job, claim);
       log.warn({ outcome: 'failed', err: error }, 'job failed permanently; error stored for replay');
       throw new UnrecoverableError(describeFailure(identity, error));
@@ -470,21 +515,28 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
 
   async #handleFastPathFailure(
     job: Job,
+    token: string | undefined,
     identity: JobIdentity<P>,
     fingerprint: string,
     claimOptions: ClaimOptions,
     error: unknown,
     log: JobLogger,
   ): Promise<never> {
-    // The transaction rolled back: the key is as it was before, nothing to release.
+    // The transaction rolled back (an ambiguous COMMIT was resolved by executeOnce): the key is
+    // as it was before, nothing to release. A store fault is deferred, never stored.
+    if (findStoreUnavailable(error)) return this.#deferAfterStoreFault(job, token, error, log);
     if (!this.#isFinal(job, error)) {
       this.#emit('released', job);
       log.info({ outcome: 'released', err: error }, 'retryable error: transaction rolled back');
       throw error;
     }
-    const outcome = await this.#keys
-      .recordFailure(identity.scope, identity.key, fingerprint, error, { ...claimOptions, leaseMs: this.#timing.leaseMs })
-      .catch(() => undefined);
+    let outcome: ClaimOutcome | undefined;
+    try {
+      outcome = await this.#keys.recordFailure(identity.scope, identity.key, fingerprint, error, { ...claimOptions, leaseMs: this.#timing.leaseMs });
+    } catch (recordError) {
+      // Not recorded (recordFailure gave the key back if it could): run the job again later.
+      if (findStoreUnavailable(recordError)) return this.#deferAfterStoreFault(job, token, recordError, log);
+    }
     if (outcome && (outcome.kind === 'claimed' || outcome.kind === 'taken-over')) this.#emit('failed', job, outcome);
     log.warn({ outcome: 'failed', err: error }, 'job failed permanently; error stored for replay');
     throw new UnrecoverableError(describeFailure(identity, error));

@@ -27,6 +27,9 @@ const envSchema = z.object({
   DEFER_MAX_MS: int(1).optional(),
   WAIT_MS: int(0).default(0),
   SHUTDOWN_TIMEOUT_MS: int(0).default(30_000),
+  /** First and longest deferral of a job after a transient store fault (Postgres restarting, say); doubles in between. */
+  STORE_RETRY_MIN_MS: int(1).optional(),
+  STORE_RETRY_MAX_MS: int(1).optional(),
   RETENTION_MS: int(1).default(86_400_000),
   FAST_PATH: bool.default(false),
   /** Group commit: concurrent jobs' effects share transactions (see IdempotencyOptions.groupCommit). */

@@ -43,6 +43,17 @@ export interface WorkerTimingOptions {
   readonly waitMs?: number;
   /** On close, how long active jobs may run before their keys are released. @defaultValue `30_000` */
   readonly shutdownTimeoutMs?: number;
+  /**
+   * First deferral of a job whose store statement met a transient fault (Postgres restarting,
+   * a dropped connection, a serialization failure, a lock or statement timeout); it doubles with
+   * every deferral the job has had, up to `storeRetryMaxMs`, plus jitter (`deferJitterRatio`).
+   * Such a deferral uses none of the job's attempts.
+   * @defaultValue `250`
+   * @see {@link storeRetryDelayMs}
+   */
+  readonly storeRetryMinMs?: number;
+  /** Longest deferral after a transient store fault, before jitter. @defaultValue `15_000` */
+  readonly storeRetryMaxMs?: number;
 }
 
 /** {@link WorkerTimingOptions} with defaults applied and relations checked. */
@@ -60,6 +71,8 @@ const timingSchema = z.object({
   deferJitterRatio: z.number().min(0).max(10).default(0.25),
   waitMs: z.number().int().min(0).default(0),
   shutdownTimeoutMs: z.number().int().min(0).default(30_000),
+  storeRetryMinMs: ms.default(250),
+  storeRetryMaxMs: ms.default(15_000),
 });
 
 /** Applies defaults; throws a {@link ValidationError} when the options contradict each other. */
@@ -98,11 +111,31 @@ export function resolveWorkerTiming(options: WorkerTimingOptions, defaultLeaseMs
   if (resolved.deferMinMs > resolved.deferMaxMs) {
     throw new ValidationError('INVALID_OPTIONS', 'deferMinMs', `deferMinMs (${resolved.deferMinMs}) exceeds deferMaxMs (${resolved.deferMaxMs}).`);
   }
+  if (resolved.storeRetryMinMs > resolved.storeRetryMaxMs) {
+    throw new ValidationError(
+      'INVALID_OPTIONS',
+      'storeRetryMinMs',
+      `storeRetryMinMs (${resolved.storeRetryMinMs}) exceeds storeRetryMaxMs (${resolved.storeRetryMaxMs}).`,
+    );
+  }
   return Object.freeze(resolved);
 }
 
 /** The deferral for a duplicate whose key another worker holds for `retryAfterMs` more. */
 export function deferralMs(timing: ResolvedWorkerTiming, retryAfterMs: number, random: () => number = Math.random): number {
   const base = Math.min(timing.deferMaxMs, Math.max(timing.deferMinMs, retryAfterMs));
+  return Math.round(base * (1 + timing.deferJitterRatio * random()));
+}
+
+/**
+ * The deferral of a job after a transient store fault, when the job has been deferred (or has
+ * stalled) `deferrals` times before: `storeRetryMinMs` doubled per earlier deferral, capped at
+ * `storeRetryMaxMs`, plus up to `deferJitterRatio` of it at random, so the jobs a restart
+ * interrupted do not all come back at the same instant.
+ */
+export function storeRetryDelayMs(timing: ResolvedWorkerTiming, deferrals: number, random: () => number = Math.random): number {
+  // A job from an older BullMQ has no attemptsStarted: treat it as never deferred.
+  const doublings = Number.isFinite(deferrals) ? Math.min(Math.max(0, Math.floor(deferrals)), 30) : 0;
+  const base = Math.min(timing.storeRetryMaxMs, timing.storeRetryMinMs * 2 ** doublings);
   return Math.round(base * (1 + timing.deferJitterRatio * random()));
 }

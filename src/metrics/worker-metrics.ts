@@ -12,6 +12,7 @@ const CLAIM_OUTCOMES: ReadonlySet<WorkerEventKind> = new Set([
   'key-reused',
   'invalid',
   'lease-lost',
+  'store-unavailable',
 ]);
 // How a held key ended: committed, released for a retry, failed for good.
 const JOB_RESULTS: ReadonlySet<WorkerEventKind> = new Set(['completed', 'released', 'failed']);
@@ -21,7 +22,7 @@ function workerMetrics() {
   return {
     claimOutcomes: counter(
       'claim_outcomes_total',
-      'Jobs by what happened when their key was claimed: claimed, taken-over, replayed, replayed-failure, deferred, key-reused, invalid; and lease-lost (a held key taken over by another worker).',
+      'Jobs by what happened when their key was claimed: claimed, taken-over, replayed, replayed-failure, deferred, key-reused, invalid; lease-lost (a held key taken over by another worker); store-unavailable (a transient Postgres fault deferred the job, no attempt used).',
       ['queue', 'outcome'],
     ),
     jobResults: counter(

@@ -5,12 +5,13 @@ import {
   type IdempotencyOptions,
   type ResolvedIdempotencyOptions,
 } from '../config/idempotency-options.js';
-import { LeaseLostError, ResultNotStorableError, ValidationError } from '../errors.js';
+import { LeaseLostError, ResultNotStorableError, StoreUnavailableError, ValidationError } from '../errors.js';
 import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
 import { freshCompletingClaim, isHeld, type HeldClaim } from '../store/claim-outcome.js';
 import type { ClaimInput, GroupStatements, KeyStore } from '../store/key-store.js';
 import type { KeyRecord } from '../store/key-record.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
+import { transientStoreFault } from '../store/pg-errors.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
 import { GroupCommitter, type BatchedStep } from './group-commit.js';
 import { assertValidKeyPart, serializePayload, serializeResult, toStoredError } from './validate.js';
@@ -39,7 +40,7 @@ export type EffectFailureAction = 'release' | 'fail';
 export interface RunEffectOptions {
   /**
    * Decides what a thrown error does to the key. `LeaseLostError` never reaches it (the key is
-   * someone else's).
+   * someone else's), nor does {@link StoreUnavailableError} (a store fault: the key is released).
    * @defaultValue `'fail'` for {@link ResultNotStorableError} (the same effect would produce it
    * again), `'release'` for everything else
    */
@@ -57,6 +58,11 @@ export type Effect<T> = (tx: Transaction<any>) => Promise<T>;
 /**
  * The claim protocol over the `idempotency_keys` table: claim a key under a lease, run the
  * effect and complete the key in one transaction (fenced), or release/fail it.
+ *
+ * Transient store faults (Postgres restarting, a dropped connection, a serialization failure,
+ * a lock or statement timeout of the key's own statements) come out of every method as
+ * {@link StoreUnavailableError}: nothing about the key was decided, try again later. A COMMIT
+ * cut off in flight is resolved by reading the key before anything is thrown.
  *
  * @example
  * ```ts
@@ -108,7 +114,8 @@ export class IdempotencyKeys {
   async claim(scope: string, key: string, fingerprint: string, options: ClaimOptions = {}): Promise<ClaimOutcome> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
-    return this.#store.claim(this.db, this.#claimInput(scope, key, fingerprint, 'lease', options));
+    const input = this.#claimInput(scope, key, fingerprint, 'lease', options);
+    return storeCall(scope, key, 'claim', () => this.#store.claim(this.db, input));
   }
 
   /**
@@ -119,7 +126,7 @@ export class IdempotencyKeys {
    */
   async complete(tx: Kysely<any>, claim: Claim, result: unknown): Promise<void> {
     const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-    const completed = await this.#store.complete(tx, claim, json, this.#options.retentionMs);
+    const completed = await storeCall(claim.scope, claim.key, 'completion', () => this.#store.complete(tx, claim, json, this.#options.retentionMs));
     if (!completed) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
   }
 
@@ -134,7 +141,8 @@ export class IdempotencyKeys {
       return await this.commitEffect(claim, effect);
     } catch (error) {
       if (!(error instanceof LeaseLostError)) {
-        const action = (options.onError ?? defaultFailureAction)(error);
+        // A store fault says nothing about the effect: never a stored failure.
+        const action = error instanceof StoreUnavailableError ? 'release' : (options.onError ?? defaultFailureAction)(error);
         await this.#settleFailedClaim(claim, error, action);
       }
       throw error;
@@ -146,8 +154,31 @@ export class IdempotencyKeys {
    * transaction; on any error nothing commits and the key is left as it was (still held by
    * `claim`), for the caller to release or fail. `beforeCommit` runs last inside the
    * transaction (the chaos suite crashes there).
+   *
+   * Throws {@link StoreUnavailableError} when the transaction met a transient store fault,
+   * including one that `effect`'s own statements met on the transaction's connection (it broke,
+   * a serialization failure, a deadlock; not a lock or statement timeout, which is the effect's
+   * own error). When the fault cut off the COMMIT, whether it committed is read from the key:
+   * completed under this claim's owner and fence, and the stored result is returned.
    */
   async commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void): Promise<T> {
+    const effectErrors = new WeakSet<object>();
+    const runEffect = async (tx: Transaction<any>): Promise<T> => {
+      try {
+        return await effect(tx);
+      } catch (error) {
+        throw markEffectError(effectErrors, effectFault(claim, error));
+      }
+    };
+    try {
+      return await this.#commitEffect(claim, runEffect, beforeCommit);
+    } catch (error) {
+      if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
+      return (await this.#resultOfInterruptedCommit(claim, error)) as T;
+    }
+  }
+
+  async #commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void): Promise<T> {
     const group = this.#group;
     if (group) {
       return group.committer.run(async (tx) => {
@@ -210,6 +241,10 @@ export class IdempotencyKeys {
    *
    * When the store offers {@link KeyStore.findSettled} (the Postgres store does), a key that is
    * already settled is answered from that one read first, without opening a transaction.
+   *
+   * Transient store faults throw {@link StoreUnavailableError} as in {@link commitEffect}; a
+   * COMMIT cut off in flight is resolved by reading the key (completed under this claim's owner
+   * token and fence: `executed`, with the stored result).
    */
   async executeOnce<T>(
     scope: string,
@@ -220,6 +255,33 @@ export class IdempotencyKeys {
   ): Promise<ExecuteOnceOutcome<T>> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
+    const effectErrors = new WeakSet<object>();
+    let held: Claim | undefined;
+    const runEffect = async (tx: Transaction<any>, claim: Claim): Promise<T> => {
+      held = claim;
+      try {
+        return await effect(tx, claim);
+      } catch (error) {
+        throw markEffectError(effectErrors, effectFault(claim, error));
+      }
+    };
+    try {
+      return await this.#executeOnce(scope, key, fingerprint, runEffect, options);
+    } catch (error) {
+      if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
+      if (!held) throw new StoreUnavailableError(scope, key, 'claim', { cause: error });
+      const result = (await this.#resultOfInterruptedCommit(held, error)) as T;
+      return { kind: 'executed', result, claim: held };
+    }
+  }
+
+  async #executeOnce<T>(
+    scope: string,
+    key: string,
+    fingerprint: string,
+    effect: (tx: Transaction<any>, claim: Claim) => Promise<T>,
+    options: Omit<ClaimOptions, 'leaseMs'>,
+  ): Promise<ExecuteOnceOutcome<T>> {
     const store = this.#store;
     const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
     // A settled key (a duplicate) replays from one read, without a transaction.
@@ -261,7 +323,7 @@ export class IdempotencyKeys {
 
   /** Heartbeat: extends the lease from now; null when the lease was lost. */
   extend(claim: Claim, leaseMs: number = this.#options.leaseMs): Promise<Date | null> {
-    return this.#store.extend(claim, leaseMs);
+    return storeCall(claim.scope, claim.key, 'lease extension', () => this.#store.extend(claim, leaseMs));
   }
 
   /**
@@ -270,7 +332,7 @@ export class IdempotencyKeys {
    */
   release(claim: Claim, error?: unknown): Promise<boolean> {
     const errorJson = error === undefined ? null : JSON.stringify(toStoredError(error));
-    return this.#store.release(claim, errorJson);
+    return storeCall(claim.scope, claim.key, 'release', () => this.#store.release(claim, errorJson));
   }
 
   /**
@@ -278,14 +340,27 @@ export class IdempotencyKeys {
    * Returns false when this claim no longer owned the key.
    */
   fail(claim: Claim, error: unknown): Promise<boolean> {
-    return this.#store.fail(claim, JSON.stringify(toStoredError(error)), this.#options.retentionMs);
+    const errorJson = JSON.stringify(toStoredError(error));
+    return storeCall(claim.scope, claim.key, 'recording of the failure', () => this.#store.fail(claim, errorJson, this.#options.retentionMs));
   }
 
   /** Inspects one key. */
   get(scope: string, key: string): Promise<KeyRecord | undefined> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
-    return this.#store.get(scope, key);
+    return storeCall(scope, key, 'read', () => this.#store.get(scope, key));
+  }
+
+  /**
+   * What became of a transaction whose end met a transient fault: the COMMIT may have been
+   * applied with its reply lost. The key tells: completed under this claim's owner token and
+   * fence means it committed (returns the stored result); anything else, or no answer, means
+   * it did not, or not yet (a {@link StoreUnavailableError}: try again later).
+   */
+  async #resultOfInterruptedCommit(claim: Claim, fault: unknown): Promise<unknown> {
+    const record = await this.#store.get(claim.scope, claim.key).catch(() => undefined);
+    if (record?.status === 'completed' && record.owner === claim.owner && record.fence === claim.fence) return record.result;
+    throw new StoreUnavailableError(claim.scope, claim.key, 'effect transaction', { cause: fault });
   }
 
   #claimInput(scope: string, key: string, fingerprint: string, mode: 'lease' | 'complete', options: ClaimOptions) {
@@ -365,6 +440,37 @@ function claimNewKeysStep(statements: GroupStatements): BatchedStep | undefined 
       return { value: claim, undo: claims.undo(claim) };
     });
   };
+}
+
+/** Runs one of the store's own statements for a key: a transient fault becomes a {@link StoreUnavailableError}. */
+async function storeCall<T>(scope: string, key: string, operation: string, call: () => Promise<T>): Promise<T> {
+  try {
+    return await call();
+  } catch (error) {
+    if (transientStoreFault(error) === undefined) throw error;
+    throw new StoreUnavailableError(scope, key, operation, { cause: error });
+  }
+}
+
+/**
+ * An error the effect threw: a store fault when its connection broke, or it met a
+ * serialization failure or deadlock (running it again may well succeed); as it is otherwise.
+ * A lock or statement timeout of the effect's own statements is the effect's business.
+ */
+function effectFault(claim: Claim, error: unknown): unknown {
+  const fault = transientStoreFault(error);
+  if (fault === undefined || fault === 'timeout') return error;
+  return new StoreUnavailableError(claim.scope, claim.key, 'effect transaction', { cause: error });
+}
+
+/** Remembers that `error` came from the effect (it is not the transaction's end failing). */
+function markEffectError(marked: WeakSet<object>, error: unknown): unknown {
+  if (error !== null && typeof error === 'object') marked.add(error);
+  return error;
+}
+
+function isMarked(marked: WeakSet<object>, error: unknown): boolean {
+  return error !== null && typeof error === 'object' && marked.has(error);
 }
 
 function defaultFailureAction(error: unknown): EffectFailureAction {

@@ -75,7 +75,7 @@ export class GroupTransaction {
       mergeStatements: options.mergeStatements,
       recover: (error, sent, withStatement) => this.#recover(error, sent, withStatement),
     });
-    this.#connection.defer('begin');
+    this.#connection.defer('begin isolation level read committed');
   }
 
   /** Savepoints opened so far (jobs' and shared work's): each that writes takes a subtransaction id. */

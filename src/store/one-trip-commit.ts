@@ -44,8 +44,11 @@ export function runTransaction<T>(db: Kysely<any>, body: (tx: Transaction<any>) 
   return onOneConnection(
     db,
     async (tx) => {
-      // BEGIN rides with the transaction's first statement (see MergingConnection).
-      connection.defer('begin');
+      // BEGIN rides with the transaction's first statement (see MergingConnection). Read
+      // committed, whatever the server's default: the claim protocol relies on it (a duplicate
+      // waits on the key's index entry, then sees the committed row), where serializable would
+      // fail that duplicate with a serialization error.
+      connection.defer(BEGIN_READ_COMMITTED);
       try {
         const { value, end } = await body(tx);
         await end(tx);
@@ -82,6 +85,13 @@ export function onOneConnection<T>(
     ),
   );
 }
+
+/**
+ * The BEGIN of every transaction the store drives by hand: isolation pinned to read committed,
+ * so a server or role whose `default_transaction_isolation` is stricter does not turn concurrent
+ * duplicates into serialization failures.
+ */
+export const BEGIN_READ_COMMITTED = 'begin isolation level read committed';
 
 /** Ends a transaction with a plain COMMIT (nothing left to write). */
 export const endWithCommit = (tx: Transaction<any>): Promise<void> => commitTransaction(tx);

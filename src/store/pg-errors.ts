@@ -25,14 +25,39 @@ export const isUniqueViolation = (error: unknown) => sqlStateOf(error) === '2350
 export const isUnstorableJson = (error: unknown) => ['22P05', '22021', '22P02'].includes(sqlStateOf(error) ?? '');
 
 /**
- * Errors after which the same call may succeed on another connection or later: the backend
- * was terminated (57P01, 57P02, 57P03), the connection broke (08xxx), a serialization or
- * deadlock failure (40001, 40P01). Plain network errors from the driver have no SQLSTATE.
+ * Why a store error is transient, if it is:
+ * - `'connection'`: the connection was refused, reset or terminated (a restart, a failover, an
+ *   administrator's `pg_terminate_backend`), or the server was out of connections or resources;
+ * - `'conflict'`: a serialization failure or a deadlock (the transaction may simply run again);
+ * - `'timeout'`: a lock or statement timeout.
  */
-export function isTransientStoreError(error: unknown): boolean {
+export type TransientFault = 'connection' | 'conflict' | 'timeout';
+
+// Driver errors without a SQLSTATE: node's socket errors (their `code`) and node-postgres's own
+// messages when a connection breaks, cannot be made, or is used after it broke.
+const NETWORK_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH', 'EAI_AGAIN', 'ENOTFOUND']);
+const CONNECTION_MESSAGES =
+  /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Client was closed and is not queryable|Connection (?:ended|closed) unexpectedly|terminating connection|Query read timeout/i;
+
+/**
+ * Classifies a store error: after a transient one the same call may succeed on another
+ * connection or later, and nothing about the key or the job is wrong. SQLSTATEs: 08xxx
+ * (connection exception), 53xxx (insufficient resources, e.g. too many connections), 57P01-57P03
+ * (admin shutdown, crash shutdown, cannot connect now), 40001/40P01 (serialization failure,
+ * deadlock), 55P03/57014 (lock timeout, statement timeout or cancel). Undefined: not transient.
+ */
+export function transientStoreFault(error: unknown): TransientFault | undefined {
+  const code = error && typeof error === 'object' && 'code' in error ? (error as { code: unknown }).code : undefined;
+  if (typeof code === 'string' && NETWORK_CODES.has(code)) return 'connection';
   const state = sqlStateOf(error);
   if (state === undefined) {
-    return error instanceof Error && /Connection terminated|ECONNRESET|ECONNREFUSED|EPIPE|timeout/i.test(error.message);
+    return error instanceof Error && CONNECTION_MESSAGES.test(error.message) ? 'connection' : undefined;
   }
-  return state.startsWith('08') || ['57P01', '57P02', '57P03', '40001', '40P01'].includes(state);
+  if (state.startsWith('08') || state.startsWith('53') || ['57P01', '57P02', '57P03'].includes(state)) return 'connection';
+  if (state === '40001' || state === '40P01') return 'conflict';
+  if (state === '55P03' || state === '57014') return 'timeout';
+  return undefined;
 }
+
+/** True when {@link transientStoreFault} classifies `error` as transient (any kind). */
+export const isTransientStoreError = (error: unknown): boolean => transientStoreFault(error) !== undefined;

@@ -1,0 +1,477 @@
+/**
+ * Transient store faults (a terminated connection, a COMMIT whose reply is lost, a server whose
+ * default isolation is serializable) delay a job; they never use up its attempts, fail it, or
+ * store a failure on its key. The faults are real: the worker's own Postgres backends are
+ * terminated (`pg_terminate_backend`, selected by this file's application_name) at precise
+ * points of the protocol, against the shared Postgres and Redis. The jobs are added by a plain
+ * BullMQ queue with its default options: ONE attempt, as a foreign producer gives them.
+ */
+import { randomBytes, randomUUID } from 'node:crypto';
+import { Queue, UnrecoverableError, type Job } from 'bullmq';
+import { sql, type Kysely, type Transaction } from 'kysely';
+import { pino } from 'pino';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import {
+  IdempotencyKeys,
+  PostgresKeyStore,
+  StoreUnavailableError,
+  createIdempotentWorker,
+  createPostgresDb,
+  isHeld,
+  type FaultHook,
+  type IdempotencyOptions,
+  type IdempotentWorker,
+  type IdempotentWorkerOptions,
+  type JobContext,
+  type KeyStore,
+  type WorkerEvent,
+} from '../src/index.js';
+import { resolveWorkerTiming, storeRetryDelayMs } from '../src/config/worker-timing.js';
+import { transientStoreFault } from '../src/store/pg-errors.js';
+import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
+import { waitFor, waitForJobState } from './support/queue-helpers.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+let env: TestEnv;
+/** The worker's pool: its backends carry `appName`, so the tests terminate only them. */
+let workerDb: Kysely<any>;
+const appName = `ij-transient-${randomBytes(4).toString('hex')}`;
+let queue: Queue;
+const QUEUE = 'transient';
+const scope = 'transient';
+const silent = pino({ level: 'silent' });
+const workers: IdempotentWorker<any, any>[] = [];
+const extraDbs: Kysely<any>[] = [];
+
+beforeAll(async () => {
+  env = await createTestEnv('transient');
+  await createEffectsTable(env.db, env.schema);
+  workerDb = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 10, applicationName: appName }, () => {});
+  queue = new Queue(QUEUE, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+});
+afterEach(async () => {
+  await Promise.all(workers.splice(0).map((w) => w.close({ force: true })));
+});
+afterAll(async () => {
+  await queue?.close();
+  await workerDb?.destroy();
+  for (const db of extraDbs) await db.destroy();
+  await env?.teardown();
+});
+
+/** Terminates this file's worker backends (those in `state`, if given) and waits until they are gone. */
+async function terminateWorkerBackends(state?: 'idle in transaction'): Promise<number> {
+  const { rows } = await sql<{ pid: number }>`
+    select pid from pg_stat_activity
+     where application_name = ${appName} and pid <> pg_backend_pid()
+       and (${state ?? null}::text is null or state = ${state ?? null})`.execute(env.db);
+  const pids = rows.map((r) => r.pid);
+  if (pids.length === 0) return 0;
+  await sql`select pg_terminate_backend(pid) from unnest(${pids}::int[]) as pid`.execute(env.db);
+  await waitFor('terminated backends to exit', async () => {
+    const { rows: left } = await sql`select 1 from pg_stat_activity where pid = any(${pids}::int[])`.execute(env.db);
+    return left.length === 0;
+  });
+  return pids.length;
+}
+
+/** A fault hook that terminates the worker's open transactions the first time it reaches `point`. */
+function terminateOnceAt(point: 'before-commit' | 'after-claim', counter = { terminated: 0 }): FaultHook {
+  let done = false;
+  return async (reached) => {
+    if (reached !== point || done) return;
+    done = true;
+    counter.terminated += await terminateWorkerBackends(point === 'before-commit' ? 'idle in transaction' : undefined);
+  };
+}
+
+type Handler = (ctx: JobContext<{ n: number }>) => Promise<unknown>;
+
+/** The effect: one row in `effects` per commit (no unique index: a duplicate would show). */
+const effectHandler: Handler = (ctx) =>
+  ctx.transaction(async (tx) => {
+    await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, 'w')`.execute(tx);
+    return { n: ctx.data.n, fence: ctx.fence };
+  });
+
+function keysOn(db: Kysely<any>, options: Partial<IdempotencyOptions> = {}, store?: KeyStore): IdempotencyKeys {
+  return new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, ...options }, store);
+}
+
+function startWorker(keys: IdempotencyKeys, options: Partial<IdempotentWorkerOptions<{ n: number }>> = {}) {
+  const events: WorkerEvent[] = [];
+  const worker = createIdempotentWorker<{ n: number }>({
+    queue: QUEUE,
+    connection: { url: env.redisUrl },
+    prefix: env.redisPrefix,
+    keys,
+    handler: effectHandler,
+    concurrency: 4,
+    logger: silent,
+    storeRetryMinMs: 20,
+    storeRetryMaxMs: 200,
+    ...options,
+  });
+  worker.on('event', (event) => events.push(event));
+  workers.push(worker);
+  return { worker, events };
+}
+
+/** Adds jobs as a foreign producer does: plain BullMQ, default options (one attempt). */
+async function addJobs(prefix: string, count: number): Promise<Array<{ job: Job; key: string }>> {
+  return Promise.all(
+    Array.from({ length: count }, async (_, n) => {
+      const key = `${prefix}-${n}-${randomUUID()}`;
+      const job = await queue.add('pay', { idempotencyKey: key, scope, payload: { n } });
+      return { job, key };
+    }),
+  );
+}
+
+/** Waits for each job to finish and checks it completed once, with no attempt used and nothing failed. */
+async function expectCompletedOnce(added: Array<{ job: Job; key: string }>, events: WorkerEvent[]) {
+  for (const { job, key } of added) {
+    const { job: finished, state } = await waitForJobState(queue, job.id!, ['completed', 'failed'], 30_000);
+    expect({ state, failedReason: finished.failedReason }).toEqual({ state: 'completed', failedReason: undefined });
+    // BullMQ counts the completion as the attempt made: one, the only one the job had.
+    expect(finished.attemptsMade).toBe(1);
+    expect(finished.returnvalue).toMatchObject({ n: (job.data as { payload: { n: number } }).payload.n });
+    expect(await effectsOf(env.db, env.schema, scope, key)).toHaveLength(1);
+    const row = await keysOn(env.db).get(scope, key);
+    expect(row).toMatchObject({ status: 'completed', result: finished.returnvalue });
+  }
+  expect(events.filter((e) => e.kind === 'failed')).toEqual([]);
+}
+
+/**
+ * A store whose end-of-transaction statement commits and then loses its connection: the COMMIT
+ * went through, the reply did not. The connection error is real (the backend terminates itself
+ * after the COMMIT, and the next statement on that connection fails).
+ */
+function commitThenDisconnect(db: Kysely<any>, options: { failReadsAfterCut?: number } = {}) {
+  const real = new PostgresKeyStore(db, env.schema);
+  const state = { cut: 0, failedReads: 0, error: undefined as unknown };
+  const disconnectAfter = async (tx: Kysely<any>) => {
+    if (state.cut++ > 0) return;
+    state.error = await sql`select pg_terminate_backend(pg_backend_pid())`.execute(tx).catch((e: unknown) => e);
+    throw state.error;
+  };
+  const store: KeyStore = new Proxy(real, {
+    get(target, property) {
+      if (property === 'completeAndCommit') {
+        return async (tx: Transaction<any>, ...rest: [any, string, number]) => {
+          const completed = await target.completeAndCommit(tx, ...rest);
+          await disconnectAfter(tx);
+          return completed;
+        };
+      }
+      if (property === 'storeFastPathResultAndCommit') {
+        return async (tx: Transaction<any>, ...rest: [any, string]) => {
+          await target.storeFastPathResultAndCommit(tx, ...rest);
+          await disconnectAfter(tx);
+        };
+      }
+      if (property === 'get') {
+        // The read that resolves the COMMIT may fail too (Postgres still down): the same real error.
+        return async (...args: [string, string]) => {
+          if (state.error !== undefined && state.failedReads < (options.failReadsAfterCut ?? 0)) {
+            state.failedReads++;
+            throw state.error;
+          }
+          return target.get(...args);
+        };
+      }
+      const value = Reflect.get(target, property, target) as unknown;
+      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    },
+  });
+  return { store, state };
+}
+
+/** A real driver error of a terminated connection (a backend that terminated itself). */
+async function realConnectionError(): Promise<unknown> {
+  const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 1, applicationName: appName }, () => {});
+  extraDbs.push(db);
+  const error = await sql`select pg_terminate_backend(pg_backend_pid())`.execute(db).catch((e: unknown) => e);
+  expect(transientStoreFault(error)).toBe('connection');
+  return error;
+}
+
+/** A store whose recording of a failure first meets a terminated connection (`times` times). */
+async function failingFailures(db: Kysely<any>, times = 1) {
+  const real = new PostgresKeyStore(db, env.schema);
+  const error = await realConnectionError();
+  const state = { refused: 0 };
+  const store: KeyStore = new Proxy(real, {
+    get(target, property) {
+      if (property === 'fail') {
+        return async (...args: Parameters<PostgresKeyStore['fail']>) => {
+          if (state.refused < times) {
+            state.refused++;
+            throw error;
+          }
+          return target.fail(...args);
+        };
+      }
+      const value = Reflect.get(target, property, target) as unknown;
+      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    },
+  });
+  return { store, state };
+}
+
+describe('classification of store errors', () => {
+  it('names connection, conflict and timeout faults, and nothing else', () => {
+    const pgError = (code: string) => Object.assign(new Error(`sqlstate ${code}`), { code });
+    for (const code of ['57P01', '57P02', '57P03', '08006', '08001', '53300', '53200']) expect(transientStoreFault(pgError(code))).toBe('connection');
+    for (const code of ['40001', '40P01']) expect(transientStoreFault(pgError(code))).toBe('conflict');
+    for (const code of ['55P03', '57014']) expect(transientStoreFault(pgError(code))).toBe('timeout');
+    for (const code of ['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT']) expect(transientStoreFault(pgError(code))).toBe('connection');
+    for (const message of [
+      'Connection terminated unexpectedly',
+      'Connection terminated',
+      'timeout exceeded when trying to connect',
+      'Client has encountered a connection error and is not queryable',
+    ]) {
+      expect(transientStoreFault(new Error(message))).toBe('connection');
+    }
+    for (const code of ['23505', '22P02', '42P01', 'IJ001', '3B001']) expect(transientStoreFault(pgError(code))).toBeUndefined();
+    expect(transientStoreFault(new Error('provider timed out'))).toBeUndefined();
+    expect(transientStoreFault('Connection terminated')).toBeUndefined();
+  });
+
+  it('classifies a real terminated connection and a real refused connection', async () => {
+    await realConnectionError();
+    const refusedDb = createPostgresDb({ connectionString: 'postgres://postgres@127.0.0.1:1/postgres', maxConnections: 1 }, () => {});
+    extraDbs.push(refusedDb);
+    const refused = await sql`select 1`.execute(refusedDb).catch((e: unknown) => e);
+    expect(transientStoreFault(refused)).toBe('connection');
+  });
+
+  it('backs off exponentially from storeRetryMinMs, capped at storeRetryMaxMs, jitter on top', () => {
+    const timing = resolveWorkerTiming({ storeRetryMinMs: 100, storeRetryMaxMs: 1_000, deferJitterRatio: 0.5 }, 30_000);
+    expect([0, 1, 2, 3, 4, 10].map((n) => storeRetryDelayMs(timing, n, () => 0))).toEqual([100, 200, 400, 800, 1_000, 1_000]);
+    expect(storeRetryDelayMs(timing, 0, () => 1)).toBe(150);
+    expect(storeRetryDelayMs(timing, -1, () => 0)).toBe(100);
+    expect(storeRetryDelayMs(timing, Number.NaN, () => 0)).toBe(100);
+    expect(() => resolveWorkerTiming({ storeRetryMinMs: 2_000, storeRetryMaxMs: 1_000 }, 30_000)).toThrow(/storeRetryMinMs/);
+  });
+});
+
+describe('the leased path', () => {
+  it('a claim cut off by a terminated connection does not use the only attempt; the job completes once', async () => {
+    const keys = keysOn(workerDb, { claimLockTimeoutMs: 20_000 });
+    const { events } = startWorker(keys);
+    const key = `claim-${randomUUID()}`;
+    // Hold the key's index entry in an open transaction, so the worker's claim waits on it; then
+    // terminate the waiting claim's backend, then let the key go.
+    const blocker = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 1, applicationName: `${appName}-blocker` }, () => {});
+    extraDbs.push(blocker);
+    let job!: Job;
+    await blocker
+      .transaction()
+      .execute(async (tx) => {
+        await sql`insert into ${sql.id(env.schema, 'idempotency_keys')} (scope, key, fingerprint, status)
+                  values (${scope}, ${key}, 'blocker', 'processing')`.execute(tx);
+        job = await queue.add('pay', { idempotencyKey: key, scope, payload: { n: 7 } });
+        await waitFor('the claim to wait on the key', async () => {
+          const { rows } = await sql`select 1 from pg_stat_activity where application_name = ${appName} and wait_event_type = 'Lock'`.execute(env.db);
+          return rows.length > 0;
+        });
+        expect(await terminateWorkerBackends()).toBeGreaterThan(0);
+        throw new Error('roll the blocker back');
+      })
+      .catch((error: Error) => {
+        if (error.message !== 'roll the blocker back') throw error;
+      });
+    await expectCompletedOnce([{ job, key }], events);
+    expect(events.some((e) => e.kind === 'store-unavailable' && e.key === key)).toBe(true);
+  });
+
+  it('a completion and COMMIT cut off by a terminated connection: deferred, key released, completes once', async () => {
+    const counter = { terminated: 0 };
+    const { events } = startWorker(keysOn(workerDb), { faultHook: terminateOnceAt('before-commit', counter) });
+    const added = await addJobs('commit', 1);
+    await expectCompletedOnce(added, events);
+    expect(counter.terminated).toBe(1);
+    expect(events.map((e) => e.kind)).toEqual(expect.arrayContaining(['store-unavailable', 'released', 'taken-over', 'completed']));
+    // The key was never failed, not even for a moment: its stored error is the released one's.
+    expect(events.filter((e) => e.kind === 'failed')).toHaveLength(0);
+  });
+
+  it("an effect statement that meets a terminated connection is the store's fault, not the handler's", async () => {
+    const terminated = new Set<string>();
+    const handler: Handler = (ctx) =>
+      ctx.transaction(async (tx) => {
+        if (!terminated.has(ctx.key)) {
+          terminated.add(ctx.key);
+          await sql`select pg_terminate_backend(pg_backend_pid())`.execute(tx);
+        }
+        await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, 'w')`.execute(tx);
+        return { n: ctx.data.n };
+      });
+    const { events } = startWorker(keysOn(workerDb), { handler });
+    const added = await addJobs('effect', 2);
+    await expectCompletedOnce(added, events);
+    expect(events.filter((e) => e.kind === 'store-unavailable')).toHaveLength(2);
+  });
+
+  it('an ambiguous COMMIT that did commit finishes the job with the stored result, without running it again', async () => {
+    const { store, state } = commitThenDisconnect(workerDb);
+    let runs = 0;
+    const handler: Handler = async (ctx) => {
+      runs++;
+      return effectHandler(ctx);
+    };
+    const { events } = startWorker(keysOn(workerDb, {}, store), { handler });
+    const added = await addJobs('ambiguous', 1);
+    await expectCompletedOnce(added, events);
+    expect(state.cut).toBeGreaterThan(0);
+    expect(runs).toBe(1);
+    expect(events.filter((e) => e.kind === 'store-unavailable')).toHaveLength(0);
+  });
+
+  it('an ambiguous COMMIT whose resolving read fails too is deferred, then replays the committed result', async () => {
+    const { store, state } = commitThenDisconnect(workerDb, { failReadsAfterCut: 1 });
+    let runs = 0;
+    const handler: Handler = async (ctx) => {
+      runs++;
+      return effectHandler(ctx);
+    };
+    const { events } = startWorker(keysOn(workerDb, {}, store), { handler });
+    const added = await addJobs('ambiguous-unread', 1);
+    await expectCompletedOnce(added, events);
+    expect(state).toMatchObject({ cut: 1, failedReads: 1 });
+    expect(runs).toBe(1);
+    expect(events.map((e) => e.kind)).toEqual(expect.arrayContaining(['store-unavailable', 'replayed']));
+  });
+
+  it('IdempotencyKeys.commitEffect throws StoreUnavailableError, and runEffect releases the key, whatever onError says', async () => {
+    const keys = keysOn(workerDb);
+    const key = `run-effect-${randomUUID()}`;
+    const claim = await keys.claim(scope, key, keys.fingerprint({ key }));
+    if (!isHeld(claim)) throw new Error(`expected a claim, got ${claim.kind}`);
+    const error = await keys
+      .runEffect(claim, (tx) => sql`select pg_terminate_backend(pg_backend_pid())`.execute(tx), { onError: () => 'fail' })
+      .catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(StoreUnavailableError);
+    expect(error).toMatchObject({ code: 'STORE_UNAVAILABLE', scope, key });
+    expect(await keys.get(scope, key)).toMatchObject({ status: 'processing', owner: null });
+  });
+});
+
+describe('the fast path', () => {
+  it('a COMMIT cut off by a terminated connection is deferred and never stored as the key failure', async () => {
+    const counter = { terminated: 0 };
+    const { events } = startWorker(keysOn(workerDb), { fastPath: true, faultHook: terminateOnceAt('before-commit', counter) });
+    const added = await addJobs('fast', 1);
+    await expectCompletedOnce(added, events);
+    expect(counter.terminated).toBe(1);
+    expect(events.some((e) => e.kind === 'store-unavailable')).toBe(true);
+  });
+
+  it('an ambiguous COMMIT that did commit is recognised by the claim owner token', async () => {
+    const { store, state } = commitThenDisconnect(workerDb);
+    let runs = 0;
+    const handler: Handler = async (ctx) => {
+      runs++;
+      return effectHandler(ctx);
+    };
+    const { events } = startWorker(keysOn(workerDb, {}, store), { fastPath: true, handler });
+    const added = await addJobs('fast-ambiguous', 1);
+    await expectCompletedOnce(added, events);
+    expect(state.cut).toBeGreaterThan(0);
+    expect(runs).toBe(1);
+  });
+});
+
+describe('recording a permanent failure', () => {
+  const permanent: Handler = async () => {
+    throw new UnrecoverableError('account closed (permanent)');
+  };
+
+  for (const fastPath of [false, true]) {
+    it(`when storing the failure meets a terminated connection, the job is deferred and the failure recorded later (${fastPath ? 'fast path' : 'leased'})`, async () => {
+      const { store, state } = await failingFailures(workerDb);
+      const { events } = startWorker(keysOn(workerDb, {}, store), { fastPath, handler: permanent });
+      const { job, key } = (await addJobs(fastPath ? 'fail-fast' : 'fail-leased', 1))[0]!;
+      const { job: finished, state: jobState } = await waitForJobState(queue, job.id!, ['completed', 'failed'], 30_000);
+      expect(jobState).toBe('failed');
+      expect(finished.failedReason).toMatch(/account closed/);
+      expect(state.refused).toBe(1);
+      // Recorded for good with the handler's error, not left processing (nor failed with the connection error).
+      const row = await keysOn(env.db).get(scope, key);
+      expect(row).toMatchObject({ status: 'failed', error: expect.objectContaining({ message: 'account closed (permanent)' }) });
+      expect(events.map((e) => e.kind)).toEqual(expect.arrayContaining(['store-unavailable', 'failed']));
+    });
+  }
+});
+
+describe('group commit', () => {
+  for (const fastPath of [false, true]) {
+    it(`a group whose connection is terminated before its COMMIT: every job deferred, each completes once (${fastPath ? 'fast path' : 'leased'})`, async () => {
+      const counter = { terminated: 0 };
+      const keys = keysOn(workerDb, { groupCommit: { maxJobs: 8, maxGroups: 1 } });
+      const { events } = startWorker(keys, { fastPath, concurrency: 6, faultHook: terminateOnceAt('before-commit', counter) });
+      const added = await addJobs(fastPath ? 'group-fast' : 'group', 6);
+      await expectCompletedOnce(added, events);
+      expect(counter.terminated).toBe(1);
+      expect(events.some((e) => e.kind === 'store-unavailable')).toBe(true);
+    });
+  }
+});
+
+describe('read committed, whatever the server default', () => {
+  /** A pool whose connections default to serializable, as a server or role configured so would. */
+  async function serializablePool(): Promise<Kysely<any>> {
+    const url = new URL(env.databaseUrl);
+    url.searchParams.set('options', '-c default_transaction_isolation=serializable');
+    const db = createPostgresDb({ connectionString: url.toString(), maxConnections: 16, applicationName: `${appName}-serializable` }, () => {});
+    extraDbs.push(db);
+    const { rows } = await sql<{ level: string }>`select current_setting('default_transaction_isolation') as level`.execute(db);
+    expect(rows[0]!.level).toBe('serializable');
+    return db;
+  }
+
+  it('concurrent duplicates in fast-path transactions meet no serialization failure', async () => {
+    const serializable = await serializablePool();
+    const keys = keysOn(serializable, { claimLockTimeoutMs: 10_000 });
+    for (let round = 0; round < 5; round++) {
+      const key = `serializable-${round}-${randomUUID()}`;
+      const fingerprint = keys.fingerprint({ key });
+      const outcomes = await Promise.allSettled(
+        Array.from({ length: 8 }, () =>
+          keys.executeOnce(scope, key, fingerprint, async (tx, claim) => {
+            await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${scope}, ${key}, ${claim.fence}, 's')`.execute(tx);
+            await sql`select pg_sleep(0.05)`.execute(tx);
+            return 'done';
+          }),
+        ),
+      );
+      const rejected = outcomes.filter((o) => o.status === 'rejected').map((o) => String((o as PromiseRejectedResult).reason));
+      expect(rejected).toEqual([]);
+      const kinds = outcomes.map((o) => (o as PromiseFulfilledResult<{ kind: string }>).value.kind);
+      expect(kinds.filter((k) => k === 'executed')).toHaveLength(1);
+      expect(new Set(kinds)).toEqual(new Set(['executed', 'completed']));
+      expect(await effectsOf(env.db, env.schema, scope, key)).toHaveLength(1);
+    }
+  });
+
+  for (const fastPath of [false, true]) {
+    it(`duplicate jobs with one attempt each all finish, none failed (${fastPath ? 'fast path' : 'leased'})`, async () => {
+      const keys = keysOn(await serializablePool(), { claimLockTimeoutMs: 10_000 });
+      const { events } = startWorker(keys, { fastPath, concurrency: 8 });
+      const jobs: Job[] = [];
+      const keyNames = Array.from({ length: 3 }, (_, i) => `serializable-jobs-${i}-${randomUUID()}`);
+      for (const key of keyNames) {
+        for (let copy = 0; copy < 6; copy++) jobs.push(await queue.add('pay', { idempotencyKey: key, scope, payload: { n: 1 } }));
+      }
+      for (const job of jobs) {
+        const { job: finished, state } = await waitForJobState(queue, job.id!, ['completed', 'failed'], 30_000);
+        expect({ state, failedReason: finished.failedReason }).toEqual({ state: 'completed', failedReason: undefined });
+      }
+      for (const key of keyNames) expect(await effectsOf(env.db, env.schema, scope, key)).toHaveLength(1);
+      expect(events.filter((e) => e.kind === 'failed')).toEqual([]);
+    });
+  }
+});
