@@ -7,6 +7,7 @@ import { OutboxRelay } from '../bullmq/outbox-relay.js';
 import { assertBindAllowed, resolveHttpApiOptions, type HttpApiOptions, type ResolvedHttpApiOptions } from '../config/http-options.js';
 import { httpMetrics, metricsExposition, type HttpMetrics } from './http-metrics.js';
 import { JobIngestion, isSettled, type JobView } from './job-ingestion.js';
+import { installJsonBodyParser } from './json-body.js';
 import { jobRouteSchemas, openApiDocument } from './openapi.js';
 import { HttpProblem, sendProblem, toHttpProblem } from './problems.js';
 import { BearerAuthenticator, readIdempotencyKey, readPathKey, readPreferWait } from './request-headers.js';
@@ -151,6 +152,7 @@ export class HttpApi {
     const app = this.app;
     app.decorateRequest('tenant', '');
     app.removeContentTypeParser('text/plain');
+    installJsonBodyParser(app);
     app.addHook('onRequest', async (request, reply) => {
       reply.header('request-id', request.id);
       this.#inFlight++;
@@ -181,7 +183,8 @@ export class HttpApi {
     });
     app.setErrorHandler((error, request, reply) => {
       const problem = toHttpProblem(error, String(request.id));
-      if (problem.status >= 500) request.log.error({ err: error }, 'request failed');
+      if (problem.kind === 'temporarily-unavailable') request.log.warn({ err: error }, 'request deferred: a dependency is unavailable');
+      else if (problem.status >= 500) request.log.error({ err: error }, 'request failed');
       else request.log.info({ problem: problem.kind, detail: problem.message }, 'request refused');
       return sendProblem(request, reply, problem);
     });
@@ -255,10 +258,8 @@ export class HttpApi {
         if (!JOB_NAME_PATTERN.test(name)) {
           throw new HttpProblem('invalid-request', `Job name "${name}" is not 1–128 of A–Z a–z 0–9 _ . : - (starting with a letter or digit).`);
         }
+        // The body parser has refused what cannot be stored (json-body.ts).
         const payload = request.body;
-        if (JSON.stringify(payload).includes('\\u0000')) {
-          throw new HttpProblem('invalid-request', 'The payload contains a NUL character (\\u0000), which cannot be stored; remove it.');
-        }
         const outcome = await this.#ingestion.submit({ tenant: request.tenant, queue, key, name, payload });
         switch (outcome.kind) {
           case 'key-reused':
