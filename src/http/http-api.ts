@@ -5,6 +5,7 @@ import { pino, type Logger } from 'pino';
 import { IdempotentProducer } from '../bullmq/idempotent-producer.js';
 import { OutboxRelay } from '../bullmq/outbox-relay.js';
 import { assertBindAllowed, resolveHttpApiOptions, type HttpApiOptions, type ResolvedHttpApiOptions } from '../config/http-options.js';
+import { answerClientError } from './client-errors.js';
 import { httpMetrics, metricsExposition, type HttpMetrics } from './http-metrics.js';
 import { JobIngestion, isSettled, type JobView } from './job-ingestion.js';
 import { installJsonBodyParser } from './json-body.js';
@@ -97,6 +98,12 @@ export class HttpApi {
       // Keys are up to 255 characters, three times that percent-encoded.
       routerOptions: { maxParamLength: 1024 },
       return503OnClosing: true,
+      clientErrorHandler: answerClientError,
+      // A URL the router cannot decode (`/v1/queues/%80/jobs`) is refused before any hook runs.
+      frameworkErrors: (error, request, reply) => {
+        reply.header('request-id', request.id);
+        return sendProblem(request, reply, toHttpProblem(error, String(request.id)));
+      },
       forceCloseConnections: 'idle',
     }) as unknown as FastifyInstance;
     this.#refuseOversizedBodiesBeforeUpload();
