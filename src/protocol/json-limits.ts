@@ -125,7 +125,9 @@ export function lossyIntegerLiterals(text: string): ReadonlySet<number> {
         continue;
       }
       const literal = match[0];
-      if (match[1] === undefined && match[2] === undefined && literal.length > 16) {
+      const digits = literal.startsWith('-') ? literal.length - 1 : literal.length;
+      // 2^53 has 16 digits: shorter integers are always exact.
+      if (match[1] === undefined && match[2] === undefined && digits >= 16) {
         const parsed = Number(literal);
         if (!Number.isSafeInteger(parsed)) lossy.add(parsed);
       }
