@@ -128,6 +128,32 @@ describe('hostile request bodies', () => {
   });
 });
 
+describe('a store whose connections are terminated', () => {
+  it('a request after the server\'s backends were terminated answers 202, or 503 and then 202 on retry; never 500', async () => {
+    const applicationName = `test:http-hostile-terminated-${process.pid}`;
+    const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 3, applicationName }, () => {});
+    const keys = new IdempotencyKeys({ db, schema: env.schema });
+    const own = await createHttpApi({ keys, connection: { url: env.redisUrl }, prefix: env.redisPrefix, queues: [QUEUE], tokens: { [TOKEN]: 'acme' }, relay: false, logger: silent });
+    try {
+      const url = await own.listen({ host: '127.0.0.1', port: 0 });
+      for (let round = 0; round < 3; round++) {
+        expect((await postBody(`warm-${round}`, '{"a":1}', url)).status).toBe(202);
+        // Only this server's own backends (by application_name), never anyone else's.
+        await sql`select pg_terminate_backend(pid) from pg_stat_activity where application_name = ${applicationName}`.execute(env.db);
+        const answer = await postBody(`after-terminate-${round}`, '{"a":1}', url);
+        expect([202, 503], JSON.stringify(answer.body)).toContain(answer.status);
+        if (answer.status === 503) {
+          expect(answer.headers['retry-after']).toBeDefined();
+          expect((await postBody(`after-terminate-${round}`, '{"a":1}', url)).status).toBe(202);
+        }
+      }
+    } finally {
+      await own.close();
+      await db.destroy();
+    }
+  });
+});
+
 describe('a store that cannot be reached', () => {
   let closedPort: number;
   let deadDb: Kysely<any>;

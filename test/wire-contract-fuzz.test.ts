@@ -114,7 +114,14 @@ describe('job data from a foreign producer', () => {
     expect(await keysLeftProcessing()).toBe(0);
   });
 
-  it('non-finite numbers reach BullMQ as null (JSON has no Infinity), so such a job runs with null', async () => {
+  it('a number beyond ±1.8e308 written by another producer (1e400 parses as Infinity) fails for good, naming scope, key and where', async () => {
+    const job = await enqueueRawJson('fast', 'charge', '{"idempotencyKey":"huge-1","scope":"shop","payload":{"amount":[1, -1e400]}}');
+    expect(await job.getState()).toBe('failed');
+    expect(job.failedReason).toMatch(/"payload" is a number JSON cannot hold \(-Infinity.* at \/amount\/1 \(scope "shop", key "huge-1"\)/);
+    expect(await keysLeftProcessing()).toBe(0);
+  });
+
+  it('non-finite numbers from JavaScript reach BullMQ as null (JSON.stringify), so such a job runs with null', async () => {
     const [job] = await enqueueRaw('leased', [{ name: 'charge', data: { idempotencyKey: 'inf-1', payload: { a: Infinity, b: [NaN, -Infinity] } } }]);
     expect(await job!.getState()).toBe('completed');
     expect(received.get('inf-1')).toEqual({ a: null, b: [null, null] });
