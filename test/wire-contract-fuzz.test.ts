@@ -206,7 +206,7 @@ describe('job data from a foreign producer', () => {
         }
         expect(await keysLeftProcessing()).toBe(0);
       }),
-      { numRuns: 25 },
+      { numRuns: 15 },
     );
   });
 });
