@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import { ValidationError } from '../errors.js';
+import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, printable } from '../protocol/json-limits.js';
 import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
 
 /**
@@ -10,9 +11,10 @@ import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
  * ```
  *
  * `idempotencyKey`: required, 1–255 characters. `scope`: optional, defaults to `"default"`.
- * `payload`: required, any JSON (null included); it is what the handler receives. The key's
- * fingerprint covers the job name and the payload, so the same key with another payload (or
- * another job name) is refused as reused.
+ * `payload`: required, any JSON (null included) nested at most 64 levels deep, without lone
+ * UTF-16 surrogates (in strings or object keys; nor in the key, scope or job name); it is
+ * what the handler receives. The key's fingerprint covers the job name and the payload, so
+ * the same key with another payload (or another job name) is refused as reused.
  */
 export interface WireJobData<P = unknown> {
   readonly idempotencyKey: string;
@@ -36,7 +38,13 @@ export interface JobLike {
   readonly data: unknown;
 }
 
-/** Reads a job under the default wire contract; throws a {@link ValidationError} saying what is wrong. */
+/**
+ * Reads a job under the default wire contract; throws a {@link ValidationError}
+ * (`INVALID_JOB_DATA`, `INVALID_KEY`, `INVALID_SCOPE`) saying what is wrong, with the scope and
+ * key once they are known. Everything it returns can be fingerprinted: data a foreign
+ * producer wrote (deep nesting, lone surrogates) is refused here, before the recursive
+ * canonicaliser or Postgres sees it.
+ */
 export function identityFromWireContract(job: JobLike): JobIdentity {
   const data = job.data;
   if (data === null || typeof data !== 'object' || Array.isArray(data)) {
@@ -47,9 +55,18 @@ export function identityFromWireContract(job: JobLike): JobIdentity {
   const scope = record.scope === undefined ? DEFAULT_SCOPE : record.scope;
   assertValidKeyPart('key', record.idempotencyKey);
   assertValidKeyPart('scope', scope);
-  if (!('payload' in record) || record.payload === undefined) {
-    throw malformed('job.data.payload', `"payload" is missing (scope "${scope}", key "${record.idempotencyKey}")`);
+  const named = `scope "${printable(scope)}", key "${printable(record.idempotencyKey)}"`;
+  // All three are stored as text: Postgres refuses a NUL, and writes a lone surrogate as
+  // U+FFFD, so two different keys would become one.
+  const texts = [['job.data.idempotencyKey', 'key', record.idempotencyKey], ['job.data.scope', 'scope', scope], ['job.name', 'job name', job.name]] as const;
+  for (const [field, what, text] of texts) {
+    const found = findJsonProblem(text, { maxDepth: 0, allowNul: false });
+    if (found) throw malformed(field, `the ${what} ${found.problem} (${named})`);
   }
+  if (!('payload' in record) || record.payload === undefined) {
+    throw malformed('job.data.payload', `"payload" is missing (${named})`);
+  }
+  assertWirePayload(record.payload, named);
   return {
     scope,
     key: record.idempotencyKey,
@@ -58,8 +75,13 @@ export function identityFromWireContract(job: JobLike): JobIdentity {
   };
 }
 
-/** Builds the wire-contract job data. */
+/**
+ * Builds the wire-contract job data. Throws a {@link ValidationError} (`INVALID_JOB_DATA`) for
+ * a payload the workers would refuse (see {@link identityFromWireContract}), so a producer
+ * hears of it at once instead of finding a failed job later.
+ */
 export function toWireJobData<P>(scope: string, key: string, payload: P): WireJobData<P> {
+  assertWirePayload(payload, `scope "${printable(scope)}", key "${printable(key)}"`);
   return { idempotencyKey: key, scope, payload };
 }
 
@@ -70,6 +92,12 @@ export function toWireJobData<P>(scope: string, key: string, payload: P): WireJo
  */
 export function jobIdFor(scope: string, key: string): string {
   return `ij_${createHash('sha256').update(JSON.stringify([scope, key])).digest('hex').slice(0, 32)}`;
+}
+
+/** Refuses a payload nested too deep or holding what cannot be fingerprinted (NUL is fine: it is not stored). */
+function assertWirePayload(payload: unknown, named: string): void {
+  const found = findJsonProblem(payload, { maxDepth: MAX_PAYLOAD_DEPTH, allowNul: true });
+  if (found) throw malformed(`job.data.payload${found.pointer}`, `"payload" ${describeJsonProblem(found)} (${named})`);
 }
 
 function malformed(field: string, problem: string): ValidationError {

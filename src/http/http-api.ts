@@ -5,8 +5,10 @@ import { pino, type Logger } from 'pino';
 import { IdempotentProducer } from '../bullmq/idempotent-producer.js';
 import { OutboxRelay } from '../bullmq/outbox-relay.js';
 import { assertBindAllowed, resolveHttpApiOptions, type HttpApiOptions, type ResolvedHttpApiOptions } from '../config/http-options.js';
+import { answerClientError } from './client-errors.js';
 import { httpMetrics, metricsExposition, type HttpMetrics } from './http-metrics.js';
 import { JobIngestion, isSettled, type JobView } from './job-ingestion.js';
+import { installJsonBodyParser } from './json-body.js';
 import { jobRouteSchemas, openApiDocument } from './openapi.js';
 import { HttpProblem, sendProblem, toHttpProblem } from './problems.js';
 import { BearerAuthenticator, readIdempotencyKey, readPathKey, readPreferWait } from './request-headers.js';
@@ -96,6 +98,12 @@ export class HttpApi {
       // Keys are up to 255 characters, three times that percent-encoded.
       routerOptions: { maxParamLength: 1024 },
       return503OnClosing: true,
+      clientErrorHandler: answerClientError,
+      // A URL the router cannot decode (`/v1/queues/%80/jobs`) is refused before any hook runs.
+      frameworkErrors: (error, request, reply) => {
+        reply.header('request-id', request.id);
+        return sendProblem(request, reply, toHttpProblem(error, String(request.id)));
+      },
       forceCloseConnections: 'idle',
     }) as unknown as FastifyInstance;
     this.#refuseOversizedBodiesBeforeUpload();
@@ -151,6 +159,7 @@ export class HttpApi {
     const app = this.app;
     app.decorateRequest('tenant', '');
     app.removeContentTypeParser('text/plain');
+    installJsonBodyParser(app);
     app.addHook('onRequest', async (request, reply) => {
       reply.header('request-id', request.id);
       this.#inFlight++;
@@ -181,7 +190,8 @@ export class HttpApi {
     });
     app.setErrorHandler((error, request, reply) => {
       const problem = toHttpProblem(error, String(request.id));
-      if (problem.status >= 500) request.log.error({ err: error }, 'request failed');
+      if (problem.kind === 'temporarily-unavailable') request.log.warn({ err: error }, 'request deferred: a dependency is unavailable');
+      else if (problem.status >= 500) request.log.error({ err: error }, 'request failed');
       else request.log.info({ problem: problem.kind, detail: problem.message }, 'request refused');
       return sendProblem(request, reply, problem);
     });
@@ -255,10 +265,8 @@ export class HttpApi {
         if (!JOB_NAME_PATTERN.test(name)) {
           throw new HttpProblem('invalid-request', `Job name "${name}" is not 1–128 of A–Z a–z 0–9 _ . : - (starting with a letter or digit).`);
         }
+        // The body parser has refused what cannot be stored (json-body.ts).
         const payload = request.body;
-        if (JSON.stringify(payload).includes('\\u0000')) {
-          throw new HttpProblem('invalid-request', 'The payload contains a NUL character (\\u0000), which cannot be stored; remove it.');
-        }
         const outcome = await this.#ingestion.submit({ tenant: request.tenant, queue, key, name, payload });
         switch (outcome.kind) {
           case 'key-reused':

@@ -1,8 +1,9 @@
 import type { IdempotentProducer } from '../bullmq/idempotent-producer.js';
 import { fingerprintOfJob } from '../bullmq/job-fingerprint.js';
 import { jobIdFor } from '../bullmq/job-identity.js';
-import { IdempotencyError } from '../errors.js';
+import { IdempotencyError, ValidationError } from '../errors.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem } from '../protocol/json-limits.js';
 import type { KeyRecord } from '../store/key-record.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
 
@@ -109,10 +110,14 @@ export class JobIngestion {
     this.#options = Object.freeze({ ...options });
   }
 
-  /** Accepts a job once per (tenant, key); see {@link SubmitOutcome}. */
+  /**
+   * Accepts a job once per (tenant, key); see {@link SubmitOutcome}. Throws a
+   * {@link ValidationError} for a payload that cannot be stored (see `json-limits.ts`).
+   */
   async submit(request: SubmitRequest): Promise<SubmitOutcome> {
     const { keys } = this.#options;
     const { tenant, queue, key, name, payload } = request;
+    assertStorablePayload(payload);
     const producer = this.#producer(queue);
     const receipt: Receipt = {
       queue,
@@ -267,6 +272,12 @@ async function withTimeout(ms: number, work: () => Promise<void>): Promise<void>
   } finally {
     clearTimeout(timer);
   }
+}
+
+/** The outbox stores the payload as jsonb: the body parser's limits, for callers that are not the HTTP API. */
+function assertStorablePayload(payload: unknown): void {
+  const found = findJsonProblem(payload, { maxDepth: MAX_PAYLOAD_DEPTH, allowNul: false });
+  if (found) throw new ValidationError('INVALID_JOB_DATA', `payload${found.pointer}`, `The payload ${describeJsonProblem(found)}. Nothing was enqueued.`);
 }
 
 function asReceipt(value: unknown): Receipt | undefined {

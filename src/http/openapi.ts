@@ -28,6 +28,7 @@ export function openApiDocument(options: ResolvedHttpApiOptions) {
 }
 
 const problem = { description: 'application/problem+json (RFC 9457)', type: 'object', additionalProperties: true } as const;
+const unavailable = { ...problem, description: 'temporarily-unavailable: Postgres or Redis cannot serve the request right now; retry after Retry-After seconds.' } as const;
 
 const jobView = {
   type: 'object',
@@ -68,7 +69,11 @@ export const jobRouteSchemas = {
         prefer: { type: 'string', description: 'Optional. wait=N: hold the response up to N seconds for the job to finish.' },
       },
     },
-    body: { description: 'The job payload: any JSON (Content-Type: application/json).' },
+    body: {
+      description:
+        'The job payload: any JSON (Content-Type: application/json, UTF-8) nested at most 64 levels, without non-finite numbers, ' +
+        'integer literals beyond ±(2^53 − 1), lone surrogates or NUL characters (400 invalid-request otherwise).',
+    },
     response: {
       200: { description: 'The job has finished (completed or failed); replays carry Idempotent-Replayed: true.', ...jobView },
       202: { description: 'Accepted (or replayed while queued/processing); Location is the GET.', ...jobView },
@@ -79,6 +84,7 @@ export const jobRouteSchemas = {
       413: problem,
       415: problem,
       422: { ...problem, description: 'idempotency-key-reused: the key was used with a different request.' },
+      503: unavailable,
     },
   },
   get: {
@@ -90,6 +96,6 @@ export const jobRouteSchemas = {
       type: 'object',
       properties: { prefer: { type: 'string', description: 'Optional. wait=N: long-poll until the job settles.' } },
     },
-    response: { 200: { description: "The job's state.", ...jobView }, 400: problem, 401: problem, 404: problem },
+    response: { 200: { description: "The job's state.", ...jobView }, 400: problem, 401: problem, 404: problem, 503: unavailable },
   },
 };

@@ -1,4 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import { ValidationError } from '../errors.js';
+import { isTransientDependencyError } from './dependency-errors.js';
 
 /** Prefix of every problem `type` this API answers with (RFC 9457); a URN, so nobody tries to dereference it. */
 export const PROBLEM_TYPE_PREFIX = 'urn:idempotent-jobs:problem:';
@@ -8,15 +10,19 @@ export const PROBLEMS = {
   'missing-idempotency-key': { status: 400, title: 'Idempotency-Key header missing' },
   'invalid-idempotency-key': { status: 400, title: 'Idempotency-Key invalid' },
   'invalid-request': { status: 400, title: 'Request invalid' },
+  'malformed-http': { status: 400, title: 'Malformed HTTP request' },
   unauthorized: { status: 401, title: 'Unauthorized' },
   'unknown-queue': { status: 404, title: 'Unknown queue' },
   'not-found': { status: 404, title: 'Not found' },
   'request-in-progress': { status: 409, title: 'A request with this Idempotency-Key is in progress' },
+  'request-timeout': { status: 408, title: 'Request timeout' },
   'payload-too-large': { status: 413, title: 'Payload too large' },
   'unsupported-media-type': { status: 415, title: 'Unsupported media type' },
   'idempotency-key-reused': { status: 422, title: 'Idempotency-Key reused with a different request' },
+  'headers-too-large': { status: 431, title: 'Request header fields too large' },
   'internal-error': { status: 500, title: 'Internal server error' },
   'not-ready': { status: 503, title: 'Not ready' },
+  'temporarily-unavailable': { status: 503, title: 'Temporarily unavailable' },
 } as const satisfies Record<string, { status: number; title: string }>;
 
 /** One problem case's name, e.g. `'request-in-progress'`. */
@@ -78,13 +84,28 @@ export function sendProblem(request: FastifyRequest, reply: FastifyReply, proble
   return reply.code(status).type('application/problem+json; charset=utf-8').send(JSON.stringify(body));
 }
 
+/** `Retry-After` of a 503 `temporarily-unavailable`: about how long a Postgres restart or a failover takes. */
+export const UNAVAILABLE_RETRY_AFTER_SECONDS = 2;
+
 /**
  * Maps anything thrown while handling a request to a problem: our own {@link HttpProblem}s as
- * they are, Fastify's body-parsing and validation errors to their cases, anything else to a
- * 500 whose detail names only the request id (the cause is logged, not leaked).
+ * they are, Fastify's body-parsing and validation errors and the library's
+ * {@link ValidationError}s to their 4xx cases, Postgres or Redis being unreachable for the
+ * moment to a 503 with `Retry-After`, anything else to a 500 whose detail names only the
+ * request id (the cause is logged, not leaked).
  */
 export function toHttpProblem(error: unknown, requestId: string): HttpProblem {
   if (error instanceof HttpProblem) return error;
+  if (error instanceof ValidationError) return new HttpProblem('invalid-request', error.message);
+  if (isTransientDependencyError(error)) {
+    const seconds = UNAVAILABLE_RETRY_AFTER_SECONDS;
+    return new HttpProblem(
+      'temporarily-unavailable',
+      `Postgres or Redis could not serve this request right now. Retry it with the same Idempotency-Key after ${seconds} s: ` +
+        `it takes effect at most once. (Request id ${requestId}.)`,
+      { 'retry-after': String(seconds) },
+    );
+  }
   const code = (error as { code?: unknown })?.code;
   const message = error instanceof Error ? error.message : String(error);
   switch (code) {
