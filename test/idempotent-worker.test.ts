@@ -208,6 +208,17 @@ describe('worker', () => {
     expect((await producer.enqueue({ name: 'charge', scope: 'shop', key: 'order-6c', data: { value: 1 } })).status).toBe('duplicate');
   });
 
+  it('6b. a custom keyOf whose identity cannot be fingerprinted fails once, naming scope and key; nothing is claimed', async () => {
+    let deep: unknown = 'leaf';
+    for (let i = 0; i < 500; i++) deep = [deep];
+    startInProcess({ keyOf: (job) => ({ scope: 'custom', key: String(job.data.ref), payload: job.data, fingerprintOf: deep }) });
+    const job = await rawAdd('charge', { ref: 'order-6b-deep' }, { attempts: 3 });
+    const failed = await waitForJobState(queue, job.id!, ['failed']);
+    expect(failed.job.failedReason).toMatch(/scope "custom", key "order-6b-deep"/);
+    expect(failed.job.attemptsMade, 'unrecoverable: no retries').toBe(1);
+    expect(await keys.get('custom', 'order-6b-deep')).toBeUndefined();
+  });
+
   it('7. a retryable error then success: one effect; a permanent error is stored and replayed to a duplicate', async () => {
     const events: WorkerEvent[] = [];
     startInProcess({}, events);

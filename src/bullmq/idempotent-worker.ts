@@ -226,18 +226,22 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
   }
 
   async #process(job: Job, token: string | undefined, bullSignal?: AbortSignal): Promise<unknown> {
-    let identity: JobIdentity<P>;
+    let identity: JobIdentity<P> | undefined;
+    let fingerprint: string;
     try {
       identity = this.#keyOf(job);
+      // Inside the try: a custom keyOf may return what cannot be fingerprinted (too deep, say),
+      // which no retry can mend.
+      fingerprint = this.#keys.fingerprint(identity.fingerprintOf);
     } catch (error) {
       this.#emit('invalid', job);
-      const reason = `Job ${job.id} on queue "${this.#options.queue}" was not run: ${(error as Error).message}`;
+      const named = identity ? ` (scope "${identity.scope}", key "${identity.key}")` : '';
+      const reason = `Job ${job.id} on queue "${this.#options.queue}"${named} was not run: ${(error as Error).message}`;
       this.#log.warn({ jobId: job.id, outcome: 'invalid' }, reason);
       throw new UnrecoverableError(reason);
     }
     const { scope, key } = identity;
     const log = new JobLogger(this.#log, { jobId: job.id, scope, key });
-    const fingerprint = this.#keys.fingerprint(identity.fingerprintOf);
     const claimOptions: ClaimOptions = {
       leaseMs: this.#timing.leaseMs,
       jobId: job.id,
