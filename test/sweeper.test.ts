@@ -17,6 +17,8 @@ import {
   withMaintenanceLock,
   toWireJobData,
   type IdempotentWorker,
+  createPostgresDb,
+  type SweepReport,
   type SweeperJobQueues,
   type SweeperOptions,
   type WorkerEvent,
@@ -278,6 +280,52 @@ describe('Sweeper', () => {
     const report = await sweeper({ jobs: racing, sweepAfterMs: 0 }).runOnce();
     expect(report).toMatchObject({ examined: 1, changed: 1, recoveries: [] });
     expect(await keys.get('acme', 'order-13')).toMatchObject({ status: 'processing', fence: 1, owner: null });
+  });
+
+  it('a run that meets a dropped connection or a Redis error changes nothing, is logged, and the next period sweeps normally', async () => {
+    await loseJob('order-14', { storePayload: false });
+    const applicationName = `sweeper-transient-${process.pid}`;
+    const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 2, applicationName });
+    closers.push(() => db.destroy());
+    let calls = 0;
+    const faulty: SweeperJobQueues = {
+      async presence(queueName, jobIds) {
+        calls++;
+        // First run: this sweep's own connection is terminated while it asks BullMQ.
+        if (calls === 1) {
+          await sql`select pg_terminate_backend(pid) from pg_stat_activity where application_name = ${applicationName}`.execute(env.db);
+        }
+        // Second run: Redis does not answer.
+        if (calls === 2) throw new Error('Connection is closed.');
+        return jobs.presence(queueName, jobIds);
+      },
+      reenqueue: (request) => jobs.reenqueue(request),
+    };
+    const logged: Array<{ task: unknown; msg: unknown }> = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => logged.push(JSON.parse(line)) });
+    const maintenance = new Maintenance({
+      db,
+      schema: env.schema,
+      sweeper: sweeper({ db, jobs: faulty }),
+      sweeperIntervalMs: 50,
+      statsIntervalMs: 0,
+      logger,
+    });
+    const errors: unknown[] = [];
+    const reports: SweepReport[] = [];
+    maintenance.on('error', (_task, error) => errors.push(error));
+    maintenance.on('sweeper', (report) => reports.push(report));
+    maintenance.start();
+    try {
+      await waitFor('a sweep after the failed ones', async () => reports.length > 0);
+    } finally {
+      await maintenance.stop();
+    }
+    expect(errors).toHaveLength(2);
+    expect(logged.filter((line) => line.task === 'sweeper' && /run failed/.test(String(line.msg)))).toHaveLength(2);
+    // The failed runs acted on nothing; the next one abandoned the key once.
+    expect(reports[0]!.recoveries).toMatchObject([{ key: 'order-14', action: 'abandoned', fence: 1 }]);
+    expect(await keys.get('acme', 'order-14')).toMatchObject({ status: 'failed', fence: 1, error: { code: 'ABANDONED' } });
   });
 
   it('pages through candidates in lease order and stops at maxKeysPerRun', async () => {
