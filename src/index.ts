@@ -13,6 +13,7 @@ export type { Claim, ClaimOutcome, HeldClaim } from './store/claim-outcome.js';
 export { isHeld } from './store/claim-outcome.js';
 export type { KeyRecord, KeyStatus } from './store/key-record.js';
 export type { KeyStore, ClaimInput, GroupStatements } from './store/key-store.js';
+export type { LeaseExtension } from './store/sql/extend.js';
 export type { GroupCommitOptions } from './protocol/group-commit.js';
 export type { PostgresKeyStoreOptions } from './store/postgres-key-store.js';
 export { PostgresKeyStore } from './store/postgres-key-store.js';

@@ -157,6 +157,47 @@ describe('claim batching', () => {
     }
   });
 
+  it('a committed claim whose reply was lost, claimed again with the same input (same owner token), holds the key with the same fence', async () => {
+    const keys = new IdempotencyKeys({ db, schema: env.schema });
+    const input = (key: string, owner = randomUUID()): ClaimStatementInput => ({
+      schema: env.schema, scope, key, fingerprint: keys.fingerprint({ key }), owner, mode: 'lease',
+      leaseMs: 30_000, lockTimeoutMs: 2_000, retentionMs: 60_000, jobId: `job-${key}`, queue: 'q', jobName: 'n',
+    });
+    for (const batchClaims of [true, false]) {
+      // The claim batcher re-claims a batch's inputs alone, with their owner tokens, after a batch error.
+      const store = new PostgresKeyStore(db, env.schema, { batchClaims });
+      const lost = input(`lost-reply-${batchClaims}`);
+      const first = await store.claim(db, lost);
+      expect(first).toMatchObject({ kind: 'claimed', fence: 1, owner: lost.owner });
+      const again = await store.claim(db, lost);
+      expect(again).toMatchObject({ kind: 'claimed', fence: 1, attempts: 1, owner: lost.owner });
+      // Anyone else still finds the key in progress; the owner completes it.
+      expect((await store.claim(db, input(lost.key))).kind).toBe('in-progress');
+      if (!isHeld(again)) throw new Error('expected a held claim');
+      await keys.runEffect(again, async () => 'done');
+      expect(await keys.get(scope, lost.key)).toMatchObject({ status: 'completed', fence: 1, result: 'done' });
+    }
+
+    // A takeover whose reply was lost: taken over again by the same token, same fence.
+    const store = new PostgresKeyStore(db, env.schema, { batchClaims: false });
+    const expiring = input('lost-takeover');
+    await store.claim(db, expiring);
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 second' where key = 'lost-takeover'`.execute(db);
+    const taker = input('lost-takeover');
+    expect(await store.claim(db, taker)).toMatchObject({ kind: 'taken-over', fence: 2 });
+    expect(await store.claim(db, taker)).toMatchObject({ kind: 'taken-over', fence: 2, attempts: 2, owner: taker.owner });
+
+    // The same in claim_keys, for a batch that was sent again as a whole.
+    const batched = input('lost-batch');
+    const other = input('lost-batch-other');
+    await claimKeysBatch(db, env.schema, [batched, other]);
+    const rows = await claimKeysBatch(db, env.schema, [batched, other]);
+    expect(rows.map((row, i) => classifyClaimRow([batched, other][i]!, row))).toMatchObject([
+      { kind: 'claimed', fence: 1, owner: batched.owner },
+      { kind: 'claimed', fence: 1, owner: other.owner },
+    ]);
+  });
+
   it('batchClaims: false sends every claim alone', async () => {
     const keys = new IdempotencyKeys({ db, schema: env.schema }, new PostgresKeyStore(db, env.schema, { batchClaims: false }));
     const before = batches();

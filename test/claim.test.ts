@@ -176,7 +176,8 @@ describe('claim', () => {
     const key = 'extend';
     const a = held(await keys.claim(scope, key, fp({ n: 7 }), { leaseMs: 1_000 }));
     const extended = await keys.extend(a, 60_000);
-    expect(extended!.getTime()).toBeGreaterThan(a.lockedUntil!.getTime());
+    expect(extended).toBeInstanceOf(Date);
+    expect((extended as Date).getTime()).toBeGreaterThan(a.lockedUntil!.getTime());
     await expireLease(env.db, env.schema, scope, key);
     const b = held(await keys.claim(scope, key, fp({ n: 7 })));
     expect(await keys.extend(a)).toBeNull();
@@ -356,7 +357,7 @@ describe('a custom KeyStore with only the required methods', () => {
       claim: (executor, input) => full.claim(executor, input),
       complete: (tx, claim, json, retentionMs) => full.complete(tx, claim, json, retentionMs),
       storeFastPathResult: (tx, claim, json) => full.storeFastPathResult(tx, claim, json),
-      extend: (claim, leaseMs) => full.extend(claim, leaseMs),
+      extend: (claim, leaseMs, lockTimeoutMs) => full.extend(claim, leaseMs, lockTimeoutMs),
       release: (claim, json) => full.release(claim, json),
       fail: (claim, json, retentionMs) => full.fail(claim, json, retentionMs),
       get: (s, k) => full.get(s, k),

@@ -1,12 +1,13 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
+import { createServer, connect, type Server, type Socket } from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { Janitor, Maintenance, ValidationError, retryHorizonMs, withMaintenanceLock } from '../src/index.js';
-import { waitFor } from './support/queue-helpers.js';
+import { sleep, waitFor } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
@@ -258,4 +259,106 @@ describe('standalone maintenance process (workers/janitor.ts)', () => {
       }
     }
   });
+
+  it('survives Postgres going away mid-run and coming back: each failed run is logged, the next period runs normally', async () => {
+    const proxy = await startTcpProxy(new URL(env.databaseUrl));
+    const url = new URL(env.databaseUrl);
+    url.host = `127.0.0.1:${proxy.port}`;
+    const script = fileURLToPath(new URL('../workers/janitor.ts', import.meta.url));
+    const child = spawn(process.execPath, ['--import', 'tsx', script], {
+      env: {
+        ...process.env,
+        DATABASE_URL: url.toString(),
+        REDIS_URL: env.redisUrl,
+        REDIS_PREFIX: env.redisPrefix,
+        SCHEMA: env.schema,
+        MIGRATE: 'false',
+        JANITOR_INTERVAL_MS: '100',
+        SWEEPER_INTERVAL_MS: '100',
+        SWEEPER_QUEUES: '*',
+        LOG_LEVEL: 'info',
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const exited = once(child, 'exit');
+    try {
+      const lines: Array<Record<string, unknown>> = [];
+      createInterface({ input: child.stdout! }).on('line', (line) => lines.push(JSON.parse(line)));
+      await waitFor('the maintenance process to be ready', async () => lines.some((l) => l.msg === 'maintenance ready'), 30_000);
+      await insertKeys('first', 2, { status: 'completed', expiresIn: '-1 minute' });
+      await waitFor('the first expired keys to be deleted', async () => (await remainingKeys()).size === 0);
+
+      // Postgres goes away: connections cut, new ones refused.
+      await proxy.close();
+      const closedAt = lines.length;
+      await waitFor('janitor and sweeper runs to fail and be logged', async () => {
+        const failed = lines.slice(closedAt).filter(isFailedRun);
+        return failed.some((l) => l.task === 'janitor') && failed.some((l) => l.task === 'sweeper');
+      });
+      // Still running, although the outage closed every connection it had.
+      await sleep(500);
+      expect(child.exitCode).toBeNull();
+
+      // It comes back: the next periods run normally.
+      await insertKeys('second', 3, { status: 'failed', expiresIn: '-1 minute' });
+      await proxy.open();
+      await waitFor('the second expired keys to be deleted', async () => (await remainingKeys()).size === 0);
+      const recovered = lines.length;
+      await insertKeys('third', 1, { status: 'failed', expiresIn: '-1 minute' });
+      await waitFor('the third expired key to be deleted', async () => (await remainingKeys()).size === 0);
+      expect(lines.slice(recovered).filter(isFailedRun)).toEqual([]);
+      expect(child.exitCode).toBeNull();
+      child.kill('SIGTERM');
+      const [code] = await exited;
+      expect(code).toBe(0);
+    } finally {
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill('SIGKILL');
+        await exited;
+      }
+      await proxy.close();
+    }
+  });
 });
+
+/** A log line of a maintenance run that failed. */
+function isFailedRun(line: Record<string, unknown>): boolean {
+  return typeof line.msg === 'string' && /run failed/.test(line.msg);
+}
+
+/**
+ * A TCP proxy to `target` on a port of its own: `close` cuts every connection and refuses new
+ * ones (Postgres gone), `open` accepts them again on the same port (Postgres back).
+ */
+async function startTcpProxy(target: URL): Promise<{ port: number; close(): Promise<void>; open(): Promise<void> }> {
+  const sockets = new Set<Socket>();
+  let server: Server | undefined;
+  let port = 0;
+  const open = async () => {
+    if (server) return;
+    const listening = createServer((client) => {
+      const upstream = connect(Number(target.port || 5432), target.hostname);
+      for (const socket of [client, upstream]) {
+        sockets.add(socket);
+        socket.on('close', () => sockets.delete(socket));
+        socket.on('error', () => {
+          client.destroy();
+          upstream.destroy();
+        });
+      }
+      client.pipe(upstream).pipe(client);
+    });
+    listening.listen(port, '127.0.0.1');
+    await once(listening, 'listening');
+    port = (listening.address() as { port: number }).port;
+    server = listening;
+  };
+  const close = async () => {
+    const closing = server;
+    server = undefined;
+    for (const socket of sockets) socket.destroy();
+    if (closing) await new Promise((resolve) => closing.close(resolve));
+  };
+  await open();
+  return { port, open, close };
+}

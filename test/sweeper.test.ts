@@ -17,6 +17,8 @@ import {
   withMaintenanceLock,
   toWireJobData,
   type IdempotentWorker,
+  createPostgresDb,
+  type SweepReport,
   type SweeperJobQueues,
   type SweeperOptions,
   type WorkerEvent,
@@ -29,6 +31,7 @@ let keys: IdempotencyKeys;
 let jobs: BullmqJobLookup;
 let queue: Queue;
 const QUEUE = 'sweep';
+const OTHER_QUEUE = 'sweep-b';
 const silent = pino({ level: 'silent' });
 const workers: IdempotentWorker<any, any>[] = [];
 const closers: Array<() => Promise<unknown>> = [];
@@ -197,6 +200,132 @@ describe('Sweeper', () => {
     const report = await sweeper({ jobs: racing }).runOnce();
     expect(report).toMatchObject({ examined: 1, changed: 1, recoveries: [] });
     expect(await keys.get('acme', 'order-8')).toMatchObject({ status: 'processing', fence: 2 });
+  });
+
+  it('asks the queue of the job that took the key over: not abandoned while that job is pending, re-enqueued into that queue once it is gone', async () => {
+    const other = new Queue(OTHER_QUEUE, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    closers.push(async () => {
+      await other.obliterate({ force: true });
+      await other.close();
+    });
+    const lost = await loseJob('moved-1');
+    // A job of another queue, under its producer's own id, takes the key over; then its
+    // worker dies too, and the job waits in its queue for a retry.
+    const taker = await keys.claim('acme', 'moved-1', keys.fingerprint({ name: 'charge', payload: lost.payload }), {
+      jobId: 'b-own-1',
+      queue: OTHER_QUEUE,
+      jobName: 'charge-b',
+      payload: lost.payload,
+    });
+    expect(taker).toMatchObject({ kind: 'taken-over', fence: 2 });
+    await other.add('charge-b', toWireJobData('acme', 'moved-1', lost.payload), { jobId: 'b-own-1', delay: 3_600_000 });
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 hour'
+               where key = 'moved-1'`.execute(env.db);
+    expect(await keys.get('acme', 'moved-1')).toMatchObject({ queue: OTHER_QUEUE, jobId: 'b-own-1', jobName: 'charge-b' });
+
+    expect(await sweeper({ action: 'abandon' }).runOnce()).toMatchObject({ examined: 1, alive: 1, recoveries: [] });
+    expect(await keys.get('acme', 'moved-1')).toMatchObject({ status: 'processing', fence: 2 });
+
+    await other.remove('b-own-1');
+    const report = await sweeper({ action: 'reenqueue' }).runOnce();
+    expect(report.recoveries).toEqual([
+      { scope: 'acme', key: 'moved-1', fence: 2, queue: OTHER_QUEUE, jobId: 'b-own-1', action: 'reenqueued', jobWas: 'missing' },
+    ]);
+    expect((await other.getJob(lost.jobId))?.name).toBe('charge-b');
+    expect(await queue.getJob(lost.jobId)).toBeUndefined();
+  });
+
+  it('counts a duplicate under the deterministic id in another of its queues as pending', async () => {
+    const other = new Queue(OTHER_QUEUE, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    closers.push(async () => {
+      await other.obliterate({ force: true });
+      await other.close();
+    });
+    const lost = await loseJob('moved-2', { storePayload: false });
+    await keys.claim('acme', 'moved-2', keys.fingerprint({ name: 'charge', payload: lost.payload }), {
+      jobId: 'b-own-2',
+      queue: OTHER_QUEUE,
+      jobName: 'charge-b',
+    });
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 hour'
+               where key = 'moved-2'`.execute(env.db);
+    // The first job (our producer's deterministic id) is still due for a retry in the first queue.
+    await queue.add('charge', toWireJobData('acme', 'moved-2', lost.payload), { jobId: lost.jobId, delay: 3_600_000 });
+    expect(await sweeper({ queues: [QUEUE, OTHER_QUEUE] }).runOnce()).toMatchObject({ examined: 1, alive: 1, recoveries: [] });
+    await queue.remove(lost.jobId);
+    expect(await sweeper({ queues: [QUEUE, OTHER_QUEUE] }).runOnce()).toMatchObject({
+      recoveries: [{ key: 'moved-2', queue: OTHER_QUEUE, jobId: 'b-own-2', action: 'abandoned' }],
+    });
+  });
+
+  it('does not abandon a key released or claimed again under the same fence between its look and its abandon', async () => {
+    const payload = { cents: 100, key: 'order-13' };
+    const claim = await keys.claim('acme', 'order-13', keys.fingerprint({ name: 'charge', payload }), {
+      jobId: jobIdFor('acme', 'order-13'),
+      queue: QUEUE,
+      jobName: 'charge',
+    });
+    if (claim.kind !== 'claimed') throw new Error(`expected a claim, got ${claim.kind}`);
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 hour'
+               where key = 'order-13'`.execute(env.db);
+    const racing: SweeperJobQueues = {
+      async presence(queueName, jobIds) {
+        const answer = await jobs.presence(queueName, jobIds);
+        // Meanwhile its owner gives the key up for a retry: same fence, no owner, lease ended now.
+        expect(await keys.release(claim, new Error('retry me'))).toBe(true);
+        return answer;
+      },
+      reenqueue: (request) => jobs.reenqueue(request),
+    };
+    const report = await sweeper({ jobs: racing, sweepAfterMs: 0 }).runOnce();
+    expect(report).toMatchObject({ examined: 1, changed: 1, recoveries: [] });
+    expect(await keys.get('acme', 'order-13')).toMatchObject({ status: 'processing', fence: 1, owner: null });
+  });
+
+  it('a run that meets a dropped connection or a Redis error changes nothing, is logged, and the next period sweeps normally', async () => {
+    await loseJob('order-14', { storePayload: false });
+    const applicationName = `sweeper-transient-${process.pid}`;
+    const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 2, applicationName });
+    closers.push(() => db.destroy());
+    let calls = 0;
+    const faulty: SweeperJobQueues = {
+      async presence(queueName, jobIds) {
+        calls++;
+        // First run: this sweep's own connection is terminated while it asks BullMQ.
+        if (calls === 1) {
+          await sql`select pg_terminate_backend(pid) from pg_stat_activity where application_name = ${applicationName}`.execute(env.db);
+        }
+        // Second run: Redis does not answer.
+        if (calls === 2) throw new Error('Connection is closed.');
+        return jobs.presence(queueName, jobIds);
+      },
+      reenqueue: (request) => jobs.reenqueue(request),
+    };
+    const logged: Array<{ task: unknown; msg: unknown }> = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => logged.push(JSON.parse(line)) });
+    const maintenance = new Maintenance({
+      db,
+      schema: env.schema,
+      sweeper: sweeper({ db, jobs: faulty }),
+      sweeperIntervalMs: 50,
+      statsIntervalMs: 0,
+      logger,
+    });
+    const errors: unknown[] = [];
+    const reports: SweepReport[] = [];
+    maintenance.on('error', (_task, error) => errors.push(error));
+    maintenance.on('sweeper', (report) => reports.push(report));
+    maintenance.start();
+    try {
+      await waitFor('a sweep after the failed ones', async () => reports.length > 0);
+    } finally {
+      await maintenance.stop();
+    }
+    expect(errors).toHaveLength(2);
+    expect(logged.filter((line) => line.task === 'sweeper' && /run failed/.test(String(line.msg)))).toHaveLength(2);
+    // The failed runs acted on nothing; the next one abandoned the key once.
+    expect(reports[0]!.recoveries).toMatchObject([{ key: 'order-14', action: 'abandoned', fence: 1 }]);
+    expect(await keys.get('acme', 'order-14')).toMatchObject({ status: 'failed', fence: 1, error: { code: 'ABANDONED' } });
   });
 
   it('pages through candidates in lease order and stops at maxKeysPerRun', async () => {

@@ -1,6 +1,6 @@
 /** A {@link KeyStore} decorator that records how long each claim statement takes, by outcome. */
 import type { Kysely } from 'kysely';
-import type { Claim, ClaimInput, ClaimOutcome, KeyRecord, KeyStore } from '../../src/index.js';
+import type { Claim, ClaimInput, ClaimOutcome, KeyRecord, KeyStore, LeaseExtension } from '../../src/index.js';
 
 /** Claim latencies in milliseconds, by outcome kind. */
 export type ClaimLatencies = Map<ClaimOutcome['kind'], number[]>;
@@ -98,8 +98,8 @@ export class TimedKeyStore implements KeyStore {
     return this.#inner.storeFastPathResult(tx, claim, resultJson);
   }
 
-  extend(claim: Claim, leaseMs: number): Promise<Date | null> {
-    return this.#inner.extend(claim, leaseMs);
+  extend(claim: Claim, leaseMs: number, lockTimeoutMs: number): Promise<LeaseExtension> {
+    return this.#inner.extend(claim, leaseMs, lockTimeoutMs);
   }
 
   release(claim: Claim, errorJson: string | null): Promise<boolean> {

@@ -450,17 +450,30 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     };
   }
 
-  /** Extends the lease every `heartbeatMs`; on loss, aborts the handler's signal. */
+  /**
+   * Extends the lease every `heartbeatMs`; on loss, aborts the handler's signal. One extension
+   * at a time: a beat that finds the previous one still waiting skips. An extension that fails
+   * (Postgres unreachable, or a lock wait past its timeout because a transaction that is
+   * completing the key holds it) is "not known yet": the next beat tries again, and completion
+   * is fenced anyway. The key found completed by this claim is the job's own commit, never a loss.
+   */
   #startHeartbeat(job: Job, claim: Claim, controller: AbortController, log: JobLogger): () => void {
     let stopped = false;
+    let inFlight = false;
+    const stop = () => {
+      stopped = true;
+      clearInterval(timer);
+    };
     const timer = setInterval(async () => {
+      if (inFlight) return;
+      inFlight = true;
       try {
-        const lockedUntil = await this.#keys.extend(claim, this.#timing.leaseMs);
-        // An extension still in flight when the job finished finds the key completed: that is
-        // the job's own success, not a lost lease.
+        const extension = await this.#keys.extend(claim, this.#timing.leaseMs);
         if (stopped) return;
-        if (lockedUntil === null) {
-          clearInterval(timer);
+        if (extension === 'completed') {
+          stop();
+        } else if (extension === null) {
+          stop();
           this.#emit('lease-lost', job, claim);
           log.warn({ outcome: 'lease-lost' }, 'lease lost: another worker took the key over');
           controller.abort(new LeaseLostError(claim.scope, claim.key, claim.fence));
@@ -468,16 +481,13 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
           this.#emit('lease-extended', job, claim);
         }
       } catch (error) {
-        // Postgres unreachable: keep trying. If the lease runs out meanwhile, completion is
-        // fenced anyway.
-        log.warn({ err: error }, 'lease heartbeat failed');
+        if (!stopped) log.warn({ err: error }, 'lease heartbeat failed; trying again at the next beat');
+      } finally {
+        inFlight = false;
       }
     }, this.#timing.heartbeatMs);
     timer.unref();
-    return () => {
-      stopped = true;
-      clearInterval(timer);
-    };
+    return stop;
   }
 
   async #handleHeldFailure(

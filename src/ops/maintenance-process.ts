@@ -130,6 +130,11 @@ export async function startMaintenanceProcess(options: MaintenanceProcessOptions
   if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
   const configured = createMaintenanceFromConfig(config, db, logger, { stats: config.METRICS_PORT !== undefined });
   configured?.maintenance.start();
+  // Maintenance's timers are unref'd (a library must not keep its host alive), and between runs
+  // this process may hold no other handle: the pool closes idle connections, a Postgres outage
+  // closes them all, and Node would then exit with status 0. This process exists to run
+  // maintenance, so it stays up until it is stopped.
+  const keepAlive = setInterval(() => {}, 2 ** 31 - 1);
   const checks: Record<string, HealthCheck> = { postgres: () => pingDatabase(db) };
   const metricsServer = config.METRICS_PORT !== undefined ? await startMetricsServer({ port: config.METRICS_PORT, checks }) : undefined;
   logger.info(
@@ -139,6 +144,7 @@ export async function startMaintenanceProcess(options: MaintenanceProcessOptions
   let stopped: Promise<void> | undefined;
   const stop = () =>
     (stopped ??= (async () => {
+      clearInterval(keepAlive);
       await configured?.stop();
       await metricsServer?.close();
       await db.destroy();

@@ -4,6 +4,7 @@ import { pino, type Logger } from 'pino';
 import { resolveMaintenanceIntervals } from '../config/maintenance-options.js';
 import { withMaintenanceLock, type LockedRun, type MaintenanceTask } from '../store/maintenance-lock.js';
 import { keyStats, type KeyStats } from '../store/sql/key-stats.js';
+import { isTransientStoreError } from '../store/pg-errors.js';
 import type { Janitor, JanitorReport } from './janitor.js';
 import type { SweepReport, Sweeper } from './sweeper.js';
 
@@ -132,8 +133,12 @@ export class Maintenance extends EventEmitter<MaintenanceEvents> {
     if (this.#stopped) return;
     const timer = setTimeout(async () => {
       this.#timers.delete(timer);
+      // A failed run changed nothing it had not finished (each statement is its own transaction,
+      // and the sweeper acts on a key only after reading it whole); the next interval starts over.
+      // A dropped connection or a restarting server is expected now and then: a warning.
       const running = run().catch((error: unknown) => {
-        this.#log.error({ err: error, task }, `${task} run failed; retrying at the next interval`);
+        const level = isTransientStoreError(error) ? 'warn' : 'error';
+        this.#log[level]({ err: error, task }, `${task} run failed; retrying at the next interval`);
         this.emit('error', task, error);
       });
       this.#running.add(running);

@@ -7,6 +7,7 @@ import {
   type SweeperOptions,
 } from '../config/maintenance-options.js';
 import { jobIdFor, toWireJobData } from '../bullmq/job-identity.js';
+import type { JobPresence } from '../bullmq/job-lookup.js';
 import { abandonKey } from '../store/sql/abandon-key.js';
 import { findLostKeyCandidates, type LostKeyCandidate, type LostKeyCursor } from '../store/sql/find-lost-keys.js';
 
@@ -145,7 +146,7 @@ export class Sweeper {
       return 'unverifiable';
     }
     const deterministicId = jobIdFor(scope, key);
-    const presence = await this.#options.jobs.presence(queue, [jobId, deterministicId]);
+    const presence = await this.#presence(queue, jobId, deterministicId);
     if (presence === 'pending') return 'alive';
 
     const canReenqueue = candidate.hasPayload && candidate.jobName !== null;
@@ -182,15 +183,39 @@ export class Sweeper {
       scope,
       key,
       fence,
+      owner: candidate.owner,
       sweepAfterMs: this.#options.sweepAfterMs,
       retentionMs: this.#options.retentionMs,
       reason,
     });
     if (!abandoned) {
-      log.info('key changed while the sweeper looked at it (claimed again); left alone');
+      log.info('key changed while the sweeper looked at it (claimed, extended or released again); left alone');
       return 'changed';
     }
     log.warn({ outcome: 'abandoned', jobWas: presence }, reason);
     return { scope, key, fence, queue, jobId, action: 'abandoned', jobWas: presence };
+  }
+
+  /**
+   * Whether any job that will claim the key is still pending, asked where such jobs can be:
+   * - in the key's recorded queue (every claim and takeover records its job's id, queue and
+   *   name, so this is the queue of the job that last claimed it), under the recorded job id
+   *   (a foreign producer's own id) and under the deterministic id `jobIdFor(scope, key)` (our
+   *   producers', the relay's and the sweeper's re-enqueues);
+   * - in each other queue this sweeper covers (an explicit list), under the deterministic id:
+   *   a duplicate deferred there while a job of another queue took the key over.
+   * Duplicates a foreign producer added under ids of its own are not searched (BullMQ cannot
+   * search jobs by data); such a duplicate records its id when it claims, and it claims within
+   * the workers' longest deferral (`deferMaxMs`, seconds) after the lease ended, long before
+   * `sweepAfterMs` (minutes). Pending anywhere wins; otherwise the recorded queue's answer.
+   */
+  async #presence(queue: string, jobId: string, deterministicId: string): Promise<JobPresence> {
+    const { queues } = this.#options;
+    const others = queues === '*' ? [] : queues.filter((other) => other !== queue);
+    const [recorded, ...elsewhere] = await Promise.all([
+      this.#options.jobs.presence(queue, [jobId, deterministicId]),
+      ...others.map((other) => this.#options.jobs.presence(other, [deterministicId])),
+    ]);
+    return elsewhere.includes('pending') ? 'pending' : recorded!;
   }
 }

@@ -10,6 +10,7 @@ import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
 import { freshCompletingClaim, isHeld, type HeldClaim } from '../store/claim-outcome.js';
 import type { ClaimInput, GroupStatements, KeyStore } from '../store/key-store.js';
 import type { KeyRecord } from '../store/key-record.js';
+import type { LeaseExtension } from '../store/sql/extend.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
 import { transientStoreFault } from '../store/pg-errors.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
@@ -321,9 +322,13 @@ export class IdempotencyKeys {
     });
   }
 
-  /** Heartbeat: extends the lease from now; null when the lease was lost. */
-  extend(claim: Claim, leaseMs: number = this.#options.leaseMs): Promise<Date | null> {
-    return storeCall(claim.scope, claim.key, 'lease extension', () => this.#store.extend(claim, leaseMs));
+  /**
+   * Heartbeat: extends the lease from now. The new expiry; `'completed'` when this claim's own
+   * completion has committed (not a loss); null when the lease was lost. Waits on the key's row
+   * lock for at most `claimLockTimeoutMs`, then throws: not known yet, try at the next beat.
+   */
+  extend(claim: Claim, leaseMs: number = this.#options.leaseMs): Promise<LeaseExtension> {
+    return storeCall(claim.scope, claim.key, 'lease extension', () => this.#store.extend(claim, leaseMs, this.#options.claimLockTimeoutMs));
   }
 
   /**

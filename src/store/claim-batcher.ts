@@ -17,7 +17,9 @@ type Settled = { readonly outcome: ClaimOutcome } | { readonly error: unknown };
  * Each claim keeps its own outcome. Inputs that need another look (see `classifyClaimRow`), and
  * every input of a batch that failed as a whole (a `lock_timeout` on one key, a deadlock, a
  * dropped connection), are claimed again alone with the single-key statement, whose errors and
- * retries are the usual ones.
+ * retries are the usual ones. Each input keeps its owner token for that: when the batch did
+ * commit and only its reply was lost, `claim_key` finds the row held under the input's own
+ * token and returns it as this claim's (same fence), instead of another owner's key in progress.
  */
 export class ClaimBatcher {
   readonly #db: Kysely<any>;

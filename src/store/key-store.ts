@@ -2,6 +2,7 @@ import type { Kysely } from 'kysely';
 import type { Claim, ClaimOutcome } from './claim-outcome.js';
 import type { KeyRecord } from './key-record.js';
 import type { ClaimStatementInput } from './sql/claim.js';
+import type { LeaseExtension } from './sql/extend.js';
 
 /** What {@link KeyStore.claim} needs; the schema is the store's own. */
 export type ClaimInput = Omit<ClaimStatementInput, 'schema'>;
@@ -49,8 +50,12 @@ export interface KeyStore {
    * replays in one round trip.
    */
   findSettled?(scope: string, key: string, fingerprint: string): Promise<ClaimOutcome | undefined>;
-  /** Extends the lease; the new expiry, or null when the lease is lost. */
-  extend(claim: Claim, leaseMs: number): Promise<Date | null>;
+  /**
+   * Extends the lease (see `sql/extend.ts`): the new expiry; `'completed'` when this claim's
+   * own completion committed; null when the lease is lost. A wait on the key's row lock longer
+   * than `lockTimeoutMs` throws (not known yet: try again later).
+   */
+  extend(claim: Claim, leaseMs: number, lockTimeoutMs: number): Promise<LeaseExtension>;
   /** Releases the key for an immediate retry; false when the claim no longer owns it. */
   release(claim: Claim, errorJson: string | null): Promise<boolean>;
   /** Fails the key permanently; false when the claim no longer owns it. */

@@ -4,6 +4,7 @@ import { claimKeysFunctionDdl } from './sql/claim-batch.js';
 import { claimNewKeyFunctionDdl } from './sql/claim-new-key.js';
 import { claimNewKeysFunctionDdl } from './sql/claim-new-keys.js';
 import { completeKeyFunctionDdl, storeFastPathResultFunctionDdl } from './sql/complete-and-commit.js';
+import { extendLeaseFunctionDdl } from './sql/extend.js';
 
 /**
  * The schema's history, oldest first. Each migration takes the schema name because the
@@ -99,6 +100,11 @@ export function migrationsFor(schema: string): Record<string, Migration> {
     '010_claim_keys_set_based': installing(claimKeysFunctionDdl),
     // The fast path's claim of one new key without claim_key's generality (see claim-new-key.ts).
     '011_claim_new_key_function': installing(claimNewKeyFunctionDdl),
+    // A takeover records the new job's id, queue and name (the sweeper asks that queue), and a
+    // claim finds a row held under its own owner token to be its own (a lost reply of a commit).
+    '012_claim_key_takeover_records_job': installing(claimKeyFunctionDdl),
+    // The heartbeat's extension bounded by a lock timeout, telling its own completion from a loss.
+    '013_extend_lease_function': installing(extendLeaseFunctionDdl),
   };
 
   /** A migration that only installs (the current body of) one function. */

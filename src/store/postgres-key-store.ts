@@ -19,7 +19,7 @@ import {
   storeFastPathResult,
   storeResultAndCommit,
 } from './sql/complete-and-commit.js';
-import { extendLease } from './sql/extend.js';
+import { extendLease, type LeaseExtension } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
 import { releaseKey } from './sql/release.js';
@@ -134,8 +134,8 @@ export class PostgresKeyStore implements KeyStore {
     }
   }
 
-  extend(claim: Claim, leaseMs: number): Promise<Date | null> {
-    return extendLease(this.#db, this.schema, claim, leaseMs);
+  extend(claim: Claim, leaseMs: number, lockTimeoutMs: number): Promise<LeaseExtension> {
+    return extendLease(this.#db, this.schema, claim, leaseMs, lockTimeoutMs);
   }
 
   release(claim: Claim, errorJson: string | null): Promise<boolean> {

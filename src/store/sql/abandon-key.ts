@@ -7,6 +7,8 @@ export interface AbandonKeyInput {
   readonly key: string;
   /** The fence the sweeper saw; a claim since then changes it and the key is left alone. */
   readonly fence: number;
+  /** The owner token the sweeper saw (null: released); a release or claim since then changes it. */
+  readonly owner: string | null;
   readonly sweepAfterMs: number;
   readonly retentionMs: number;
   /** Why, for the stored error's message. */
@@ -17,8 +19,10 @@ export interface AbandonKeyInput {
  * Marks a lost key failed for good with error code `ABANDONED`, so duplicates replay the
  * failure (and operators can `keys release` it) instead of the key staying `processing` with
  * nobody to finish it. Conditional on the state the sweeper saw: still `processing`, same
- * fence, lease still over for `sweepAfterMs`. A worker that claimed the key in the meantime
- * changed the fence (or holds a live lease), so the update matches nothing and returns false.
+ * owner token and fence, lease still over for `sweepAfterMs`. The sweeper decides between its
+ * read and this statement (it asks BullMQ, holding no lock); a worker that claimed, took over,
+ * extended or released the key in the meantime changed one of those, so the update matches
+ * nothing and returns false.
  * Waiters that asked are notified as for any failure.
  */
 export async function abandonKey(db: Kysely<any>, schema: string, input: AbandonKeyInput): Promise<boolean> {
@@ -41,6 +45,7 @@ export async function abandonKey(db: Kysely<any>, schema: string, input: Abandon
        where scope = ${input.scope} and key = ${input.key}
          and status = 'processing'
          and fence = ${input.fence}
+         and owner is not distinct from ${input.owner}::uuid
          and locked_until <= now() - ${input.sweepAfterMs}::bigint * interval '1 millisecond'
       returning scope, key, has_waiters
     ),

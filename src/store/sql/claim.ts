@@ -66,8 +66,14 @@ const MAX_STATEMENTS = 5;
  * 2. if nothing was inserted, one conditional UPDATE takes a `processing` key whose lease has
  *    expired (or which was released: owner null) and whose fingerprint matches: new owner,
  *    fence + 1, a new lease. Concurrent takers serialize on the row lock and Postgres re-checks
- *    the WHERE on the newest row version, so exactly one wins.
- * 3. otherwise the existing row is returned for the caller to classify.
+ *    the WHERE on the newest row version, so exactly one wins. The job that takes over is now
+ *    the key's job: its id, queue and name replace the old job's (the sweeper asks that queue
+ *    about that job), unless it names no job (a claim made outside BullMQ keeps the old ones).
+ * 3. otherwise the existing row is returned for the caller to classify. A `processing` row
+ *    held under this very owner token is this claim's own: an earlier run of the same claim
+ *    committed but its reply was lost (the claim batcher then claims each input again alone,
+ *    with the same token), so it is returned as `claimed` (or `taken-over`) with the row's
+ *    fence, not as another owner's key in progress.
  *
  * Each step takes a fresh snapshot (read committed), so a row committed by someone else between
  * steps is seen by the next one. What remains racy: the row can be deleted (janitor) between
@@ -169,6 +175,7 @@ export function claimKeyFunctionDdl(schema: string) {
       v_locked_until timestamptz := case when p_mode = 'complete' then null else now() + p_lease_ms * interval '1 millisecond' end;
       v_completed_at timestamptz := case when p_mode = 'complete' then now() end;
       v_expires_at timestamptz := case when p_mode = 'complete' then now() + p_retention_ms * interval '1 millisecond' end;
+      v_names_job boolean := p_job_id is not null or p_queue is not null;
       v_row record;
     begin
       perform set_config('lock_timeout', p_lock_timeout_ms::text, true);
@@ -194,7 +201,10 @@ export function claimKeyFunctionDdl(schema: string) {
                locked_until = v_locked_until,
                completed_at = v_completed_at,
                expires_at = v_expires_at,
-               job_id = coalesce(p_job_id, k.job_id),
+               job_id = case when v_names_job then p_job_id else k.job_id end,
+               queue = case when v_names_job then p_queue else k.queue end,
+               job_name = case when v_names_job then p_job_name else k.job_name end,
+               payload = coalesce(p_payload, k.payload),
                updated_at = now()
          where k.scope = p_scope and k.key = p_key
            and k.status = 'processing'
@@ -221,7 +231,10 @@ export function claimKeyFunctionDdl(schema: string) {
       end if;
 
       return query
-        select 'existing'::text, k.fence, k.attempts, k.locked_until, k.status, k.fingerprint,
+        select case when k.owner = p_owner and k.status = 'processing' and k.fingerprint = p_fingerprint and not v_completing
+                    then case when k.attempts = 1 then 'claimed' else 'taken-over' end
+                    else 'existing' end,
+               k.fence, k.attempts, k.locked_until, k.status, k.fingerprint,
                k.status = 'processing' and (k.owner is null or k.locked_until <= now()),
                k.result, k.error,
                ceil(extract(epoch from (k.locked_until - now())) * 1000)::bigint

@@ -5,6 +5,8 @@ export interface LostKeyCandidate {
   readonly scope: string;
   readonly key: string;
   readonly fence: number;
+  /** The owner token the key was left under (null once released); the abandon is conditioned on it. */
+  readonly owner: string | null;
   readonly lockedUntil: Date;
   /** `locked_until` as Postgres text, exact to the microsecond (a Date keeps milliseconds only); for the cursor. */
   readonly lockedUntilExact: string;
@@ -53,6 +55,7 @@ export async function findLostKeyCandidates(
     scope: string;
     key: string;
     fence: string;
+    owner: string | null;
     locked_until: Date;
     locked_until_exact: string;
     job_id: string | null;
@@ -61,7 +64,7 @@ export async function findLostKeyCandidates(
     has_payload: boolean;
     payload: unknown;
   }>`
-    select scope, key, fence, locked_until, locked_until::text as locked_until_exact, job_id, queue, job_name, payload is not null as has_payload, payload
+    select scope, key, fence, owner, locked_until, locked_until::text as locked_until_exact, job_id, queue, job_name, payload is not null as has_payload, payload
       from ${sql.id(schema, 'idempotency_keys')}
      where status = 'processing'
        and locked_until <= now() - ${sweepAfterMs}::bigint * interval '1 millisecond'
@@ -73,6 +76,7 @@ export async function findLostKeyCandidates(
     scope: r.scope,
     key: r.key,
     fence: Number(r.fence),
+    owner: r.owner,
     lockedUntil: r.locked_until,
     lockedUntilExact: r.locked_until_exact,
     jobId: r.job_id,
