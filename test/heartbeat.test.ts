@@ -105,7 +105,7 @@ describe('the lease extension', () => {
     try {
       await holder.locked;
       // Bounded by claimLockTimeoutMs (100 ms here): the wait ends while the holder still holds the row.
-      await expect(keys.extend(claim)).rejects.toMatchObject({ code: '55P03' });
+      await expect(keys.extend(claim)).rejects.toMatchObject({ code: 'STORE_UNAVAILABLE', cause: { code: '55P03' } });
       expect((await keys.get(scope, 'held-row'))!.lockedUntil).toEqual(before.lockedUntil);
     } finally {
       gate.open();
