@@ -1,5 +1,8 @@
 import { Kysely, PostgresDialect, type PostgresPool, type PostgresPoolClient } from 'kysely';
 import pg from 'pg';
+import { transientStoreFault } from './pg-errors.js';
+
+const ROLLBACK = /^\s*rollback\s*;?\s*$/i;
 
 /** Kysely instances made by {@link createPostgresDb}: their connections answer multi-statement strings with the last statement's result. */
 const lastResultDbs = new WeakSet<Kysely<any>>();
@@ -92,14 +95,26 @@ function lastResultPool(pool: pg.Pool): PostgresPool {
   return {
     async connect(): Promise<PostgresPoolClient> {
       const client = await pool.connect();
+      let broken = false;
       return {
         query: ((text: unknown, parameters?: readonly unknown[]) => {
           if (typeof text !== 'string') return client.query(text as any);
-          return client.query(text, parameters as unknown[]).then((result: pg.QueryResult | pg.QueryResult[]) =>
+          const sent = client.query(text, parameters as unknown[]).then((result: pg.QueryResult | pg.QueryResult[]) =>
             Array.isArray(result) ? result[result.length - 1] : result,
           );
+          if (!ROLLBACK.test(text)) return sent;
+          // A ROLLBACK on a connection that broke fails with "Client has encountered a
+          // connection error and is not queryable", and Kysely's `db.transaction()` would throw
+          // that instead of the error that ended the transaction (the handler's own, or the
+          // statement's 57P01). There is nothing left to roll back: the server aborts a
+          // transaction whose session ends. So it counts as done, and the client is destroyed.
+          return sent.catch((error: unknown) => {
+            if (transientStoreFault(error) !== 'connection') throw error;
+            broken = true;
+            return { command: 'ROLLBACK', rowCount: null, rows: [] };
+          });
         }) as PostgresPoolClient['query'],
-        release: (destroy?: boolean) => client.release(destroy),
+        release: (destroy?: boolean) => client.release(destroy || broken),
       };
     },
     end: () => pool.end(),
