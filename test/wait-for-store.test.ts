@@ -6,6 +6,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { createServer, type AddressInfo } from 'node:net';
 import { createInterface } from 'node:readline';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -68,6 +69,12 @@ describe('waitForStore', () => {
     );
     await expect(failure).rejects.toBeInstanceOf(StoreUnreachableAtStartError);
     await expect(failure).rejects.toThrow(/^Redis was still unreachable after \d+ tries over \d+ s \(last error: connect ECONNREFUSED 127\.0\.0\.1:1\); giving up\..*STARTUP_WAIT_MS/);
+  });
+
+  it('gives up at the deadline on a try that never answers (a frozen server)', async () => {
+    const { logger } = recordingLogger();
+    const failure = waitForStore(() => new Promise<never>(() => {}), { what: 'Postgres (migrations)', deadline: Date.now() + 30, logger });
+    await expect(failure).rejects.toThrow(/^Postgres \(migrations\) was still unreachable after 1 tries .*\(last error: no answer/);
   });
 });
 
@@ -147,9 +154,23 @@ describe('a worker process starting while a server is down', () => {
     expect(stdout).toMatch(/Postgres \(migrations\) is not reachable yet/);
   });
 
+  it('exits non-zero naming Postgres when it accepts connections but never answers (frozen)', async () => {
+    const silent = createServer(() => {}); // accepts, never replies: a server stopped by SIGSTOP
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    try {
+      const { port } = silent.address() as AddressInfo;
+      const worker = startWorker({ DATABASE_URL: `postgres://postgres@127.0.0.1:${port}/postgres`, STARTUP_WAIT_MS: '1500' });
+      const { code, stderr } = await worker.exited;
+      expect(code).toBe(1);
+      expect(stderr).toMatch(/Postgres \(migrations\) was still unreachable after 1 tries .*no answer.*STARTUP_WAIT_MS/);
+    } finally {
+      silent.close();
+    }
+  });
+
   it('exits non-zero naming Redis when it never comes up', async () => {
     const closedPort = await freePort();
-    const worker = startWorker({ REDIS_URL: `redis://127.0.0.1:${closedPort}`, STARTUP_WAIT_MS: '1500' });
+    const worker = startWorker({ REDIS_URL: `redis://127.0.0.1:${closedPort}`, STARTUP_WAIT_MS: '4000' });
     const { code, stderr } = await worker.exited;
     expect(code).toBe(1);
     expect(stderr).toMatch(/Redis was still unreachable after \d+ tries .*ECONNREFUSED.*STARTUP_WAIT_MS/);

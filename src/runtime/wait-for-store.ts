@@ -43,21 +43,45 @@ export async function waitForStore<T>(attempt: () => Promise<T>, options: WaitFo
   const maxDelayMs = options.maxDelayMs ?? 4_000;
   const startedAt = Date.now();
   let delayMs = options.firstDelayMs ?? 250;
+  let previous: unknown;
   for (let tries = 1; ; tries++) {
     try {
-      return await attempt();
+      return await beforeDeadline(attempt(), options.deadline);
     } catch (error) {
+      // A try cut short by the deadline says less than the error of the try before it.
+      const cause = error instanceof NoAnswerError ? (previous ?? error) : error;
+      const giveUp = () => new StoreUnreachableAtStartError(options.what, tries, Date.now() - startedAt, options.setting ?? 'STARTUP_WAIT_MS', { cause });
+      if (error instanceof NoAnswerError) throw giveUp();
       if (!retryable(error)) throw error;
+      previous = error;
       const left = options.deadline - Date.now();
-      if (left <= 0) {
-        throw new StoreUnreachableAtStartError(options.what, tries, Date.now() - startedAt, options.setting ?? 'STARTUP_WAIT_MS', { cause: error });
-      }
+      if (left <= 0) throw giveUp();
       const waitMs = Math.min(delayMs, left);
       options.logger.warn({ err: error, tries, retryInMs: waitMs }, `${options.what} is not reachable yet; trying again in ${waitMs} ms`);
       await new Promise((resolve) => setTimeout(resolve, waitMs));
       delayMs = Math.min(delayMs * 2, maxDelayMs);
     }
   }
+}
+
+/** The server accepted the connection but did not answer before the deadline (a frozen server). */
+class NoAnswerError extends Error {
+  constructor() {
+    super('no answer (the server accepted the connection but did not reply)');
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * `attempt`, or a {@link NoAnswerError} at the deadline: a frozen server (SIGSTOP, an I/O stall)
+ * accepts connections and never answers, and node-postgres has no connect timeout by default.
+ */
+function beforeDeadline<T>(attempt: Promise<T>, deadline: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new NoAnswerError()), Math.max(0, deadline - Date.now()));
+  });
+  return Promise.race([attempt, timeout]).finally(() => clearTimeout(timer));
 }
 
 /** Thrown by {@link readyWithin} when the wait ran out: worth another try. */

@@ -66,7 +66,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
       logger,
     });
   } catch (error) {
-    await db.destroy();
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, db.destroy());
     throw error;
   }
   const keys = new IdempotencyKeys({
@@ -110,7 +110,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     await waitForRedis(worker, startupDeadline, logger);
   } catch (error) {
     uninstrument();
-    await Promise.all([worker.close({ force: true }).catch(() => {}), listener?.close().catch(() => {}), db.destroy()]);
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }), listener?.close(), db.destroy());
     throw error;
   }
   maintenance?.maintenance.start();
@@ -157,7 +157,9 @@ async function waitForRedis(worker: IdempotentWorker<any, any>, deadline: number
   worker.bullWorker.on('error', remember);
   const ready = worker.waitUntilReady();
   try {
-    await waitForStore(() => readyWithin(ready, 1_000, () => lastError), {
+    // Each wait ends just before the deadline, so that the last try reports Redis's own error.
+    const tryMs = () => Math.max(0, Math.min(1_000, deadline - Date.now() - 50));
+    await waitForStore(() => readyWithin(ready, tryMs(), () => lastError), {
       what: 'Redis',
       deadline,
       logger,
@@ -166,4 +168,24 @@ async function waitForRedis(worker: IdempotentWorker<any, any>, deadline: number
   } finally {
     worker.bullWorker.off('error', remember);
   }
+}
+
+/** How long a start that failed waits for its connections to close before it reports the failure anyway. */
+const CLOSE_AFTER_FAILED_START_MS = 2_000;
+
+/**
+ * Waits for `closings` (their errors ignored) for at most `ms`: after a failed start a
+ * connection may still hang on a server that never answers, and the caller must learn why the
+ * start failed rather than wait on it.
+ */
+async function closeWithin(ms: number, ...closings: Array<Promise<unknown> | undefined>): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    Promise.allSettled(closings),
+    new Promise((resolve) => {
+      timer = setTimeout(resolve, ms);
+      timer.unref();
+    }),
+  ]);
+  clearTimeout(timer);
 }
