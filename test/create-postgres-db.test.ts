@@ -5,8 +5,9 @@
  * Client nobody listened to, and the worker process crashed.
  */
 import { sql, type Kysely } from 'kysely';
-import { afterAll, beforeAll, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createPostgresDb } from '../src/index.js';
+import { transientStoreFault } from '../src/store/pg-errors.js';
 import { waitFor } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -48,4 +49,53 @@ it('survives a backend terminated between two statements of a transaction, and k
   } finally {
     process.off('uncaughtException', onUncaught);
   }
+});
+
+describe('a transaction whose connection broke', () => {
+  let brokenDb: Kysely<any>;
+  beforeAll(() => {
+    brokenDb = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 2, applicationName: 'test:pgdb-broken' }, () => {});
+  });
+  afterAll(async () => {
+    await brokenDb?.destroy();
+  });
+
+  /** Runs `body` in `db.transaction()` after this transaction's own backend was terminated and is gone. */
+  function afterOwnBackendTerminated(body: (tx: Kysely<any>) => Promise<void>): Promise<void> {
+    return brokenDb.transaction().execute(async (tx) => {
+      const { rows } = await sql<{ pid: number }>`select pg_backend_pid() as pid`.execute(tx);
+      const pid = rows[0]!.pid;
+      await sql`select pg_terminate_backend(${pid}::int)`.execute(env.db);
+      await waitFor('the backend to be gone', async () => {
+        const { rows: left } = await sql`select 1 from pg_stat_activity where pid = ${pid}::int`.execute(env.db);
+        return left.length === 0;
+      });
+      await new Promise((resolve) => setTimeout(resolve, 100)); // the FATAL message and the socket's end arrive
+      await body(tx);
+    });
+  }
+
+  it('fails its next statement with an error classified as a transient connection fault', async () => {
+    const failure = afterOwnBackendTerminated(async (tx) => {
+      await sql`select 1`.execute(tx);
+    });
+    const error = await failure.then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(String(error)).toMatch(/Client has encountered a connection error and is not queryable/);
+    expect(transientStoreFault(error)).toBe('connection');
+  });
+
+  it("throws the error that ended it, not the failed ROLLBACK's, and the pool recovers", async () => {
+    class HandlerError extends Error {}
+    const thrown = new HandlerError('the handler gave up');
+    await expect(
+      afterOwnBackendTerminated(async () => {
+        throw thrown;
+      }),
+    ).rejects.toBe(thrown);
+    const { rows } = await sql<{ one: number }>`select 1 as one`.execute(brokenDb);
+    expect(rows[0]!.one).toBe(1);
+  });
 });

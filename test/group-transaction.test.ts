@@ -181,7 +181,7 @@ describe('group commit attributes each failure to its own job', () => {
         () => grouped.commitEffect(claims[3]!, async () => 'm3'),
       ]);
       expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'rejected', 'fulfilled', 'fulfilled']);
-      // A lock timeout of the key's own statement is a store fault: the worker defers that job.
+      // A lock timeout of the key's own statement is a transient store fault: its job is deferred, not failed.
       expect((settled[1] as PromiseRejectedResult).reason).toMatchObject({ code: 'STORE_UNAVAILABLE', cause: { code: '55P03' } });
     } finally {
       release.open();

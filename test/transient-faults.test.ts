@@ -9,6 +9,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { Queue, UnrecoverableError, type Job } from 'bullmq';
 import { sql, type Kysely, type Transaction } from 'kysely';
+import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import {
@@ -27,6 +28,7 @@ import {
   type WorkerEvent,
 } from '../src/index.js';
 import { resolveWorkerTiming, storeRetryDelayMs } from '../src/config/worker-timing.js';
+import { kyselyOverPool } from '../src/store/create-postgres-db.js';
 import { transientStoreFault } from '../src/store/pg-errors.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
@@ -422,11 +424,18 @@ describe('group commit', () => {
 });
 
 describe('read committed, whatever the server default', () => {
-  /** A pool whose connections default to serializable, as a server or role configured so would. */
+  /**
+   * A pool whose connections default to serializable, as a server or role configured so would.
+   * The application's own pool (not createPostgresDb's, whose sessions start at read committed):
+   * what is left to prove is that the store's transactions pin read committed themselves.
+   */
   async function serializablePool(): Promise<Kysely<any>> {
     const url = new URL(env.databaseUrl);
     url.searchParams.set('options', '-c default_transaction_isolation=serializable');
-    const db = createPostgresDb({ connectionString: url.toString(), maxConnections: 16, applicationName: `${appName}-serializable` }, () => {});
+    const pool = new pg.Pool({ connectionString: url.toString(), max: 16, application_name: `${appName}-serializable` });
+    pool.on('error', () => {});
+    pool.on('connect', (client) => client.on('error', () => {}));
+    const db = kyselyOverPool(pool);
     extraDbs.push(db);
     const { rows } = await sql<{ level: string }>`select current_setting('default_transaction_isolation') as level`.execute(db);
     expect(rows[0]!.level).toBe('serializable');

@@ -359,6 +359,8 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       if (controller.signal.aborted) throw controller.signal.reason;
       const result = await this.#keys.commitEffect(claim, effect, () => this.#fault('before-commit', identity));
       committed = { result };
+      // The key is completed: an extension would find no lease and report it lost.
+      stopHeartbeat();
       return result;
     };
     const ctx = this.#context(job, identity, claim, controller.signal, (fn) => {
@@ -379,6 +381,8 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
         log.warn({ err: error }, 'handler threw after its transaction committed; the job completes with the stored result');
         return committed.result;
       }
+      // Before the key is released or failed, after which an extension would find no lease.
+      stopHeartbeat();
       return await this.#handleHeldFailure(job, token, identity, claim, controller.signal, error, log);
     } finally {
       stopHeartbeat();

@@ -27,6 +27,8 @@ const envSchema = z.object({
   DEFER_MAX_MS: int(1).optional(),
   WAIT_MS: int(0).default(0),
   SHUTDOWN_TIMEOUT_MS: int(0).default(30_000),
+  /** How long a starting process waits for Postgres and Redis (refused, starting up) before it exits with an error. */
+  STARTUP_WAIT_MS: int(0).default(60_000),
   /** First and longest deferral of a job after a transient store fault (Postgres restarting, say); doubles in between. */
   STORE_RETRY_MIN_MS: int(1).optional(),
   STORE_RETRY_MAX_MS: int(1).optional(),

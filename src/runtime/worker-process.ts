@@ -13,6 +13,8 @@ import type { Maintenance } from '../ops/maintenance.js';
 import { createMaintenanceFromConfig } from '../ops/maintenance-process.js';
 import { pingDatabase } from '../store/sql/ping.js';
 import { onShutdownSignals } from './shutdown-signals.js';
+import { NotReadyYetError, readyWithin, waitForStore } from './wait-for-store.js';
+import { isTransientStoreError } from '../store/pg-errors.js';
 
 /** What {@link startWorkerProcess} needs besides the environment. */
 export interface WorkerProcessOptions<P, R> {
@@ -43,7 +45,10 @@ export interface WorkerProcess<P, R> {
 /**
  * Builds and starts a worker process from validated configuration: the Postgres pool,
  * migrations, the claim protocol, the BullMQ worker, and signal handling (first SIGTERM or
- * SIGINT: graceful shutdown within SHUTDOWN_TIMEOUT_MS; second: force).
+ * SIGINT: graceful shutdown within SHUTDOWN_TIMEOUT_MS; second: force). Postgres or Redis
+ * down at start (refused, starting up, …) is waited for, with a warning per try, for at most
+ * STARTUP_WAIT_MS; then it rejects with a `StoreUnreachableAtStartError` having closed what
+ * it opened. Other errors (a wrong password, a missing database) reject at once.
  */
 export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, R>): Promise<WorkerProcess<P, R>> {
   const { config } = options;
@@ -52,7 +57,18 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? config.CONCURRENCY + 2, applicationName: `idempotent-jobs:worker:${config.QUEUE}` },
     (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
   );
-  if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
+  const startupDeadline = Date.now() + config.STARTUP_WAIT_MS;
+  try {
+    // Without migrations a ping stands in for them: the worker is not "ready" before Postgres is.
+    await waitForStore<unknown>(() => (config.MIGRATE ? migrate(db, { schema: config.SCHEMA }) : pingDatabase(db)), {
+      what: `Postgres (${config.MIGRATE ? 'migrations' : 'first connection'})`,
+      deadline: startupDeadline,
+      logger,
+    });
+  } catch (error) {
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, db.destroy());
+    throw error;
+  }
   const keys = new IdempotencyKeys({
     db,
     schema: config.SCHEMA,
@@ -90,7 +106,13 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     faultHook: options.faultHook,
   });
   const uninstrument = instrumentWorker(worker, config.QUEUE);
-  await worker.waitUntilReady();
+  try {
+    await waitForRedis(worker, startupDeadline, logger);
+  } catch (error) {
+    uninstrument();
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }), listener?.close(), db.destroy());
+    throw error;
+  }
   maintenance?.maintenance.start();
   const metricsServer =
     config.METRICS_PORT === undefined
@@ -122,4 +144,48 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
   };
   if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
   return { worker, keys, logger, stop, metricsServer, maintenance: maintenance?.maintenance };
+}
+
+/**
+ * Waits for the BullMQ worker's Redis connection, which ioredis keeps retrying by itself (its
+ * readiness never fails, it just does not come): each try waits a second on it and logs the
+ * last connection error.
+ */
+async function waitForRedis(worker: IdempotentWorker<any, any>, deadline: number, logger: Logger): Promise<void> {
+  let lastError: unknown;
+  const remember = (error: Error) => (lastError = error);
+  worker.bullWorker.on('error', remember);
+  const ready = worker.waitUntilReady();
+  try {
+    // Each wait ends just before the deadline, so that the last try reports Redis's own error.
+    const tryMs = () => Math.max(0, Math.min(1_000, deadline - Date.now() - 50));
+    await waitForStore(() => readyWithin(ready, tryMs(), () => lastError), {
+      what: 'Redis',
+      deadline,
+      logger,
+      retryable: (error) => error instanceof NotReadyYetError || isTransientStoreError(error),
+    });
+  } finally {
+    worker.bullWorker.off('error', remember);
+  }
+}
+
+/** How long a start that failed waits for its connections to close before it reports the failure anyway. */
+const CLOSE_AFTER_FAILED_START_MS = 2_000;
+
+/**
+ * Waits for `closings` (their errors ignored) for at most `ms`: after a failed start a
+ * connection may still hang on a server that never answers, and the caller must learn why the
+ * start failed rather than wait on it.
+ */
+async function closeWithin(ms: number, ...closings: Array<Promise<unknown> | undefined>): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([
+    Promise.allSettled(closings),
+    new Promise((resolve) => {
+      timer = setTimeout(resolve, ms);
+      timer.unref();
+    }),
+  ]);
+  clearTimeout(timer);
 }

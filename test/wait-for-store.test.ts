@@ -1,0 +1,186 @@
+/**
+ * A worker process starting while Postgres or Redis is down waits for it (a warning per try)
+ * for at most STARTUP_WAIT_MS, then exits with an error naming the server; errors that waiting
+ * cannot fix end the start at once. The restarting server is a private cluster (the shared
+ * one is never stopped).
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { createServer, type AddressInfo } from 'node:net';
+import { createInterface } from 'node:readline';
+import { pino } from 'pino';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { IdempotentProducer } from '../src/index.js';
+import { StoreUnreachableAtStartError, waitForStore } from '../src/runtime/wait-for-store.js';
+import { PrivatePostgres } from './chaos/private-postgres.js';
+import { freePort } from './chaos/private-redis.js';
+import { waitForJobState } from './support/queue-helpers.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+/** A logger that keeps the messages of its warnings. */
+function recordingLogger() {
+  const warnings: string[] = [];
+  const logger = pino({ level: 'warn' }, { write: (line: string) => void warnings.push(JSON.parse(line).msg) });
+  return { logger, warnings };
+}
+
+const refused = () => Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:1'), { code: 'ECONNREFUSED' });
+
+describe('waitForStore', () => {
+  it('tries again after each transient failure, with a warning per try, until it succeeds', async () => {
+    const { logger, warnings } = recordingLogger();
+    let calls = 0;
+    const value = await waitForStore(
+      async () => {
+        if (++calls < 4) throw refused();
+        return 'up';
+      },
+      { what: 'Postgres (migrations)', deadline: Date.now() + 60_000, logger, firstDelayMs: 1, maxDelayMs: 4 },
+    );
+    expect(value).toBe('up');
+    expect(calls).toBe(4);
+    expect(warnings).toEqual(Array(3).fill(expect.stringMatching(/^Postgres \(migrations\) is not reachable yet; trying again in \d+ ms$/)));
+  });
+
+  it('throws an error that waiting cannot fix at once, without a warning', async () => {
+    const { logger, warnings } = recordingLogger();
+    let calls = 0;
+    const wrongPassword = Object.assign(new Error('password authentication failed for user "app"'), { code: '28P01' });
+    await expect(
+      waitForStore(
+        async () => {
+          calls++;
+          throw wrongPassword;
+        },
+        { what: 'Postgres (migrations)', deadline: Date.now() + 60_000, logger, firstDelayMs: 1 },
+      ),
+    ).rejects.toBe(wrongPassword);
+    expect(calls).toBe(1);
+    expect(warnings).toEqual([]);
+  });
+
+  it('gives up at the deadline with an error naming the server, the last error and the setting', async () => {
+    const { logger } = recordingLogger();
+    const failure = waitForStore(
+      async () => {
+        throw refused();
+      },
+      { what: 'Redis', deadline: Date.now() + 30, logger, firstDelayMs: 1, maxDelayMs: 5 },
+    );
+    await expect(failure).rejects.toBeInstanceOf(StoreUnreachableAtStartError);
+    await expect(failure).rejects.toThrow(/^Redis was still unreachable after \d+ tries over \d+ s \(last error: connect ECONNREFUSED 127\.0\.0\.1:1\); giving up\..*STARTUP_WAIT_MS/);
+  });
+
+  it('gives up at the deadline on a try that never answers (a frozen server)', async () => {
+    const { logger } = recordingLogger();
+    const failure = waitForStore(() => new Promise<never>(() => {}), { what: 'Postgres (migrations)', deadline: Date.now() + 30, logger });
+    await expect(failure).rejects.toThrow(/^Postgres \(migrations\) was still unreachable after 1 tries .*\(last error: no answer/);
+  });
+});
+
+describe('a worker process starting while a server is down', () => {
+  let env: TestEnv;
+  let producer: IdempotentProducer;
+
+  beforeAll(async () => {
+    env = await createTestEnv('wait_for_store');
+    producer = new IdempotentProducer({ queue: 'echo', connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+  });
+  afterAll(async () => {
+    await producer?.close();
+    await env?.teardown();
+  });
+  // A worker a failed assertion left running (one hanging on a server that never comes up).
+  const started: ChildProcess[] = [];
+  afterEach(() => {
+    for (const child of started.splice(0)) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  });
+
+  /** The CLI worker with the echo handler; `lines` holds stdout's lines as they come. */
+  function startWorker(extraEnv: Record<string, string>) {
+    const child = spawn(process.execPath, ['bin/idempotent-jobs.js', 'worker', '--queue', 'echo', '--handler', 'test/support/echo-handler.mjs'], {
+      env: { ...process.env, DATABASE_URL: env.databaseUrl, REDIS_URL: env.redisUrl, SCHEMA: env.schema, REDIS_PREFIX: env.redisPrefix, ...extraEnv },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    started.push(child);
+    const lines: string[] = [];
+    const waiters: Array<() => void> = [];
+    let stderr = '';
+    child.stderr!.on('data', (chunk) => (stderr += chunk));
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      lines.push(line);
+      for (const check of [...waiters]) check();
+    });
+    /** Resolves once `times` stdout lines match `pattern`. */
+    const seen = (pattern: RegExp, times = 1) =>
+      new Promise<void>((resolve, reject) => {
+        const check = () => {
+          if (lines.filter((line) => pattern.test(line)).length < times) return;
+          waiters.splice(waiters.indexOf(check), 1);
+          resolve();
+        };
+        waiters.push(check);
+        check();
+        child.once('exit', (code) => reject(new Error(`worker exited with ${code} before logging ${pattern}:\n${stderr}`)));
+      });
+    const exited = once(child, 'exit').then(([code]) => ({ code: code as number | null, stderr, stdout: lines.join('\n') }));
+    return { child, seen, exited, lines };
+  }
+
+  it('waits for a Postgres that comes up later, then runs jobs', async () => {
+    const server = await PrivatePostgres.start({ maxConnections: 20 });
+    await server.crash(); // down before the worker's first connection
+    const worker = startWorker({ DATABASE_URL: server.url, STARTUP_WAIT_MS: '120000' });
+    try {
+      await worker.seen(/Postgres \(migrations\) is not reachable yet/, 2); // still trying after a first wait
+      await server.crashAndRecover(0); // up again (crash recovery of a cluster with nothing in it)
+      await worker.seen(/worker ready/);
+      const { jobId } = await producer.enqueue({ name: 'echo', scope: 's', key: 'after-start', data: { n: 1 } });
+      const { job } = await waitForJobState(producer.queue, jobId, ['completed']);
+      expect(job.returnvalue).toMatchObject({ echoed: { n: 1 }, key: 'after-start' });
+      worker.child.kill('SIGTERM');
+      expect((await worker.exited).code).toBe(0);
+    } finally {
+      await server.destroy();
+    }
+  });
+
+  it('exits non-zero naming Postgres when it never comes up', async () => {
+    const closedPort = await freePort();
+    const worker = startWorker({ DATABASE_URL: `postgres://postgres@127.0.0.1:${closedPort}/postgres`, STARTUP_WAIT_MS: '1500' });
+    const { code, stderr, stdout } = await worker.exited;
+    expect(code).toBe(1);
+    expect(stderr).toMatch(/Postgres \(migrations\) was still unreachable after \d+ tries .*ECONNREFUSED.*STARTUP_WAIT_MS/);
+    expect(stdout).toMatch(/Postgres \(migrations\) is not reachable yet/);
+  });
+
+  it('exits non-zero naming Postgres when it accepts connections but never answers (frozen)', async () => {
+    const silent = createServer(() => {}); // accepts, never replies: a server stopped by SIGSTOP
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    try {
+      const { port } = silent.address() as AddressInfo;
+      const worker = startWorker({ DATABASE_URL: `postgres://postgres@127.0.0.1:${port}/postgres`, STARTUP_WAIT_MS: '1500' });
+      const { code, stderr } = await worker.exited;
+      expect(code).toBe(1);
+      expect(stderr).toMatch(/Postgres \(migrations\) was still unreachable after 1 tries .*no answer.*STARTUP_WAIT_MS/);
+    } finally {
+      silent.close();
+    }
+  });
+
+  it('exits non-zero naming Redis when it never comes up', async () => {
+    const closedPort = await freePort();
+    const worker = startWorker({ REDIS_URL: `redis://127.0.0.1:${closedPort}`, STARTUP_WAIT_MS: '4000' });
+    const { code, stderr } = await worker.exited;
+    expect(code).toBe(1);
+    expect(stderr).toMatch(/Redis was still unreachable after \d+ tries .*ECONNREFUSED.*STARTUP_WAIT_MS/);
+  });
+
+  it('exits at once on an error waiting cannot fix (a database that does not exist)', async () => {
+    const worker = startWorker({ DATABASE_URL: env.databaseUrl.replace(/\/[^/]*$/, '/ij_no_such_database'), STARTUP_WAIT_MS: '600000' });
+    const { code, stderr, stdout } = await worker.exited;
+    expect(code).toBe(1);
+    expect(stderr).toMatch(/database "ij_no_such_database" does not exist/);
+    expect(stdout).not.toMatch(/not reachable yet/);
+  });
+});
