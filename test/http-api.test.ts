@@ -608,8 +608,10 @@ describe('HTTP API', () => {
       HTTP_TOKENS: `${ACME}=acme`,
     });
     children.push(server);
-    startWorker('payments');
-    for (const example of examples) {
+    for (const [index, example] of examples.entries()) {
+      // The worker starts after the first example: a job it finished before the POST's answer
+      // was read would make that answer 200 (completed) instead of the 202 the README shows.
+      if (index === 1) startWorker('payments');
       const { stdout } = await promisify(execFile)('bash', ['-c', example.command], {
         env: { ...process.env, API: server.url, TOKEN: ACME },
         maxBuffer: 16 * 1024 * 1024,
