@@ -13,6 +13,7 @@ import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import {
+  ClaimContendedError,
   IdempotencyKeys,
   PostgresKeyStore,
   StoreUnavailableError,
@@ -419,6 +420,36 @@ describe('group commit', () => {
       await expectCompletedOnce(added, events);
       expect(counter.terminated).toBe(1);
       expect(events.some((e) => e.kind === 'store-unavailable')).toBe(true);
+    });
+  }
+});
+
+describe('claim contention', () => {
+  /** A store whose first claim keeps losing races to other writers, as five in a row would. */
+  class ContendedOnce extends PostgresKeyStore {
+    #contended = false;
+    #contend(input: { scope: string; key: string }): void {
+      if (this.#contended) return;
+      this.#contended = true;
+      throw new ClaimContendedError(input.scope, input.key, 5);
+    }
+    override async claim(...args: Parameters<PostgresKeyStore['claim']>) {
+      this.#contend(args[1]);
+      return super.claim(...args);
+    }
+    override async claimNewKey(...args: Parameters<PostgresKeyStore['claimNewKey']>) {
+      this.#contend(args[1]);
+      return super.claimNewKey(...args);
+    }
+  }
+
+  for (const fastPath of [false, true]) {
+    it(`a claim that kept racing other writers defers its job like an in-progress duplicate, using no attempt (${fastPath ? 'fast path' : 'leased'})`, async () => {
+      const keys = keysOn(workerDb, {}, new ContendedOnce(workerDb, env.schema));
+      const { events } = startWorker(keys, { fastPath, deferMinMs: 20 });
+      const added = await addJobs(`contended-${fastPath}`, 1);
+      await expectCompletedOnce(added, events);
+      expect(events.filter((e) => e.kind === 'deferred')).toHaveLength(1);
     });
   }
 });

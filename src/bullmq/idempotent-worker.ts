@@ -10,7 +10,7 @@ import {
   type ResolvedWorkerTiming,
   type WorkerTimingOptions,
 } from '../config/worker-timing.js';
-import { IdempotencyError, KeyFailedError, KeyReusedError, LeaseLostError, ValidationError, findStoreUnavailable } from '../errors.js';
+import { ClaimContendedError, IdempotencyError, KeyFailedError, KeyReusedError, LeaseLostError, ValidationError, findStoreUnavailable } from '../errors.js';
 import type { FaultHook, FaultPoint } from '../fault-hook.js';
 import type { ClaimOptions, IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
@@ -265,6 +265,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
         log.warn({ outcome: 'invalid', err: error }, error.message);
         throw new UnrecoverableError(describeFailure(identity, error));
       }
+      if (error instanceof ClaimContendedError) return this.#deferContended(job, token, log);
       return this.#deferAfterStoreFault(job, token, error, log);
     }
     if (outcome.kind !== 'claimed' && outcome.kind !== 'taken-over') {
@@ -329,6 +330,15 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     log.warn({ outcome: 'store-unavailable', delayMs, err: fault }, 'Postgres unavailable: deferring the job without using an attempt');
     await job.moveToDelayed(Date.now() + delayMs, token);
     throw new DelayedError();
+  }
+
+  /**
+   * The claim kept racing other writers of the key (see {@link ClaimContendedError}): the key is
+   * as good as in progress elsewhere, so the job is deferred like an in-progress duplicate,
+   * without using an attempt.
+   */
+  #deferContended(job: Job, token: string | undefined, log: JobLogger): Promise<never> {
+    return this.#defer(job, token, this.#timing.deferMinMs, log);
   }
 
   async #waitForOwner(outcome: ClaimOutcome & { kind: 'in-progress' }, fingerprint: string, claimOptions: ClaimOptions) {
@@ -543,6 +553,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     // The transaction rolled back (an ambiguous COMMIT was resolved by executeOnce): the key is
     // as it was before, nothing to release. A store fault is deferred, never stored.
     if (findStoreUnavailable(error)) return this.#deferAfterStoreFault(job, token, error, log);
+    if (error instanceof ClaimContendedError) return this.#deferContended(job, token, log);
     if (!this.#isFinal(job, error)) {
       this.#emit('released', job);
       log.info({ outcome: 'released', err: error }, 'retryable error: transaction rolled back');
