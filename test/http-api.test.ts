@@ -12,7 +12,6 @@ import {
   IdempotencyKeys,
   KeySettledListener,
   createHttpApi,
-  createIdempotentWorker,
   isLoopbackHost,
   jobIdFor,
   loadHttpEnvConfig,
@@ -26,7 +25,7 @@ import { createEffectsTable, createGate, effectsOf } from './support/protocol-fi
 import { httpClient, type HttpResult } from './support/http-client.js';
 import { startHttpServerChild, type HttpServerChild } from './support/http-server-child.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
-import { testHandler, type TestPayload } from './support/test-handler.js';
+import { startTestHandlerWorker } from './support/test-handler.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 const ACME = 'tok_acme_0123456789abcdef';
@@ -97,15 +96,7 @@ function bullQueue(name: string): Queue {
 }
 
 function startWorker(queue: string) {
-  const worker = createIdempotentWorker<TestPayload>({
-    queue,
-    connection: { url: env.redisUrl },
-    prefix: env.redisPrefix,
-    keys: new IdempotencyKeys({ db: env.db, schema: env.schema }),
-    handler: testHandler(env.schema, 'in-process'),
-    concurrency: 2,
-    logger: silent,
-  });
+  const worker = startTestHandlerWorker(env, queue);
   workers.push(worker);
   return worker;
 }

@@ -223,26 +223,8 @@ describe('standalone maintenance process (workers/janitor.ts)', () => {
   it('deletes expired keys on its interval, serves /healthz, and exits 0 on SIGTERM', async () => {
     await insertKeys('expired', 7, { status: 'completed', expiresIn: '-1 minute' });
     await insertKeys('live', 3, { status: 'completed', expiresIn: '1 hour' });
-    const script = fileURLToPath(new URL('../workers/janitor.ts', import.meta.url));
-    const child = spawn(process.execPath, ['--import', 'tsx', script], {
-      env: {
-        ...process.env,
-        DATABASE_URL: env.databaseUrl,
-        REDIS_URL: env.redisUrl,
-        REDIS_PREFIX: env.redisPrefix,
-        SCHEMA: env.schema,
-        MIGRATE: 'false',
-        JANITOR_INTERVAL_MS: '100',
-        SWEEPER_INTERVAL_MS: '100',
-        METRICS_PORT: '0',
-        LOG_LEVEL: 'info',
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    const exited = once(child, 'exit');
+    const { child, exited, lines } = startMaintenanceProcess({ DATABASE_URL: env.databaseUrl, METRICS_PORT: '0' });
     try {
-      const lines: Array<Record<string, unknown>> = [];
-      createInterface({ input: child.stdout! }).on('line', (line) => lines.push(JSON.parse(line)));
       const ready = await waitFor('the maintenance process to be ready', async () => lines.find((l) => l.msg === 'maintenance ready'), 30_000);
       expect(ready).toMatchObject({ janitor: true, sweeper: true });
       await waitFor('expired keys to be deleted', async () => (await remainingKeys()).size === 3);
@@ -264,26 +246,8 @@ describe('standalone maintenance process (workers/janitor.ts)', () => {
     const proxy = await startTcpProxy(new URL(env.databaseUrl));
     const url = new URL(env.databaseUrl);
     url.host = `127.0.0.1:${proxy.port}`;
-    const script = fileURLToPath(new URL('../workers/janitor.ts', import.meta.url));
-    const child = spawn(process.execPath, ['--import', 'tsx', script], {
-      env: {
-        ...process.env,
-        DATABASE_URL: url.toString(),
-        REDIS_URL: env.redisUrl,
-        REDIS_PREFIX: env.redisPrefix,
-        SCHEMA: env.schema,
-        MIGRATE: 'false',
-        JANITOR_INTERVAL_MS: '100',
-        SWEEPER_INTERVAL_MS: '100',
-        SWEEPER_QUEUES: '*',
-        LOG_LEVEL: 'info',
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    const exited = once(child, 'exit');
+    const { child, exited, lines } = startMaintenanceProcess({ DATABASE_URL: url.toString(), SWEEPER_QUEUES: '*' });
     try {
-      const lines: Array<Record<string, unknown>> = [];
-      createInterface({ input: child.stdout! }).on('line', (line) => lines.push(JSON.parse(line)));
       await waitFor('the maintenance process to be ready', async () => lines.some((l) => l.msg === 'maintenance ready'), 30_000);
       await insertKeys('first', 2, { status: 'completed', expiresIn: '-1 minute' });
       await waitFor('the first expired keys to be deleted', async () => (await remainingKeys()).size === 0);
@@ -320,6 +284,32 @@ describe('standalone maintenance process (workers/janitor.ts)', () => {
     }
   });
 });
+
+/**
+ * The standalone maintenance process (`workers/janitor.ts`) on this file's schema, janitor and
+ * sweeper every 100 ms, logging JSON lines at info; `overrides` adds or replaces variables.
+ */
+function startMaintenanceProcess(overrides: Record<string, string>) {
+  const script = fileURLToPath(new URL('../workers/janitor.ts', import.meta.url));
+  const child = spawn(process.execPath, ['--import', 'tsx', script], {
+    env: {
+      ...process.env,
+      REDIS_URL: env.redisUrl,
+      REDIS_PREFIX: env.redisPrefix,
+      SCHEMA: env.schema,
+      MIGRATE: 'false',
+      JANITOR_INTERVAL_MS: '100',
+      SWEEPER_INTERVAL_MS: '100',
+      LOG_LEVEL: 'info',
+      ...overrides,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const exited = once(child, 'exit');
+  const lines: Array<Record<string, unknown>> = [];
+  createInterface({ input: child.stdout! }).on('line', (line) => lines.push(JSON.parse(line)));
+  return { child, exited, lines };
+}
 
 /** A log line of a maintenance run that failed. */
 function isFailedRun(line: Record<string, unknown>): boolean {

@@ -17,7 +17,6 @@ import {
   KeySettledListener,
   OutboxRelay,
   createHttpApi,
-  createIdempotentWorker,
   createPostgresDb,
   jobIdFor,
   type HttpApi,
@@ -28,7 +27,7 @@ import { insertOutboxRows } from '../src/store/sql/outbox.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
 import { httpClient } from './support/http-client.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
-import { testHandler, type TestPayload } from './support/test-handler.js';
+import { startTestHandlerWorker, type TestPayload } from './support/test-handler.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 const TOKEN = 'tok_acme_0123456789abcdef';
@@ -77,15 +76,7 @@ function relayFor(options: Partial<ConstructorParameters<typeof OutboxRelay>[0]>
 }
 
 function startWorker(queue: string): IdempotentWorker<TestPayload, unknown> {
-  const worker = createIdempotentWorker<TestPayload>({
-    queue,
-    connection: { url: env.redisUrl },
-    prefix: env.redisPrefix,
-    keys: new IdempotencyKeys({ db: env.db, schema: env.schema }),
-    handler: testHandler(env.schema, 'in-process'),
-    concurrency: 2,
-    logger: silent,
-  });
+  const worker = startTestHandlerWorker(env, queue);
   workers.push(worker);
   return worker;
 }

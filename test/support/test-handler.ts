@@ -5,7 +5,9 @@
  */
 import { UnrecoverableError } from 'bullmq';
 import { sql } from 'kysely';
-import type { JobContext } from '../../src/index.js';
+import { pino } from 'pino';
+import { IdempotencyKeys, createIdempotentWorker, type IdempotentWorker, type JobContext } from '../../src/index.js';
+import type { TestEnv } from './test-env.js';
 
 export interface TestPayload {
   readonly sleepMs?: number;
@@ -29,4 +31,20 @@ export function testHandler(schema: string, worker: string) {
       return { value: payload.value ?? null, fence: ctx.fence, worker };
     });
   };
+}
+
+/**
+ * An in-process worker on `queue` that runs {@link testHandler} on the test file's schema and
+ * Redis prefix (concurrency 2, silent); the caller closes it.
+ */
+export function startTestHandlerWorker(env: TestEnv, queue: string): IdempotentWorker<TestPayload, unknown> {
+  return createIdempotentWorker<TestPayload>({
+    queue,
+    connection: { url: env.redisUrl },
+    prefix: env.redisPrefix,
+    keys: new IdempotencyKeys({ db: env.db, schema: env.schema }),
+    handler: testHandler(env.schema, 'in-process'),
+    concurrency: 2,
+    logger: pino({ level: 'silent' }),
+  });
 }
