@@ -4,7 +4,7 @@
 # the worker's. Prints transactions/s and jobs/s per shape and the ratio of jobs/s to the
 # baseline's, alternating the shapes for REPS repetitions of SECONDS each.
 #
-# Usage: bench/postgres-side.sh [SECONDS=6] [REPS=3]. Needs pgbench, psql and GNU awk; DATABASE_URL
+# Usage: [SHAPES="a b"] bench/postgres-side.sh [SECONDS=6] [REPS=3]. Needs pgbench, psql and GNU awk; DATABASE_URL
 # as for the tests (default postgres://postgres@127.0.0.1:5432/postgres). Works in a schema of
 # its own (pgside_<random>), dropped at the end.
 set -euo pipefail
@@ -112,7 +112,55 @@ value() { echo "$1"; }
   echo "${closing}commit;"
 } > "$scripts/fast-path-group-of-$batch.sql"
 
-shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path fast-path-claim-key leased "leased-claims-by-$batch" "fast-path-group-of-$batch")
+# Optimistic group of BATCH jobs (no savepoints): the effects one after another, then every
+# key written once, as `completed` with its result, by one multi-row insert that rides with the
+# COMMIT. A key that already has a row fails the insert (unique violation): the group rolls back
+# and its jobs run again the careful way; that never happens here, as keys are new.
+key_row() { echo "('s', $(key_of "$1"), 'fp', 'completed', $(owner_of "$1"), 1, 1, '{\"n\":1}', now(), now() + interval '1 day')"; }
+{
+  echo "$header"
+  first="begin \; "
+  for j in $(seq 1 $batch); do
+    echo "${first}insert into $schema.bench_effects (scope, key, worker) values ('s', $(key_of "$j"), 'w');"
+    first=""
+  done
+  rows=""
+  for j in $(seq 1 $batch); do rows+="$([ "$j" = 1 ] || echo ,) $(key_row "$j")"; done
+  echo "insert into $schema.idempotency_keys (scope, key, fingerprint, status, owner, fence, attempts, result, completed_at, expires_at) values$rows \; commit;"
+} > "$scripts/optimistic-group-of-$batch.sql"
+
+# The leased path with group commit, BATCH jobs: claims batched and committed (as above), then
+# one transaction for the effects. With a savepoint per job (as group commit runs today), and
+# optimistic (no savepoints: every fenced completion rides with the COMMIT).
+claims="select * from $schema.claim_keys($(column value "'s'"), $(column key_of), $(column value "'fp'"), $(column owner_of), $(column value 30000), $(column value 86400000::bigint), $(column value 2000), false, $(column value null)::text[], $(column value null)::text[], $(column value null)::text[], $(column value null)::jsonb[], 'c');"
+completion() { echo "select $schema.complete_key('s', $(key_of "$1"), $(owner_of "$1"), 1, '{\"n\":1}', 86400000, 'c')"; }
+{
+  echo "$header"
+  echo "$claims"
+  closing="begin \; "
+  for j in $(seq 1 $batch); do
+    echo "${closing}savepoint job_$j \; insert into $schema.bench_effects (scope, key, worker) values ('s', $(key_of "$j"), 'w');"
+    closing="$(completion "$j") \; release savepoint job_$j \; "
+  done
+  echo "${closing}commit;"
+} > "$scripts/leased-group-of-$batch.sql"
+{
+  echo "$header"
+  echo "$claims"
+  first="begin \; "
+  for j in $(seq 1 $batch); do
+    echo "${first}insert into $schema.bench_effects (scope, key, worker) values ('s', $(key_of "$j"), 'w');"
+    first=""
+  done
+  completions=""
+  for j in $(seq 1 $batch); do completions+="$(completion "$j") \; "; done
+  echo "${completions}commit;"
+} > "$scripts/optimistic-leased-group-of-$batch.sql"
+
+all_shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path fast-path-claim-key leased "leased-claims-by-$batch"
+  "fast-path-group-of-$batch" "optimistic-group-of-$batch" "leased-group-of-$batch" "optimistic-leased-group-of-$batch")
+# SHAPES (optional): the shapes to run, separated by spaces (the baseline always runs).
+if [ -n "${SHAPES:-}" ]; then read -r -a shapes <<< "baseline ${SHAPES}"; else shapes=("${all_shapes[@]}"); fi
 lines="$scripts/lines"
 for rep in $(seq 1 "$reps"); do
   for shape in "${shapes[@]}"; do

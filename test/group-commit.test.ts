@@ -8,12 +8,15 @@ import { createGate, expireLease } from './support/protocol-fixtures.js';
 let env: TestEnv;
 /** Group commit on; one group at a time, so that jobs submitted together share transactions. */
 let grouped: IdempotencyKeys;
+/** The same with careful groups only (a savepoint per job). */
+let careful: IdempotencyKeys;
 let plain: IdempotencyKeys;
 const scope = 'group';
 
 beforeAll(async () => {
   env = await createTestEnv('group_commit');
   grouped = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxJobs: 16, maxGroups: 1 } });
+  careful = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxJobs: 16, maxGroups: 1, optimistic: false } });
   plain = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000 });
   // txid records which transaction committed each effect; `ref` is a foreign key checked only at COMMIT.
   await sql`create table ${sql.id(env.schema, 'group_refs')} (id int primary key)`.execute(env.db);
@@ -57,99 +60,110 @@ async function recordStatements<T>(body: () => Promise<T>): Promise<{ value: T; 
   }
 }
 
+/**
+ * What holds whatever kind of group a job ran in: optimistic groups (the default, which fall back
+ * to careful ones on any failure) and careful groups alone.
+ */
+for (const mode of ['optimistic', 'careful'] as const) {
+  describe(`group commit, ${mode} groups`, () => {
+    const p = mode === 'optimistic' ? 'o-' : 'c-';
+    const subject = () => (mode === 'optimistic' ? grouped : careful);
+
+    it('1. concurrent fast-path jobs share transactions, and each key takes effect once', async () => {
+      const keys = Array.from({ length: 12 }, (_, i) => `${p}share-${String(i).padStart(2, '0')}`);
+      const outcomes = await Promise.all(keys.map((key) => subject().executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key), { key }))));
+      expect(outcomes.map((o) => o.kind)).toEqual(keys.map(() => 'executed'));
+      const rows = await effects(`${p}share-`);
+      expect(rows.map((r) => r.key)).toEqual(keys);
+      // One group at a time: the first job goes alone, the other eleven wait and share one transaction.
+      expect(new Set(rows.map((r) => r.txid)).size).toBeLessThan(keys.length);
+      // Replays see the stored results.
+      const again = await subject().executeOnce(scope, keys[3]!, fp(keys[3]!), async () => 'must not run');
+      expect(again).toMatchObject({ kind: 'completed', result: { key: keys[3] } });
+    });
+
+    it('2. a job that throws in a group rolls back only itself (its effect and its claim); the others commit', async () => {
+      const keys = Array.from({ length: 8 }, (_, i) => `${p}iso-${i}`);
+      const settled = await Promise.allSettled(
+        keys.map((key, i) =>
+          subject().executeOnce(scope, key, fp(key), async (tx) => {
+            await insertEffect(tx, key);
+            if (i === 4) throw new Error('boom in the middle of the group');
+            if (i === 6) await sql`select 1 / 0`.execute(tx); // an SQL error aborts only this job's savepoint
+            return i;
+          }),
+        ),
+      );
+      expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled', 'rejected', 'fulfilled', 'rejected', 'fulfilled']);
+      expect((await effects(`${p}iso-`)).map((r) => r.key)).toEqual([`${p}iso-0`, `${p}iso-1`, `${p}iso-2`, `${p}iso-3`, `${p}iso-5`, `${p}iso-7`]);
+      // The failed keys are exactly as before: no row, so the next attempt runs them.
+      expect(await plain.get(scope, `${p}iso-4`)).toBeUndefined();
+      expect(await plain.get(scope, `${p}iso-6`)).toBeUndefined();
+      const retried = await subject().executeOnce(scope, `${p}iso-4`, fp(`${p}iso-4`), async (tx) => (await insertEffect(tx, `${p}iso-4`), 'second try'));
+      expect(retried.kind).toBe('executed');
+      expect((await effects(`${p}iso-4`)).length).toBe(1);
+    });
+
+    it('3. a leased job whose lease was taken over is fenced inside its group; its group-mates commit', async () => {
+      const zombie = held(await plain.claim(scope, `${p}fenced-zombie`, fp(`${p}fenced-zombie`)));
+      await expireLease(env.db, env.schema, scope, `${p}fenced-zombie`);
+      const successor = held(await plain.claim(scope, `${p}fenced-zombie`, fp(`${p}fenced-zombie`)));
+      expect(successor.fence).toBe(2);
+      const mates = await Promise.all([`${p}fenced-mate-1`, `${p}fenced-mate-2`].map(async (key) => held(await plain.claim(scope, key, fp(key)))));
+      const results = await Promise.allSettled([
+        subject().commitEffect(mates[0]!, async (tx) => (await insertEffect(tx, `${p}fenced-mate-1`), 1)),
+        subject().commitEffect(zombie, async (tx) => (await insertEffect(tx, `${p}fenced-zombie`), 'zombie')),
+        subject().commitEffect(mates[1]!, async (tx) => (await insertEffect(tx, `${p}fenced-mate-2`), 2)),
+      ]);
+      expect(results[0]).toMatchObject({ status: 'fulfilled', value: 1 });
+      expect(results[1].status).toBe('rejected');
+      expect((results[1] as PromiseRejectedResult).reason).toBeInstanceOf(LeaseLostError);
+      expect(results[2]).toMatchObject({ status: 'fulfilled', value: 2 });
+      expect((await effects(`${p}fenced-`)).map((r) => r.key)).toEqual([`${p}fenced-mate-1`, `${p}fenced-mate-2`]);
+      expect(await plain.get(scope, `${p}fenced-zombie`)).toMatchObject({ status: 'processing', fence: 2 });
+      // The successor still completes.
+      await subject().commitEffect(successor, async (tx) => (await insertEffect(tx, `${p}fenced-zombie`), 'successor'));
+      expect(await plain.get(scope, `${p}fenced-zombie`)).toMatchObject({ status: 'completed', result: 'successor' });
+    });
+
+    it('4. when the COMMIT itself fails, every job of the group fails and nothing of it is kept', async () => {
+      const keys = [`${p}commit-fail-0`, `${p}commit-fail-1`, `${p}commit-fail-2`, `${p}commit-fail-3`];
+      const settled = await Promise.allSettled(
+        // The deferred constraint is checked only at COMMIT: job 2's row makes the whole COMMIT fail.
+        keys.map((key, i) => subject().executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key, i === 2), i))),
+      );
+      // The first job may have gone alone in its own group (and committed); every job grouped with job 2 failed.
+      const failed = keys.filter((_, i) => settled[i]!.status === 'rejected');
+      expect(failed).toContain(`${p}commit-fail-2`);
+      for (const key of failed) {
+        expect(await plain.get(scope, key)).toBeUndefined();
+        expect(await effects(key)).toEqual([]);
+      }
+      const kept = keys.filter((key) => !failed.includes(key));
+      for (const key of kept) expect((await effects(key)).length).toBe(1);
+      expect(failed.length).toBeGreaterThan(1);
+      // Retried without the bad row, each runs once.
+      for (const key of failed) await subject().executeOnce(scope, key, fp(key), async (tx) => insertEffect(tx, key));
+      for (const key of keys) expect((await effects(key)).length).toBe(1);
+    });
+
+    it('5. two jobs of one key in one group: one runs, the other replays its result, never a second effect', async () => {
+      const runs = await Promise.all(
+        [1, 2, 3].map(() => subject().executeOnce(scope, `${p}same-key`, fp(`${p}same-key`), async (tx) => (await insertEffect(tx, `${p}same-key`), 'only once'))),
+      );
+      expect(runs.filter((o) => o.kind === 'executed')).toHaveLength(1);
+      for (const o of runs) if (o.kind !== 'executed') expect(o).toMatchObject({ kind: 'completed', result: 'only once' });
+      expect((await effects(`${p}same-key`)).length).toBe(1);
+    });
+  });
+}
+
 describe('group commit', () => {
-  it('1. concurrent fast-path jobs share transactions, and each key takes effect once', async () => {
-    const keys = Array.from({ length: 12 }, (_, i) => `share-${String(i).padStart(2, '0')}`);
-    const outcomes = await Promise.all(keys.map((key) => grouped.executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key), { key }))));
-    expect(outcomes.map((o) => o.kind)).toEqual(keys.map(() => 'executed'));
-    const rows = await effects('share-');
-    expect(rows.map((r) => r.key)).toEqual(keys);
-    // One group at a time: the first job goes alone, the other eleven wait and share one transaction.
-    expect(new Set(rows.map((r) => r.txid)).size).toBeLessThan(keys.length);
-    // Replays see the stored results.
-    const again = await grouped.executeOnce(scope, keys[3]!, fp(keys[3]!), async () => 'must not run');
-    expect(again).toMatchObject({ kind: 'completed', result: { key: keys[3] } });
-  });
-
-  it('2. a job that throws in a group rolls back only itself (its effect and its claim); the others commit', async () => {
-    const keys = Array.from({ length: 8 }, (_, i) => `iso-${i}`);
-    const settled = await Promise.allSettled(
-      keys.map((key, i) =>
-        grouped.executeOnce(scope, key, fp(key), async (tx) => {
-          await insertEffect(tx, key);
-          if (i === 4) throw new Error('boom in the middle of the group');
-          if (i === 6) await sql`select 1 / 0`.execute(tx); // an SQL error aborts only this job's savepoint
-          return i;
-        }),
-      ),
-    );
-    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled', 'rejected', 'fulfilled', 'rejected', 'fulfilled']);
-    expect((await effects('iso-')).map((r) => r.key)).toEqual(['iso-0', 'iso-1', 'iso-2', 'iso-3', 'iso-5', 'iso-7']);
-    // The failed keys are exactly as before: no row, so the next attempt runs them.
-    expect(await plain.get(scope, 'iso-4')).toBeUndefined();
-    expect(await plain.get(scope, 'iso-6')).toBeUndefined();
-    const retried = await grouped.executeOnce(scope, 'iso-4', fp('iso-4'), async (tx) => (await insertEffect(tx, 'iso-4'), 'second try'));
-    expect(retried.kind).toBe('executed');
-    expect((await effects('iso-4')).length).toBe(1);
-  });
-
-  it('3. a leased job whose lease was taken over is fenced inside its group; its group-mates commit', async () => {
-    const zombie = held(await plain.claim(scope, 'fenced-zombie', fp('fenced-zombie')));
-    await expireLease(env.db, env.schema, scope, 'fenced-zombie');
-    const successor = held(await plain.claim(scope, 'fenced-zombie', fp('fenced-zombie')));
-    expect(successor.fence).toBe(2);
-    const mates = await Promise.all(['fenced-mate-1', 'fenced-mate-2'].map(async (key) => held(await plain.claim(scope, key, fp(key)))));
-    const results = await Promise.allSettled([
-      grouped.commitEffect(mates[0]!, async (tx) => (await insertEffect(tx, 'fenced-mate-1'), 1)),
-      grouped.commitEffect(zombie, async (tx) => (await insertEffect(tx, 'fenced-zombie'), 'zombie')),
-      grouped.commitEffect(mates[1]!, async (tx) => (await insertEffect(tx, 'fenced-mate-2'), 2)),
-    ]);
-    expect(results[0]).toMatchObject({ status: 'fulfilled', value: 1 });
-    expect(results[1].status).toBe('rejected');
-    expect((results[1] as PromiseRejectedResult).reason).toBeInstanceOf(LeaseLostError);
-    expect(results[2]).toMatchObject({ status: 'fulfilled', value: 2 });
-    expect((await effects('fenced-')).map((r) => r.key)).toEqual(['fenced-mate-1', 'fenced-mate-2']);
-    expect(await plain.get(scope, 'fenced-zombie')).toMatchObject({ status: 'processing', fence: 2 });
-    // The successor still completes.
-    await grouped.commitEffect(successor, async (tx) => (await insertEffect(tx, 'fenced-zombie'), 'successor'));
-    expect(await plain.get(scope, 'fenced-zombie')).toMatchObject({ status: 'completed', result: 'successor' });
-  });
-
-  it('4. when the COMMIT itself fails, every job of the group fails and nothing of it is kept', async () => {
-    const keys = ['commit-fail-0', 'commit-fail-1', 'commit-fail-2', 'commit-fail-3'];
-    const settled = await Promise.allSettled(
-      // The deferred constraint is checked only at COMMIT: job 2's row makes the whole COMMIT fail.
-      keys.map((key, i) => grouped.executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key, i === 2), i))),
-    );
-    // The first job may have gone alone in its own group (and committed); every job grouped with job 2 failed.
-    const failed = keys.filter((_, i) => settled[i]!.status === 'rejected');
-    expect(failed).toContain('commit-fail-2');
-    for (const key of failed) {
-      expect(await plain.get(scope, key)).toBeUndefined();
-      expect(await effects(key)).toEqual([]);
-    }
-    const kept = keys.filter((key) => !failed.includes(key));
-    for (const key of kept) expect((await effects(key)).length).toBe(1);
-    expect(failed.length).toBeGreaterThan(1);
-    // Retried without the bad row, each runs once.
-    for (const key of failed) await grouped.executeOnce(scope, key, fp(key), async (tx) => insertEffect(tx, key));
-    for (const key of keys) expect((await effects(key)).length).toBe(1);
-  });
-
-  it('5. two jobs of one key in one group: one runs, the other replays its result, never a second effect', async () => {
-    const runs = await Promise.all(
-      [1, 2, 3].map(() => grouped.executeOnce(scope, 'same-key', fp('same-key'), async (tx) => (await insertEffect(tx, 'same-key'), 'only once'))),
-    );
-    expect(runs.filter((o) => o.kind === 'executed')).toHaveLength(1);
-    for (const o of runs) if (o.kind !== 'executed') expect(o).toMatchObject({ kind: 'completed', result: 'only once' });
-    expect((await effects('same-key')).length).toBe(1);
-  });
-
-  it('6. a group of 8 leased jobs costs 9 round trips: each savepoint rides with its job\'s first statement, each completion with the next', async () => {
+  it('6. a careful group of 8 leased jobs costs 9 round trips: each savepoint rides with its job\'s first statement, each completion with the next', async () => {
     const claims = await Promise.all(Array.from({ length: 8 }, async (_, i) => held(await plain.claim(scope, `trips-${i}`, fp(`trips-${i}`)))));
     await sql`select 1`.execute(env.db); // a warm pool connection
     const { statements: sent } = await recordStatements(() =>
-      Promise.all(claims.map((claim, i) => grouped.commitEffect(claim, async (tx) => (await insertEffect(tx, `trips-${i}`), i)))),
+      Promise.all(claims.map((claim, i) => careful.commitEffect(claim, async (tx) => (await insertEffect(tx, `trips-${i}`), i)))),
     );
     expect(sent).toHaveLength(9);
     expect(sent[0]).toMatch(/^begin isolation level read committed;\nsavepoint job_1;\ninsert into/);
@@ -159,10 +173,10 @@ describe('group commit', () => {
     for (let i = 0; i < 8; i++) expect(await plain.get(scope, `trips-${i}`)).toMatchObject({ status: 'completed', result: i });
   });
 
-  it('9. a group claims its jobs\' new keys in one statement; keys with a row, and a key repeated, are claimed by their jobs', async () => {
+  it('9. a careful group claims its jobs\' new keys in one statement; keys with a row, and a key repeated, are claimed by their jobs', async () => {
     // No settled-key probe, so that every job reaches the group and the statements are predictable.
     const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    const oneGroup = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1 } }, store);
+    const oneGroup = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1, optimistic: false } }, store);
     await plain.executeOnce(scope, 'ahead-done', fp('ahead-done'), async () => 'stored');
     await plain.executeOnce(scope, 'ahead-reused', grouped.fingerprint('something else'), async () => 'other');
     await plain.claim(scope, 'ahead-expired', fp('ahead-expired'));
@@ -197,7 +211,7 @@ describe('group commit', () => {
 
   it('10. a job whose key its group claimed ahead and which then fails (throws, or returns a result jsonb refuses) leaves its key absent; its group-mates commit', async () => {
     const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    const oneGroup = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1 } }, store);
+    const oneGroup = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1, optimistic: false } }, store);
     const started = createGate();
     const gate = createGate();
     const { value: settled, statements } = await recordStatements(async () => {
@@ -228,7 +242,7 @@ describe('group commit', () => {
 
   it('11. when the batched claim waits too long on a key another transaction holds, it is rolled back and each job claims alone', async () => {
     const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    const quick = new IdempotencyKeys({ db: env.db, schema: env.schema, claimLockTimeoutMs: 200, groupCommit: { maxGroups: 1 } }, store);
+    const quick = new IdempotencyKeys({ db: env.db, schema: env.schema, claimLockTimeoutMs: 200, groupCommit: { maxGroups: 1, optimistic: false } }, store);
     // Another transaction holds 'timeout-held' uncommitted (a fast path outside the group).
     const holding = createGate();
     const released = createGate();
@@ -252,9 +266,9 @@ describe('group commit', () => {
     expect(await plain.get(scope, 'timeout-held')).toMatchObject({ status: 'completed', result: 'holder' });
   });
 
-  it('12. a group opens at most 64 savepoints (Postgres caches 64 subtransaction ids), batched steps included', async () => {
+  it('12. a careful group opens at most 64 savepoints (Postgres caches 64 subtransaction ids), batched steps included', async () => {
     const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    const wide = new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 63, maxGroups: 1 } }, store);
+    const wide = new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 63, maxGroups: 1, optimistic: false } }, store);
     const run = (key: string, before?: () => Promise<void>) =>
       wide.executeOnce(scope, key, fp(key), async (tx) => (await before?.(), await insertEffect(tx, key), key));
     const started = createGate();
@@ -285,6 +299,114 @@ describe('group commit', () => {
     const store = { schema: env.schema } as unknown as KeyStore;
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: true }, store)).toThrow(ValidationError);
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 64 } })).toThrow(/maxJobs/);
+  });
+});
+
+describe('optimistic groups', () => {
+  /** Optimistic groups, one at a time, no settled-key probe: every job reaches the group. */
+  function optimisticKeys(options: { claimLockTimeoutMs?: number } = {}) {
+    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
+    return new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, ...options, groupCommit: { maxGroups: 1 } }, store);
+  }
+
+  it('13. a group of 8 fast-path jobs costs 9 round trips and no savepoint: the keys are written with the COMMIT, completed with their results', async () => {
+    const keys = optimisticKeys();
+    await sql`select 1`.execute(env.db); // a warm pool connection
+    const { value: outcomes, statements: sent } = await recordStatements(() =>
+      Promise.all(Array.from({ length: 8 }, (_, i) => keys.executeOnce(scope, `lean-${i}`, fp(`lean-${i}`), async (tx) => (await insertEffect(tx, `lean-${i}`), i)))),
+    );
+    expect(outcomes.map((o) => o.kind)).toEqual(Array(8).fill('executed'));
+    expect(outcomes[3]).toMatchObject({ result: 3, claim: { fence: 1, attempts: 1 } });
+    expect(sent).toHaveLength(9);
+    expect(sent[0]).toMatch(/^begin isolation level read committed;\ninsert into/);
+    expect(sent[8]).toMatch(/^set local lock_timeout = 2000;\ninsert into "[a-z_0-9]+"\.idempotency_keys .* values \(.*\);\ncommit$/s);
+    expect(sent.some((text) => /savepoint|claim_/.test(text))).toBe(false);
+    expect(new Set((await effects('lean-')).map((r) => r.txid)).size).toBe(1);
+    for (const [i, outcome] of outcomes.entries()) {
+      const owner = outcome.kind === 'executed' ? outcome.claim.owner : undefined;
+      expect(await plain.get(scope, `lean-${i}`)).toMatchObject({ status: 'completed', result: i, fence: 1, attempts: 1, owner });
+    }
+  });
+
+  it('14. a key that has a row fails the group at its end: it rolls back, and its jobs run again in a careful group; each effect commits once', async () => {
+    const keys = optimisticKeys();
+    await plain.executeOnce(scope, 'again-2', fp('again-2'), async () => 'stored before');
+    const runs = new Map<string, number>();
+    const { value: outcomes, statements: sent } = await recordStatements(() =>
+      Promise.all(
+        [0, 1, 2, 3].map((i) =>
+          keys.executeOnce(scope, `again-${i}`, fp(`again-${i}`), async (tx) => {
+            runs.set(`again-${i}`, (runs.get(`again-${i}`) ?? 0) + 1);
+            await insertEffect(tx, `again-${i}`);
+            return i;
+          }),
+        ),
+      ),
+    );
+    expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed', 'completed', 'executed']);
+    expect(outcomes[2]).toMatchObject({ result: 'stored before' });
+    expect((await effects('again-')).map((r) => r.key)).toEqual(['again-0', 'again-1', 'again-3']);
+    // The optimistic run and the careful one: the effect code ran twice, its transaction committed once.
+    expect(runs.get('again-0')).toBe(2);
+    expect(runs.get('again-2')).toBe(1); // the careful claim found it completed: no second run
+    expect(sent.some((text) => /^rollback$/.test(text))).toBe(true);
+    expect(sent.some((text) => /savepoint job_1/.test(text))).toBe(true);
+  });
+
+  it('15. two workers run one key in optimistic groups at once: the first COMMIT wins, the other group rolls back and replays its result', async () => {
+    const first = optimisticKeys();
+    const second = optimisticKeys();
+    const inEffect = createGate();
+    const gate = createGate();
+    const slow = first.executeOnce(scope, 'race', fp('race'), async (tx) => {
+      await insertEffect(tx, 'race');
+      inEffect.open();
+      await gate.wait;
+      return 'slow';
+    });
+    await inEffect.wait;
+    const fast = await second.executeOnce(scope, 'race', fp('race'), async (tx) => (await insertEffect(tx, 'race'), 'fast'));
+    expect(fast).toMatchObject({ kind: 'executed', result: 'fast' });
+    gate.open();
+    expect(await slow).toMatchObject({ kind: 'completed', result: 'fast' });
+    expect((await effects('race')).length).toBe(1);
+  });
+
+  it('16. a lost lease fails its group at the end: the group runs again carefully, where the zombie alone fails with LeaseLostError', async () => {
+    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1 } });
+    const zombie = held(await plain.claim(scope, 'lost-zombie', fp('lost-zombie')));
+    await expireLease(env.db, env.schema, scope, 'lost-zombie');
+    held(await plain.claim(scope, 'lost-zombie', fp('lost-zombie')));
+    const mate = held(await plain.claim(scope, 'lost-mate', fp('lost-mate')));
+    const [zombieRun, mateRun] = await Promise.allSettled([
+      keys.commitEffect(zombie, async (tx) => (await insertEffect(tx, 'lost-zombie'), 'zombie')),
+      keys.commitEffect(mate, async (tx) => (await insertEffect(tx, 'lost-mate'), 'mate')),
+    ]);
+    expect((zombieRun as PromiseRejectedResult).reason).toBeInstanceOf(LeaseLostError);
+    expect(mateRun).toMatchObject({ status: 'fulfilled', value: 'mate' });
+    expect((await effects('lost-')).map((r) => r.key)).toEqual(['lost-mate']);
+  });
+
+  it('17. a COMMIT applied whose reply was lost: each job reads its key, finds it completed under its own claim, and reports its result', async () => {
+    const keys = optimisticKeys();
+    await sql`select 1`.execute(env.db);
+    const original = pg.Client.prototype.query;
+    let cut = 0;
+    pg.Client.prototype.query = async function (this: pg.Client, ...args: unknown[]) {
+      const text = typeof args[0] === 'string' ? args[0] : '';
+      const result = await (original as (...a: unknown[]) => Promise<unknown>).apply(this, args);
+      if (/idempotency_keys .*;\ncommit$/s.test(text) && cut++ === 0) throw new Error('Connection terminated unexpectedly');
+      return result;
+    } as typeof original;
+    let outcomes;
+    try {
+      outcomes = await Promise.all([0, 1, 2].map((i) => keys.executeOnce(scope, `lost-reply-${i}`, fp(`lost-reply-${i}`), async (tx) => (await insertEffect(tx, `lost-reply-${i}`), i))));
+    } finally {
+      pg.Client.prototype.query = original;
+    }
+    expect(cut).toBe(1);
+    expect(outcomes.map((o) => o.kind === 'executed' && o.result)).toEqual([0, 1, 2]);
+    expect((await effects('lost-reply-')).map((r) => r.key)).toEqual(['lost-reply-0', 'lost-reply-1', 'lost-reply-2']);
   });
 });
 

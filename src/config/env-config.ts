@@ -40,6 +40,8 @@ const envSchema = z.object({
   GROUP_COMMIT_MAX_JOBS: int(1).max(63).default(GROUP_COMMIT_DEFAULTS.maxJobs),
   /** Group transactions open at once, each on its own connection. */
   GROUP_COMMIT_GROUPS: int(1).max(64).default(GROUP_COMMIT_DEFAULTS.maxGroups),
+  /** Optimistic groups first (no savepoints; a failure re-runs the group's jobs carefully). */
+  GROUP_COMMIT_OPTIMISTIC: bool.default(GROUP_COMMIT_DEFAULTS.optimistic),
   STORE_PAYLOAD: bool.default(false),
   PG_POOL_SIZE: int(1).optional(),
   /** Port of /metrics and /healthz; 0 picks a free port. Unset: no metrics server. */

@@ -52,8 +52,11 @@ export interface IdempotencyOptions {
   readonly fingerprint?: Fingerprinter;
   /**
    * Group commit: concurrent effects (`commitEffect`, `runEffect`, `executeOnce`) share
-   * transactions, each in its own savepoint, so a group pays one COMMIT and one WAL flush, and
-   * a failing effect rolls back only itself. The price: a group's effects run one after another
+   * transactions, so a group pays one COMMIT and one WAL flush. A group runs optimistically
+   * first (no savepoints, keys written at its end); if anything in it fails, it rolls back and
+   * its effects run again, each in its own savepoint, so a failing effect fails alone. An effect
+   * may therefore run more than once, only one run committing: keep what it does outside its
+   * transaction to nothing. The price: a group's effects run one after another
    * on its connection and it holds all their row locks until it commits, so it suits short
    * effects that only touch this database. `true` takes the defaults. See `src/protocol/group-commit.ts`.
    * @defaultValue `false`
@@ -94,6 +97,7 @@ const optionsSchema = z.object({
         // Postgres caches 64 subtransactions per transaction; more spill to pg_subtrans and slow every session.
         maxJobs: z.number().int().min(1).max(63).default(GROUP_COMMIT_DEFAULTS.maxJobs),
         maxGroups: z.number().int().min(1).max(64).default(GROUP_COMMIT_DEFAULTS.maxGroups),
+        optimistic: z.boolean().default(GROUP_COMMIT_DEFAULTS.optimistic),
       }),
     ])
     .default(false),

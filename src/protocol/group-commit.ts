@@ -2,6 +2,7 @@ import type { Kysely, Transaction } from 'kysely';
 import { returnsLastResult } from '../store/create-postgres-db.js';
 import { GroupTransaction } from '../store/group-transaction.js';
 import { onOneConnection } from '../store/one-trip-commit.js';
+import { runOptimisticGroup, type InsertCompletedKeys, type OptimisticJob } from './optimistic-group.js';
 
 /**
  * Subtransaction ids Postgres caches per transaction (`PGPROC_MAX_CACHED_SUBXIDS`); past them,
@@ -15,13 +16,19 @@ export interface GroupCommitOptions {
   readonly maxJobs?: number;
   /** Groups open at once, each on its own connection. @defaultValue `2` */
   readonly maxGroups?: number;
+  /**
+   * Run groups optimistically first: no savepoint per job, every key written at the group's
+   * end with the COMMIT; a failure rolls the whole group back and its jobs run again in careful
+   * groups (a savepoint per job). False: every group is careful. @defaultValue `true`
+   */
+  readonly optimistic?: boolean;
 }
 
 /**
  * The defaults of {@link GroupCommitOptions}, used by the options and the environment alike.
  * Two groups: in the benchmarks, four cost more CPU per job (more, smaller commits) for no gain.
  */
-export const GROUP_COMMIT_DEFAULTS: Required<GroupCommitOptions> = { maxJobs: 16, maxGroups: 2 };
+export const GROUP_COMMIT_DEFAULTS: Required<GroupCommitOptions> = { maxJobs: 16, maxGroups: 2, optimistic: true };
 
 /** How a job's part of a group ends: its value, and the statement that closes it. */
 export interface GroupJobEnd<T> {
@@ -58,32 +65,57 @@ export interface SteppedJob {
  */
 export type BatchedStep = (tx: Transaction<any>, inputs: readonly unknown[]) => Promise<ReadonlyArray<SteppedJob | undefined>>;
 
+/** How a job may run in a group: always the careful way, and optimistically when it offers that too. */
+export interface GroupJobRuns<T> {
+  /** Inside the job's own savepoint (a careful group). */
+  readonly careful: GroupJob<T>;
+  /** Input of a careful group's batched step for this job; undefined when it takes none. */
+  readonly stepInput?: unknown;
+  /** With no savepoint, in an optimistic group; tried first when the committer is optimistic. */
+  readonly optimistic?: OptimisticJob<T>;
+}
+
+/** What a committer can do for several jobs at once, beyond running each. */
+export interface GroupSteps {
+  /** The careful groups' batched step (the fast path's claims of new keys). */
+  readonly batchedStep?: BatchedStep;
+  /** How an optimistic group writes its new keys at its end; without it, no job can run optimistically. */
+  readonly insertCompletedKeys?: InsertCompletedKeys;
+}
+
 interface Waiting {
   readonly job: GroupJob<unknown>;
   /** Input of the group's batched step for this job; undefined when it takes none. */
   readonly stepInput: unknown;
+  /** Its optimistic variant, until it has been tried (a job runs optimistically at most once). */
+  optimistic: OptimisticJob<unknown> | undefined;
   readonly resolve: (value: unknown) => void;
   readonly reject: (error: unknown) => void;
   outcome?: { readonly value: unknown } | { readonly error: unknown };
 }
 
 /**
- * Group commit: concurrent jobs' effects and completions share one transaction (see
- * {@link GroupTransaction}), so a group of N jobs pays one BEGIN, one COMMIT and one WAL flush
- * instead of N, and each job's savepoint and closing statement share round trips.
+ * Group commit: concurrent jobs' effects and completions share one transaction, so a group of
+ * N jobs pays one BEGIN, one COMMIT and one WAL flush instead of N.
+ *
+ * Groups come in two kinds. An optimistic group (see `optimistic-group.ts`) runs its jobs with
+ * no savepoints and writes every key at its end, with the COMMIT; it is tried first, for jobs
+ * that offer an optimistic variant, when the committer is optimistic. If anything in it fails,
+ * it rolls back whole and its jobs wait again, to run in careful groups. A careful group (see
+ * {@link GroupTransaction}) gives each job its own savepoint, so a job that fails rolls back
+ * only itself: a failed statement, a failed closing statement (a lost lease) and an SQL error
+ * the job caught itself. A job that caught an SQL error of its own statement fails with it.
  *
  * A job that arrives while fewer than `maxGroups` groups are open starts a group; otherwise it
- * waits and joins the next open group that looks for work. A group takes all the waiting jobs
- * (up to `maxJobs`), runs the batched step for them if there is one, then runs them one after
- * another; it takes more while any are waiting and it holds fewer than `maxJobs`, then commits.
- * Nothing waits on a timer: under load, jobs group themselves.
+ * waits and joins the next open group that looks for work. A group takes the waiting jobs of
+ * its kind (up to `maxJobs`; careful jobs first, as they have waited before), runs them one
+ * after another, takes more while any are waiting and it holds fewer than `maxJobs`, then
+ * commits. Nothing waits on a timer: under load, jobs group themselves.
  *
- * Every job of a group settles when the group ends: resolved when the COMMIT succeeded (or with
- * its own error when its part was rolled back), rejected with the group's error when the group
- * could not commit, so that nothing is reported done that did not commit. A job is never failed
- * for a group-mate's error: a failed statement, a failed closing statement (a lost lease) and an
- * SQL error the job caught itself roll back that job alone (see {@link GroupTransaction}).
- * A job that caught an SQL error of its own statement fails with that error.
+ * Every job settles when its group ends: resolved when the COMMIT succeeded (or with its own
+ * error when its part was rolled back), rejected with the group's error when the group could
+ * not commit (or could not tell whether it did), so that nothing is reported done that did
+ * not commit. A job is never failed for a group-mate's error.
  *
  * The price, and why it is opt-in: a group's jobs run one after another on its connection, and
  * the group holds every job's row locks until it commits, so a slow job holds up its group.
@@ -93,29 +125,100 @@ export class GroupCommitter {
   readonly #maxJobs: number;
   readonly #maxGroups: number;
   readonly #batchedStep: BatchedStep | undefined;
+  readonly #insertCompletedKeys: InsertCompletedKeys | undefined;
   readonly #waiting: Waiting[] = [];
   #open = 0;
 
-  constructor(db: Kysely<any>, options: GroupCommitOptions = {}, batchedStep?: BatchedStep) {
+  constructor(db: Kysely<any>, options: GroupCommitOptions = {}, steps: GroupSteps = {}) {
     this.#db = db;
     this.#maxJobs = options.maxJobs ?? GROUP_COMMIT_DEFAULTS.maxJobs;
     this.#maxGroups = options.maxGroups ?? GROUP_COMMIT_DEFAULTS.maxGroups;
-    this.#batchedStep = batchedStep;
+    this.#batchedStep = steps.batchedStep;
+    this.#insertCompletedKeys = (options.optimistic ?? GROUP_COMMIT_DEFAULTS.optimistic) ? steps.insertCompletedKeys : undefined;
   }
 
   /**
-   * Runs `job` in a group; resolves with its value once its group committed. With `stepInput`,
-   * the group's batched step may do the job's first step for it (see {@link BatchedStep}).
+   * Runs a job in a group; resolves with its value once its group committed. It runs
+   * optimistically first when it offers that and the committer is optimistic, else (and after
+   * an optimistic group failed) carefully, where the group's batched step may do its first step
+   * (see {@link BatchedStep}).
    */
-  run<T>(job: GroupJob<T>, stepInput?: unknown): Promise<T> {
+  run<T>(runs: GroupJobRuns<T>): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      this.#waiting.push({ job: job as GroupJob<unknown>, stepInput, resolve: resolve as (value: unknown) => void, reject });
+      this.#waiting.push({
+        job: runs.careful as GroupJob<unknown>,
+        stepInput: runs.stepInput,
+        optimistic: this.#insertCompletedKeys ? (runs.optimistic as OptimisticJob<unknown> | undefined) : undefined,
+        resolve: resolve as (value: unknown) => void,
+        reject,
+      });
       if (this.#open < this.#maxGroups) void this.#runGroup();
     });
   }
 
   async #runGroup(): Promise<void> {
     this.#open++;
+    try {
+      if (this.#waiting.some((waiting) => waiting.optimistic === undefined)) await this.#runCarefulGroup();
+      else await this.#runOptimisticGroup(this.#insertCompletedKeys!);
+    } finally {
+      this.#open--;
+      if (this.#waiting.length > 0 && this.#open < this.#maxGroups) void this.#runGroup();
+    }
+  }
+
+  /**
+   * Waiting jobs of one kind, at most `room`, in the order they came. An optimistic group also
+   * leaves a job whose key it already holds (`identities`) for a later group.
+   */
+  #take(room: number, kind: 'careful' | 'optimistic', identities?: Set<string>): Waiting[] {
+    const taken: Waiting[] = [];
+    for (let i = 0; i < this.#waiting.length && taken.length < room; ) {
+      const waiting = this.#waiting[i]!;
+      const optimistic = waiting.optimistic;
+      const fits =
+        kind === 'careful' ? optimistic === undefined : optimistic !== undefined && !identities!.has(optimistic.identity);
+      if (!fits) {
+        i++;
+        continue;
+      }
+      if (optimistic) identities!.add(optimistic.identity);
+      taken.push(waiting);
+      this.#waiting.splice(i, 1);
+    }
+    return taken;
+  }
+
+  async #runOptimisticGroup(insertCompletedKeys: InsertCompletedKeys): Promise<void> {
+    const members: Waiting[] = [];
+    const identities = new Set<string>();
+    try {
+      const verdict = await runOptimisticGroup(
+        this.#db,
+        () => {
+          const batch = this.#take(this.#maxJobs - members.length, 'optimistic', identities);
+          members.push(...batch);
+          return batch.map((member) => member.optimistic!);
+        },
+        insertCompletedKeys,
+        returnsLastResult(this.#db),
+      );
+      if (verdict.kind === 'committed') members.forEach((member, i) => member.resolve(verdict.values[i]));
+      else if (verdict.kind === 'unknown') for (const member of members) member.reject(verdict.error);
+      else {
+        // Rolled back whole: every job waits again, ahead of the others, for a careful group.
+        for (const member of members) member.optimistic = undefined;
+        this.#waiting.unshift(...members);
+      }
+    } catch (error) {
+      // No connection at all (Postgres unreachable, so nobody was taken): fail the waiting jobs
+      // too, for their callers to retry, instead of starting the next group and failing again.
+      for (const member of members) member.reject(error);
+      if (members.length === 0) for (const waiting of this.#waiting.splice(0)) waiting.reject(error);
+    }
+  }
+
+  async #runCarefulGroup(): Promise<void> {
     const members: Waiting[] = [];
     let group!: GroupTransaction;
     const mergeStatements = returnsLastResult(this.#db);
@@ -124,12 +227,13 @@ export class GroupCommitter {
         this.#db,
         async (tx) => {
           try {
-            while (this.#waiting.length > 0) {
+            for (;;) {
               // Up to maxJobs in all, and within Postgres's cache of subtransaction ids: one
               // savepoint per job, plus one for this batch's batched step.
               const room = Math.min(this.#maxJobs - members.length, CACHED_SUBTRANSACTIONS - group.savepoints - 1);
               if (room <= 0) break;
-              const batch = this.#waiting.splice(0, room);
+              const batch = this.#take(room, 'careful');
+              if (batch.length === 0) break;
               members.push(...batch);
               const stepped = await this.#runBatchedStep(group, tx, batch);
               for (const [i, member] of batch.entries()) {
@@ -155,9 +259,6 @@ export class GroupCommitter {
       // No connection at all (Postgres unreachable): fail the waiting jobs too, for their
       // callers to retry, instead of starting the next group at once and failing again in a loop.
       if (members.length === 0) for (const waiting of this.#waiting.splice(0)) waiting.reject(groupError);
-    } finally {
-      this.#open--;
-      if (this.#waiting.length > 0 && this.#open < this.#maxGroups) void this.#runGroup();
     }
   }
 

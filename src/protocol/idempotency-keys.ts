@@ -89,7 +89,12 @@ export class IdempotencyKeys {
       if (!statements) {
         throw new ValidationError('INVALID_OPTIONS', 'groupCommit', 'groupCommit needs a store that offers groupStatements (PostgresKeyStore does).');
       }
-      this.#group = { committer: new GroupCommitter(this.#options.db, groupCommit, claimNewKeysStep(statements)), statements };
+      const insertCompletedKeys = statements.insertCompletedKeys;
+      const committer = new GroupCommitter(this.#options.db, groupCommit, {
+        batchedStep: claimNewKeysStep(statements),
+        insertCompletedKeys: insertCompletedKeys && ((rows) => insertCompletedKeys(rows, this.#options.claimLockTimeoutMs)),
+      });
+      this.#group = { committer, statements };
     }
   }
 
@@ -182,15 +187,20 @@ export class IdempotencyKeys {
   async #commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void): Promise<T> {
     const group = this.#group;
     if (group) {
-      return group.committer.run(async (tx) => {
+      const runAndComplete = async (tx: Transaction<any>) => {
         const result = await effect(tx);
         const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
         await beforeCommit?.();
-        return {
-          value: result,
-          closing: group.statements.completion(claim, json, this.#options.retentionMs),
+        return { value: result, closing: group.statements.completion(claim, json, this.#options.retentionMs) };
+      };
+      return group.committer.run({
+        careful: async (tx) => ({
+          ...(await runAndComplete(tx)),
           closingError: (error: unknown) => this.#explainClosingFailure(group.statements, error, claim),
-        };
+        }),
+        // Optimistically, a lost lease fails the fenced completion at the group's end: the
+        // group runs again the careful way, where this job fails alone with LeaseLostError.
+        optimistic: { identity: keyIdentity(claim), run: runAndComplete },
       });
     }
     return runTransaction(this.db, async (tx) => {
@@ -292,19 +302,33 @@ export class IdempotencyKeys {
     if (group) {
       // The same steps inside the job's savepoint of a shared transaction. A new key may have
       // been claimed already, with the keys of the jobs grouped with this one (one statement).
-      return group.committer.run(async (tx, claimedAhead) => {
-        const outcome = (claimedAhead as HeldClaim | undefined) ?? (await store.claim(tx, input));
-        if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, closing: 'rollback' as const };
-        const result = await effect(tx, outcome);
-        const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
-        if (result === undefined) return { value };
-        const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
-        return {
-          value,
-          closing: group.statements.fastPathResult(outcome, json),
-          closingError: (error: unknown) => this.#explainClosingFailure(group.statements, error, outcome),
-        };
-      }, input);
+      return group.committer.run<ExecuteOnceOutcome<T>>({
+        careful: async (tx, claimedAhead) => {
+          const outcome = (claimedAhead as HeldClaim | undefined) ?? (await store.claim(tx, input));
+          if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, closing: 'rollback' as const };
+          const result = await effect(tx, outcome);
+          const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
+          if (result === undefined) return { value };
+          const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
+          return {
+            value,
+            closing: group.statements.fastPathResult(outcome, json),
+            closingError: (error: unknown) => this.#explainClosingFailure(group.statements, error, outcome),
+          };
+        },
+        stepInput: input,
+        // Optimistically: the effect first, then the key written once, completed with its result,
+        // at the group's end. If the key has a row by then, the group runs again the careful way.
+        optimistic: {
+          identity: keyIdentity(input),
+          run: async (tx) => {
+            const claim = freshCompletingClaim(input);
+            const result = await effect(tx, claim);
+            const resultJson = result === undefined ? null : serializeResult(scope, key, result, this.#options.maxResultBytes);
+            return { value: { kind: 'executed', result, claim }, newKey: { input, resultJson } };
+          },
+        },
+      });
     }
     // The claim bounds its own lock wait and puts lock_timeout back in the same statement, so
     // the effect runs under the session's usual lock_timeout. A claim that does not hold the
@@ -445,6 +469,11 @@ function claimNewKeysStep(statements: GroupStatements): BatchedStep | undefined 
       return { value: claim, undo: claims.undo(claim) };
     });
   };
+}
+
+/** A key's identity as one string (scope and key cannot contain NUL). */
+function keyIdentity(k: { readonly scope: string; readonly key: string }): string {
+  return `${k.scope}\u0000${k.key}`;
 }
 
 /** Runs one of the store's own statements for a key: a transient fault becomes a {@link StoreUnavailableError}. */

@@ -74,7 +74,11 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     schema: config.SCHEMA,
     leaseMs: config.LEASE_MS,
     retentionMs: config.RETENTION_MS,
-    groupCommit: config.GROUP_COMMIT && { maxJobs: config.GROUP_COMMIT_MAX_JOBS, maxGroups: config.GROUP_COMMIT_GROUPS },
+    groupCommit: config.GROUP_COMMIT && {
+      maxJobs: config.GROUP_COMMIT_MAX_JOBS,
+      maxGroups: config.GROUP_COMMIT_GROUPS,
+      optimistic: config.GROUP_COMMIT_OPTIMISTIC,
+    },
   });
   const listener =
     config.WAIT_MS > 0

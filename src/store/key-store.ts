@@ -3,6 +3,7 @@ import type { Claim, ClaimOutcome } from './claim-outcome.js';
 import type { KeyRecord } from './key-record.js';
 import type { ClaimStatementInput } from './sql/claim.js';
 import type { LeaseExtension } from './sql/extend.js';
+import type { CompletedKeyRow } from './sql/insert-completed-keys.js';
 
 /** What {@link KeyStore.claim} needs; the schema is the store's own. */
 export type ClaimInput = Omit<ClaimStatementInput, 'schema'>;
@@ -72,6 +73,12 @@ export interface GroupStatements {
   fastPathResult(claim: Claim, resultJson: string): string;
   /** What a failed closing statement means: the lease was lost, or an error to report as it is (mapped). */
   explainFailure(error: unknown, claim: Claim): { readonly leaseLost: true } | { readonly error: unknown };
+  /**
+   * Optional, for optimistic groups: the fast path's keys of a whole group, inserted as
+   * `completed` with their results, as literal SQL that rides with the COMMIT. It must fail
+   * (not skip the key) when a key has a row. Without it, groups are careful only.
+   */
+  insertCompletedKeys?(rows: readonly CompletedKeyRow[], lockTimeoutMs: number): string[];
   /**
    * Optional, for fewer round trips: the fast path's claims of a whole group at once. Without
    * it, each job of a group claims its own key.

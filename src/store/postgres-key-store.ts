@@ -22,6 +22,7 @@ import {
 import { extendLease, type LeaseExtension } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
+import { insertCompletedKeysText } from './sql/insert-completed-keys.js';
 import { releaseKey } from './sql/release.js';
 
 /** Options of {@link PostgresKeyStore}. */
@@ -53,6 +54,7 @@ export class PostgresKeyStore implements KeyStore {
     completion: (claim, resultJson, retentionMs) => fencedCompletionText(this.schema, claim, resultJson, retentionMs),
     fastPathResult: (claim, resultJson) => fastPathResultText(this.schema, claim, resultJson),
     explainFailure: (error, claim) => (isLeaseLost(error) ? { leaseLost: true } : { error: this.#mapResultError(error, claim) }),
+    insertCompletedKeys: (rows, lockTimeoutMs) => insertCompletedKeysText(this.schema, rows, lockTimeoutMs),
     newKeyClaims: {
       claim: (tx, inputs) => claimNewKeys(tx, this.schema, inputs),
       undo: (claim) => unclaimNewKeyText(this.schema, claim),
