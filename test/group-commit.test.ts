@@ -400,13 +400,13 @@ describe('optimistic groups', () => {
     } as typeof original;
     let outcomes;
     try {
-      outcomes = await Promise.all([0, 1, 2].map((i) => keys.executeOnce(scope, `lost-reply-${i}`, fp(`lost-reply-${i}`), async (tx) => (await insertEffect(tx, `lost-reply-${i}`), i))));
+      outcomes = await Promise.all([0, 1, 2].map((i) => keys.executeOnce(scope, `cut-reply-${i}`, fp(`cut-reply-${i}`), async (tx) => (await insertEffect(tx, `cut-reply-${i}`), i))));
     } finally {
       pg.Client.prototype.query = original;
     }
     expect(cut).toBe(1);
     expect(outcomes.map((o) => o.kind === 'executed' && o.result)).toEqual([0, 1, 2]);
-    expect((await effects('lost-reply-')).map((r) => r.key)).toEqual(['lost-reply-0', 'lost-reply-1', 'lost-reply-2']);
+    expect((await effects('cut-reply-')).map((r) => r.key)).toEqual(['cut-reply-0', 'cut-reply-1', 'cut-reply-2']);
   });
 });
 
