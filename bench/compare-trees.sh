@@ -5,7 +5,8 @@
 # prefixed with the repetition and "old" or "now". SPECS (optional) replaces the list of drains:
 # "now bullmq-tx|old leased|now leased" (each "old" or "now", then a contender, then optionally
 # environment settings for that drain, e.g. "now fast-path-group BENCH_GROUPS=2").
-# BENCH_CONCURRENCY (default 16) applies to every drain.
+# BENCH_CONCURRENCY (default 16) applies to every drain. These drains run in-process
+# (bench/profile-throughput.ts); for worker processes as deployed, see bench/deployed-ab.ts.
 set -euo pipefail
 other=${1:?usage: bench/compare-trees.sh <other-checkout> [N]}
 n=${2:-10000}

@@ -2,9 +2,11 @@
  * `npm run bench`: what exactly-once costs against plain BullMQ, every comparison in one run.
  *
  * Usage: `tsx bench/run-bench.ts [--quick] [--reps N] [--n N] [--only a,b] [--tag name] [--ablation]`
- * Sections: throughput (baselines, leased, fast path, duplicate loads, claim latency, round trips),
- * producer, processes, rss, recovery, peers. Prints tables, writes
- * `bench/results/<date>[-tag].json` and `bench/results/<date>[-tag].svg`.
+ * Sections: deployed (the CLI worker process in its configurations against the lean baseline
+ * process, rates from the effects' timestamps: the README's headline), throughput (in-process,
+ * for profiling: baselines, leased, fast path, duplicate loads, claim latency, round trips),
+ * producer, processes, rss, recovery, peers. Prints tables, writes `bench/results/<name>.json`
+ * and `.svg`, the name being the date and `-<tag>`, `-quick` or (with --only) the sections.
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
@@ -15,6 +17,7 @@ import { sql } from 'kysely';
 import { createBenchEnv, RoundTripCounter, type BenchEnv } from './support/bench-env.js';
 import { renderChart } from './support/chart.js';
 import { startChild } from './support/child-process.js';
+import { CLI_WORKER_SETTINGS, runDeployedDrain, type DeployedContender, type DeployedRun } from './support/deployed.js';
 import { runProcesses, runRecovery, runRss, type ProcessesRun, type RecoveryRun, type RssRun } from './support/processes.js';
 import { runProducer, type ProducerRun } from './support/producer.js';
 import { formatSpread, spread, type Spread } from './support/stats.js';
@@ -45,7 +48,7 @@ function parseArgs(argv: string[]): Args {
     if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer (got ${JSON.stringify(raw)})`);
     return n;
   };
-  const sections = ['throughput', 'producer', 'processes', 'rss', 'recovery', 'peers'];
+  const sections = ['deployed', 'throughput', 'producer', 'processes', 'rss', 'recovery', 'peers'];
   const only = value('--only')?.split(',');
   for (const s of only ?? []) if (!sections.includes(s)) throw new Error(`--only: unknown section "${s}" (known: ${sections.join(', ')})`);
   return {
@@ -84,6 +87,7 @@ const tables: string[] = [];
 try {
   const machine = await describeMachine(env);
   log(`bench: schema ${env.schema}, prefix ${env.redisPrefix}, N ${args.n}, reps ${args.reps}, ${machine.cpus} cores`);
+  if (wants('deployed')) await deployedSection();
   if (wants('throughput')) await throughputSection();
   if (wants('producer')) await producerSection();
   if (wants('processes')) await processesSection();
@@ -106,7 +110,9 @@ const chart = results.chartData
   : undefined;
 const finishedAt = new Date();
 const date = startedAt.toISOString().slice(0, 10);
-const name = `${date}${args.tag ? `-${args.tag}` : args.quick ? '-quick' : ''}`;
+// A partial run (--only) is named after its sections, so that it never overwrites the day's full run.
+const suffix = args.tag ?? (args.quick ? 'quick' : args.only ? [...args.only].join('-') : undefined);
+const name = `${date}${suffix ? `-${suffix}` : ''}`;
 const dir = fileURLToPath(new URL('./results/', import.meta.url));
 mkdirSync(dir, { recursive: true });
 const document = {
@@ -126,6 +132,72 @@ process.stdout.write(`\n${tables.join('\n\n')}\n\nResults: bench/results/${name}
 log(`done in ${Math.round((finishedAt.getTime() - startedAt.getTime()) / 1000)} s`);
 
 // ---------------------------------------------------------------------------------------------
+
+/**
+ * The headline: each contender is its own process started as users start it (the CLI worker in
+ * its default configuration and with the fast path and group commit), against the lean baseline
+ * process at the same concurrency in the same repetition. Rates come from the effects' database
+ * timestamps (see support/deployed.ts).
+ */
+async function deployedSection(): Promise<void> {
+  const n = args.quick ? args.n : 10_000;
+  // Each idempotent-jobs contender follows the lean baseline at its concurrency.
+  const combos: Array<{ contender: DeployedContender; concurrency: number }> = [
+    { contender: 'lean', concurrency: 32 },
+    { contender: 'leased', concurrency: 32 },
+    { contender: 'lean', concurrency: HIGH_CONCURRENCY },
+    { contender: 'fast-path-group', concurrency: HIGH_CONCURRENCY },
+    { contender: 'leased-group', concurrency: HIGH_CONCURRENCY },
+    { contender: 'lean', concurrency: CONCURRENCY },
+    { contender: 'fast-path-group', concurrency: CONCURRENCY },
+  ];
+  const runs: Array<DeployedRun & { rep: number }> = [];
+  for (let rep = 0; rep < args.reps; rep++) {
+    // Alternate the order: forward on even repetitions, backward on odd ones.
+    for (const { contender, concurrency } of rep % 2 === 0 ? combos : [...combos].reverse()) {
+      const run = await runDeployedDrain(env, { contender, concurrency, n });
+      log(`rep ${rep + 1} deployed ${contender} c ${concurrency} N ${n}: ${run.jobsPerSec.toFixed(0)} jobs/s (effects over ${run.effectSpanMs.toFixed(0)} ms)`);
+      runs.push({ ...run, rep });
+    }
+  }
+  const lean = (rep: number, concurrency: number) => runs.find((r) => r.contender === 'lean' && r.rep === rep && r.concurrency === concurrency)!;
+  const summary = combos.map(({ contender, concurrency }) => {
+    const mine = runs.filter((r) => r.contender === contender && r.concurrency === concurrency);
+    return {
+      contender,
+      concurrency,
+      n,
+      reps: mine.length,
+      jobsPerSec: spread(mine.map((r) => r.jobsPerSec)),
+      ratioToLean: contender === 'lean' ? undefined : spread(mine.map((r) => r.jobsPerSec / lean(r.rep, concurrency).jobsPerSec)),
+    };
+  });
+  results.deployed = {
+    n,
+    reps: args.reps,
+    method:
+      'Each contender is its own process: lean = bench/support/lean-baseline-worker.ts (BullMQ Worker + pg.Pool, BEGIN/insert/COMMIT); ' +
+      'the others = `node bin/idempotent-jobs.js worker --handler bench/support/deployed-handler.ts` with MIGRATE=false, LOG_LEVEL=warn and the contender\'s FAST_PATH/GROUP_COMMIT. ' +
+      'One drain of N unique jobs each, alternating; rate = (rows - 1) / (max - min created_at) of the effect rows (clock_timestamp at insert).',
+    summary,
+    runs,
+  };
+  tables.push(
+    table(
+      `Deployed: worker processes as users start them, against the lean baseline process (BullMQ + node-postgres, BEGIN/insert/COMMIT) at the same concurrency in the same repetition; N=${n} unique jobs, rates from the effects' timestamps; median (min–max)`,
+      ['contender', 'worker environment', 'conc', 'N', 'reps', 'jobs/s', 'x lean'],
+      summary.map((s) => [
+        s.contender,
+        s.contender === 'lean' ? '(plain BullMQ + pg)' : Object.entries(CLI_WORKER_SETTINGS[s.contender]).map(([k, v]) => `${k}=${v}`).join(' ') || '(defaults)',
+        String(s.concurrency),
+        String(s.n),
+        String(s.reps),
+        formatSpread(s.jobsPerSec),
+        s.ratioToLean ? formatSpread(s.ratioToLean, 2) : '',
+      ]),
+    ),
+  );
+}
 
 async function throughputSection(): Promise<void> {
   // The main comparison uses N jobs and every repetition; the duplicate loads use N/2 jobs and
@@ -223,7 +295,7 @@ async function throughputSection(): Promise<void> {
   ]);
   tables.push(
     table(
-      `Throughput: median (min–max) over repetitions; ratios against bullmq-tx (N=${args.n}) at the same concurrency in the same repetition; *-group: group commit`,
+      `Throughput in-process (worker and drivers in the benchmark's process; for profiling): median (min–max) over repetitions; ratios against bullmq-tx (N=${args.n}) at the same concurrency in the same repetition; *-group: group commit`,
       ['contender', 'conc', 'dup', 'N', 'reps', 'jobs/s', 'x at-least-once', 'x all-unique', 'PG RT/job', 'PG RT/dup', 'claim p50/p99 ms', 'dup claim p50/p99 ms'],
       rows,
     ),

@@ -36,10 +36,14 @@ export async function createBenchEnv(): Promise<BenchEnv> {
   const db = createPostgresDb({ connectionString: databaseUrl, maxConnections: 2, applicationName: 'idempotent-jobs:bench' }, () => {});
   await migrate(db, { schema });
   // The effect: one row per execution, no unique constraint, so a second execution would show.
+  // created_at is the insert's own time (clock_timestamp), not its transaction's start (now()):
+  // the deployed runs take their rates from these stamps, and with group commit many jobs'
+  // inserts share one transaction that opened before most of them ran, so now() would stamp
+  // the last group's rows early and flatter group commit against one-job transactions.
   await sql`create table ${sql.id(schema, 'bench_effects')} (
               id bigint generated always as identity primary key,
               scope text not null, key text not null, worker text not null,
-              created_at timestamptz not null default now())`.execute(db);
+              created_at timestamptz not null default clock_timestamp())`.execute(db);
   const redis = new Redis(redisUrl, { maxRetriesPerRequest: null });
 
   const deleteKeys = async (pattern: string) => {

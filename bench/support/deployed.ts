@@ -1,0 +1,200 @@
+/**
+ * Deployed runs: every contender is its own worker process, started the way its users start
+ * it, and the rate is read from the effects' database timestamps.
+ *
+ * One drain: a paused queue is filled with N unique jobs, the contender's process is started
+ * and waited for (it shows up among the queue's BullMQ workers), the queue is resumed, and
+ * when all N jobs are completed the process is stopped with SIGTERM. The rate is
+ * (rows − 1) / (last row's created_at − first row's created_at): the span of the effects
+ * themselves, so process start-up, queue polling and shutdown are outside it on every side.
+ *
+ * Contenders: `lean` is lean-baseline-worker.ts (plain BullMQ + node-postgres, BEGIN/insert/
+ * COMMIT); the others are `node bin/idempotent-jobs.js worker --handler deployed-handler.ts`
+ * with the environment a user would set, from this checkout or another one (for A/B runs).
+ */
+import { randomBytes } from 'node:crypto';
+import { resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Queue } from 'bullmq';
+import { sql } from 'kysely';
+import type { BenchEnv } from './bench-env.js';
+import { sleep } from './bench-handler.js';
+import { startBinScript, startChild, stopGracefully, type BenchChild } from './child-process.js';
+import { fillQueue, redisConnection, withTimeout } from './throughput.js';
+
+/** The idempotent-jobs contenders and the environment that selects each (everything else: defaults). */
+export const CLI_WORKER_SETTINGS = {
+  /** The default configuration: leased path, one job per effect transaction. */
+  leased: {},
+  'fast-path': { FAST_PATH: 'true' },
+  'leased-group': { GROUP_COMMIT: 'true' },
+  'fast-path-group': { FAST_PATH: 'true', GROUP_COMMIT: 'true' },
+} as const satisfies Record<string, Record<string, string>>;
+
+/** Who drains the queue: the lean baseline, or the CLI worker in one of its configurations. */
+export type DeployedContender = 'lean' | keyof typeof CLI_WORKER_SETTINGS;
+
+/** Every contender name, for parsing specs. */
+export const DEPLOYED_CONTENDERS: readonly DeployedContender[] = ['lean', ...(Object.keys(CLI_WORKER_SETTINGS) as Array<keyof typeof CLI_WORKER_SETTINGS>)];
+
+/** Parameters of one deployed drain. */
+export interface DeployedSpec {
+  readonly contender: DeployedContender;
+  readonly concurrency: number;
+  readonly n: number;
+  /**
+   * The checkout whose `bin/idempotent-jobs.js` runs the CLI contenders (the handler module
+   * and the lean baseline always come from this checkout). @defaultValue this checkout
+   */
+  readonly workerCheckout?: string;
+  /** More environment for the worker process, e.g. `{ GROUP_COMMIT_GROUPS: '2' }`. */
+  readonly extraEnv?: Readonly<Record<string, string>>;
+}
+
+/** One measured deployed drain. */
+export interface DeployedRun {
+  readonly contender: DeployedContender;
+  readonly concurrency: number;
+  readonly n: number;
+  readonly workerCheckout: string;
+  readonly extraEnv: Readonly<Record<string, string>>;
+  /** (effects − 1) / (last − first effect's created_at). */
+  readonly jobsPerSec: number;
+  /** From the first effect's created_at to the last's. */
+  readonly effectSpanMs: number;
+  /** From resuming the queue until all jobs were seen completed (polled every 50 ms; includes the first fetches). */
+  readonly wallMs: number;
+  /** From spawning the process until the queue listed it as a worker. */
+  readonly startupMs: number;
+  readonly effects: number;
+  readonly failedJobs: number;
+  /** How the process ended after SIGTERM: its exit code, or the signal. */
+  readonly exit: number | string;
+}
+
+/** This checkout's root. */
+export const THIS_CHECKOUT = fileURLToPath(new URL('../../', import.meta.url)).replace(/\/$/, '');
+const HANDLER_MODULE = fileURLToPath(new URL('./deployed-handler.ts', import.meta.url));
+const DRAIN_TIMEOUT_MS = 15 * 60_000;
+const STARTUP_TIMEOUT_MS = 60_000;
+const POLL_MS = 50;
+
+/**
+ * Runs one drain and cleans up after it (process, queue keys, tables). Throws if a job
+ * failed, the process died, or the effects are not exactly one row per job.
+ */
+export async function runDeployedDrain(env: BenchEnv, spec: DeployedSpec): Promise<DeployedRun> {
+  const { contender, concurrency, n } = spec;
+  const workerCheckout = resolve(spec.workerCheckout ?? THIS_CHECKOUT);
+  const extraEnv = spec.extraEnv ?? {};
+  const queueName = `dp-${contender}-${randomBytes(3).toString('hex')}`;
+  const queue = new Queue(queueName, { connection: redisConnection(env.redisUrl), prefix: env.redisPrefix });
+  let child: BenchChild | undefined;
+  try {
+    await fillQueue(queue, n, 0);
+    const spawnedAt = performance.now();
+    child = startContender(env, queueName, { ...spec, workerCheckout, extraEnv });
+    await waitUntilListed(queue, child);
+    const startupMs = performance.now() - spawnedAt;
+
+    const resumedAt = performance.now();
+    await queue.resume();
+    await withTimeout(waitUntilDrained(queue, child, n), DRAIN_TIMEOUT_MS, `${contender} c ${concurrency}: draining ${n} jobs`);
+    const wallMs = performance.now() - resumedAt;
+    const exit = await stopGracefully(child);
+
+    const { effects, spanMs } = await effectSpan(env);
+    if (effects !== n) throw new Error(`${contender} c ${concurrency}: ${effects} effect rows for ${n} jobs (expected exactly one each)`);
+    return {
+      contender,
+      concurrency,
+      n,
+      workerCheckout,
+      extraEnv,
+      jobsPerSec: ((effects - 1) / spanMs) * 1000,
+      effectSpanMs: spanMs,
+      wallMs,
+      startupMs,
+      effects,
+      failedJobs: 0,
+      exit,
+    };
+  } finally {
+    await child?.stop();
+    await queue.close();
+    await env.deleteQueueKeys(queueName);
+    await env.resetTables();
+  }
+}
+
+/** Spawns the contender's process; the CLI contenders get the environment a deployment sets. */
+function startContender(env: BenchEnv, queueName: string, spec: DeployedSpec & { workerCheckout: string; extraEnv: Readonly<Record<string, string>> }): BenchChild {
+  const common = {
+    DATABASE_URL: env.databaseUrl,
+    REDIS_URL: env.redisUrl,
+    SCHEMA: env.schema,
+    REDIS_PREFIX: env.redisPrefix,
+    QUEUE: queueName,
+    CONCURRENCY: String(spec.concurrency),
+  };
+  if (spec.contender === 'lean') return startChild('support/lean-baseline-worker.ts', { ...common, ...spec.extraEnv });
+  const cliEnv = {
+    ...common,
+    // The bench created and migrated the schema; a worker of another checkout must not migrate it its way.
+    MIGRATE: 'false',
+    // Per-job info lines would measure pino, not the worker; the lean baseline logs nothing either.
+    LOG_LEVEL: 'warn',
+    ...CLI_WORKER_SETTINGS[spec.contender],
+    ...spec.extraEnv,
+  };
+  const bin = resolve(spec.workerCheckout, 'bin/idempotent-jobs.js');
+  const args = ['worker', '--handler', HANDLER_MODULE, '--queue', queueName, '--concurrency', String(spec.concurrency)];
+  return startBinScript(bin, args, cliEnv, spec.workerCheckout);
+}
+
+/**
+ * Waits until the queue lists a worker (BullMQ names each worker's Redis connection after its
+ * queue): the CLI prints no ready line below LOG_LEVEL info, and this works for any BullMQ
+ * worker process without a benchmark hook in it.
+ */
+async function waitUntilListed(queue: Queue, child: BenchChild): Promise<void> {
+  const deadline = performance.now() + STARTUP_TIMEOUT_MS;
+  while ((await queue.getWorkers()).length === 0) {
+    assertRunning(child, 'before it took jobs');
+    if (performance.now() > deadline) throw new Error(`pid ${child.pid}: not listed as a worker of ${queue.name} within ${STARTUP_TIMEOUT_MS} ms. ${output(child)}`);
+    await sleep(POLL_MS);
+  }
+}
+
+/** Polls the queue's counts until `n` jobs completed; a failed job or a dead process ends the drain with an error. */
+async function waitUntilDrained(queue: Queue, child: BenchChild, n: number): Promise<void> {
+  for (;;) {
+    const counts = await queue.getJobCounts('completed', 'failed');
+    if ((counts.failed ?? 0) > 0) {
+      const [job] = await queue.getFailed(0, 0);
+      throw new Error(`${queue.name}: ${counts.failed} jobs failed, e.g. ${job?.id}: ${job?.failedReason}`);
+    }
+    if ((counts.completed ?? 0) >= n) return;
+    assertRunning(child, `with ${counts.completed}/${n} jobs completed`);
+    await sleep(POLL_MS);
+  }
+}
+
+/** The effects' row count and the span of their timestamps, in ms. */
+async function effectSpan(env: BenchEnv): Promise<{ effects: number; spanMs: number }> {
+  const { rows } = await sql<{ effects: string; span_ms: string | null }>`
+    select count(*) as effects, extract(epoch from max(created_at) - min(created_at)) * 1000 as span_ms
+    from ${sql.id(env.schema, 'bench_effects')}`.execute(env.db);
+  return { effects: Number(rows[0]?.effects ?? 0), spanMs: Number(rows[0]?.span_ms ?? NaN) };
+}
+
+function assertRunning(child: BenchChild, when: string): void {
+  const { exitCode, signalCode } = child.process;
+  if (exitCode !== null || signalCode !== null) throw new Error(`pid ${child.pid} exited (${exitCode ?? signalCode}) ${when}. ${output(child)}`);
+}
+
+/** What a failed child said: its stderr and its last log lines (pino writes warnings and errors to stdout). */
+function output(child: BenchChild): string {
+  const lines = child.lines.slice(-5).map((line) => JSON.stringify(line));
+  return `stderr: ${child.stderrTail() || '(empty)'}; last log lines: ${lines.join(' ') || '(none)'}`;
+}
