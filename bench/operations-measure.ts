@@ -109,7 +109,7 @@ async function main() {
       ),
     );
     console.log(`claim + complete: ${claims} keys in ${Math.round(claimMs)} ms = ${Math.round(claims / (claimMs / 1000))} keys/s (5 connections)`);
-    await sql`truncate ${table}`.execute(db);
+    await sql`truncate ${table} cascade`.execute(db);
 
     const [, fillMs] = await timed(() => fill(rows, 0.5));
     console.log(`filled ${rows} completed keys (half expired) in ${Math.round(fillMs)} ms`);

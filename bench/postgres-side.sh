@@ -169,7 +169,7 @@ for rep in $(seq 1 "$reps"); do
     echo "$rep $shape $tps $per" | tee -a "$lines" | awk '{printf "rep %s  %-22s %7.0f tx/s  %7.0f jobs/s\n", $1, $2, $3, $3 * $4}'
   done
   # Empty the tables between repetitions so that they do not grow across them.
-  psql -q "$url" -c "truncate $schema.bench_effects, $schema.idempotency_keys"
+  psql -q "$url" -c "truncate $schema.bench_effects, $schema.idempotency_keys cascade"
 done
 
 # Per shape: median jobs/s, and the median (min-max) of its ratio to the same repetition's

@@ -20,7 +20,8 @@ afterAll(async () => {
   await env?.teardown();
 });
 beforeEach(async () => {
-  await sql`truncate ${sql.id(env.schema, 'idempotency_keys')}, ${sql.id(env.schema, 'outbox')}`.execute(env.db);
+  // cascade: the keys' step records (job_steps) go too.
+  await sql`truncate ${sql.id(env.schema, 'idempotency_keys')}, ${sql.id(env.schema, 'outbox')} cascade`.execute(env.db);
 });
 
 const keysTable = () => sql.id(env.schema, 'idempotency_keys');
@@ -58,6 +59,10 @@ describe('Janitor', () => {
     await insertKeys('processing-with-old-expiry', 100, { status: 'processing', expiresIn: '-1 hour', lockedIn: '-1 hour' });
     const live = [...(await remainingKeys())].filter((k) => !k.startsWith('expired-'));
     const expiredCount = 2200;
+    // Step records of multi-step jobs are deleted with their key (foreign key, on delete cascade).
+    await sql`insert into ${sql.id(env.schema, 'job_steps')} (scope, key, name, position, fence)
+              values ('janitor', 'expired-completed-1', 'charge', 1, 1), ('janitor', 'expired-failed-7', 'charge', 1, 1),
+                     ('janitor', 'live-completed-1', 'charge', 1, 1), ('janitor', 'live-processing-1', 'charge', 1, 1)`.execute(env.db);
 
     // A transaction holds 20 expired rows locked while the janitors run: they must skip them, not wait.
     let releaseHolder!: () => void;
@@ -91,6 +96,8 @@ describe('Janitor', () => {
     const remaining = await remainingKeys();
     expect([...remaining].filter((k) => k.startsWith('expired-'))).toEqual([]);
     expect([...remaining].sort()).toEqual(live.sort());
+    const { rows: steps } = await sql<{ key: string }>`select key from ${sql.id(env.schema, 'job_steps')} order by key`.execute(env.db);
+    expect(steps.map((s) => s.key)).toEqual(['live-completed-1', 'live-processing-1']);
   });
 
   it('bounds one run by maxBatchesPerRun and reports that more is left', async () => {

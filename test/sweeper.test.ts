@@ -44,7 +44,7 @@ beforeAll(async () => {
 });
 beforeEach(async () => {
   await queue.obliterate({ force: true });
-  await sql`truncate ${sql.id(env.schema, 'idempotency_keys')}`.execute(env.db);
+  await sql`truncate ${sql.id(env.schema, 'idempotency_keys')} cascade`.execute(env.db);
 });
 afterEach(async () => {
   await Promise.all(workers.splice(0).map((w) => w.close({ force: true })));

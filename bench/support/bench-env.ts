@@ -62,7 +62,7 @@ export async function createBenchEnv(): Promise<BenchEnv> {
     redisPrefix,
     db,
     async resetTables() {
-      await sql`truncate ${sql.id(schema, 'bench_effects')}, ${sql.id(schema, 'idempotency_keys')}`.execute(db);
+      await sql`truncate ${sql.id(schema, 'bench_effects')}, ${sql.id(schema, 'idempotency_keys')} cascade`.execute(db);
     },
     deleteQueueKeys: (queue) => deleteKeys(`${redisPrefix}:${queue}:*`),
     async teardown() {

@@ -4,6 +4,8 @@ import type { KeyRecord } from './key-record.js';
 import type { ClaimStatementInput } from './sql/claim.js';
 import type { LeaseExtension } from './sql/extend.js';
 import type { CompletedKeyRow } from './sql/insert-completed-keys.js';
+import type { StepRecord } from './sql/load-steps.js';
+import type { StepPlace } from './sql/start-step.js';
 
 /** What {@link KeyStore.claim} needs; the schema is the store's own. */
 export type ClaimInput = Omit<ClaimStatementInput, 'schema'>;
@@ -63,6 +65,27 @@ export interface KeyStore {
   fail(claim: Claim, errorJson: string, retentionMs: number): Promise<boolean>;
   /** Reads one key. */
   get(scope: string, key: string): Promise<KeyRecord | undefined>;
+  /** Optional, needed for multi-step jobs (`ctx.step`): the step records of keys. */
+  readonly steps?: StepStore;
+}
+
+/**
+ * The step records of multi-step jobs (see `sql/record-step.ts`). Starting and recording are
+ * fenced: they succeed only for the key's current owner token and fence, `processing`.
+ */
+export interface StepStore {
+  /** A key's steps in position order (one statement). */
+  load(scope: string, key: string): Promise<StepRecord[]>;
+  /** Marks an external step started: its start count, this one included; undefined when the claim lost the key. */
+  start(claim: Claim, step: StepPlace): Promise<number | undefined>;
+  /** Records a step's result as a statement of its own; false when the claim lost the key (or the step was recorded). */
+  record(claim: Claim, step: StepPlace, resultJson: string): Promise<boolean>;
+  /**
+   * Records a database step's result inside `tx` (a transaction the store's `runTransaction`
+   * began) and commits it, in one round trip when the store can. False when refused; the
+   * transaction is then still open, for the caller to roll back.
+   */
+  recordAndCommit(tx: Kysely<any>, claim: Claim, step: StepPlace, resultJson: string): Promise<boolean>;
 }
 
 /** The statements group commit needs from a store, as literal SQL (no bind parameters). */

@@ -5,6 +5,8 @@ import { claimNewKeyFunctionDdl } from './sql/claim-new-key.js';
 import { claimNewKeysFunctionDdl } from './sql/claim-new-keys.js';
 import { completeKeyFunctionDdl, storeFastPathResultFunctionDdl } from './sql/complete-and-commit.js';
 import { extendLeaseFunctionDdl } from './sql/extend.js';
+import { recordStepFunctionDdl } from './sql/record-step.js';
+import { startStepFunctionDdl } from './sql/start-step.js';
 
 /**
  * The schema's history, oldest first. Each migration takes the schema name because the
@@ -105,6 +107,32 @@ export function migrationsFor(schema: string): Record<string, Migration> {
     '012_claim_key_takeover_records_job': installing(claimKeyFunctionDdl),
     // The heartbeat's extension bounded by a lock timeout, telling its own completion from a loss.
     '013_extend_lease_function': installing(extendLeaseFunctionDdl),
+    '014_job_steps': {
+      // The steps of multi-step jobs (`ctx.step`), one row per step under its key and name.
+      // The primary key makes a step record once (see record-step.ts); the foreign key deletes
+      // a key's steps with the key (janitor, `keys purge`), so a key claimed anew never finds
+      // an earlier life's steps. `fence` is the claim that last started or recorded the step,
+      // `starts` how many times an external step started; `result` and `recorded_at` stay null
+      // until it is recorded.
+      async up(db: Kysely<any>) {
+        await sql`
+          create table ${t('job_steps')} (
+            scope        text        not null,
+            key          text        not null,
+            name         text        not null,
+            position     integer     not null,
+            fence        bigint      not null,
+            starts       integer     not null default 1,
+            result       jsonb,
+            started_at   timestamptz not null default now(),
+            recorded_at  timestamptz,
+            primary key (scope, key, name),
+            foreign key (scope, key) references ${t('idempotency_keys')} (scope, key) on delete cascade
+          )`.execute(db);
+        await startStepFunctionDdl(schema).execute(db);
+        await recordStepFunctionDdl(schema).execute(db);
+      },
+    },
   };
 
   /** A migration that only installs (the current body of) one function. */

@@ -1,7 +1,7 @@
 import type { Kysely } from 'kysely';
 import { ResultNotStorableError } from '../errors.js';
 import { freshCompletingClaim, lockWaitTimedOut, type Claim, type ClaimOutcome } from './claim-outcome.js';
-import type { ClaimInput, GroupStatements, KeyStore } from './key-store.js';
+import type { ClaimInput, GroupStatements, KeyStore, StepStore } from './key-store.js';
 import type { KeyRecord } from './key-record.js';
 import { isLockTimeout, isUnstorableJson } from './pg-errors.js';
 import { ClaimBatcher } from './claim-batcher.js';
@@ -23,7 +23,10 @@ import { extendLease, type LeaseExtension } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
 import { insertCompletedKeysText } from './sql/insert-completed-keys.js';
+import { loadSteps } from './sql/load-steps.js';
+import { recordStep, recordStepAndCommit } from './sql/record-step.js';
 import { releaseKey } from './sql/release.js';
+import { startStep } from './sql/start-step.js';
 
 /** Options of {@link PostgresKeyStore}. */
 export interface PostgresKeyStoreOptions {
@@ -58,6 +61,25 @@ export class PostgresKeyStore implements KeyStore {
     newKeyClaims: {
       claim: (tx, inputs) => claimNewKeys(tx, this.schema, inputs),
       undo: (claim) => unclaimNewKeyText(this.schema, claim),
+    },
+  };
+
+  readonly steps: StepStore = {
+    load: (scope, key) => loadSteps(this.#db, this.schema, scope, key),
+    start: (claim, step) => startStep(this.#db, this.schema, claim, step),
+    record: async (claim, step, resultJson) => {
+      try {
+        return await recordStep(this.#db, this.schema, claim, step, resultJson);
+      } catch (error) {
+        throw this.#mapResultError(error, claim);
+      }
+    },
+    recordAndCommit: async (tx, claim, step, resultJson) => {
+      try {
+        return await recordStepAndCommit(tx, this.schema, claim, step, resultJson);
+      } catch (error) {
+        throw this.#mapResultError(error, claim);
+      }
     },
   };
 

@@ -1,0 +1,96 @@
+import { sql, type Kysely } from 'kysely';
+import pg from 'pg';
+import type { Claim } from '../claim-outcome.js';
+import { LEASE_LOST_STATE, isLeaseLost } from './complete-and-commit.js';
+import type { StepPlace } from './start-step.js';
+
+/**
+ * Records a step's result, fenced, by a call of `record_step` ({@link recordStepFunctionDdl}),
+ * as a statement of its own (an external step, after its call returned). Returns false when
+ * the claim no longer owns the key, or the step was recorded already (the caller throws
+ * `LeaseLostError`); any other error is thrown as it is.
+ */
+export async function recordStep(db: Kysely<any>, schema: string, claim: Claim, step: StepPlace, resultJson: string): Promise<boolean> {
+  try {
+    await sql`
+      select ${sql.id(schema, 'record_step')}(
+        ${claim.scope}::text, ${claim.key}::text, ${claim.owner}::uuid, ${claim.fence}::bigint,
+        ${step.name}::text, ${step.position}::int, ${resultJson}::jsonb)`.execute(db);
+    return true;
+  } catch (error) {
+    if (isLeaseLost(error)) return false;
+    throw error;
+  }
+}
+
+/**
+ * A database step's record and the COMMIT of the step's transaction, in ONE round trip (the
+ * technique of `completeAndCommit`: one simple-protocol string, values inlined as literals
+ * escaped by node-postgres). When the record is refused, Postgres skips the rest of the string,
+ * so the COMMIT never runs and the caller rolls the step's effect back with it.
+ *
+ * Returns false when the record was refused (lease lost, or recorded already); any other error
+ * is thrown as it is.
+ */
+export async function recordStepAndCommit(tx: Kysely<any>, schema: string, claim: Claim, step: StepPlace, resultJson: string): Promise<boolean> {
+  try {
+    await sql.raw(`${recordStepText(schema, claim, step, resultJson)}; commit`).execute(tx);
+    return true;
+  } catch (error) {
+    if (isLeaseLost(error)) return false;
+    throw error;
+  }
+}
+
+/** The record as one self-contained statement of literal SQL. */
+export function recordStepText(schema: string, claim: Claim, step: StepPlace, resultJson: string): string {
+  return `select ${pg.escapeIdentifier(schema)}.record_step(${pg.escapeLiteral(claim.scope)}, ${pg.escapeLiteral(claim.key)}, ${pg.escapeLiteral(claim.owner)}::uuid, ${integer(claim.fence)}, ${pg.escapeLiteral(step.name)}, ${integer(step.position)}, ${pg.escapeLiteral(resultJson)}::jsonb)`;
+}
+
+/**
+ * DDL of `record_step(scope, key, owner, fence, name, position, result)`, for the migration that
+ * installs it.
+ *
+ * 1. The key's row is read `for share` under the claim's owner token and fence, `processing`:
+ *    a takeover's UPDATE of that row waits until this transaction ends, and a takeover that
+ *    committed first leaves no matching row (read committed re-checks the newest version), so
+ *    a zombie's record raises {@link LEASE_LOST_STATE} and its transaction, a database step's
+ *    effect included, rolls back. Held only from here to the COMMIT that follows in the same
+ *    string, so the heartbeat is not held up.
+ * 2. The step's row is inserted as recorded, or an external step's started row becomes
+ *    recorded. A row recorded already is left as it is and raises the same: of two claims,
+ *    only one ever records a step (the primary key makes the second wait for the first).
+ */
+export function recordStepFunctionDdl(schema: string) {
+  return sql`
+    create or replace function ${sql.id(schema, 'record_step')}(
+      p_scope text, p_key text, p_owner uuid, p_fence bigint, p_name text, p_position int, p_result jsonb)
+    returns void
+    language plpgsql volatile as $record_step$
+    begin
+      perform 1 from ${sql.id(schema, 'idempotency_keys')} as k
+       where k.scope = p_scope and k.key = p_key
+         and k.owner = p_owner and k.fence = p_fence
+         and k.status = 'processing'
+         for share;
+      if not found then
+        raise exception 'lease lost: key % in scope % is no longer owned by this claim (fence %); step % not recorded', p_key, p_scope, p_fence, p_name
+          using errcode = ${sql.lit(LEASE_LOST_STATE)};
+      end if;
+      insert into ${sql.id(schema, 'job_steps')} as s (scope, key, name, position, fence, starts, result, started_at, recorded_at)
+      values (p_scope, p_key, p_name, p_position, p_fence, 1, p_result, now(), clock_timestamp())
+      on conflict (scope, key, name) do update
+         set position = excluded.position, fence = excluded.fence, result = excluded.result, recorded_at = excluded.recorded_at
+       where s.recorded_at is null;
+      if not found then
+        raise exception 'step % of key % in scope % is already recorded', p_name, p_key, p_scope
+          using errcode = ${sql.lit(LEASE_LOST_STATE)};
+      end if;
+    end;
+    $record_step$`;
+}
+
+function integer(value: number): string {
+  if (!Number.isSafeInteger(value)) throw new TypeError(`${value} must be a safe integer to be inlined into SQL.`);
+  return String(value);
+}
