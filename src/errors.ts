@@ -17,7 +17,10 @@ export type IdempotencyErrorCode =
   | 'RESULT_NOT_STORABLE'
   | 'CLAIM_CONTENDED'
   | 'CONFIG_INVALID'
-  | 'STORE_UNAVAILABLE';
+  | 'STORE_UNAVAILABLE'
+  | 'INVALID_STEP'
+  | 'STEP_MISMATCH'
+  | 'STEPS_UNSUPPORTED';
 
 /** Base class of every error this library throws on purpose. */
 export class IdempotencyError extends Error {
@@ -37,7 +40,7 @@ export class ValidationError extends IdempotencyError {
   readonly field: string;
 
   constructor(
-    code: 'INVALID_KEY' | 'INVALID_SCOPE' | 'INVALID_JOB_DATA' | 'INVALID_OPTIONS',
+    code: 'INVALID_KEY' | 'INVALID_SCOPE' | 'INVALID_JOB_DATA' | 'INVALID_OPTIONS' | 'INVALID_STEP',
     field: string,
     message: string,
   ) {
@@ -156,6 +159,44 @@ export function findStoreUnavailable(error: unknown): StoreUnavailableError | un
     current = current.cause;
   }
   return undefined;
+}
+
+/**
+ * A handler's steps do not match the steps recorded for its key by earlier runs (a step named
+ * differently at a position, a recorded step not called), or it called one step name twice in
+ * a run. Running on would skip a step that took effect or run one a second time, so the job
+ * fails for good whatever `errorDisposition` says. `calledName` is null when the run did not
+ * call that position (it completed, or called the name elsewhere).
+ */
+export class StepMismatchError extends IdempotencyError {
+  constructor(
+    readonly scope: string,
+    readonly key: string,
+    /** 1-based position in the key's step sequence. */
+    readonly position: number,
+    /** The step recorded at `position` (null: none recorded there). */
+    readonly recordedName: string | null,
+    /** The step this run called at `position` (null: none). */
+    readonly calledName: string | null,
+    detail: string,
+  ) {
+    super(
+      'STEP_MISMATCH',
+      `Steps of idempotency key "${key}" in scope "${scope}" do not match: at position ${position} ${detail}. ` +
+        'A handler must call its steps in the same order with the same names on every run; ' +
+        'the job fails without running further steps. Deploy a handler that keeps the order, or use a new key.',
+    );
+  }
+}
+
+/**
+ * `ctx.step` was called where steps cannot be recorded apart from the completion: on the
+ * fast path (the whole handler is one transaction), or over a store without step records.
+ */
+export class StepsUnsupportedError extends IdempotencyError {
+  constructor(scope: string, key: string, reason: string) {
+    super('STEPS_UNSUPPORTED', `ctx.step was called for idempotency key "${key}" in scope "${scope}", but ${reason}`);
+  }
 }
 
 /** Process configuration (usually environment variables) is missing or wrong. */

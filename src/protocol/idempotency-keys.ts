@@ -11,11 +11,13 @@ import { freshCompletingClaim, isHeld, type HeldClaim } from '../store/claim-out
 import type { ClaimInput, GroupStatements, KeyStore } from '../store/key-store.js';
 import type { KeyRecord } from '../store/key-record.js';
 import type { LeaseExtension } from '../store/sql/extend.js';
+import type { StepRecord } from '../store/sql/load-steps.js';
+import type { StepPlace } from '../store/sql/start-step.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
 import { transientStoreFault } from '../store/pg-errors.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
 import { GroupCommitter, type BatchedStep } from './group-commit.js';
-import { assertValidKeyPart, serializePayload, serializeResult, toStoredError } from './validate.js';
+import { assertValidKeyPart, serializePayload, serializeResult, toStoredError, type FailedStep } from './validate.js';
 
 /** Per-claim options of {@link IdempotencyKeys.claim}. */
 export interface ClaimOptions {
@@ -357,20 +359,101 @@ export class IdempotencyKeys {
 
   /**
    * Retryable failure: the key becomes claimable at once; attempts and `error` are kept.
-   * Returns false when this claim no longer owned the key.
+   * `step` names the step of a multi-step job that threw it. Returns false when this claim no
+   * longer owned the key.
    */
-  release(claim: Claim, error?: unknown): Promise<boolean> {
-    const errorJson = error === undefined ? null : JSON.stringify(toStoredError(error));
+  release(claim: Claim, error?: unknown, step?: FailedStep): Promise<boolean> {
+    const errorJson = error === undefined ? null : JSON.stringify(toStoredError(error, step));
     return storeCall(claim.scope, claim.key, 'release', () => this.#store.release(claim, errorJson));
   }
 
   /**
    * Permanent failure: stores `error`; later claims replay it (`failed`) instead of running.
+   * `step` names the step of a multi-step job that threw it (the stored error says so).
    * Returns false when this claim no longer owned the key.
    */
-  fail(claim: Claim, error: unknown): Promise<boolean> {
-    const errorJson = JSON.stringify(toStoredError(error));
+  fail(claim: Claim, error: unknown, step?: FailedStep): Promise<boolean> {
+    const errorJson = JSON.stringify(toStoredError(error, step));
     return storeCall(claim.scope, claim.key, 'recording of the failure', () => this.#store.fail(claim, errorJson, this.#options.retentionMs));
+  }
+
+  /** True when the store keeps step records, which multi-step jobs (`ctx.step`) need. */
+  get supportsSteps(): boolean {
+    return this.#store.steps !== undefined;
+  }
+
+  /** The steps recorded (or started) for `claim`'s key, in position order: one statement. */
+  loadSteps(claim: Claim): Promise<StepRecord[]> {
+    const steps = this.#stepStore();
+    return storeCall(claim.scope, claim.key, 'read of its steps', () => steps.load(claim.scope, claim.key));
+  }
+
+  /**
+   * Marks an external step started under `claim` (one statement, fenced) and returns how many
+   * times it has started, this time included. Throws {@link LeaseLostError} when the claim no
+   * longer owns the key: a zombie learns it before it calls anyone.
+   */
+  async startStep(claim: Claim, step: StepPlace): Promise<number> {
+    const steps = this.#stepStore();
+    const starts = await storeCall(claim.scope, claim.key, `start of step "${step.name}"`, () => steps.start(claim, step));
+    if (starts === undefined) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
+    return starts;
+  }
+
+  /**
+   * Records an external step's result (one statement, fenced) and returns it as stored (its
+   * JSON form, as replays return it). Throws {@link ResultNotStorableError} for a result that is
+   * not JSON or exceeds `maxResultBytes`, and {@link LeaseLostError} when the claim no longer
+   * owns the key.
+   */
+  async recordStep(claim: Claim, step: StepPlace, result: unknown): Promise<unknown> {
+    const steps = this.#stepStore();
+    const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
+    const recorded = await storeCall(claim.scope, claim.key, `record of step "${step.name}"`, () => steps.record(claim, step, json));
+    if (!recorded) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
+    return JSON.parse(json) as unknown;
+  }
+
+  /**
+   * A database step: runs `effect(tx)` in a transaction whose last statement records the
+   * step's result, fenced, with the COMMIT (one round trip): effect and record commit together
+   * or not at all. Returns the result as stored (its JSON form). A claim that lost the key
+   * throws {@link LeaseLostError} and the effect rolls back; an unstorable result throws
+   * {@link ResultNotStorableError}, also rolled back. Transient faults are handled as in
+   * {@link commitEffect}: a COMMIT cut off in flight is resolved by reading the key's steps.
+   */
+  async runDatabaseStep(claim: Claim, step: StepPlace, effect: Effect<unknown>): Promise<unknown> {
+    const steps = this.#stepStore();
+    const effectErrors = new WeakSet<object>();
+    try {
+      return await runTransaction(this.db, async (tx) => {
+        let result: unknown;
+        try {
+          result = await effect(tx);
+        } catch (error) {
+          throw markEffectError(effectErrors, effectFault(claim, error));
+        }
+        const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
+        return {
+          value: JSON.parse(json) as unknown,
+          end: async (t: Transaction<any>) => {
+            if (!(await steps.recordAndCommit(t, claim, step, json))) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
+          },
+        };
+      });
+    } catch (error) {
+      if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
+      // The COMMIT may have been applied with its reply lost: the step's record tells.
+      const recorded = (await steps.load(claim.scope, claim.key).catch(() => [])).find((s) => s.name === step.name);
+      if (recorded?.recordedAt && recorded.fence === claim.fence) return recorded.result;
+      throw new StoreUnavailableError(claim.scope, claim.key, `transaction of step "${step.name}"`, { cause: error });
+    }
+  }
+
+  #stepStore() {
+    const steps = this.#store.steps;
+    if (!steps) throw new TypeError('This key store keeps no step records (KeyStore.steps); multi-step jobs need one.');
+    return steps;
   }
 
   /** Inspects one key. */

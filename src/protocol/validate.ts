@@ -29,6 +29,20 @@ export function assertValidKeyPart(field: 'key' | 'scope', value: unknown): asse
 }
 
 /**
+ * Checks a step name (`ctx.step`): a non-empty string of at most 255 characters with no NUL.
+ * Throws a {@link ValidationError} (`INVALID_STEP`) naming the key and scope.
+ */
+export function assertValidStepName(scope: string, key: string, name: unknown): asserts name is string {
+  const refuse = (what: string) =>
+    new ValidationError('INVALID_STEP', 'step', `Step name for idempotency key "${key}" in scope "${scope}" ${what}. Name each step with a short, fixed string.`);
+  if (typeof name !== 'string') throw refuse(`must be a string, got ${name === null ? 'null' : typeof name}`);
+  if (name.length === 0) throw refuse('must not be empty');
+  if ([...name].length > MAX_KEY_LENGTH) throw refuse(`is longer than ${MAX_KEY_LENGTH} characters`);
+  if (name.includes('\u0000')) throw refuse('must not contain NUL characters');
+  if (LONE_SURROGATE_TEST.test(name)) throw refuse('must not contain a lone UTF-16 surrogate');
+}
+
+/**
  * An escape in `JSON.stringify` output that Postgres `jsonb` refuses: `\u0000` (NUL) or a lone
  * UTF-16 surrogate (`\ud800`-`\udfff`; paired surrogates are written as the character
  * itself). Preceded by an even number of backslashes, so an escaped backslash followed by the
@@ -103,6 +117,15 @@ export interface StoredError {
   readonly name: string;
   readonly message: string;
   readonly code?: string;
+  /** The step (`ctx.step`) that threw it, when one did. */
+  readonly step?: string;
+}
+
+/** Which step of a multi-step job an error came from. */
+export interface FailedStep {
+  readonly name: string;
+  /** 1-based position in the key's step sequence. */
+  readonly position: number;
 }
 
 /**
@@ -122,7 +145,7 @@ const MAX_STORED_ERROR_NAME_LENGTH = 256;
  * it never throws, whatever was thrown (a getter that throws, a Proxy, a Symbol, an object
  * whose `toString` throws): a failure must always be recorded, or its key stays `processing`.
  */
-export function toStoredError(error: unknown): StoredError {
+export function toStoredError(error: unknown, step?: FailedStep): StoredError {
   let name = 'Error';
   let message: string;
   let code: string | undefined;
@@ -138,12 +161,15 @@ export function toStoredError(error: unknown): StoredError {
   } catch {
     message = 'an unreadable value was thrown';
   }
-  const stored = { name: storableText(name, MAX_STORED_ERROR_NAME_LENGTH), message: storableText(message, MAX_STORED_ERROR_MESSAGE_LENGTH) };
-  return code === undefined ? stored : { ...stored, code: storableText(code, MAX_STORED_ERROR_NAME_LENGTH) };
+  if (step) message = `Step "${step.name}" (position ${step.position}) failed: ${message}`;
+  const stored: StoredError = { name: storableText(name, MAX_STORED_ERROR_NAME_LENGTH), message: storableText(message, MAX_STORED_ERROR_MESSAGE_LENGTH) };
+  const coded = code === undefined ? stored : { ...stored, code: storableText(code, MAX_STORED_ERROR_NAME_LENGTH) };
+  return step ? { ...coded, step: storableText(step.name, MAX_STORED_ERROR_MESSAGE_LENGTH) } : coded;
 }
 
 /** A lone surrogate: a high one not followed by a low one, or a low one not preceded by a high one. */
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
+const LONE_SURROGATE_TEST = new RegExp(LONE_SURROGATE.source);
 
 /** `text` with NUL and lone surrogates replaced by U+FFFD, cut to `maxLength` code units (never inside a pair). */
 function storableText(text: string, maxLength: number): string {

@@ -1,0 +1,186 @@
+import { createHash } from 'node:crypto';
+import type { Transaction } from 'kysely';
+import { LeaseLostError, StepMismatchError, findStoreUnavailable } from '../errors.js';
+import type { Claim } from '../store/claim-outcome.js';
+import type { StepRecord } from '../store/sql/load-steps.js';
+import type { IdempotencyKeys } from './idempotency-keys.js';
+import { assertValidStepName, type FailedStep } from './validate.js';
+
+/** What a step's function receives. */
+export interface StepContext {
+  readonly name: string;
+  /** 1-based position of the step in its key's sequence. */
+  readonly position: number;
+  /**
+   * An idempotency key for this step, the same on every run of the key (derived from scope,
+   * key and step name, see {@link stepKeyFor}): pass it downstream, so that a provider that
+   * deduplicates by key turns a repeat after a takeover into a no-op.
+   */
+  readonly stepKey: string;
+  /** The claim's fence. */
+  readonly fence: number;
+  /** The job's signal: fires when the lease is lost or the worker is shutting down. */
+  readonly signal: AbortSignal;
+}
+
+/** What an external step's function receives: a {@link StepContext} and how often the step started. */
+export interface ExternalStepContext extends StepContext {
+  /** How many times this step has started, this time included: more than 1 after a takeover. */
+  readonly starts: number;
+}
+
+/** An external step: a call to another system, run at most once per lease, its result recorded after it. */
+export type ExternalStep<T> = (step: ExternalStepContext) => Promise<T>;
+
+/** A database step: `transaction(tx)` runs in a transaction that records the step with its COMMIT. */
+export interface DatabaseStep<T> {
+  readonly transaction: (tx: Transaction<any>, step: StepContext) => Promise<T>;
+}
+
+/**
+ * The idempotency key of one step, stable across runs and takeovers: `ijs_` and the first 32
+ * hex digits of SHA-256 over the JSON array `["<scope>","<key>","<step name>"]`.
+ */
+export function stepKeyFor(scope: string, key: string, name: string): string {
+  return `ijs_${createHash('sha256').update(JSON.stringify([scope, key, name])).digest('hex').slice(0, 32)}`;
+}
+
+/** The recorded steps of a key, by position and by name. */
+interface RecordedSteps {
+  readonly byPosition: ReadonlyMap<number, StepRecord>;
+  readonly byName: ReadonlyMap<string, StepRecord>;
+}
+
+const NO_STEPS: RecordedSteps = { byPosition: new Map(), byName: new Map() };
+
+/**
+ * The steps of one run of a key under one claim (`ctx.step`): replays what earlier runs
+ * recorded, runs the rest, and guards the sequence.
+ *
+ * - The key's steps are read once, when the handler first calls a step (one statement), and
+ *   not at all on the key's first claim (fence 1: nobody can have recorded a step).
+ * - A step recorded at this position under this name returns its stored result without
+ *   running; otherwise it runs under this claim and is recorded, fenced.
+ * - Determinism guard: names are unique within a run, and a call must match what is recorded
+ *   (or started) at its position. A mismatch throws {@link StepMismatchError} and breaks the
+ *   run: every later step, and the completion, throw it too, so a handler that catches it
+ *   cannot go on to skip or repeat a step.
+ *
+ * Steps run in the order they are called; positions are handed out at the call, before any
+ * wait, so steps started together keep their call order.
+ */
+export class JobSteps {
+  readonly #keys: IdempotencyKeys;
+  readonly #claim: Claim;
+  readonly #signal: AbortSignal;
+  /** Name → position, of the steps this run called. */
+  readonly #called = new Map<string, number>();
+  readonly #failures: Array<{ readonly error: unknown; readonly step: FailedStep }> = [];
+  #recorded: Promise<RecordedSteps> | undefined;
+  #next = 1;
+  #broken: StepMismatchError | undefined;
+
+  constructor(keys: IdempotencyKeys, claim: Claim, signal: AbortSignal) {
+    this.#keys = keys;
+    this.#claim = claim;
+    this.#signal = signal;
+  }
+
+  /**
+   * Runs (or replays) the step `name`: an external step when `body` is a function, a database
+   * step when it is `{ transaction }`. Returns its result as stored (its JSON form), on the
+   * first run as on replays.
+   */
+  async run<T>(name: string, body: ExternalStep<T> | DatabaseStep<T>): Promise<T> {
+    const { scope, key } = this.#claim;
+    assertValidStepName(scope, key, name);
+    if (this.#broken) throw this.#broken;
+    const position = this.#next++;
+    const earlier = this.#called.get(name);
+    if (earlier !== undefined) {
+      throw this.#break(position, null, name, `this run called "${name}" a second time (first at position ${earlier}); step names must be unique within a run`);
+    }
+    this.#called.set(name, position);
+    const recorded = await this.#load();
+    if (this.#broken) throw this.#broken;
+    const atPosition = recorded.byPosition.get(position);
+    if (atPosition && atPosition.name !== name) {
+      throw this.#break(position, atPosition.name, name, `the step ${describeRecord(atPosition)} is "${atPosition.name}", but this run called "${name}"`);
+    }
+    if (!atPosition) {
+      const elsewhere = recorded.byName.get(name);
+      if (elsewhere) {
+        throw this.#break(position, null, name, `this run called "${name}", which is ${describeRecord(elsewhere)} at position ${elsewhere.position}`);
+      }
+    }
+    if (atPosition?.recordedAt) return atPosition.result as T;
+
+    if (this.#signal.aborted) throw this.#signal.reason;
+    const step = { name, position };
+    const context: StepContext = { name, position, stepKey: stepKeyFor(scope, key, name), fence: this.#claim.fence, signal: this.#signal };
+    try {
+      if (typeof body === 'function') {
+        const starts = await this.#keys.startStep(this.#claim, step);
+        const result = await body({ ...context, starts });
+        return (await this.#keys.recordStep(this.#claim, step, result)) as T;
+      }
+      return (await this.#keys.runDatabaseStep(this.#claim, step, (tx) => body.transaction(tx, context))) as T;
+    } catch (error) {
+      // The step's own failure (or its unstorable result), not the key's: named when stored.
+      if (!(error instanceof LeaseLostError) && !findStoreUnavailable(error)) this.#failures.push({ error, step });
+      throw error;
+    }
+  }
+
+  /**
+   * Checks, before the key completes, that this run called every step recorded for the key:
+   * one left out means the run took another path than the one that recorded it. Throws
+   * {@link StepMismatchError} (also when the run broke earlier).
+   */
+  async assertComplete(): Promise<void> {
+    if (this.#broken) throw this.#broken;
+    const recorded = this.#recorded ? await this.#recorded : NO_STEPS;
+    for (const record of recorded.byPosition.values()) {
+      if (!this.#called.has(record.name)) {
+        throw this.#break(
+          record.position,
+          record.name,
+          null,
+          `the step ${describeRecord(record)} is "${record.name}", but this run completed without calling it`,
+        );
+      }
+    }
+  }
+
+  /** The step that threw `error` (or an error it wraps, through `cause`), if one did. */
+  failedStep(error: unknown): FailedStep | undefined {
+    let current = error;
+    for (let depth = 0; depth < 8; depth++) {
+      const failure = this.#failures.find((f) => f.error === current);
+      if (failure) return failure.step;
+      if (!(current instanceof Error)) return undefined;
+      current = current.cause;
+    }
+    return undefined;
+  }
+
+  #load(): Promise<RecordedSteps> {
+    // A key's first claim (fence 1) has no earlier owner who could have recorded a step, and a
+    // key deleted and created anew lost its steps with it (foreign key): nothing to read.
+    this.#recorded ??= this.#claim.fence === 1 ? Promise.resolve(NO_STEPS) : this.#keys.loadSteps(this.#claim).then(indexSteps);
+    return this.#recorded;
+  }
+
+  #break(position: number, recordedName: string | null, calledName: string | null, detail: string): StepMismatchError {
+    this.#broken ??= new StepMismatchError(this.#claim.scope, this.#claim.key, position, recordedName, calledName, detail);
+    return this.#broken;
+  }
+}
+
+function indexSteps(steps: readonly StepRecord[]): RecordedSteps {
+  return { byPosition: new Map(steps.map((s) => [s.position, s])), byName: new Map(steps.map((s) => [s.name, s])) };
+}
+
+function describeRecord(record: StepRecord): string {
+  return record.recordedAt ? `recorded (fence ${record.fence})` : `started but not recorded (fence ${record.fence})`;
+}
