@@ -12,7 +12,7 @@ export { resolveIdempotencyOptions } from './config/idempotency-options.js';
 export type { Claim, ClaimOutcome, HeldClaim } from './store/claim-outcome.js';
 export { isHeld } from './store/claim-outcome.js';
 export type { KeyRecord, KeyStatus } from './store/key-record.js';
-export type { KeyStore, ClaimInput, GroupStatements } from './store/key-store.js';
+export type { KeyStore, ClaimInput, GroupStatements, StepStore } from './store/key-store.js';
 export type { LeaseExtension } from './store/sql/extend.js';
 export type { GroupCommitOptions } from './protocol/group-commit.js';
 export type { PostgresKeyStoreOptions } from './store/postgres-key-store.js';
@@ -27,7 +27,11 @@ export type {
   RunEffectOptions,
 } from './protocol/idempotency-keys.js';
 export { IdempotencyKeys } from './protocol/idempotency-keys.js';
-export type { StoredError } from './protocol/validate.js';
+export type { DatabaseStep, ExternalStep, ExternalStepContext, StepContext } from './protocol/job-steps.js';
+export { JobSteps, stepKeyFor } from './protocol/job-steps.js';
+export type { StepRecord } from './store/sql/load-steps.js';
+export type { StepPlace } from './store/sql/start-step.js';
+export type { FailedStep, StoredError } from './protocol/validate.js';
 export { DEFAULT_SCOPE, MAX_KEY_LENGTH, toStoredError } from './protocol/validate.js';
 export type { PostgresDbOptions } from './store/create-postgres-db.js';
 export { createPostgresDb } from './store/create-postgres-db.js';

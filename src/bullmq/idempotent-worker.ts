@@ -10,9 +10,21 @@ import {
   type ResolvedWorkerTiming,
   type WorkerTimingOptions,
 } from '../config/worker-timing.js';
-import { ClaimContendedError, IdempotencyError, KeyFailedError, KeyReusedError, LeaseLostError, ValidationError, findStoreUnavailable } from '../errors.js';
+import {
+  ClaimContendedError,
+  IdempotencyError,
+  KeyFailedError,
+  KeyReusedError,
+  LeaseLostError,
+  StepMismatchError,
+  StepsUnsupportedError,
+  ValidationError,
+  findStoreUnavailable,
+} from '../errors.js';
 import type { FaultHook, FaultPoint } from '../fault-hook.js';
 import type { ClaimOptions, IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { JobSteps, type DatabaseStep, type ExternalStep } from '../protocol/job-steps.js';
+import type { FailedStep } from '../protocol/validate.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
 import { identityFromWireContract, type JobIdentity } from './job-identity.js';
@@ -36,6 +48,24 @@ export interface JobContext<P = unknown> {
    * the effect and the completion commit together or not at all. Call it at most once.
    */
   transaction<T>(fn: (tx: Transaction<any>) => Promise<T>): Promise<T>;
+  /**
+   * A step of a multi-step job, recorded under the key and `name` when it succeeds, so that a
+   * later run of the key (a retry, a takeover) returns the recorded result without running it
+   * and goes on at the first step not recorded. Call steps before `ctx.transaction` (which
+   * stays the completion), in the same order with the same names on every run; names are
+   * unique within a run. Resolves to the result as stored (its JSON form), on the first run as
+   * on replays.
+   *
+   * - `ctx.step(name, async (step) => …)`: an external step (a call to another system), at
+   *   most once per lease: it runs again only under a new claim, when the last one died before
+   *   recording it. Pass `step.stepKey` downstream; `step.starts` counts its starts.
+   * - `ctx.step(name, { transaction: async (tx, step) => … })`: a database step, exactly once:
+   *   its writes and its record commit together.
+   *
+   * Not available on the fast path (throws `StepsUnsupportedError`).
+   */
+  step<T>(name: string, run: ExternalStep<T>): Promise<T>;
+  step<T>(name: string, database: DatabaseStep<T>): Promise<T>;
 }
 
 /** The user's job handler. Its return value is stored (when it never calls `ctx.transaction`). */
@@ -365,18 +395,33 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     const stopHeartbeat = this.#startHeartbeat(job, claim, controller, log);
     const startedAt = performance.now();
     let committed: { result: unknown } | undefined;
+    // Created at the handler's first ctx.step: a handler without steps pays nothing for them.
+    let steps: JobSteps | undefined;
     const commit = async (effect: (tx: Transaction<any>) => Promise<unknown>) => {
       if (controller.signal.aborted) throw controller.signal.reason;
+      await steps?.assertComplete();
       const result = await this.#keys.commitEffect(claim, effect, () => this.#fault('before-commit', identity));
       committed = { result };
       // The key is completed: an extension would find no lease and report it lost.
       stopHeartbeat();
       return result;
     };
-    const ctx = this.#context(job, identity, claim, controller.signal, (fn) => {
-      if (committed) throw new Error('ctx.transaction may be called only once per job.');
-      return commit(fn);
-    });
+    const ctx = this.#context(
+      job,
+      identity,
+      claim,
+      controller.signal,
+      (fn) => {
+        if (committed) throw new Error('ctx.transaction may be called only once per job.');
+        return commit(fn);
+      },
+      (name, body) => {
+        if (committed) throw new Error(`ctx.step("${name}") was called after ctx.transaction: the key is completed; call every step before it.`);
+        if (!this.#keys.supportsSteps) throw new StepsUnsupportedError(claim.scope, claim.key, 'the key store keeps no step records (KeyStore.steps).');
+        steps ??= new JobSteps(this.#keys, claim, controller.signal);
+        return steps.run(name, body);
+      },
+    );
     try {
       const returned = await this.#options.handler(ctx);
       // An external-effect handler: its return value is the result, stored now, fenced.
@@ -393,7 +438,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       }
       // Before the key is released or failed, after which an extension would find no lease.
       stopHeartbeat();
-      return await this.#handleHeldFailure(job, token, identity, claim, controller.signal, error, log);
+      return await this.#handleHeldFailure(job, token, identity, claim, controller.signal, error, log, steps?.failedStep(error));
     } finally {
       stopHeartbeat();
       this.#active.delete(active);
@@ -421,11 +466,24 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
         async (tx, claim) => {
           this.#emit(claim.attempts > 1 ? 'taken-over' : 'claimed', job, claim);
           let transactionResult: { value: unknown } | undefined;
-          const ctx = this.#context(job, identity, claim, controller.signal, async (fn) => {
-            if (transactionResult) throw new Error('ctx.transaction may be called only once per job.');
-            transactionResult = { value: await fn(tx) };
-            return transactionResult.value;
-          });
+          const ctx = this.#context(
+            job,
+            identity,
+            claim,
+            controller.signal,
+            async (fn) => {
+              if (transactionResult) throw new Error('ctx.transaction may be called only once per job.');
+              transactionResult = { value: await fn(tx) };
+              return transactionResult.value;
+            },
+            () => {
+              throw new StepsUnsupportedError(
+                identity.scope,
+                identity.key,
+                'this worker runs on the fast path (fastPath: true), where the whole handler is one transaction and nothing can be recorded apart from the completion. Use ctx.transaction, or turn fastPath off to use steps.',
+              );
+            },
+          );
           const returned = await this.#options.handler(ctx);
           await this.#fault('before-commit', identity);
           return transactionResult ? transactionResult.value : returned;
@@ -451,6 +509,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     claim: Claim,
     signal: AbortSignal,
     transaction: (fn: (tx: Transaction<any>) => Promise<unknown>) => Promise<unknown>,
+    step: (name: string, body: ExternalStep<unknown> | DatabaseStep<unknown>) => Promise<unknown>,
   ): JobContext<P> {
     return {
       data: identity.payload,
@@ -461,6 +520,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       job,
       signal,
       transaction: transaction as JobContext<P>['transaction'],
+      step: step as JobContext<P>['step'],
     };
   }
 
@@ -512,6 +572,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     signal: AbortSignal,
     error: unknown,
     log: JobLogger,
+    step?: FailedStep,
   ): Promise<never> {
     if (error instanceof LeaseLostError || signal.reason instanceof LeaseLostError) {
       // Another worker owns the key now and will finish it; this job becomes a duplicate.
@@ -525,19 +586,19 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     if (this.#isFinal(job, error)) {
       let stored: boolean;
       try {
-        stored = await this.#keys.fail(claim, error);
+        stored = await this.#keys.fail(claim, error, step);
       } catch (failError) {
         // The failure could not be recorded for now: run the job again later rather than lose it.
         if (findStoreUnavailable(failError)) return this.#deferAfterStoreFault(job, token, failError, log, claim);
         stored = false;
       }
       if (stored) this.#emit('failed', job, claim);
-      log.warn({ outcome: 'failed', err: error }, 'job failed permanently; error stored for replay');
-      throw new UnrecoverableError(describeFailure(identity, error));
+      log.warn({ outcome: 'failed', err: error, step: step?.name }, 'job failed permanently; error stored for replay');
+      throw new UnrecoverableError(describeFailure(identity, error, step));
     }
-    const released = await this.#keys.release(claim, error).catch(() => false);
+    const released = await this.#keys.release(claim, error, step).catch(() => false);
     if (released) this.#emit('released', job, claim);
-    log.info({ outcome: 'released', err: error }, 'retryable error: key released for the next attempt');
+    log.info({ outcome: 'released', err: error, step: step?.name }, 'retryable error: key released for the next attempt');
     throw error;
   }
 
@@ -571,8 +632,12 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     throw new UnrecoverableError(describeFailure(identity, error));
   }
 
-  /** True when the error should be stored: permanent by disposition, or the job's last attempt. */
+  /**
+   * True when the error should be stored: permanent by disposition, or the job's last attempt.
+   * A step mismatch always is: another attempt would run the same handler against the same steps.
+   */
   #isFinal(job: Job, error: unknown): boolean {
+    if (error instanceof StepMismatchError) return true;
     const disposition = (this.#options.errorDisposition ?? defaultErrorDisposition)(error, job);
     const attempts = job.opts.attempts ?? 1;
     return disposition === 'fail' || job.attemptsMade + 1 >= attempts;
@@ -600,12 +665,14 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
 function defaultErrorDisposition(error: unknown): ErrorDisposition {
   if (error instanceof UnrecoverableError) return 'fail';
   if (error instanceof IdempotencyError && (error.code === 'RESULT_NOT_STORABLE' || error instanceof ValidationError)) return 'fail';
+  if (error instanceof StepsUnsupportedError || error instanceof StepMismatchError) return 'fail';
   return 'retry';
 }
 
-function describeFailure(identity: JobIdentity, error: unknown): string {
+function describeFailure(identity: JobIdentity, error: unknown, step?: FailedStep): string {
   const message = error instanceof Error ? error.message : String(error);
-  return `Job for key "${identity.key}" in scope "${identity.scope}" failed: ${message}`;
+  const where = step ? ` at step "${step.name}" (position ${step.position})` : '';
+  return `Job for key "${identity.key}" in scope "${identity.scope}" failed${where}: ${message}`;
 }
 
 function safeIdentity<P>(job: Job, keyOf: (job: Job) => JobIdentity<P>): JobIdentity<P> | undefined {
