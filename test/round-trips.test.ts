@@ -1,9 +1,12 @@
 /** Postgres round trips per protocol operation, counted at the driver (not guessed). */
+import { Queue } from 'bullmq';
 import { sql } from 'kysely';
+import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, isHeld } from '../src/index.js';
+import { IdempotencyKeys, createIdempotentWorker, isHeld, type JobHandler } from '../src/index.js';
 import { createCountingDb } from './support/counting-db.js';
 import { createEffectsTable, insertEffect } from './support/protocol-fixtures.js';
+import { waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
@@ -62,6 +65,67 @@ describe('round trips', () => {
     expect(fast.statements.map((s) => s.split(/\s+/)[0])).toEqual(['begin', 'select', 'insert', 'select']);
   });
 });
+
+describe('round trips of a worker job (claim to completion)', () => {
+  const effect = (key: string, fence: number) => (tx: Parameters<typeof insertEffect>[0]) => insertEffect(tx, env.schema, { scope, key, fence, worker: 'w' });
+
+  it('a handler that calls no step pays nothing for steps: claim 1 + effect boundary 2', async () => {
+    const job = await countJob('w1', async (ctx) => ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), 'ok')));
+    expect(job.statements).toHaveLength(3);
+    expect(job.statements[0]).toMatch(/claim_keys?"?\(/);
+    expect(job.statements[1]).toMatch(/^begin isolation level read committed;\ninsert into /);
+    expect(job.statements[2]).toMatch(/complete_key\(.*;\s*commit$/s);
+    expect(job.statements.join('\n')).not.toMatch(/job_steps|_step\(/);
+  });
+
+  it('steps on a first claim: a database step costs its own statements (record with the COMMIT), an external step 2 (start, record), no read of steps', async () => {
+    const job = await countJob('w2', async (ctx) => {
+      await ctx.step('reserve', { transaction: async (tx) => (await effect(`${ctx.key}/reserve`, ctx.fence)(tx), 'reserved') });
+      await ctx.step('charge', async () => 'charged');
+      return ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), 'ok'));
+    });
+    const brief = job.statements.map((s) => (s.match(/(claim_keys?|record_step|start_step|complete_key|begin)/) ?? ['?'])[0]);
+    expect(brief).toEqual(['claim_key', 'begin', 'record_step', 'start_step', 'record_step', 'begin', 'complete_key']);
+    expect(job.statements[2]).toMatch(/record_step\(.*;\s*commit$/s);
+  });
+
+  it('a run after a takeover reads the recorded steps once, at its first ctx.step, and replays them without a statement', async () => {
+    const job = await countJob(
+      'w3',
+      async (ctx) => {
+        await ctx.step('reserve', { transaction: async (tx) => (await effect(`${ctx.key}/reserve`, ctx.fence)(tx), 'reserved') });
+        await ctx.step('charge', async () => 'charged');
+        if (ctx.fence === 1) throw new Error('transient');
+        return ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), 'ok'));
+      },
+      { attempts: 2 },
+    );
+    const brief = job.statements.map((s) => (s.match(/(claim_keys?|record_step|start_step|complete_key|begin|job_steps|update)/) ?? ['?'])[0]);
+    // First attempt: claim, two steps, release. Second: claim, one read of the steps, completion.
+    expect(brief).toEqual(['claim_key', 'begin', 'record_step', 'start_step', 'record_step', 'update', 'claim_key', 'job_steps', 'begin', 'complete_key']);
+  });
+});
+
+/** Runs one job through a worker over the counting instance and counts its round trips, from the add to the completion. */
+async function countJob(key: string, handler: JobHandler, opts: { attempts?: number } = {}) {
+  const connection = { url: env.redisUrl };
+  const queue = new Queue('round-trips', { connection, prefix: env.redisPrefix });
+  // A long lease: no heartbeat during the count.
+  const workerKeys = new IdempotencyKeys({ db: counting.db, schema: env.schema, leaseMs: 120_000 });
+  const worker = createIdempotentWorker({ queue: 'round-trips', connection, prefix: env.redisPrefix, keys: workerKeys, handler, logger: pino({ level: 'silent' }) });
+  try {
+    await worker.waitUntilReady();
+    const counted = await counting.count(async () => {
+      const job = await queue.add('job', { idempotencyKey: key, scope, payload: {} }, opts);
+      await waitForJobState(queue, job.id!, ['completed']);
+    });
+    console.log(`worker job ${key}: ${counted.roundTrips} round trips: ${counted.statements.map((s) => s.split(/\s+/).slice(0, 4).join(' ')).join(' | ')}`);
+    return counted;
+  } finally {
+    await worker.close();
+    await queue.close();
+  }
+}
 
 /** Counts one leased effect boundary (after its claim) and one fast-path execution, each with one effect statement. */
 async function effectBoundaries(k: IdempotencyKeys, c: ReturnType<typeof createCountingDb>, leasedKey: string, fastKey: string) {
