@@ -5,7 +5,7 @@ import {
   type IdempotencyOptions,
   type ResolvedIdempotencyOptions,
 } from '../config/idempotency-options.js';
-import { LeaseLostError, ResultNotStorableError, StoreUnavailableError, ValidationError } from '../errors.js';
+import { LeaseLostError, ResultNotStorableError, StepsUnsupportedError, StoreUnavailableError, ValidationError } from '../errors.js';
 import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
 import { freshCompletingClaim, isHeld, type HeldClaim } from '../store/claim-outcome.js';
 import type { ClaimInput, GroupStatements, KeyStore } from '../store/key-store.js';
@@ -384,7 +384,7 @@ export class IdempotencyKeys {
 
   /** The steps recorded (or started) for `claim`'s key, in position order: one statement. */
   loadSteps(claim: Claim): Promise<StepRecord[]> {
-    const steps = this.#stepStore();
+    const steps = this.#stepStore(claim);
     return storeCall(claim.scope, claim.key, 'read of its steps', () => steps.load(claim.scope, claim.key));
   }
 
@@ -394,7 +394,7 @@ export class IdempotencyKeys {
    * longer owns the key: a zombie learns it before it calls anyone.
    */
   async startStep(claim: Claim, step: StepPlace): Promise<number> {
-    const steps = this.#stepStore();
+    const steps = this.#stepStore(claim);
     const starts = await storeCall(claim.scope, claim.key, `start of step "${step.name}"`, () => steps.start(claim, step));
     if (starts === undefined) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
     return starts;
@@ -407,7 +407,7 @@ export class IdempotencyKeys {
    * owns the key.
    */
   async recordStep(claim: Claim, step: StepPlace, result: unknown): Promise<unknown> {
-    const steps = this.#stepStore();
+    const steps = this.#stepStore(claim);
     const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
     const recorded = await storeCall(claim.scope, claim.key, `record of step "${step.name}"`, () => steps.record(claim, step, json));
     if (!recorded) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
@@ -423,7 +423,7 @@ export class IdempotencyKeys {
    * {@link commitEffect}: a COMMIT cut off in flight is resolved by reading the key's steps.
    */
   async runDatabaseStep(claim: Claim, step: StepPlace, effect: Effect<unknown>): Promise<unknown> {
-    const steps = this.#stepStore();
+    const steps = this.#stepStore(claim);
     const effectErrors = new WeakSet<object>();
     try {
       return await runTransaction(this.db, async (tx) => {
@@ -450,9 +450,9 @@ export class IdempotencyKeys {
     }
   }
 
-  #stepStore() {
+  #stepStore(claim: Claim) {
     const steps = this.#store.steps;
-    if (!steps) throw new TypeError('This key store keeps no step records (KeyStore.steps); multi-step jobs need one.');
+    if (!steps) throw new StepsUnsupportedError(claim.scope, claim.key, 'the key store keeps no step records (KeyStore.steps).');
     return steps;
   }
 

@@ -55,7 +55,20 @@ const NO_STEPS: RecordedSteps = { byPosition: new Map(), byName: new Map() };
 
 /**
  * The steps of one run of a key under one claim (`ctx.step`): replays what earlier runs
- * recorded, runs the rest, and guards the sequence.
+ * recorded, runs the rest, and guards the sequence. The worker makes one per job; without
+ * BullMQ, make one per claim and call {@link JobSteps.assertComplete} before completing.
+ *
+ * @example
+ * ```ts
+ * const claim = await keys.claim('shop', 'order-42', keys.fingerprint({ order: 42 }));
+ * if (isHeld(claim)) {
+ *   const steps = new JobSteps(keys, claim, new AbortController().signal);
+ *   const hold = await steps.run('reserve', { transaction: (tx) => reserveStock(tx, 42) });
+ *   const charge = await steps.run('charge', (step) => payments.charge({ order: 42, idempotencyKey: step.stepKey }));
+ *   await steps.assertComplete();
+ *   await keys.runEffect(claim, async () => ({ hold, charge }));
+ * }
+ * ```
  *
  * - The key's steps are read once, when the handler first calls a step (one statement), and
  *   not at all on the key's first claim (fence 1: nobody can have recorded a step).
