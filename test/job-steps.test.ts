@@ -11,6 +11,7 @@ import {
   LeaseLostError,
   ResultNotStorableError,
   StepMismatchError,
+  PostgresKeyStore,
   StoreUnavailableError,
   createIdempotentWorker,
   isHeld,
@@ -19,6 +20,8 @@ import {
   type IdempotentWorker,
   type IdempotentWorkerOptions,
   type JobContext,
+  type KeyStore,
+  type StepStore,
   type WorkerEvent,
 } from '../src/index.js';
 import { purgeKeys } from '../src/store/sql/purge-keys.js';
@@ -453,6 +456,37 @@ describe('step records', () => {
       { name: 'nul', recorded: false },
       { name: 'dates', recorded: true, result: { at: '1970-01-01T00:00:00.000Z' } },
     ]);
+  });
+
+  it("a database step's COMMIT whose reply is lost is resolved from the step's record: committed, its result is returned and nothing runs again", async () => {
+    const db = env.openDb(2);
+    const real = new PostgresKeyStore(db, env.schema);
+    let cut = 0;
+    const steps: StepStore = {
+      ...real.steps,
+      recordAndCommit: async (tx, ...rest) => {
+        const recorded = await real.steps.recordAndCommit(tx, ...rest);
+        // The COMMIT went through; the connection dies before the reply is read.
+        if (cut++ === 0) throw await sql`select pg_terminate_backend(pg_backend_pid())`.execute(tx).catch((e: unknown) => e);
+        return recorded;
+      },
+    };
+    const store: KeyStore = Object.assign(Object.create(real) as PostgresKeyStore, { steps });
+    const faulty = new IdempotencyKeys({ db, schema: env.schema }, store);
+    const claim = await hold('lost-reply-1');
+    let runs = 0;
+    const result = await new JobSteps(faulty, claim, never).run('pay', {
+      transaction: async (tx) => {
+        runs++;
+        await insertEffect(tx, env.schema, { scope: 'proto', key: 'lost-reply-1/pay', fence: claim.fence, worker: 'w' });
+        return { paid: true };
+      },
+    });
+    expect(cut).toBe(1);
+    expect(result).toEqual({ paid: true });
+    expect(runs).toBe(1);
+    expect(await effectsOf(env.db, env.schema, 'proto', 'lost-reply-1/pay')).toHaveLength(1);
+    expect(await stepRows('proto', 'lost-reply-1')).toMatchObject([{ name: 'pay', fence: 1, recorded: true, result: { paid: true } }]);
   });
 
   it('steps are deleted with their key, by the janitor and by keys purge', async () => {
