@@ -40,7 +40,7 @@ const jobView = {
     jobId: { type: 'string' },
     state: { type: 'string', enum: ['queued', 'processing', 'completed', 'failed'] },
     result: { description: "The handler's stored result (state completed)." },
-    error: { description: 'The stored error { name, message, code? } (state failed).' },
+    error: { description: 'The stored error { name, message, code?, step? } (state failed; step: the step of a multi-step job that threw it).' },
     attempts: { type: 'integer' },
     acceptedAt: { type: 'string', format: 'date-time' },
     startedAt: { type: ['string', 'null'], format: 'date-time' },
