@@ -414,7 +414,7 @@ describe('step records', () => {
     console.log(`${outcomes.length} races: ${outcomes.filter((w) => w === 'zombie').length} recorded by the first owner, ${outcomes.filter((w) => w === 'owner').length} by the taker`);
   });
 
-  it('the determinism guard: a different name at a recorded position, a recorded step left out, a name called twice', async () => {
+  it('the determinism guard: a different name at a recorded position, a recorded step left out, a name called twice; invalid steps are refused', async () => {
     const first = await hold('guard-1');
     const firstRun = new JobSteps(keys, first, never);
     await firstRun.run('a', async () => 1);
@@ -433,6 +433,11 @@ describe('step records', () => {
     const skipping = new JobSteps(keys, await takeOver('guard-1'), never);
     await skipping.run('a', async () => 0);
     await expect(skipping.assertComplete()).rejects.toMatchObject({ position: 2, recordedName: 'b', calledName: null });
+
+    const invalid = new JobSteps(keys, await hold('guard-3'), never);
+    await expect(invalid.run('', async () => 1)).rejects.toMatchObject({ code: 'INVALID_STEP' });
+    await expect(invalid.run('s', { transaction: 'no' } as never)).rejects.toMatchObject({ code: 'INVALID_STEP' });
+    await expect(invalid.run('a\u0000b', async () => 1)).rejects.toMatchObject({ code: 'INVALID_STEP' });
 
     const twice = new JobSteps(keys, await hold('guard-2'), never);
     await twice.run('x', async () => 1);

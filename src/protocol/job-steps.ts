@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import type { Transaction } from 'kysely';
-import { LeaseLostError, StepMismatchError, findStoreUnavailable } from '../errors.js';
+import { LeaseLostError, StepMismatchError, ValidationError, findStoreUnavailable } from '../errors.js';
 import type { Claim } from '../store/claim-outcome.js';
 import type { StepRecord } from '../store/sql/load-steps.js';
 import type { IdempotencyKeys } from './idempotency-keys.js';
@@ -107,6 +107,13 @@ export class JobSteps {
   async run<T>(name: string, body: ExternalStep<T> | DatabaseStep<T>): Promise<T> {
     const { scope, key } = this.#claim;
     assertValidStepName(scope, key, name);
+    if (typeof body !== 'function' && typeof (body as Partial<DatabaseStep<T>> | null)?.transaction !== 'function') {
+      throw new ValidationError(
+        'INVALID_STEP',
+        'step',
+        `Step "${name}" of idempotency key "${key}" in scope "${scope}" is neither a function (an external step) nor { transaction: (tx) => … } (a database step).`,
+      );
+    }
     if (this.#broken) throw this.#broken;
     const position = this.#next++;
     const earlier = this.#called.get(name);
