@@ -27,7 +27,7 @@ export type {
   RunEffectOptions,
 } from './protocol/idempotency-keys.js';
 export { IdempotencyKeys } from './protocol/idempotency-keys.js';
-export type { DatabaseStep, ExternalStep, ExternalStepContext, StepContext } from './protocol/job-steps.js';
+export type { DatabaseStep, ExternalStep, ExternalStepContext, StepContext, StepOutcome, StepReport } from './protocol/job-steps.js';
 export { JobSteps, stepKeyFor } from './protocol/job-steps.js';
 export type { StepRecord } from './store/sql/load-steps.js';
 export type { StepPlace } from './store/sql/start-step.js';
@@ -48,6 +48,7 @@ export type {
   JobHandler,
   WorkerEvent,
   WorkerEventKind,
+  StepEventKind,
 } from './bullmq/idempotent-worker.js';
 export { IdempotentWorker, createIdempotentWorker } from './bullmq/idempotent-worker.js';
 export type { EnqueueRequest, EnqueueResult, IdempotentProducerOptions } from './bullmq/idempotent-producer.js';

@@ -23,7 +23,7 @@ import {
 } from '../errors.js';
 import type { FaultHook, FaultPoint } from '../fault-hook.js';
 import type { ClaimOptions, IdempotencyKeys } from '../protocol/idempotency-keys.js';
-import { JobSteps, type DatabaseStep, type ExternalStep } from '../protocol/job-steps.js';
+import { JobSteps, type DatabaseStep, type ExternalStep, type StepReport } from '../protocol/job-steps.js';
 import type { FailedStep } from '../protocol/validate.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
@@ -129,7 +129,16 @@ export type WorkerEventKind =
   | 'lease-lost'
   | 'fenced'
   | 'lease-extended'
-  | 'store-unavailable';
+  | 'store-unavailable'
+  | StepEventKind;
+
+/**
+ * Kinds of {@link WorkerEvent} for one call of `ctx.step` (named in `step`): ran under this
+ * claim and recorded; replayed (returned a result an earlier run recorded); lease-lost (the
+ * record was refused: another worker took the key over); failed (the step threw, or the
+ * determinism guard refused the call).
+ */
+export type StepEventKind = 'step-ran' | 'step-replayed' | 'step-lease-lost' | 'step-failed';
 
 /** One thing that happened to a job, emitted as `'event'` by {@link IdempotentWorker}. */
 export interface WorkerEvent {
@@ -140,6 +149,10 @@ export interface WorkerEvent {
   readonly fence?: number;
   /** Handler run time, on `completed`. */
   readonly durationMs?: number;
+  /** The step's name, on step events. */
+  readonly step?: string;
+  /** The step's 1-based position in its key's sequence, on step events. */
+  readonly position?: number;
 }
 
 interface ActiveJob {
@@ -418,7 +431,9 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       (name, body) => {
         if (committed) throw new Error(`ctx.step("${name}") was called after ctx.transaction: the key is completed; call every step before it.`);
         if (!this.#keys.supportsSteps) throw new StepsUnsupportedError(claim.scope, claim.key, 'the key store keeps no step records (KeyStore.steps).');
-        steps ??= new JobSteps(this.#keys, claim, controller.signal);
+        steps ??= new JobSteps(this.#keys, claim, controller.signal, (report) =>
+          this.#emit(`step-${report.outcome}`, job, claim, undefined, report),
+        );
         return steps.run(name, body);
       },
     );
@@ -647,7 +662,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     if (this.#options.faultHook) await this.#options.faultHook(point, { scope: identity.scope, key: identity.key });
   }
 
-  #emit(kind: WorkerEventKind, job: Job, claim?: Claim, durationMs?: number): void {
+  #emit(kind: WorkerEventKind, job: Job, claim?: Claim, durationMs?: number, step?: StepReport): void {
     if (this.listenerCount('event') === 0) return;
     // A claim names its key; only events without one read the job's data again for it.
     const identity = claim ?? safeIdentity(job, this.#keyOf);
@@ -658,6 +673,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       key: identity?.key,
       fence: claim?.fence,
       durationMs,
+      ...(step && { step: step.name, position: step.position }),
     });
   }
 }

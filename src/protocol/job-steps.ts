@@ -45,6 +45,21 @@ export function stepKeyFor(scope: string, key: string, name: string): string {
   return `ijs_${createHash('sha256').update(JSON.stringify([scope, key, name])).digest('hex').slice(0, 32)}`;
 }
 
+/**
+ * How one call of a step ended: `ran` (ran under this claim and was recorded), `replayed`
+ * (returned the result an earlier run recorded, without running), `lease-lost` (this claim
+ * lost the key: the record was refused, a database step's effect rolled back with it) or
+ * `failed` (the step threw, or the call was refused by the determinism guard).
+ */
+export type StepOutcome = 'ran' | 'replayed' | 'lease-lost' | 'failed';
+
+/** What {@link JobSteps} reports for each call of a step with a valid name. */
+export interface StepReport {
+  readonly name: string;
+  readonly position: number;
+  readonly outcome: StepOutcome;
+}
+
 /** The recorded steps of a key, by position and by name. */
 interface RecordedSteps {
   readonly byPosition: ReadonlyMap<number, StepRecord>;
@@ -86,6 +101,7 @@ export class JobSteps {
   readonly #keys: IdempotencyKeys;
   readonly #claim: Claim;
   readonly #signal: AbortSignal;
+  readonly #onStep: ((report: StepReport) => void) | undefined;
   /** Name → position, of the steps this run called. */
   readonly #called = new Map<string, number>();
   readonly #failures: Array<{ readonly error: unknown; readonly step: FailedStep }> = [];
@@ -93,10 +109,12 @@ export class JobSteps {
   #next = 1;
   #broken: StepMismatchError | undefined;
 
-  constructor(keys: IdempotencyKeys, claim: Claim, signal: AbortSignal) {
+  /** `onStep`, when given, hears how each call of a step with a valid name ended (the worker's step events). */
+  constructor(keys: IdempotencyKeys, claim: Claim, signal: AbortSignal, onStep?: (report: StepReport) => void) {
     this.#keys = keys;
     this.#claim = claim;
     this.#signal = signal;
+    this.#onStep = onStep;
   }
 
   /**
@@ -114,8 +132,19 @@ export class JobSteps {
         `Step "${name}" of idempotency key "${key}" in scope "${scope}" is neither a function (an external step) nor { transaction: (tx) => … } (a database step).`,
       );
     }
-    if (this.#broken) throw this.#broken;
+    if (this.#broken) throw this.#report(name, this.#next, this.#broken);
     const position = this.#next++;
+    try {
+      const [result, outcome] = await this.#run(name, position, body);
+      this.#onStep?.({ name, position, outcome });
+      return result;
+    } catch (error) {
+      throw this.#report(name, position, error);
+    }
+  }
+
+  async #run<T>(name: string, position: number, body: ExternalStep<T> | DatabaseStep<T>): Promise<[T, StepOutcome]> {
+    const { scope, key } = this.#claim;
     const earlier = this.#called.get(name);
     if (earlier !== undefined) {
       throw this.#break(position, null, name, `this run called "${name}" a second time (first at position ${earlier}); step names must be unique within a run`);
@@ -133,7 +162,7 @@ export class JobSteps {
         throw this.#break(position, null, name, `this run called "${name}", which is ${describeRecord(elsewhere)} at position ${elsewhere.position}`);
       }
     }
-    if (atPosition?.recordedAt) return atPosition.result as T;
+    if (atPosition?.recordedAt) return [atPosition.result as T, 'replayed'];
 
     if (this.#signal.aborted) throw this.#signal.reason;
     const step = { name, position };
@@ -142,9 +171,9 @@ export class JobSteps {
       if (typeof body === 'function') {
         const starts = await this.#keys.startStep(this.#claim, step);
         const result = await body({ ...context, starts });
-        return (await this.#keys.recordStep(this.#claim, step, result)) as T;
+        return [(await this.#keys.recordStep(this.#claim, step, result)) as T, 'ran'];
       }
-      return (await this.#keys.runDatabaseStep(this.#claim, step, (tx) => body.transaction(tx, context))) as T;
+      return [(await this.#keys.runDatabaseStep(this.#claim, step, (tx) => body.transaction(tx, context))) as T, 'ran'];
     } catch (error) {
       // The step's own failure (or its unstorable result), not the key's: named when stored.
       if (!(error instanceof LeaseLostError) && !findStoreUnavailable(error)) this.#failures.push({ error, step });
@@ -182,6 +211,12 @@ export class JobSteps {
       current = current.cause;
     }
     return undefined;
+  }
+
+  /** Reports a call of step `name` that threw `error`, and returns the error. */
+  #report(name: string, position: number, error: unknown): unknown {
+    this.#onStep?.({ name, position, outcome: error instanceof LeaseLostError ? 'lease-lost' : 'failed' });
+    return error;
   }
 
   #load(): Promise<RecordedSteps> {
