@@ -11,15 +11,19 @@ import {
   IdempotencyKeys,
   IdempotentProducer,
   OutboxRelay,
+  createIdempotentWorker,
   instrumentMaintenance,
+  instrumentWorker,
   loadEnvConfig,
   runHealthChecks,
   startMetricsServer,
   startWorkerProcess,
   type JobContext,
   type MaintenanceEvents,
+  type WorkerEvent,
   type WorkerProcess,
 } from '../src/index.js';
+import { MAX_STEP_NAMES } from '../src/metrics/worker-metrics.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -262,3 +266,98 @@ describe('maintenance metrics', () => {
   });
 });
 
+
+describe('step metrics', () => {
+  it('count ctx.step calls by step name and outcome (ran, replayed, failed, lease-lost) from the worker\'s step events', async () => {
+    const STEPPED = 'stepped';
+    const stepped = new Queue(STEPPED, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 60_000 });
+    const events: WorkerEvent[] = [];
+    const stepWorker = createIdempotentWorker<Record<string, never>>({
+      queue: STEPPED,
+      connection: { url: env.redisUrl },
+      prefix: env.redisPrefix,
+      keys,
+      concurrency: 2,
+      logger: silent,
+      handler: async (ctx) => {
+        await ctx.step('reserve', { transaction: async () => ({ held: true }) });
+        await ctx.step('charge', async () => {
+          if (ctx.key === 'flaky' && ctx.attempt === 1) throw new Error('provider timeout');
+          // Another worker takes the key over while the charge is in flight: its record is refused.
+          if (ctx.key === 'lost') {
+            await sql`update ${sql.id(env.schema, 'idempotency_keys')} set fence = fence + 1
+                       where scope = ${ctx.scope} and key = ${ctx.key}`.execute(env.db);
+          }
+          return { charged: true };
+        });
+        return ctx.transaction(async () => ({ done: true }));
+      },
+    });
+    stepWorker.on('event', (event) => events.push(event));
+    const stop = instrumentWorker(stepWorker, STEPPED);
+    const server = await startMetricsServer({ port: 0, processMetrics: false });
+    const add = (key: string, jobId: string, opts: Record<string, unknown> = {}) =>
+      stepped.add('order', { idempotencyKey: key, payload: {} }, { jobId, ...opts });
+    try {
+      await add('ok', 'ok-1');
+      await add('flaky', 'flaky-1', { attempts: 2 });
+      await add('lost', 'lost-1');
+      await waitForJobState(stepped, 'ok-1', ['completed']);
+      await waitForJobState(stepped, 'flaky-1', ['completed']);
+      await waitFor('the lost lease to be reported', async () => events.some((e) => e.kind === 'step-lease-lost'));
+      // A duplicate of a completed key replays its result and runs no step.
+      await add('ok', 'ok-2');
+      await waitForJobState(stepped, 'ok-2', ['completed']);
+
+      const stepsOf = (key: string) => events.filter((e) => e.key === key && e.kind.startsWith('step-')).map((e) => [e.kind, e.step, e.position, e.fence]);
+      expect(stepsOf('flaky')).toEqual([
+        ['step-ran', 'reserve', 1, 1],
+        ['step-failed', 'charge', 2, 1],
+        ['step-replayed', 'reserve', 1, 2],
+        ['step-ran', 'charge', 2, 2],
+      ]);
+      expect(stepsOf('ok')).toEqual([
+        ['step-ran', 'reserve', 1, 1],
+        ['step-ran', 'charge', 2, 1],
+      ]);
+      expect(stepsOf('lost')).toEqual([
+        ['step-ran', 'reserve', 1, 1],
+        ['step-lease-lost', 'charge', 2, 1],
+      ]);
+
+      const { values } = await scrape(server.url);
+      const m = (step: string, outcome: string) => values.get(`idempotent_jobs_step_outcomes_total{queue="${STEPPED}",step="${step}",outcome="${outcome}"}`);
+      expect(m('reserve', 'ran')).toBe(3);
+      expect(m('reserve', 'replayed')).toBe(1);
+      expect(m('charge', 'ran')).toBe(2);
+      expect(m('charge', 'failed')).toBe(1);
+      expect(m('charge', 'lease-lost')).toBe(1);
+      expect(m('reserve', 'failed')).toBeUndefined();
+    } finally {
+      stop();
+      await stepWorker.close({ force: true });
+      await stepped.close();
+      await server.close();
+    }
+  });
+
+  it(`give at most ${MAX_STEP_NAMES} step names a label of their own per worker; later names count as step="other"`, async () => {
+    const worker = new EventEmitter<{ event: [WorkerEvent] }>();
+    const stop = instrumentWorker(worker, 'capped');
+    const server = await startMetricsServer({ port: 0, processMetrics: false });
+    try {
+      for (let i = 0; i < MAX_STEP_NAMES + 5; i++) worker.emit('event', { kind: 'step-ran', step: `charge-${i}`, position: 1 });
+      worker.emit('event', { kind: 'step-replayed', step: 'charge-0', position: 1 });
+      const { values } = await scrape(server.url);
+      const series = [...values.keys()].filter((name) => name.startsWith('idempotent_jobs_step_outcomes_total{queue="capped"'));
+      expect(series).toHaveLength(MAX_STEP_NAMES + 2);
+      expect(values.get('idempotent_jobs_step_outcomes_total{queue="capped",step="other",outcome="ran"}')).toBe(5);
+      expect(values.get('idempotent_jobs_step_outcomes_total{queue="capped",step="charge-0",outcome="ran"}')).toBe(1);
+      expect(values.get('idempotent_jobs_step_outcomes_total{queue="capped",step="charge-0",outcome="replayed"}')).toBe(1);
+    } finally {
+      stop();
+      await server.close();
+    }
+  });
+});

@@ -16,6 +16,25 @@ const CLAIM_OUTCOMES: ReadonlySet<WorkerEventKind> = new Set([
 ]);
 // How a held key ended: committed, released for a retry, failed for good.
 const JOB_RESULTS: ReadonlySet<WorkerEventKind> = new Set(['completed', 'released', 'failed']);
+// How a call of ctx.step ended, by the `outcome` label of step_outcomes_total.
+const STEP_OUTCOMES: ReadonlyMap<WorkerEventKind, string> = new Map([
+  ['step-ran', 'ran'],
+  ['step-replayed', 'replayed'],
+  ['step-lease-lost', 'lease-lost'],
+  ['step-failed', 'failed'],
+]);
+
+/**
+ * Distinct step names per instrumented worker that get a `step` label of their own; later names are counted
+ * under `step="other"`. Step names are fixed strings in the handler's code (a few per job
+ * type), so a worker normally sees far fewer; the cap only guards against a handler that builds
+ * names from data (`charge-${orderId}`), which would otherwise grow one series per name
+ * without bound.
+ * @defaultValue 100
+ */
+export const MAX_STEP_NAMES = 100;
+/** The `step` label of names past {@link MAX_STEP_NAMES}. */
+export const OTHER_STEP = 'other';
 
 /** The worker metrics (created on first use in the default registry). */
 function workerMetrics() {
@@ -36,6 +55,11 @@ function workerMetrics() {
       ['queue'],
     ),
     leaseExtensions: counter('lease_extensions_total', 'Successful lease heartbeats.', ['queue']),
+    stepOutcomes: counter(
+      'step_outcomes_total',
+      `Calls of ctx.step by step name and how they ended: ran (ran and recorded under this worker's claim), replayed (returned the result an earlier run recorded, without running), lease-lost (the record was refused: another worker had taken the key over), failed (the step threw, or the determinism guard refused it). At most ${MAX_STEP_NAMES} step names per worker; later ones are counted as step="${OTHER_STEP}".`,
+      ['queue', 'step', 'outcome'],
+    ),
     handlerDuration: histogram(
       'handler_duration_seconds',
       'Time from claim to committed completion of a job whose key this worker held.',
@@ -61,7 +85,20 @@ export function instrumentWorker(worker: Pick<EventEmitter<{ event: [WorkerEvent
   for (const result of JOB_RESULTS) metrics.jobResults.inc({ queue, result }, 0);
   metrics.fencedCommits.inc({ queue }, 0);
   metrics.leaseExtensions.inc({ queue }, 0);
+  // Step series appear with a step's first call (the names are not known before).
+  const stepNames = new Set<string>();
+  const stepLabel = (name: string) => {
+    if (stepNames.has(name)) return name;
+    if (stepNames.size >= MAX_STEP_NAMES) return OTHER_STEP;
+    stepNames.add(name);
+    return name;
+  };
   const onEvent = (event: WorkerEvent) => {
+    const stepOutcome = STEP_OUTCOMES.get(event.kind);
+    if (stepOutcome !== undefined) {
+      metrics.stepOutcomes.inc({ queue, step: stepLabel(event.step ?? OTHER_STEP), outcome: stepOutcome });
+      return;
+    }
     if (CLAIM_OUTCOMES.has(event.kind)) metrics.claimOutcomes.inc({ queue, outcome: event.kind });
     if (JOB_RESULTS.has(event.kind)) metrics.jobResults.inc({ queue, result: event.kind });
     if (event.kind === 'fenced') metrics.fencedCommits.inc({ queue });
