@@ -28,7 +28,7 @@ export type {
 } from './protocol/idempotency-keys.js';
 export { IdempotencyKeys } from './protocol/idempotency-keys.js';
 export type { DatabaseStep, ExternalStep, ExternalStepContext, StepContext, StepOutcome, StepReport } from './protocol/job-steps.js';
-export { JobSteps, stepKeyFor } from './protocol/job-steps.js';
+export { JobSteps, stepKeyFor, stepResultBytes } from './protocol/job-steps.js';
 export type { StepRecord } from './store/sql/load-steps.js';
 export type { StepPlace } from './store/sql/start-step.js';
 export type { FailedStep, StoredError } from './protocol/validate.js';

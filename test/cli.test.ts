@@ -6,7 +6,7 @@ import { execFile } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys } from '../src/index.js';
+import { IdempotencyKeys, JobSteps } from '../src/index.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 const BIN = fileURLToPath(new URL('../bin/idempotent-jobs.js', import.meta.url));
@@ -96,6 +96,50 @@ describe('idempotent-jobs CLI', () => {
     expect(missing.stderr).toContain('No key "nope" in scope "acme"');
     const missingText = await cli(['keys', 'get', 'acme', 'nope']);
     expect(missingText).toMatchObject({ code: 3, stdout: '' });
+  });
+
+  it('keys get: shows each step of a multi-step key (position, name, starts, fence, times, result size), as a table and as JSON', async () => {
+    // reserve (database) and charge (external) recorded; e-mail started and not recorded, as
+    // when its worker died inside it.
+    const claim = await keys.claim('steps', 'order-1', keys.fingerprint({ order: 1 }));
+    if (claim.kind !== 'claimed') throw new Error(`setup: ${claim.kind}`);
+    const steps = new JobSteps(keys, claim, new AbortController().signal);
+    await steps.run('reserve', { transaction: async () => ({ items: 2 }) });
+    await steps.run('charge', async () => ({ chargeId: 'ch_ü1' }));
+    await keys.startStep(claim, { name: 'email', position: 3 });
+
+    const text = await cli(['keys', 'get', 'steps', 'order-1']);
+    expect(text.code).toBe(0);
+    expect(text.stdout).toMatch(/^steps\s+3 \(2 recorded, 1 started and not recorded\)$/m);
+    const stepLines = text.stdout.split('\n\n')[1]!.trim().split('\n');
+    expect(stepLines[0]).toMatch(/^POSITION\s+STEP\s+STARTS\s+FENCE\s+STARTED\s+RECORDED\s+RESULT BYTES$/);
+    const cells = stepLines.slice(1).map((line) => line.split(/\s+/));
+    // '{"items":2}' is 11 bytes; '{"chargeId":"ch_ü1"}' 21 (ü is two bytes in UTF-8).
+    expect(cells.map(([position, name, starts, fence, , recorded, bytes]) => [position, name, starts, fence, recorded === '-' ? '-' : 'at', bytes])).toEqual([
+      ['1', 'reserve', '1', '1', 'at', '11'],
+      ['2', 'charge', '1', '1', 'at', '21'],
+      ['3', 'email', '1', '1', '-', '-'],
+    ]);
+    expect(cells.every((row) => !Number.isNaN(Date.parse(row[4]!)))).toBe(true);
+
+    const asJson = await cli(['keys', 'get', 'steps', 'order-1', '--json']);
+    expect(asJson.code).toBe(0);
+    const { steps: listed } = json(asJson);
+    expect(listed).toMatchObject([
+      { name: 'reserve', position: 1, starts: 1, fence: 1, resultBytes: 11 },
+      { name: 'charge', position: 2, starts: 1, fence: 1, resultBytes: 21 },
+      { name: 'email', position: 3, starts: 1, fence: 1, recordedAt: null, resultBytes: null },
+    ]);
+    expect(Object.keys(listed[0]).sort()).toEqual(['fence', 'name', 'position', 'recordedAt', 'resultBytes', 'startedAt', 'starts']);
+    expect(Date.parse(listed[0].recordedAt)).toBeGreaterThanOrEqual(Date.parse(listed[0].startedAt));
+
+    // A key without steps.
+    const plain = await cli(['keys', 'get', 'acme', 'paid', '--json']);
+    expect(json(plain).steps).toEqual([]);
+    expect((await cli(['keys', 'get', 'acme', 'paid'])).stdout).toMatch(/^steps\s+-$/m);
+
+    // Out of the way of the listing tests (its steps go with it).
+    await sql`delete from ${table()} where scope = 'steps'`.execute(env.db);
   });
 
   it('keys list: filters by status, scope and expiry, limits, and prints a table or JSON', async () => {

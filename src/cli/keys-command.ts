@@ -2,11 +2,13 @@ import { InvalidArgumentError, type Command } from 'commander';
 import type { Kysely } from 'kysely';
 import { loadEnvConfig } from '../config/env-config.js';
 import { ValidationError } from '../errors.js';
+import { stepResultBytes } from '../protocol/job-steps.js';
 import { assertValidKeyPart } from '../protocol/validate.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import type { KeyRecord, KeyStatus } from '../store/key-record.js';
 import { getKey } from '../store/sql/get-key.js';
 import { listKeys } from '../store/sql/list-keys.js';
+import { loadSteps, type StepRecord } from '../store/sql/load-steps.js';
 import { operatorReleaseKey } from '../store/sql/operator-release.js';
 import { purgeKeys } from '../store/sql/purge-keys.js';
 import { EXIT_CONFLICT, EXIT_NOT_FOUND } from './exit-codes.js';
@@ -65,7 +67,47 @@ function keyJson(record: KeyRecord): Record<string, unknown> {
   return JSON.parse(JSON.stringify(record)) as Record<string, unknown>;
 }
 
-function describeKey(record: KeyRecord): string {
+/**
+ * A key's steps as JSON for scripts: what was run and recorded under which fence, without the
+ * results (their size in bytes instead; null while a step is not recorded).
+ */
+function stepsJson(steps: readonly StepRecord[]): Array<Record<string, unknown>> {
+  return steps.map((step) => ({
+    name: step.name,
+    position: step.position,
+    starts: step.starts,
+    fence: step.fence,
+    startedAt: step.startedAt.toISOString(),
+    recordedAt: step.recordedAt?.toISOString() ?? null,
+    resultBytes: stepResultBytes(step),
+  }));
+}
+
+function describeSteps(steps: readonly StepRecord[]): string {
+  const recorded = steps.filter((step) => step.recordedAt !== null).length;
+  const started = steps.length - recorded;
+  return `${steps.length} (${recorded} recorded${started > 0 ? `, ${started} started and not recorded` : ''})`;
+}
+
+function stepsTable(steps: readonly StepRecord[]): string {
+  return formatTable(
+    ['POSITION', 'STEP', 'STARTS', 'FENCE', 'STARTED', 'RECORDED', 'RESULT BYTES'],
+    steps.map((step) => {
+      const bytes = stepResultBytes(step);
+      return [
+        String(step.position),
+        step.name,
+        String(step.starts),
+        String(step.fence),
+        formatTime(step.startedAt),
+        formatTime(step.recordedAt),
+        bytes === null ? '-' : String(bytes),
+      ];
+    }),
+  );
+}
+
+function describeKey(record: KeyRecord, steps: readonly StepRecord[]): string {
   const rows: Array<[string, string]> = [
     ['scope', record.scope],
     ['key', record.key],
@@ -85,9 +127,11 @@ function describeKey(record: KeyRecord): string {
     ['result', record.result === null || record.result === undefined ? '-' : JSON.stringify(record.result)],
     ['error', record.error === null || record.error === undefined ? '-' : JSON.stringify(record.error)],
     ['payload', record.payload === null || record.payload === undefined ? '-' : JSON.stringify(record.payload)],
+    ['steps', steps.length === 0 ? '-' : describeSteps(steps)],
   ];
   const width = Math.max(...rows.map(([name]) => name.length));
-  return rows.map(([name, value]) => `${name.padEnd(width)}  ${value}`).join('\n');
+  const text = rows.map(([name, value]) => `${name.padEnd(width)}  ${value}`).join('\n');
+  return steps.length === 0 ? text : `${text}\n\n${stepsTable(steps)}`;
 }
 
 function notFound(scope: string, key: string, json: boolean | undefined): void {
@@ -106,15 +150,19 @@ export function registerKeysCommand(program: Command): void {
 
   keys
     .command('get')
-    .description('show one key: status, owner, fence, lease, job, result or error')
+    .description('show one key: status, owner, fence, lease, job, result or error, and its steps (ctx.step)')
     .argument('<scope>', 'the key\'s scope ("default" when the producer named none)')
     .argument('<key>', 'the idempotency key')
     .option('--json', 'print the key as JSON')
     .action(async (scope: string, key: string, options: { json?: boolean }) => {
       checkKey(scope, key);
-      const record = await withDatabase((db, schema) => getKey(db, schema, scope, key));
-      if (!record) return notFound(scope, key, options.json);
-      console.log(options.json ? JSON.stringify(keyJson(record)) : describeKey(record));
+      const found = await withDatabase(async (db, schema) => {
+        const record = await getKey(db, schema, scope, key);
+        return record && { record, steps: await loadSteps(db, schema, scope, key) };
+      });
+      if (!found) return notFound(scope, key, options.json);
+      const { record, steps } = found;
+      console.log(options.json ? JSON.stringify({ ...keyJson(record), steps: stepsJson(steps) }) : describeKey(record, steps));
     });
 
   keys

@@ -60,6 +60,14 @@ export interface StepReport {
   readonly outcome: StepOutcome;
 }
 
+/**
+ * The size of a step's stored result in bytes: the UTF-8 length of its JSON, as the result
+ * size limit (`maxResultBytes`) measures it. Null while the step is not recorded.
+ */
+export function stepResultBytes(step: StepRecord): number | null {
+  return step.recordedAt === null ? null : Buffer.byteLength(JSON.stringify(step.result) ?? 'null', 'utf8');
+}
+
 /** The recorded steps of a key, by position and by name. */
 interface RecordedSteps {
   readonly byPosition: ReadonlyMap<number, StepRecord>;
