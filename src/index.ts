@@ -63,7 +63,7 @@ export { onShutdownSignals } from './runtime/shutdown-signals.js';
 export type { HttpApiOptions, ResolvedHttpApiOptions, HttpEnvConfig } from './config/http-options.js';
 export { ANONYMOUS_TENANT, assertBindAllowed, isLoopbackHost, loadHttpEnvConfig, parseTokens, resolveHttpApiOptions } from './config/http-options.js';
 export { HttpApi, createHttpApi } from './http/http-api.js';
-export type { JobState, JobView, SubmitOutcome, SubmitRequest, JobIngestionOptions } from './http/job-ingestion.js';
+export type { JobState, JobView, StepView, SubmitOutcome, SubmitRequest, JobIngestionOptions } from './http/job-ingestion.js';
 export { JobIngestion, requestScopeFor } from './http/job-ingestion.js';
 export type { ProblemDetails, ProblemKind } from './http/problems.js';
 export { HttpProblem, PROBLEMS, PROBLEM_TYPE_PREFIX, problemType } from './http/problems.js';

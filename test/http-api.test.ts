@@ -12,6 +12,7 @@ import {
   IdempotencyKeys,
   KeySettledListener,
   createHttpApi,
+  createIdempotentWorker,
   isLoopbackHost,
   jobIdFor,
   loadHttpEnvConfig,
@@ -31,7 +32,7 @@ import { createTestEnv, type TestEnv } from './support/test-env.js';
 const ACME = 'tok_acme_0123456789abcdef';
 const GLOBEX = 'tok_globex_0123456789abcdef';
 const TOKENS = { [ACME]: 'acme', [GLOBEX]: 'globex' };
-const QUEUES = ['payments', 'concurrent', 'e2e', 'isolation'];
+const QUEUES = ['payments', 'concurrent', 'e2e', 'isolation', 'steps'];
 const BODY_LIMIT = 4096;
 const silent = pino({ level: 'silent' });
 
@@ -248,6 +249,10 @@ describe('HTTP API', () => {
     expect(openapi.body.openapi).toBe('3.1.0');
     expect(Object.keys(openapi.body.paths)).toEqual(expect.arrayContaining(['/v1/queues/{queue}/jobs', '/v1/queues/{queue}/jobs/{key}', '/readyz']));
     expect(openapi.body.paths['/v1/queues/{queue}/jobs'].post.responses).toHaveProperty('409');
+    const jobSchema = openapi.body.paths['/v1/queues/{queue}/jobs/{key}'].get.responses['200'].content['application/json'].schema;
+    expect(Object.keys(jobSchema.properties.steps.items.properties).sort()).toEqual(
+      ['fence', 'name', 'position', 'recordedAt', 'result', 'resultBytes', 'startedAt', 'starts'],
+    );
   });
 
   it('1c. /readyz answers 503 not-ready when Redis does not answer', async () => {
@@ -570,6 +575,63 @@ describe('HTTP API', () => {
     expect(failedAgain.status).toBe(200);
     expect(failedAgain.headers.get('idempotent-replayed')).toBe('true');
     expect(failedAgain.body.state).toBe('failed');
+  });
+
+  it('4c. a multi-step job lists its steps, started and recorded, with fence, starts, result and result size; a job without steps lists none', async () => {
+    const reached = createGate();
+    const gate = createGate();
+    const worker = createIdempotentWorker<{ amount: number }>({
+      queue: 'steps',
+      connection: { url: env.redisUrl },
+      prefix: env.redisPrefix,
+      keys: new IdempotencyKeys({ db: env.db, schema: env.schema }),
+      concurrency: 1,
+      logger: silent,
+      handler: async (ctx) => {
+        const hold = await ctx.step('reserve', { transaction: async () => ({ items: ctx.data.amount }) });
+        const charge = await ctx.step('charge', async (step) => {
+          reached.open();
+          await gate.wait;
+          return { chargeId: step.stepKey };
+        });
+        return ctx.transaction(async () => ({ hold, charge }));
+      },
+    });
+    workers.push(worker);
+    const path = '/v1/queues/steps/jobs';
+    const accepted = await client.post(`${path}?name=order`, { token: ACME, key: 'steps-1', json: { amount: 2 } });
+    expect(accepted.status).toBe(202);
+    expect(accepted.body.steps).toEqual([]);
+
+    // Held inside the charge: reserve recorded, charge started and not recorded.
+    await reached.wait;
+    const inFlight = await client.get(`${path}/steps-1`, { token: ACME });
+    expect(inFlight.status).toBe(200);
+    expect(inFlight.body).toMatchObject({ state: 'processing', attempts: 1 });
+    expect(inFlight.body.steps).toEqual([
+      { name: 'reserve', position: 1, starts: 1, fence: 1, startedAt: expect.any(String), recordedAt: expect.any(String), result: { items: 2 }, resultBytes: 11 },
+      { name: 'charge', position: 2, starts: 1, fence: 1, startedAt: expect.any(String), recordedAt: null, result: null, resultBytes: null },
+    ]);
+    // Another tenant sees nothing of them.
+    expectProblem(await client.get(`${path}/steps-1`, { token: GLOBEX }), 404, 'not-found');
+
+    gate.open();
+    const done = await client.get(`${path}/steps-1`, { token: ACME, headers: { prefer: 'wait=5' } });
+    expect(done.body.state).toBe('completed');
+    const charge = { chargeId: done.body.result.charge.chargeId };
+    expect(done.body.result).toEqual({ hold: { items: 2 }, charge });
+    expect(done.body.steps.map((step: any) => [step.name, step.recordedAt !== null, step.result, step.resultBytes])).toEqual([
+      ['reserve', true, { items: 2 }, 11],
+      ['charge', true, charge, Buffer.byteLength(JSON.stringify(charge))],
+    ]);
+    // The POST's replay carries the same representation.
+    const replay = await client.post(`${path}?name=order`, { token: ACME, key: 'steps-1', json: { amount: 2 } });
+    expect(replay.headers.get('idempotent-replayed')).toBe('true');
+    expect(replay.body).toEqual(done.body);
+
+    // A job without steps (the e2e queue's handler) lists none.
+    const plain = await client.get('/v1/queues/e2e/jobs/e2e-1', { token: ACME });
+    expect(plain.body).toMatchObject({ state: 'completed', steps: [] });
   });
 
   it('4b. Prefer: wait=1 with no worker running: 202 after the wait, still queued', async () => {

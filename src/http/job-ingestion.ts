@@ -4,8 +4,28 @@ import { jobIdFor } from '../bullmq/job-identity.js';
 import { IdempotencyError, ValidationError } from '../errors.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem } from '../protocol/json-limits.js';
+import { stepResultBytes } from '../protocol/job-steps.js';
 import type { KeyRecord } from '../store/key-record.js';
+import type { StepRecord } from '../store/sql/load-steps.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
+
+/** One step of a multi-step job (`ctx.step`), as the HTTP API reports it. */
+export interface StepView {
+  readonly name: string;
+  /** 1-based position in the job's step sequence. */
+  readonly position: number;
+  /** How many times the step started (more than 1 only after a worker died inside it). */
+  readonly starts: number;
+  /** The fence of the claim that last started or recorded the step. */
+  readonly fence: number;
+  readonly startedAt: string;
+  /** When the step's result was recorded, or null (started, not recorded). */
+  readonly recordedAt: string | null;
+  /** The step's stored result, or null until it is recorded. */
+  readonly result: unknown;
+  /** The size of the stored result in bytes (UTF-8 JSON, as the result size limit counts), or null until recorded. */
+  readonly resultBytes: number | null;
+}
 
 /** A job's state as the HTTP API reports it. */
 export type JobState = 'queued' | 'processing' | 'completed' | 'failed';
@@ -32,6 +52,8 @@ export interface JobView {
   readonly startedAt: string | null;
   /** When the job completed or failed for good, or null. */
   readonly finishedAt: string | null;
+  /** The steps the job's key recorded or started, in position order (empty for a job without steps). */
+  readonly steps: readonly StepView[];
 }
 
 /** What one POST did. */
@@ -166,7 +188,12 @@ export class JobIngestion {
    * The state of the job a tenant's request with `key` created on `queue`, or undefined when
    * this tenant made no such request (or it was made on another queue, or has expired).
    */
-  async view(tenant: string, queue: string, key: string): Promise<JobView | undefined> {
+  view(tenant: string, queue: string, key: string): Promise<JobView | undefined> {
+    return this.#view(tenant, queue, key, true);
+  }
+
+  /** {@link view}; without `withSteps` the steps are not read (and listed as empty). */
+  async #view(tenant: string, queue: string, key: string, withSteps: boolean): Promise<JobView | undefined> {
     const { keys } = this.#options;
     const record = await keys.get(requestScopeFor(tenant), key);
     const receipt = record?.status === 'completed' ? asReceipt(record.result) : undefined;
@@ -176,11 +203,15 @@ export class JobIngestion {
     // otherwise (another producer's job under the same key) the worker refuses ours as reused.
     const ours = jobKey && jobKey.fingerprint === receipt.jobFingerprint ? jobKey : undefined;
     const base = { queue, key, name: receipt.name, jobId: receipt.jobId, acceptedAt: record.createdAt.toISOString() };
-    if (ours && ours.status !== 'processing') return settledView(base, ours);
-    if (ours && ours.owner !== null) {
-      return { ...base, state: 'processing', attempts: ours.attempts, startedAt: ours.createdAt.toISOString(), finishedAt: null };
-    }
-    return { ...base, ...(await this.#fromQueue(queue, receipt, ours)) };
+    const view =
+      ours && ours.status !== 'processing'
+        ? settledView(base, ours)
+        : ours && ours.owner !== null
+          ? { ...base, state: 'processing' as const, attempts: ours.attempts, startedAt: ours.createdAt.toISOString(), finishedAt: null }
+          : { ...base, ...(await this.#fromQueue(queue, receipt, ours)) };
+    // Steps are kept under the job's key: only a key claimed with this job's payload has ours.
+    const steps = ours && withSteps ? (await keys.getSteps(tenant, key)).map(toStepView) : [];
+    return { ...view, steps };
   }
 
   /**
@@ -190,7 +221,7 @@ export class JobIngestion {
   async waitForSettled(tenant: string, queue: string, key: string, timeoutMs: number, signal: AbortSignal): Promise<JobView | undefined> {
     const { listener } = this.#options;
     if (!listener || signal.aborted) return undefined;
-    await listener.waitForSettled(tenant, key, timeoutMs, async () => isSettled(await this.view(tenant, queue, key)), signal);
+    await listener.waitForSettled(tenant, key, timeoutMs, async () => isSettled(await this.#view(tenant, queue, key, false)), signal);
     return this.view(tenant, queue, key);
   }
 
@@ -252,7 +283,20 @@ export function isSettled(view: JobView | undefined): boolean {
   return view?.state === 'completed' || view?.state === 'failed';
 }
 
-function settledView(base: Pick<JobView, 'queue' | 'key' | 'name' | 'jobId' | 'acceptedAt'>, row: KeyRecord): JobView {
+function toStepView(step: StepRecord): StepView {
+  return {
+    name: step.name,
+    position: step.position,
+    starts: step.starts,
+    fence: step.fence,
+    startedAt: step.startedAt.toISOString(),
+    recordedAt: step.recordedAt?.toISOString() ?? null,
+    result: step.recordedAt === null ? null : step.result,
+    resultBytes: stepResultBytes(step),
+  };
+}
+
+function settledView(base: Pick<JobView, 'queue' | 'key' | 'name' | 'jobId' | 'acceptedAt'>, row: KeyRecord): Omit<JobView, 'steps'> {
   const common = {
     ...base,
     attempts: row.attempts,

@@ -45,6 +45,24 @@ const jobView = {
     acceptedAt: { type: 'string', format: 'date-time' },
     startedAt: { type: ['string', 'null'], format: 'date-time' },
     finishedAt: { type: ['string', 'null'], format: 'date-time' },
+    steps: {
+      type: 'array',
+      description: "The steps (ctx.step) the job's key recorded or started, in position order; empty for a job without steps.",
+      items: {
+        type: 'object',
+        additionalProperties: true,
+        properties: {
+          name: { type: 'string' },
+          position: { type: 'integer', minimum: 1 },
+          starts: { type: 'integer', description: 'How many times the step started; more than 1 after a worker died inside it.' },
+          fence: { type: 'integer', description: 'The fence of the claim that last started or recorded the step.' },
+          startedAt: { type: 'string', format: 'date-time' },
+          recordedAt: { type: ['string', 'null'], format: 'date-time', description: 'Null while the step is started and not recorded.' },
+          result: { description: "The step's stored result; null until recorded." },
+          resultBytes: { type: ['integer', 'null'], description: 'Size of the stored result as UTF-8 JSON; null until recorded.' },
+        },
+      },
+    },
     links: { type: 'object', properties: { self: { type: 'string' } } },
   },
 } as const;
@@ -88,7 +106,7 @@ export const jobRouteSchemas = {
     },
   },
   get: {
-    summary: "A request's job: state, result or error, timestamps, attempts.",
+    summary: "A request's job: state, result or error, timestamps, attempts, steps.",
     tags: ['jobs'],
     security: [{ bearerAuth: [] }],
     params: { type: 'object', properties: { ...queueParam, key: { type: 'string', description: 'The Idempotency-Key (percent-encoded).' } } },

@@ -464,6 +464,18 @@ export class IdempotencyKeys {
   }
 
   /**
+   * Inspects one key's steps (`ctx.step`), recorded or started, in position order: one
+   * statement. Empty when the key has none, or the store keeps no step records.
+   */
+  getSteps(scope: string, key: string): Promise<StepRecord[]> {
+    assertValidKeyPart('scope', scope);
+    assertValidKeyPart('key', key);
+    const steps = this.#store.steps;
+    if (!steps) return Promise.resolve([]);
+    return storeCall(scope, key, 'read of its steps', () => steps.load(scope, key));
+  }
+
+  /**
    * What became of a transaction whose end met a transient fault: the COMMIT may have been
    * applied with its reply lost. The key tells: completed under this claim's owner token and
    * fence means it committed (returns the stored result); anything else, or no answer, means
