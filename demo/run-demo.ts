@@ -1,8 +1,11 @@
 /**
  * `npm run demo`: the docker-compose demo on the local services. Starts three payments
- * workers and a load generator (a few thousand charges, 20% duplicate keys), SIGKILLs one
- * worker mid-run, prints progress, then a summary. Exits non-zero if any key ran twice or
- * was lost.
+ * workers and a load generator (a few thousand payments, 20% duplicate keys), SIGKILLs one
+ * worker mid-run, prints progress, then what each step of the payments did (reserve → charge →
+ * ledger → e-mail → completion), where the killed worker's keys stopped and resumed, and a
+ * summary. Exits non-zero if any database effect ran twice, a key was lost, a key resumed at
+ * another step than the one where it stopped, or an e-mail repeated where no worker died
+ * inside the e-mail step.
  *
  * Uses its own schema (`ij_demo`) and Redis prefix (`ijdemo`), recreated at every run.
  */
@@ -13,6 +16,7 @@ import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { sql } from 'kysely';
 import { createPostgresDb, loadEnvConfig } from '../src/index.js';
+import { formatPaymentReport, paymentReport } from './payment-report.js';
 
 const JOBS = Number(process.env.DEMO_JOBS ?? 3000);
 const base = loadEnvConfig({ QUEUE: 'payments-demo', SCHEMA: 'ij_demo', REDIS_PREFIX: 'ijdemo', ...process.env });
@@ -70,7 +74,10 @@ const queue = new Queue(base.QUEUE, { connection: { url: base.REDIS_URL }, prefi
 const count = async (query: ReturnType<typeof sql<{ n: string }>>) => Number((await query.execute(db)).rows[0]!.n);
 
 try {
-  console.log(`demo: ${JOBS} charges, 20% duplicate keys, 3 workers; Postgres ${base.DATABASE_URL}, Redis ${base.REDIS_URL}`);
+  console.log(
+    `demo: ${JOBS} payments (reserve → charge → ledger → e-mail → completion), 20% duplicate keys, 3 workers; ` +
+      `Postgres ${base.DATABASE_URL}, Redis ${base.REDIS_URL}`,
+  );
   await sql`drop schema if exists ${sql.id(base.SCHEMA)} cascade`.execute(db);
   for (let cursor = '0'; ; ) {
     const [next, keys] = await redis.scan(cursor, 'MATCH', `${base.REDIS_PREFIX}:*`, 'COUNT', 1000);
@@ -92,7 +99,7 @@ try {
   for (;;) {
     await new Promise((resolve) => setTimeout(resolve, 1000));
     const counts = await queue.getJobCounts('completed', 'failed', 'active', 'wait', 'delayed');
-    const effects = await count(sql`select count(*) as n from ${sql.id(base.SCHEMA, 'ledger')}`);
+    const effects = await count(sql`select count(*) as n from ${sql.id(base.SCHEMA, 'payments')}`);
     const finished = counts.completed! + counts.failed!;
     console.log(
       `  ${((Date.now() - startedAt) / 1000).toFixed(0)}s  jobs finished ${finished} (active ${counts.active}, waiting ${counts.wait}, delayed ${counts.delayed})  ` +
@@ -109,36 +116,49 @@ try {
   await producerDone;
 
   const t = (name: string) => sql.id(base.SCHEMA, name);
-  const effects = await count(sql`select count(*) as n from ${t('ledger')}`);
-  const duplicated = await count(sql`select count(*) as n from (select key from ${t('ledger')} group by key having count(*) > 1) d`);
+  const report = await paymentReport(db, base.SCHEMA);
+  console.log(formatPaymentReport(report, killed));
+  const effects = await count(sql`select count(*) as n from ${t('payments')}`);
   const completedKeys = await count(sql`select count(*) as n from ${t('idempotency_keys')} where status = 'completed'`);
   const providerCalls = await count(sql`select count(*) as n from ${t('provider_calls')}`);
   const providerCharges = await count(sql`select count(*) as n from ${t('provider_charges')}`);
+  const emails = await count(sql`select count(*) as n from ${t('emails')}`);
   const failedJobs = (await queue.getJobCounts('failed')).failed!;
   const unique = producerSummary!.uniqueKeys!;
   const lost = unique - completedKeys;
   const summary = {
     enqueued: producerSummary!.enqueued,
     'unique keys': unique,
-    effects,
+    'payments completed': effects,
     replays: outcomes.get('replayed') ?? 0,
     deferrals: outcomes.get('deferred') ?? 0,
     takeovers: outcomes.get('taken-over') ?? 0,
     'fenced commits': outcomes.get('fenced') ?? 0,
     'provider calls': providerCalls,
     'provider charges': providerCharges,
+    'e-mails sent': emails,
+    'e-mails repeated': report.emailRepeats,
     'failed jobs': failedJobs,
     'lost keys': lost,
-    'duplicates executed': duplicated,
+    'duplicates executed': report.duplicatedKeys,
     'seconds': Math.round((Date.now() - startedAt) / 1000),
   };
   console.log('\nsummary');
   for (const [name, value] of Object.entries(summary)) console.log(`  ${name.padEnd(20)} ${value}`);
-  if (duplicated > 0 || lost > 0 || effects !== unique) {
-    console.error('\nFAILED: a key ran twice or was lost');
+  const problems = [...report.problems];
+  if (lost > 0) problems.push(`${lost} keys lost`);
+  if (effects !== unique) problems.push(`${effects} payments completed for ${unique} unique keys`);
+  if (providerCharges !== unique) problems.push(`${providerCharges} provider charges for ${unique} unique keys`);
+  if (problems.length > 0) {
+    console.error(`\nFAILED:\n  ${problems.join('\n  ')}`);
     process.exitCode = 1;
   } else {
-    console.log(`\nOK: ${unique} unique keys, ${effects} effects, 0 duplicates executed (worker pid ${killed} was killed mid-run)`);
+    const diedInside = report.resumptions.filter((r) => r.stoppedAt === 'email' && r.inside).length;
+    console.log(
+      `\nOK: ${unique} unique keys, ${effects} payments, 0 database effects twice; ${report.resumptions.length} keys resumed at the step ` +
+        `where they stopped; ${report.emailRepeats} e-mail${report.emailRepeats === 1 ? '' : 's'} repeated, all where a worker died inside ` +
+        `the e-mail step (${diedInside} key${diedInside === 1 ? '' : 's'}) (worker pid ${killed} was killed mid-run)`,
+    );
   }
 } finally {
   // A child killed by a signal (the SIGKILLed worker) has exited with exitCode null: only

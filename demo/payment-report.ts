@@ -1,0 +1,179 @@
+/**
+ * What the demo's multi-step payments did, read from the tables after a run: per step, calls
+ * and effects; per taken-over key, the step where its first owner stopped and the step where
+ * the next one resumed; and the checks that make the demo fail (a database effect twice, a
+ * resumption at the wrong step, an e-mail repeated where no worker died inside the e-mail step).
+ */
+import { sql, type Kysely } from 'kysely';
+import { PAYMENT_STEPS } from '../workers/payments/payments-domain.js';
+
+const STEP_ORDER = [...PAYMENT_STEPS.map((step) => step.name), 'completion'] as const;
+type StepName = (typeof STEP_ORDER)[number];
+
+/** Calls and effects of one step over the whole run. */
+export interface StepTotals {
+  readonly step: StepName;
+  readonly kind: string;
+  /** Runs of the step's code (database steps: logged before their transaction; external: calls received). */
+  readonly calls: number;
+  /** What exists afterwards: rows committed, charges made, e-mails sent. */
+  readonly effects: number;
+  /** Keys with more than one effect of this step. */
+  readonly keysWithRepeats: number;
+}
+
+/** One key that changed hands: where its earlier owner stopped, where the next one resumed. */
+export interface Resumption {
+  readonly scope: string;
+  readonly key: string;
+  readonly lostFence: number;
+  readonly lostPid: number | undefined;
+  readonly fence: number;
+  readonly pid: number | undefined;
+  /** The first step the earlier owner had not recorded. */
+  readonly stoppedAt: StepName;
+  /** True when the earlier owner had started that step (called the system, or begun the transaction). */
+  readonly inside: boolean;
+  /** The first step the new owner ran. */
+  readonly resumedAt: StepName;
+  /** E-mails sent under the earlier owner's fence. */
+  readonly emailsBeforeTakeover: number;
+}
+
+export interface PaymentReport {
+  readonly steps: readonly StepTotals[];
+  readonly resumptions: readonly Resumption[];
+  /** E-mails beyond the first per key. */
+  readonly emailRepeats: number;
+  /** Keys with more than one row in a database effect table (reservations, ledger, payments). */
+  readonly duplicatedKeys: number;
+  /** Everything that contradicts the guarantees; empty when the run is correct. */
+  readonly problems: readonly string[];
+}
+
+interface Activity {
+  readonly scope: string;
+  readonly key: string;
+  readonly step: StepName;
+  readonly fence: number;
+  readonly pid: number;
+}
+
+/** Reads the demo's tables in `schema` and checks them. */
+export async function paymentReport(db: Kysely<any>, schema: string): Promise<PaymentReport> {
+  const t = (name: string) => sql.id(schema, name);
+  const count = async (query: ReturnType<typeof sql<{ n: string }>>) => Number((await query.execute(db)).rows[0]!.n);
+  const repeatedKeys = (table: string) =>
+    count(sql`select count(*) as n from (select 1 from ${t(table)} group by scope, key having count(*) > 1) d`);
+  const callsOf = (step: string) => count(sql`select count(*) as n from ${t('step_calls')} where step = ${step}`);
+  const rows = (table: string) => count(sql`select count(*) as n from ${t(table)}`);
+
+  const steps: StepTotals[] = [
+    { step: 'reserve', kind: 'database', calls: await callsOf('reserve'), effects: await rows('reservations'), keysWithRepeats: await repeatedKeys('reservations') },
+    { step: 'charge', kind: 'external', calls: await rows('provider_calls'), effects: await rows('provider_charges'), keysWithRepeats: 0 },
+    { step: 'ledger', kind: 'database', calls: await callsOf('ledger'), effects: await rows('ledger'), keysWithRepeats: await repeatedKeys('ledger') },
+    { step: 'email', kind: 'external', calls: await rows('emails'), effects: await rows('emails'), keysWithRepeats: await repeatedKeys('emails') },
+    { step: 'completion', kind: 'ctx.transaction', calls: await rows('payments'), effects: await rows('payments'), keysWithRepeats: await repeatedKeys('payments') },
+  ];
+  const problems: string[] = [];
+  const duplicatedKeys = steps.filter((s) => s.kind !== 'external').reduce((sum, s) => sum + s.keysWithRepeats, 0);
+  if (duplicatedKeys > 0) problems.push(`${duplicatedKeys} keys have a database effect more than once`);
+
+  // Everything the keys that changed hands did, by step and fence.
+  const takenOver = sql`select scope, key from ${t('idempotency_keys')} where fence > 1`;
+  const activity: Activity[] = (
+    await sql<{ scope: string; key: string; step: StepName; fence: string; pid: number }>`
+      select scope, key, step, fence, worker_pid as pid from ${t('step_calls')} where (scope, key) in (${takenOver})
+      union all select scope, key, 'charge', fence, worker_pid from ${t('provider_calls')} where (scope, key) in (${takenOver})
+      union all select scope, key, 'email', fence, worker_pid from ${t('emails')} where (scope, key) in (${takenOver})
+      union all select scope, key, 'completion', fence, worker_pid from ${t('payments')} where (scope, key) in (${takenOver})`.execute(db)
+  ).rows.map((r) => ({ ...r, fence: Number(r.fence) }));
+  const keys = (
+    await sql<{ scope: string; key: string; fence: string }>`
+      select scope, key, fence from ${t('idempotency_keys')} where fence > 1 order by updated_at`.execute(db)
+  ).rows;
+  const recorded = (
+    await sql<{ scope: string; key: string; name: StepName; fence: string; starts: number }>`
+      select scope, key, name, fence, starts from ${t('job_steps')}
+       where recorded_at is not null and (scope, key) in (${takenOver})`.execute(db)
+  ).rows;
+
+  const resumptions: Resumption[] = [];
+  for (const row of keys) {
+    const fence = Number(row.fence);
+    const lostFence = fence - 1;
+    const mine = activity.filter((a) => a.scope === row.scope && a.key === row.key);
+    const steps = new Map(recorded.filter((r) => r.scope === row.scope && r.key === row.key).map((r) => [r.name, r]));
+    // The earlier owner stopped at the first step it had not recorded (a step recorded under
+    // an earlier fence is replayed, never run again).
+    const stoppedAt = STEP_ORDER.find((name) => name === 'completion' || !steps.has(name) || Number(steps.get(name)!.fence) >= fence)!;
+    const before = mine.filter((a) => a.fence === lostFence);
+    const after = mine.filter((a) => a.fence === fence);
+    const inside = before.some((a) => a.step === stoppedAt) || (steps.get(stoppedAt)?.starts ?? 0) > 1;
+    const resumedAt = STEP_ORDER.find((name) => after.some((a) => a.step === name)) ?? 'completion';
+    const emailsBeforeTakeover = before.filter((a) => a.step === 'email').length;
+    resumptions.push({
+      scope: row.scope,
+      key: row.key,
+      lostFence,
+      lostPid: before[0]?.pid,
+      fence,
+      pid: after[0]?.pid,
+      stoppedAt,
+      inside,
+      resumedAt,
+      emailsBeforeTakeover,
+    });
+    if (resumedAt !== stoppedAt) {
+      problems.push(`${row.scope}/${row.key} stopped at ${stoppedAt} under fence ${lostFence} but resumed at ${resumedAt} under fence ${fence}`);
+    }
+    const ranAgain = STEP_ORDER.slice(0, STEP_ORDER.indexOf(stoppedAt)).filter((name) => after.some((a) => a.step === name));
+    if (ranAgain.length > 0) problems.push(`${row.scope}/${row.key}: ${ranAgain.join(', ')} ran again after being recorded`);
+  }
+
+  // E-mails: at most one per fence, and a second one only where a worker died inside the step.
+  const emailsPerFence = await count(sql`
+    select count(*) as n from (select 1 from ${t('emails')} group by scope, key, fence having count(*) > 1) d`);
+  if (emailsPerFence > 0) problems.push(`${emailsPerFence} keys got two e-mails under one fence`);
+  const emailRepeats = steps.find((s) => s.step === 'email')!.effects - (await count(sql`select count(distinct (scope, key)) as n from ${t('emails')}`));
+  const explained = resumptions.filter((r) => r.stoppedAt === 'email' && r.inside).reduce((sum, r) => sum + r.emailsBeforeTakeover, 0);
+  if (emailRepeats !== explained) {
+    problems.push(`${emailRepeats} repeated e-mails, but workers died inside the e-mail step after sending ${explained}`);
+  }
+  return { steps, resumptions, emailRepeats, duplicatedKeys, problems };
+}
+
+/** The report as text: the steps table, then one line per key that changed hands. */
+export function formatPaymentReport(report: PaymentReport, killedPid: number | undefined, maxKeys = 20): string {
+  const lines = ['\nsteps (calls: runs of the step; effects: rows committed, charges made, e-mails sent)'];
+  lines.push(`  ${'step'.padEnd(11)} ${'kind'.padEnd(16)} ${'calls'.padStart(6)} ${'effects'.padStart(8)}  note`);
+  for (const s of report.steps) {
+    const note =
+      s.step === 'charge'
+        ? `${s.calls - s.effects} repeated calls, deduplicated by the provider (stepKey)`
+        : s.step === 'email'
+          ? `${report.emailRepeats} e-mails sent twice (the mailer does not deduplicate)`
+          : s.kind === 'database'
+            ? `${s.calls - s.effects} runs rolled back, ${s.keysWithRepeats} keys twice`
+            : `${s.keysWithRepeats} keys twice`;
+    lines.push(`  ${s.step.padEnd(11)} ${s.kind.padEnd(16)} ${String(s.calls).padStart(6)} ${String(s.effects).padStart(8)}  ${note}`);
+  }
+  const byStop = new Map<string, number>();
+  for (const r of report.resumptions) byStop.set(`${r.inside ? 'inside' : 'before'} ${r.stoppedAt}`, (byStop.get(`${r.inside ? 'inside' : 'before'} ${r.stoppedAt}`) ?? 0) + 1);
+  const killed = killedPid === undefined ? '' : ` (the killed worker was pid ${killedPid})`;
+  lines.push(`\nkeys taken over: ${report.resumptions.length}${killed}; where their owner stopped: ${[...byStop].map(([at, n]) => `${at} ${n}`).join(', ') || '-'}`);
+  for (const r of report.resumptions.slice(0, maxKeys)) {
+    const replayed = STEP_ORDER.slice(0, STEP_ORDER.indexOf(r.resumedAt));
+    const notes = [
+      replayed.length > 0 ? `${replayed.join(', ')} replayed` : '',
+      r.stoppedAt === 'charge' && r.inside ? 'charge called again, one charge' : '',
+      r.emailsBeforeTakeover > 0 ? 'e-mail sent again' : '',
+    ].filter((note) => note !== '');
+    lines.push(
+      `  ${`${r.scope}/${r.key}`.padEnd(16)} stopped ${r.inside ? 'inside' : 'before'} ${r.stoppedAt} (fence ${r.lostFence}, pid ${r.lostPid ?? '?'}) → ` +
+        `resumed at ${r.resumedAt} (fence ${r.fence}, pid ${r.pid ?? '?'})${notes.length > 0 ? `: ${notes.join('; ')}` : ''}`,
+    );
+  }
+  if (report.resumptions.length > maxKeys) lines.push(`  … and ${report.resumptions.length - maxKeys} more`);
+  return lines.join('\n');
+}
