@@ -36,8 +36,8 @@ export interface Resumption {
   readonly inside: boolean;
   /** The first step the new owner ran. */
   readonly resumedAt: StepName;
-  /** E-mails sent under the earlier owner's fence. */
-  readonly emailsBeforeTakeover: number;
+  /** Calls the stopped step's system received under the earlier owner's fence (external steps). */
+  readonly callsBeforeTakeover: number;
 }
 
 export interface PaymentReport {
@@ -111,7 +111,7 @@ export async function paymentReport(db: Kysely<any>, schema: string): Promise<Pa
     const after = mine.filter((a) => a.fence === fence);
     const inside = before.some((a) => a.step === stoppedAt) || (steps.get(stoppedAt)?.starts ?? 0) > 1;
     const resumedAt = STEP_ORDER.find((name) => after.some((a) => a.step === name)) ?? 'completion';
-    const emailsBeforeTakeover = before.filter((a) => a.step === 'email').length;
+    const callsBeforeTakeover = before.filter((a) => a.step === stoppedAt && (stoppedAt === 'charge' || stoppedAt === 'email')).length;
     resumptions.push({
       scope: row.scope,
       key: row.key,
@@ -122,7 +122,7 @@ export async function paymentReport(db: Kysely<any>, schema: string): Promise<Pa
       stoppedAt,
       inside,
       resumedAt,
-      emailsBeforeTakeover,
+      callsBeforeTakeover,
     });
     if (resumedAt !== stoppedAt) {
       problems.push(`${row.scope}/${row.key} stopped at ${stoppedAt} under fence ${lostFence} but resumed at ${resumedAt} under fence ${fence}`);
@@ -136,7 +136,7 @@ export async function paymentReport(db: Kysely<any>, schema: string): Promise<Pa
     select count(*) as n from (select 1 from ${t('emails')} group by scope, key, fence having count(*) > 1) d`);
   if (emailsPerFence > 0) problems.push(`${emailsPerFence} keys got two e-mails under one fence`);
   const emailRepeats = steps.find((s) => s.step === 'email')!.effects - (await count(sql`select count(distinct (scope, key)) as n from ${t('emails')}`));
-  const explained = resumptions.filter((r) => r.stoppedAt === 'email' && r.inside).reduce((sum, r) => sum + r.emailsBeforeTakeover, 0);
+  const explained = resumptions.filter((r) => r.stoppedAt === 'email').reduce((sum, r) => sum + r.callsBeforeTakeover, 0);
   if (emailRepeats !== explained) {
     problems.push(`${emailRepeats} repeated e-mails, but workers died inside the e-mail step after sending ${explained}`);
   }
@@ -158,20 +158,25 @@ export function formatPaymentReport(report: PaymentReport, killedPid: number | u
             : `${s.keysWithRepeats} keys twice`;
     lines.push(`  ${s.step.padEnd(11)} ${s.kind.padEnd(16)} ${String(s.calls).padStart(6)} ${String(s.effects).padStart(8)}  ${note}`);
   }
+  const where = (r: Resumption) => `${r.inside ? 'inside' : 'before'} ${r.stoppedAt}`;
   const byStop = new Map<string, number>();
-  for (const r of report.resumptions) byStop.set(`${r.inside ? 'inside' : 'before'} ${r.stoppedAt}`, (byStop.get(`${r.inside ? 'inside' : 'before'} ${r.stoppedAt}`) ?? 0) + 1);
+  const ordered = [...report.resumptions].sort((a, b) => STEP_ORDER.indexOf(a.stoppedAt) - STEP_ORDER.indexOf(b.stoppedAt) || Number(a.inside) - Number(b.inside));
+  for (const r of ordered) byStop.set(where(r), (byStop.get(where(r)) ?? 0) + 1);
   const killed = killedPid === undefined ? '' : ` (the killed worker was pid ${killedPid})`;
   lines.push(`\nkeys taken over: ${report.resumptions.length}${killed}; where their owner stopped: ${[...byStop].map(([at, n]) => `${at} ${n}`).join(', ') || '-'}`);
-  for (const r of report.resumptions.slice(0, maxKeys)) {
+  for (const r of ordered.slice(0, maxKeys)) {
     const replayed = STEP_ORDER.slice(0, STEP_ORDER.indexOf(r.resumedAt));
-    const notes = [
-      replayed.length > 0 ? `${replayed.join(', ')} replayed` : '',
-      r.stoppedAt === 'charge' && r.inside ? 'charge called again, one charge' : '',
-      r.emailsBeforeTakeover > 0 ? 'e-mail sent again' : '',
-    ].filter((note) => note !== '');
+    const notes = [replayed.length > 0 ? `${replayed.join(', ')} replayed` : ''];
+    if (r.inside && r.stoppedAt === 'charge') {
+      notes.push(r.callsBeforeTakeover > 0 ? 'charge called again, the provider deduplicated it' : 'charge started again (the first call had not reached the provider)');
+    }
+    if (r.inside && r.stoppedAt === 'email') {
+      notes.push(r.callsBeforeTakeover > 0 ? 'e-mail sent again' : 'e-mail started again (the first had not been sent)');
+    }
+    const said = notes.filter((note) => note !== '');
     lines.push(
-      `  ${`${r.scope}/${r.key}`.padEnd(16)} stopped ${r.inside ? 'inside' : 'before'} ${r.stoppedAt} (fence ${r.lostFence}, pid ${r.lostPid ?? '?'}) → ` +
-        `resumed at ${r.resumedAt} (fence ${r.fence}, pid ${r.pid ?? '?'})${notes.length > 0 ? `: ${notes.join('; ')}` : ''}`,
+      `  ${`${r.scope}/${r.key}`.padEnd(16)} stopped ${where(r)} (fence ${r.lostFence}, pid ${r.lostPid ?? '?'}) → ` +
+        `resumed at ${r.resumedAt} (fence ${r.fence}, pid ${r.pid ?? '?'})${said.length > 0 ? `: ${said.join('; ')}` : ''}`,
     );
   }
   if (report.resumptions.length > maxKeys) lines.push(`  … and ${report.resumptions.length - maxKeys} more`);

@@ -153,11 +153,11 @@ try {
     console.error(`\nFAILED:\n  ${problems.join('\n  ')}`);
     process.exitCode = 1;
   } else {
-    const diedInside = report.resumptions.filter((r) => r.stoppedAt === 'email' && r.inside).length;
+    const inEmail = report.resumptions.filter((r) => r.stoppedAt === 'email' && r.inside).length;
     console.log(
       `\nOK: ${unique} unique keys, ${effects} payments, 0 database effects twice; ${report.resumptions.length} keys resumed at the step ` +
-        `where they stopped; ${report.emailRepeats} e-mail${report.emailRepeats === 1 ? '' : 's'} repeated, all where a worker died inside ` +
-        `the e-mail step (${diedInside} key${diedInside === 1 ? '' : 's'}) (worker pid ${killed} was killed mid-run)`,
+        `where they stopped; ${report.emailRepeats} e-mail${report.emailRepeats === 1 ? '' : 's'} repeated, each where a worker died inside ` +
+        `the e-mail step after sending (${inEmail} key${inEmail === 1 ? '' : 's'} stopped inside it); worker pid ${killed} was killed mid-run`,
     );
   }
 } finally {

@@ -96,12 +96,13 @@ describe('demo payments report', () => {
       ['email', 4, 4],
       ['completion', 3, 3],
     ]);
-    expect(report.resumptions.map((r) => [r.key, r.stoppedAt, r.inside, r.resumedAt, r.lostFence, r.fence, r.emailsBeforeTakeover]).sort()).toEqual([
-      ['stops-in-charge', 'charge', true, 'charge', 1, 2, 0],
+    expect(report.resumptions.map((r) => [r.key, r.stoppedAt, r.inside, r.resumedAt, r.lostFence, r.fence, r.callsBeforeTakeover]).sort()).toEqual([
+      ['stops-in-charge', 'charge', true, 'charge', 1, 2, 1],
       ['stops-in-email', 'email', true, 'email', 1, 2, 1],
     ]);
     const text = formatPaymentReport(report, undefined);
     expect(text).toContain('keys taken over: 2');
+    expect(text).toMatch(/demo\/stops-in-charge\s+stopped inside charge \(fence 1, pid \d+\) → resumed at charge \(fence 2, pid \d+\): reserve replayed; charge called again, the provider deduplicated it$/m);
     expect(text).toMatch(/demo\/stops-in-email\s+stopped inside email \(fence 1, pid \d+\) → resumed at email \(fence 2, pid \d+\): reserve, charge, ledger replayed; e-mail sent again/);
 
     // A database effect twice is a problem the report names.

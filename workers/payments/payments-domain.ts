@@ -69,6 +69,9 @@ export async function createPaymentsTables(db: Kysely<any>, schema: string): Pro
     created_at timestamptz not null default now())`.execute(db);
 }
 
+/** Waits `min` to `min + spread` ms: a simulated network leg. */
+const latency = (min: number, spread: number) => new Promise((resolve) => setTimeout(resolve, min + Math.random() * spread));
+
 /** Who is calling, for the logs of the simulated systems (a real provider keeps it as metadata). */
 interface Caller {
   readonly scope: string;
@@ -89,7 +92,7 @@ export class SimulatedPaymentProvider {
 
   async charge(request: { idempotencyKey: string; cents: number; caller: Caller }): Promise<{ chargeId: string }> {
     const { scope, key, fence } = request.caller;
-    await new Promise((resolve) => setTimeout(resolve, 2 + Math.random() * 8)); // network latency
+    await latency(1, 4); // the request's way there
     await sql`insert into ${sql.id(this.schema, 'provider_calls')} (idempotency_key, scope, key, fence, worker_pid)
               values (${request.idempotencyKey}, ${scope}, ${key}, ${fence}, ${process.pid})`.execute(this.db);
     const { rows } = await sql<{ charge_id: string }>`
@@ -102,6 +105,7 @@ export class SimulatedPaymentProvider {
       union all
       select charge_id from ${sql.id(this.schema, 'provider_charges')} where idempotency_key = ${request.idempotencyKey}
       limit 1`.execute(this.db);
+    await latency(1, 4); // the answer's way back: the charge exists, the caller does not know yet
     return { chargeId: rows[0]!.charge_id };
   }
 }
@@ -118,10 +122,11 @@ export class SimulatedMailer {
 
   async send(message: { to: string; subject: string; caller: Caller }): Promise<{ emailId: string }> {
     const { scope, key, fence } = message.caller;
-    await new Promise((resolve) => setTimeout(resolve, 5 + Math.random() * 15)); // SMTP round trips
+    await latency(3, 7); // connecting, greeting, envelope
     const emailId = `em_${randomUUID()}`;
     await sql`insert into ${sql.id(this.schema, 'emails')} (id, scope, key, fence, worker_pid, recipient, subject)
               values (${emailId}, ${scope}, ${key}, ${fence}, ${process.pid}, ${message.to}, ${message.subject})`.execute(this.db);
+    await latency(3, 7); // the server's reply to DATA and QUIT: the e-mail is out, the caller does not know yet
     return { emailId };
   }
 }
