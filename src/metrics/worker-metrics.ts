@@ -25,12 +25,11 @@ const STEP_OUTCOMES: ReadonlyMap<WorkerEventKind, string> = new Map([
 ]);
 
 /**
- * Distinct step names per instrumented worker that get a `step` label of their own; later names are counted
- * under `step="other"`. Step names are fixed strings in the handler's code (a few per job
- * type), so a worker normally sees far fewer; the cap only guards against a handler that builds
- * names from data (`charge-${orderId}`), which would otherwise grow one series per name
- * without bound.
- * @defaultValue 100
+ * Distinct step names per instrumented worker that get a `step` label of their own; later
+ * names are counted under `step="other"`. Step names are fixed strings in the handler's code
+ * (a few per job type), so a worker normally sees far fewer; the cap only guards against a
+ * handler that builds names from data (`charge-${orderId}`), which would otherwise grow one
+ * series per name without bound.
  */
 export const MAX_STEP_NAMES = 100;
 /** The `step` label of names past {@link MAX_STEP_NAMES}. */

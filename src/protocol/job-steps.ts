@@ -142,13 +142,14 @@ export class JobSteps {
     }
     if (this.#broken) throw this.#report(name, this.#next, this.#broken);
     const position = this.#next++;
+    let ran: [T, StepOutcome];
     try {
-      const [result, outcome] = await this.#run(name, position, body);
-      this.#onStep?.({ name, position, outcome });
-      return result;
+      ran = await this.#run(name, position, body);
     } catch (error) {
       throw this.#report(name, position, error);
     }
+    this.#onStep?.({ name, position, outcome: ran[1] });
+    return ran[0];
   }
 
   async #run<T>(name: string, position: number, body: ExternalStep<T> | DatabaseStep<T>): Promise<[T, StepOutcome]> {
