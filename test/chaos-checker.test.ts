@@ -150,6 +150,22 @@ describe('checkHistory', () => {
     expect(result.ok).toBe(true);
   });
 
+  it('measures recovery per process when a killed worker\'s pid is reused by a later worker', () => {
+    const history = cleanHistory();
+    // A later worker gets pid 2 again, claims k3 and is killed too; worker 3 takes k3 over.
+    const result = checkHistory({
+      ...history,
+      produced: new Map([...history.produced, ['s/k3', { acks: 1 }]]),
+      effects: [...history.effects, row('k3', 2, 25_000, 3)],
+      keys: [...history.keys, { scope: 's', key: 'k3', status: 'completed', fence: 2 }],
+      lines: [...history.lines, line(2, 'k3', 1, 'claimed', 20_000), line(3, 'k3', 2, 'taken-over', 24_000), line(3, 'k3', 2, 'completed', 25_010)],
+      exits: [...history.exits, { pid: 2, slot: 0, at: T0 + 21_000, code: null, signal: 'SIGKILL', beforeReady: false }],
+      stoppedAt: T0 + 30_000,
+    });
+    // Not 24 s for k3 from the first process's death: that process never held it.
+    expect(result.recoveryMs).toEqual({ samples: 2, p50: 4_000, p99: 4_000, max: 4_000 });
+  });
+
   it('counts injected crashes by point and takes the crash time from the fault line', () => {
     const history = cleanHistory();
     const fault: WorkerLogLine = { time: T0 + 500, pid: 2, msg: FAULT_LOG_MESSAGE, level: 50, point: 'before-commit', scope: 's', key: 'k2' };

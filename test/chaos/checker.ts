@@ -204,11 +204,20 @@ export function checkHistory(history: History): CheckResult {
       ownedByPid.set(owner.pid, held);
     }
   }
+  // A pid can be reused by a later worker: a process held only what it claimed after the
+  // previous exit of its pid and before its own.
+  const previousExitAt = new Map<WorkerExit, number>();
+  const lastExitOfPid = new Map<number, number>();
+  for (const exit of [...history.exits].sort((a, b) => a.at - b.at)) {
+    previousExitAt.set(exit, lastExitOfPid.get(exit.pid) ?? -Infinity);
+    lastExitOfPid.set(exit.pid, exit.at);
+  }
   for (const exit of history.exits) {
     if (exit.signal !== 'SIGKILL' || exit.at >= history.stoppedAt) continue;
     killedProcesses++;
     const diedAt = Math.min(exit.at, faultTimes.get(exit.pid) ?? Infinity);
     for (const { id, owner } of ownedByPid.get(exit.pid) ?? []) {
+      if (owner.start <= previousExitAt.get(exit)! || owner.start > exit.at) continue;
       if (terminal.has(`${owner.pid}:${id}#${owner.fence}`)) continue;
       const doneAt = firstEffectAt.get(id);
       if (doneAt !== undefined && doneAt > diedAt) samples.push(doneAt - diedAt);
