@@ -10,6 +10,7 @@ import {
   KeySettledListener,
   LeaseLostError,
   OutboxRelay,
+  PostgresKeyStore,
   createIdempotentWorker,
   jobIdFor,
   type IdempotentWorker,
@@ -331,6 +332,39 @@ describe('worker', () => {
     expect(finished.filter((f) => f.state !== 'completed').map((f) => f.job.failedReason)).toEqual([]);
     for (let k = 0; k < 20; k++) expect(await effectsOf(env.db, env.schema, 'default', `grouped-${k}`)).toHaveLength(1);
     for (const f of finished) expect(f.job.returnvalue).toMatchObject({ value: (f.job.data as { payload: { value: string } }).payload.value });
+  });
+
+  it('group commit, fast path: a job whose optimistic group ran again announces its claim once, although its effect ran twice', async () => {
+    // No settled-key probe: the completed key joins the group, fails its end, and the group runs again carefully.
+    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
+    const grouped = new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 8, maxGroups: 1 } }, store);
+    const events: WorkerEvent[] = [];
+    const runs = new Map<string, number>();
+    startInProcess(
+      {
+        keys: grouped,
+        concurrency: 8,
+        fastPath: true,
+        handler: async (ctx) => {
+          runs.set(ctx.key, (runs.get(ctx.key) ?? 0) + 1);
+          return testHandler(env.schema, 'in-process')(ctx);
+        },
+      },
+      events,
+    );
+    const first = await rawAdd('charge', { idempotencyKey: 'rerun-done', payload: { value: 'done' } });
+    expect((await waitForJobState(queue, first.id!, ['completed', 'failed'])).state).toBe('completed');
+    runs.clear();
+    const jobs = await Promise.all(
+      ['rerun-0', 'rerun-1', 'rerun-done', 'rerun-2', 'rerun-3'].map((key) => rawAdd('charge', { idempotencyKey: key, payload: { value: key === 'rerun-done' ? 'done' : key } })),
+    );
+    const finished = await Promise.all(jobs.map((j) => waitForJobState(queue, j.id!, ['completed', 'failed'])));
+    expect(finished.map((f) => f.state)).toEqual(Array(5).fill('completed'));
+    expect([...runs.values()].some((n) => n > 1)).toBe(true); // some group did run again
+    for (const key of ['rerun-0', 'rerun-1', 'rerun-2', 'rerun-3']) {
+      expect(await effectsOf(env.db, env.schema, 'default', key)).toHaveLength(1);
+      expect(events.filter((e) => e.key === key && (e.kind === 'claimed' || e.kind === 'taken-over')), key).toHaveLength(1);
+    }
   });
 
   it('waitMs: a duplicate waits for the owner over LISTEN/NOTIFY and replays without being deferred', async () => {

@@ -473,13 +473,19 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     this.#active.add(active);
     const startedAt = performance.now();
     let outcome;
+    // The effect runs again, under the same claim, when its optimistic group rolls back (see
+    // group-commit.ts): the claim is announced once.
+    let announced: Claim | undefined;
     try {
       outcome = await this.#keys.executeOnce(
         identity.scope,
         identity.key,
         fingerprint,
         async (tx, claim) => {
-          this.#emit(claim.attempts > 1 ? 'taken-over' : 'claimed', job, claim);
+          if (announced?.owner !== claim.owner || announced.fence !== claim.fence) {
+            this.#emit(claim.attempts > 1 ? 'taken-over' : 'claimed', job, claim);
+            announced = claim;
+          }
           let transactionResult: { value: unknown } | undefined;
           const ctx = this.#context(
             job,
