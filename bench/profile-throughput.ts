@@ -5,7 +5,7 @@
 import { createBenchEnv, RoundTripCounter } from './support/bench-env.js';
 import { runThroughput, type Contender } from './support/throughput.js';
 
-const contenders: Contender[] = ['bullmq-noop', 'bullmq-tx', 'leased', 'fast-path', 'leased-group', 'fast-path-group', 'leased-async-claim', 'leased-unbatched', 'fast-path-no-probe', 'leased-two-trip-commit', 'fast-path-two-trip-commit'];
+const contenders: Contender[] = ['bullmq-noop', 'bullmq-tx', 'leased', 'fast-path', 'leased-group', 'fast-path-group', 'leased-async-claim', 'leased-unbatched', 'fast-path-no-probe', 'leased-two-trip-commit', 'fast-path-two-trip-commit', 'leased-3-writes', 'leased-3-steps'];
 const contender = process.argv[2] as Contender;
 if (!contenders.includes(contender)) throw new Error(`first argument: one of ${contenders.join(', ')} (got ${JSON.stringify(process.argv[2])})`);
 const n = Number(process.argv[3] ?? 5000);

@@ -5,7 +5,8 @@
  * Sections: deployed (the CLI worker process in its configurations against the lean baseline
  * process, rates from the effects' timestamps: the README's headline), throughput (in-process,
  * for profiling: baselines, leased, fast path, duplicate loads, claim latency, round trips),
- * producer, processes, rss, recovery, peers. Prints tables, writes `bench/results/<name>.json`
+ * steps (a 3-step job against the same work without steps, in-process), producer, processes,
+ * rss, recovery, peers. Prints tables, writes `bench/results/<name>.json`
  * and `.svg`, the name being the date and `-<tag>`, `-quick` or (with --only) the sections.
  */
 import { execFileSync } from 'node:child_process';
@@ -48,7 +49,7 @@ function parseArgs(argv: string[]): Args {
     if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer (got ${JSON.stringify(raw)})`);
     return n;
   };
-  const sections = ['deployed', 'throughput', 'producer', 'processes', 'rss', 'recovery', 'peers'];
+  const sections = ['deployed', 'throughput', 'steps', 'producer', 'processes', 'rss', 'recovery', 'peers'];
   const only = value('--only')?.split(',');
   for (const s of only ?? []) if (!sections.includes(s)) throw new Error(`--only: unknown section "${s}" (known: ${sections.join(', ')})`);
   return {
@@ -89,6 +90,7 @@ try {
   log(`bench: schema ${env.schema}, prefix ${env.redisPrefix}, N ${args.n}, reps ${args.reps}, ${machine.cpus} cores`);
   if (wants('deployed')) await deployedSection();
   if (wants('throughput')) await throughputSection();
+  if (wants('steps')) await stepsSection();
   if (wants('producer')) await producerSection();
   if (wants('processes')) await processesSection();
   if (wants('rss')) await rssSection();
@@ -320,6 +322,74 @@ async function throughputSection(): Promise<void> {
       },
     ],
   };
+}
+
+/**
+ * A 3-step job against the same work without steps, in-process on the leased path: two
+ * inserts and a call, then the completion's insert in `ctx.transaction`; `leased-3-writes`
+ * makes the writes as autocommit statements and the call bare, `leased-3-steps` makes them
+ * `ctx.step`s (database, external, database). N (at most 10,000) unique jobs, the two
+ * alternating; the ratio is taken within each repetition.
+ */
+async function stepsSection(): Promise<void> {
+  // At most 10,000 jobs a drain (six drains in a full run), as the deployed section.
+  const n = Math.min(args.n, 10_000);
+  const contenders = ['leased-3-writes', 'leased-3-steps'] as const;
+  const runs: Array<ThroughputRun & { rep: number }> = [];
+  for (let rep = 0; rep < args.reps; rep++) {
+    for (const contender of rep % 2 === 0 ? contenders : [...contenders].reverse()) {
+      const run = await runThroughput(env, counter, { contender, n, concurrency: CONCURRENCY, duplicateRatio: 0 });
+      log(`rep ${rep + 1} ${contender} c ${CONCURRENCY} N ${n}: ${run.jobsPerSec.toFixed(0)} jobs/s, ${run.roundTripsPerJob.toFixed(2)} RT/job`);
+      if (run.failedJobs > 0) throw new Error(`${contender}: ${run.failedJobs} jobs failed`);
+      // Each job writes three rows: reserve, ledger and the completion's.
+      if (run.effects !== 3 * run.distinctKeys) throw new Error(`${contender}: ${run.effects} effect rows, expected ${3 * run.distinctKeys}`);
+      runs.push({ ...run, rep });
+    }
+  }
+  const without = (rep: number) => runs.find((r) => r.contender === 'leased-3-writes' && r.rep === rep)!;
+  const summary = contenders.map((contender) => {
+    const mine = runs.filter((r) => r.contender === contender);
+    return {
+      contender,
+      concurrency: CONCURRENCY,
+      n,
+      reps: mine.length,
+      jobsPerSec: spread(mine.map((r) => r.jobsPerSec)),
+      ratioToWithoutSteps: contender === 'leased-3-steps' ? spread(mine.map((r) => r.jobsPerSec / without(r.rep).jobsPerSec)) : undefined,
+      roundTripsPerJob: spread(mine.map((r) => r.roundTripsPerJob)),
+      nodeCpuMsPerJob: spread(mine.map((r) => r.nodeCpuMsPerJob)),
+    };
+  });
+  results.steps = {
+    n,
+    concurrency: CONCURRENCY,
+    reps: args.reps,
+    method:
+      'In-process, leased path (createIdempotentWorker, defaults), N unique jobs, concurrency 16. Each job: insert, call (an in-process function that answers at once), insert, ' +
+      'then ctx.transaction with an insert. leased-3-writes: the inserts as autocommit statements on the worker\'s pool, the call bare. ' +
+      'leased-3-steps: ctx.step reserve { transaction }, ctx.step charge (fn), ctx.step ledger { transaction }. Ratio within each repetition; each drain checks 3 rows per key.',
+    summary,
+    runs,
+  };
+  const handlers: Record<(typeof contenders)[number], string> = {
+    'leased-3-writes': 'insert, call, insert, ctx.transaction(insert)',
+    'leased-3-steps': 'step(db insert), step(call), step(db insert), ctx.transaction(insert)',
+  };
+  tables.push(
+    table(
+      `Multi-step jobs, in-process (leased path, concurrency ${CONCURRENCY}, N=${n} unique jobs): the same three effects without steps and as ctx.step, then the completion; median (min–max); ratio within each repetition`,
+      ['contender', 'handler', 'reps', 'jobs/s', 'x without steps', 'PG RT/job', 'node CPU ms/job'],
+      summary.map((s) => [
+        s.contender,
+        handlers[s.contender],
+        String(s.reps),
+        formatSpread(s.jobsPerSec),
+        s.ratioToWithoutSteps ? formatSpread(s.ratioToWithoutSteps, 2) : '',
+        formatSpread(s.roundTripsPerJob, 2),
+        formatSpread(s.nodeCpuMsPerJob, 3),
+      ]),
+    ),
+  );
 }
 
 async function producerSection(): Promise<void> {

@@ -1,13 +1,14 @@
 /**
  * The chaos suite's checker and schedule, on hand-made histories: a checker that cannot see a
- * duplicate, a loss, a failed job, a key left processing or an overlap would make every chaos
- * run pass. (The chaos run itself is
+ * duplicate, a loss, a failed job, a key left processing, an overlap, or a step run twice or
+ * out of order would make every chaos run pass. (The chaos run itself is
  * `npm run chaos`, outside vitest.)
  */
 import { describe, expect, it } from 'vitest';
-import { checkHistory, percentiles, type ExecutionRow, type History } from './chaos/checker.js';
+import { CHAOS_STEPS } from './chaos/chaos-handler.js';
+import { checkHistory, percentiles, type ExecutionRow, type History, type StepRecordRow } from './chaos/checker.js';
 import { ArmedFaults, FAULT_LOG_MESSAGE, parseFaultPoints } from './chaos/fault-injection.js';
-import { FAULT_KINDS, nemesisSchedule } from './chaos/nemesis.js';
+import { FAULT_KINDS, STEP_FAULT_KINDS, nemesisSchedule } from './chaos/nemesis.js';
 import type { WorkerLogLine } from './chaos/worker-fleet.js';
 
 const T0 = 1_700_000_000_000;
@@ -175,6 +176,177 @@ describe('checkHistory', () => {
   });
 });
 
+const stepRow = (key: string, step: string, fence: number, at: number, workerPid = 1): ExecutionRow => ({ ...row(key, fence, at, workerPid), step });
+const record = (key: string, name: string, fence: number, recordedAt: number | null, starts = 1): StepRecordRow => ({
+  scope: 's',
+  key,
+  name,
+  position: CHAOS_STEPS.findIndex((step) => step.name === name) + 1,
+  fence,
+  starts,
+  recordedAt: recordedAt === null ? null : T0 + recordedAt,
+});
+
+/**
+ * The multi-step handler's history (reserve, charge, ledger, completion): k1 runs through under
+ * fence 1 (worker 1). k2's worker 2 records reserve, calls charge and is killed before recording
+ * it; worker 3 takes k2 over (fence 2), replays reserve, calls charge again (its second start),
+ * records it, and goes on. The times are 0.3 ms apart where one thing follows another at once.
+ */
+function stepsHistory(): History {
+  const base = cleanHistory();
+  return {
+    ...base,
+    effects: [row('k1', 1, 40, 1), row('k2', 2, 5_000, 3)],
+    externalCalls: [stepRow('k1', 'charge', 1, 20, 1), stepRow('k2', 'charge', 1, 120, 2), stepRow('k2', 'charge', 2, 4_100, 3)],
+    steps: {
+      sequence: CHAOS_STEPS,
+      effects: [
+        stepRow('k1', 'reserve', 1, 10, 1),
+        stepRow('k1', 'ledger', 1, 30, 1),
+        stepRow('k2', 'reserve', 1, 110, 2),
+        stepRow('k2', 'ledger', 2, 4_200, 3),
+      ],
+      records: [
+        record('k1', 'reserve', 1, 10.3),
+        record('k1', 'charge', 1, 20.3),
+        record('k1', 'ledger', 1, 30.3),
+        record('k2', 'reserve', 1, 110.3),
+        record('k2', 'charge', 2, 4_100.3, 2),
+        record('k2', 'ledger', 2, 4_200.3),
+      ],
+    },
+  };
+}
+
+/** `history` with its step rows and records changed. */
+function withSteps(history: History, change: Partial<NonNullable<History['steps']>>): History {
+  return { ...history, steps: { ...history.steps!, ...change } };
+}
+
+describe('checkHistory on multi-step jobs', () => {
+  it('passes a history where each database step wrote once with its record, and charge was called again only under the new fence', () => {
+    const result = checkHistory(stepsHistory());
+    expect(result.steps).toEqual({
+      databaseNotOnce: [],
+      calledAfterRecord: [],
+      uncountedCalls: [],
+      outOfOrder: [],
+      lateZombieCalls: 0,
+      repeatedSteps: 1,
+      extraCalls: 1,
+    });
+    expect(result.ok).toBe(true);
+    expect(checkHistory(cleanHistory()).steps).toBeUndefined();
+  });
+
+  it('fails a database step whose write happened twice', () => {
+    const history = stepsHistory();
+    const result = checkHistory(withSteps(history, { effects: [...history.steps!.effects, stepRow('k2', 'reserve', 2, 4_050, 3)] }));
+    expect(result.steps!.databaseNotOnce).toEqual(['s/k2:reserve']);
+    expect(result.ok).toBe(false);
+  });
+
+  it('fails a database step whose write committed without its record, or under another fence than the record', () => {
+    const history = stepsHistory();
+    // k2's worker 2 (fence 1) wrote ledger, and the record is fence 2's: the write committed apart from its record.
+    const otherFence = checkHistory(
+      withSteps(history, { effects: history.steps!.effects.map((r) => (r.key === 'k2' && r.step === 'ledger' ? { ...r, fence: 1, workerPid: 2 } : r)) }),
+    );
+    expect(otherFence.steps!.databaseNotOnce).toEqual(['s/k2:ledger']);
+    expect(otherFence.ok).toBe(false);
+
+    // A write of a key that never recorded the step (nor completed).
+    const unrecorded: History = {
+      ...history,
+      produced: new Map([...history.produced, ['s/k3', { acks: 0 }]]),
+      keys: [...history.keys, { scope: 's', key: 'k3', status: 'processing', fence: 1 }],
+    };
+    const unrecordedResult = checkHistory(withSteps(unrecorded, { effects: [...history.steps!.effects, stepRow('k3', 'reserve', 1, 7_000)] }));
+    expect(unrecordedResult.steps!.databaseNotOnce).toEqual(['s/k3:reserve']);
+  });
+
+  it('fails a database step recorded without its write, and a completed key with a database step never written', () => {
+    const history = stepsHistory();
+    const result = checkHistory(withSteps(history, { effects: history.steps!.effects.filter((r) => !(r.key === 'k1' && r.step === 'ledger')) }));
+    expect(result.steps!.databaseNotOnce).toEqual(['s/k1:ledger']);
+    expect(result.ok).toBe(false);
+
+    const neither = checkHistory(
+      withSteps(history, {
+        effects: history.steps!.effects.filter((r) => !(r.key === 'k1' && r.step === 'ledger')),
+        records: history.steps!.records.filter((r) => !(r.key === 'k1' && r.name === 'ledger')),
+      }),
+    );
+    expect(neither.steps!.databaseNotOnce).toEqual(['s/k1:ledger']);
+  });
+
+  it('fails an external step called after it was recorded: by a later fence, or by the recording fence again', () => {
+    const history = stepsHistory();
+    // A run under fence 3 called charge although fence 2 had recorded it (and started it: 3 starts).
+    const laterFence = checkHistory(
+      withSteps(
+        { ...history, externalCalls: [...history.externalCalls, stepRow('k2', 'charge', 3, 6_000, 4)] },
+        { records: history.steps!.records.map((r) => (r.key === 'k2' && r.name === 'charge' ? { ...r, starts: 3 } : r)) },
+      ),
+    );
+    expect(laterFence.steps!.calledAfterRecord).toEqual(['s/k2:charge']);
+    expect(laterFence.steps!.uncountedCalls).toEqual([]);
+    expect(laterFence.ok).toBe(false);
+
+    const sameFence = checkHistory({ ...history, externalCalls: [...history.externalCalls, stepRow('k1', 'charge', 1, 25, 1)] });
+    expect(sameFence.steps!.calledAfterRecord).toEqual(['s/k1:charge']);
+    expect(sameFence.repeatedWithinLease).toEqual(['s/k1#1']);
+    expect(sameFence.ok).toBe(false);
+  });
+
+  it("allows a zombie's call that arrives after a later owner recorded the step, and counts it", () => {
+    const history = stepsHistory();
+    // Worker 2 had started charge under fence 1; paused, its call reached the other system after fence 2 recorded it.
+    const zombie: History = {
+      ...history,
+      externalCalls: [stepRow('k1', 'charge', 1, 20, 1), stepRow('k2', 'charge', 2, 4_100, 3), stepRow('k2', 'charge', 1, 4_500, 2)],
+    };
+    const result = checkHistory(zombie);
+    expect(result.steps!.lateZombieCalls).toBe(1);
+    expect(result.steps!.calledAfterRecord).toEqual([]);
+    expect(result.ok).toBe(true);
+  });
+
+  it('fails external calls the record does not count: more calls than starts, or none by the fence that recorded', () => {
+    const history = stepsHistory();
+    const moreCalls = checkHistory(withSteps(history, { records: history.steps!.records.map((r) => (r.key === 'k2' && r.name === 'charge' ? { ...r, starts: 1 } : r)) }));
+    expect(moreCalls.steps!.uncountedCalls).toEqual(['s/k2:charge']);
+    expect(moreCalls.ok).toBe(false);
+
+    const noCallByRecorder = checkHistory({ ...history, externalCalls: history.externalCalls.filter((r) => !(r.key === 'k2' && r.fence === 2)) });
+    expect(noCallByRecorder.steps!.uncountedCalls).toEqual(['s/k2:charge']);
+    expect(noCallByRecorder.ok).toBe(false);
+  });
+
+  it('fails a step that ran before the step before it was recorded, and a completion before the last step was recorded', () => {
+    const history = stepsHistory();
+    // k2's ledger written at 4,050, before charge was recorded at 4,100.3.
+    const early = checkHistory(withSteps(history, { effects: history.steps!.effects.map((r) => (r.key === 'k2' && r.step === 'ledger' ? { ...r, at: T0 + 4_050 } : r)) }));
+    expect(early.steps!.outOfOrder).toEqual(['s/k2:ledger']);
+    expect(early.ok).toBe(false);
+
+    // Charge called while reserve was never recorded (its write rolled back: no row either).
+    const unrecorded = checkHistory(
+      withSteps(history, {
+        effects: history.steps!.effects.filter((r) => !(r.key === 'k1' && r.step === 'reserve')),
+        records: history.steps!.records.filter((r) => !(r.key === 'k1' && r.name === 'reserve')),
+      }),
+    );
+    expect(unrecorded.steps!.outOfOrder).toEqual(['s/k1:charge']);
+    expect(unrecorded.ok).toBe(false);
+
+    const completion = checkHistory({ ...history, effects: [row('k1', 1, 30.1, 1), row('k2', 2, 5_000, 3)] });
+    expect(completion.steps!.outOfOrder).toEqual(['s/k1:completion']);
+    expect(completion.ok).toBe(false);
+  });
+});
+
 describe('percentiles', () => {
   it('uses the nearest rank', () => {
     const values = Array.from({ length: 100 }, (_, i) => i + 1);
@@ -189,6 +361,11 @@ describe('parseFaultPoints', () => {
       'after-claim': 0.02,
       'before-commit': 0.5,
       'after-commit': 0,
+    });
+    expect(parseFaultPoints('inside-database-step:0.01,inside-external-step:0.01,between-steps:0.02')).toEqual({
+      'inside-database-step': 0.01,
+      'inside-external-step': 0.01,
+      'between-steps': 0.02,
     });
     expect(parseFaultPoints(undefined)).toEqual({});
   });
@@ -233,6 +410,12 @@ describe('nemesisSchedule', () => {
       expect(op.downMs).toBeGreaterThanOrEqual(200);
       expect(op.downMs).toBeLessThanOrEqual(2_000);
     }
+  });
+
+  it('adds the crashes inside and between steps for the multi-step profile, and leaves the schedule without steps as it was', () => {
+    const schedule = nemesisSchedule({ ...options, steps: true });
+    expect(new Set(schedule.map((op) => op.kind))).toEqual(new Set([...FAULT_KINDS, ...STEP_FAULT_KINDS]));
+    expect(nemesisSchedule({ ...options, steps: false })).toEqual(nemesisSchedule(options));
   });
 
   it('restarts, crashes and freezes Postgres in the short profile', () => {

@@ -1,6 +1,8 @@
 /**
  * The workload every contender runs: one Postgres transaction that inserts one row. The
  * at-least-once baseline runs it bare; idempotent-jobs runs it through `ctx.transaction`.
+ * The multi-step comparison runs three writes and a call before that completion, without
+ * steps ({@link threeWritesHandler}) and as steps ({@link threeStepsHandler}).
  */
 import { sql, type Kysely } from 'kysely';
 import type { JobContext } from '../../src/index.js';
@@ -29,6 +31,48 @@ export function benchHandler(schema: string, worker: string) {
     return ctx.transaction(async (tx) => {
       await insertEffect(tx, schema, ctx.scope, ctx.key, worker);
       return { n: payload.n };
+    });
+  };
+}
+
+/**
+ * The other system the multi-step jobs call: answers at once, so that the comparison measures
+ * what the step around it costs, not the provider's latency (which both handlers would wait for
+ * alike).
+ */
+async function simulatedCall(n: number): Promise<{ charged: number }> {
+  return { charged: n };
+}
+
+/**
+ * Three effects, then the completion, without steps: an insert (its own autocommit statement),
+ * a call, an insert, then the completion's insert in `ctx.transaction`. The least a handler can
+ * do for the same work; a run after a crash would repeat all of it.
+ */
+export function threeWritesHandler(schema: string, worker: string, db: Kysely<any>) {
+  return async (ctx: JobContext<BenchPayload>) => {
+    await insertEffect(db, schema, ctx.scope, ctx.key, `${worker}:reserve`);
+    const charge = await simulatedCall(ctx.data.n);
+    await insertEffect(db, schema, ctx.scope, ctx.key, `${worker}:ledger`);
+    return ctx.transaction(async (tx) => {
+      await insertEffect(tx, schema, ctx.scope, ctx.key, worker);
+      return { n: ctx.data.n, charge };
+    });
+  };
+}
+
+/**
+ * The same work as {@link threeWritesHandler} as three steps: `reserve` (a database step),
+ * `charge` (an external step around the call), `ledger` (a database step), then the completion.
+ */
+export function threeStepsHandler(schema: string, worker: string) {
+  return async (ctx: JobContext<BenchPayload>) => {
+    await ctx.step('reserve', { transaction: (tx) => insertEffect(tx, schema, ctx.scope, ctx.key, `${worker}:reserve`) });
+    const charge = await ctx.step('charge', () => simulatedCall(ctx.data.n));
+    await ctx.step('ledger', { transaction: (tx) => insertEffect(tx, schema, ctx.scope, ctx.key, `${worker}:ledger`) });
+    return ctx.transaction(async (tx) => {
+      await insertEffect(tx, schema, ctx.scope, ctx.key, worker);
+      return { n: ctx.data.n, charge };
     });
   };
 }

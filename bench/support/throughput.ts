@@ -16,7 +16,7 @@ import {
   toWireJobData,
   type ClaimOutcome,
 } from '../../src/index.js';
-import { benchHandler, insertEffect, type BenchPayload } from './bench-handler.js';
+import { benchHandler, insertEffect, threeStepsHandler, threeWritesHandler, type BenchPayload } from './bench-handler.js';
 import type { BenchEnv, RoundTripCounter } from './bench-env.js';
 import { cpuSince, cpuSnapshot, type CpuSnapshot, type CpuSpent } from './cpu-usage.js';
 import { percentile } from './stats.js';
@@ -34,7 +34,9 @@ export type Contender =
   | 'leased-unbatched'
   | 'fast-path-no-probe'
   | 'leased-two-trip-commit'
-  | 'fast-path-two-trip-commit';
+  | 'fast-path-two-trip-commit'
+  | 'leased-3-writes'
+  | 'leased-3-steps';
 
 /** One measured drain. */
 export interface ThroughputRun {
@@ -47,7 +49,10 @@ export interface ThroughputRun {
   /** Postgres round trips in the window (counted by wrapping `pg.Client#query`). */
   readonly roundTrips: number;
   readonly roundTripsPerJob: number;
-  /** Rows the effect wrote: N for at-least-once, the number of distinct keys for exactly-once. */
+  /**
+   * Rows the effect wrote: N for at-least-once, the number of distinct keys for exactly-once
+   * (three times that for the multi-step contenders: two writes and the completion's).
+   */
   readonly effects: number;
   readonly distinctKeys: number;
   readonly failedJobs: number;
@@ -145,6 +150,14 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
       },
       timed,
     );
+    const pool = db;
+    // leased-3-writes and leased-3-steps: the multi-step comparison (three effects, then the completion).
+    const handler =
+      contender === 'leased-3-steps'
+        ? threeStepsHandler(env.schema, 'in-process')
+        : contender === 'leased-3-writes'
+          ? threeWritesHandler(env.schema, 'in-process', pool)
+          : benchHandler(env.schema, 'in-process');
     const worker = createIdempotentWorker<BenchPayload>({
       queue: queueName,
       connection,
@@ -152,7 +165,7 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
       keys,
       concurrency,
       fastPath: contender.startsWith('fast-path'),
-      handler: benchHandler(env.schema, 'in-process'),
+      handler,
       // Per-job info lines would measure pino, not the protocol; the baselines log nothing either.
       logger: pino({ level: 'warn' }),
     });

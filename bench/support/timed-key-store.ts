@@ -23,6 +23,8 @@ export class TimedKeyStore implements KeyStore {
   readonly findSettled?: KeyStore['findSettled'];
   /** The wrapped store's, when it has them (group commit), with the batched claim timed. */
   readonly groupStatements?: KeyStore['groupStatements'];
+  /** The wrapped store's step records, when it keeps them (multi-step jobs), untimed. */
+  readonly steps?: KeyStore['steps'];
 
   /**
    * `oneTripCommit: false` hides the store's one-round-trip commit, so the protocol falls back
@@ -32,6 +34,7 @@ export class TimedKeyStore implements KeyStore {
     this.#inner = inner;
     if (inner.findSettled) this.findSettled = inner.findSettled.bind(inner);
     this.groupStatements = this.#timedGroupStatements(inner.groupStatements);
+    if (inner.steps) this.steps = inner.steps;
     if (options.oneTripCommit ?? true) {
       if (inner.completeAndCommit) this.completeAndCommit = inner.completeAndCommit.bind(inner);
       if (inner.storeFastPathResultAndCommit) this.storeFastPathResultAndCommit = inner.storeFastPathResultAndCommit.bind(inner);

@@ -2,14 +2,15 @@
  * A chaos worker process: the library's worker runtime (`startWorkerProcess`, configured from
  * the environment like any worker) with the chaos handler and a fault hook that crashes this
  * process at protocol points. Extra environment:
+ * - `CHAOS_STEPS`: `true` runs the multi-step handler (`--steps`), with its own crash points;
  * - `FAULT_POINTS`: crash probabilities, e.g. `after-claim:0.02,before-commit:0.02` (default none);
  * - `FAULT_SEED`: seed of those random crashes (default 1).
  * The harness also arms single crashes over IPC: `{ arm: 'before-commit' }`.
  */
 import type { Kysely } from 'kysely';
 import { loadEnvConfig, startWorkerProcess } from '../../src/index.js';
-import { chaosHandler, type ChaosPayload } from './chaos-handler.js';
-import { ArmedFaults, CRASH_POINTS, crashingFaultHook, parseFaultPoints, type CrashPoint } from './fault-injection.js';
+import { chaosHandler, chaosStepsHandler, type ChaosPayload } from './chaos-handler.js';
+import { ArmedFaults, CRASH_POINTS, crasher, crashingFaultHook, parseFaultPoints, type CrashPoint } from './fault-injection.js';
 
 const config = loadEnvConfig();
 const rates = parseFaultPoints(process.env.FAULT_POINTS);
@@ -20,11 +21,12 @@ process.on('message', (message: { arm?: string }) => {
 // The harness is gone (killed without its cleanup): do not linger as an orphan.
 process.on('disconnect', () => process.kill(process.pid, 'SIGKILL'));
 
+const crash = crasher(rates, armed, Number(process.env.FAULT_SEED ?? 1));
 let resolveDb!: (db: Kysely<any>) => void;
 const db = new Promise<Kysely<any>>((resolve) => (resolveDb = resolve));
 const worker = await startWorkerProcess<ChaosPayload, unknown>({
   config,
-  handler: chaosHandler(config.SCHEMA, db),
-  faultHook: crashingFaultHook(rates, armed, Number(process.env.FAULT_SEED ?? 1)),
+  handler: process.env.CHAOS_STEPS === 'true' ? chaosStepsHandler(config.SCHEMA, db, crash) : chaosHandler(config.SCHEMA, db),
+  faultHook: crashingFaultHook(crash),
 });
 resolveDb(worker.keys.db);

@@ -7,14 +7,46 @@
 import type { WorkerExit, WorkerLogLine } from './worker-fleet.js';
 import { FAULT_LOG_MESSAGE } from './fault-injection.js';
 
-/** One row of `effects` or `external_calls`. */
+/** One row of `effects`, `external_calls` or `step_effects`. */
 export interface ExecutionRow {
   readonly scope: string;
   readonly key: string;
   readonly fence: number;
   readonly workerPid: number;
-  /** ms since epoch (database clock). */
+  /** ms since epoch (database clock), microseconds as the fraction. */
   readonly at: number;
+  /** The step that wrote the row (multi-step handler: `external_calls` and `step_effects`). */
+  readonly step?: string;
+}
+
+/** One row of `job_steps`: a step's record (or, for an external step, its start). */
+export interface StepRecordRow {
+  readonly scope: string;
+  readonly key: string;
+  readonly name: string;
+  readonly position: number;
+  /** The fence that recorded it, or last started it when not recorded. */
+  readonly fence: number;
+  /** How many times it started (external steps). */
+  readonly starts: number;
+  /** ms since epoch (database clock), microseconds as the fraction; null: started, not recorded. */
+  readonly recordedAt: number | null;
+}
+
+/** A step of the multi-step handler: its name, and whether it is a database or an external step. */
+export interface StepSpec {
+  readonly name: string;
+  readonly kind: 'database' | 'external';
+}
+
+/** What the checker reads about steps (the multi-step profile, `--steps`). */
+export interface StepsHistory {
+  /** The handler's steps in the order it calls them; the completion follows the last. */
+  readonly sequence: readonly StepSpec[];
+  /** `step_effects`: one row per committed write of a database step. */
+  readonly effects: readonly ExecutionRow[];
+  /** `job_steps`. */
+  readonly records: readonly StepRecordRow[];
 }
 
 /** One row of `idempotency_keys`. */
@@ -57,6 +89,8 @@ export interface History {
    * afresh, under fence 1), so "one external call per lease" does not apply; it is reported only.
    */
   readonly fastPath?: boolean;
+  /** The multi-step profile's rows and records; the step checks run only when present. */
+  readonly steps?: StepsHistory;
 }
 
 /** Summary of a distribution, in ms. */
@@ -94,6 +128,8 @@ export interface CheckResult {
   readonly externalCalls: { readonly total: number; readonly keysCalledMoreThanOnce: number; readonly extraCalls: number };
   /** (key, fence) pairs with more than one external call: a repeat within one lease. */
   readonly repeatedWithinLease: string[];
+  /** The multi-step profile's checks (absent without steps). */
+  readonly steps?: StepsCheck;
   readonly outcomes: Readonly<Record<string, number>>;
   readonly injectedCrashes: Readonly<Record<string, number>>;
   /** Deaths by SIGKILL before the stop (nemesis kills and injected crashes). */
@@ -102,6 +138,31 @@ export interface CheckResult {
   readonly recoveryMs: Percentiles;
   /** True when every required check is zero. */
   readonly ok: boolean;
+}
+
+/** The step checks. Lists hold `scope/key:step` (`scope/key:completion` for the completion). */
+export interface StepsCheck {
+  /**
+   * Database steps whose write did not happen exactly once with its record: more than one
+   * row; a row without a record, or under another fence than the record's; a record, or a
+   * completed key, without a row.
+   */
+  readonly databaseNotOnce: string[];
+  /** External steps called after they were recorded: under a later fence, or by the recording fence after its record. */
+  readonly calledAfterRecord: string[];
+  /** External steps whose calls the record does not account for: more calls than starts, or no call by the fence that recorded it. */
+  readonly uncountedCalls: string[];
+  /** Steps (or completions) with a write or call before the step before them was recorded. */
+  readonly outOfOrder: string[];
+  /**
+   * Calls that reached the external system after a later owner recorded the step, made by an
+   * earlier fence that had started the step (a zombie's call in flight when it lost the key):
+   * allowed, at most once per lease; reported.
+   */
+  readonly lateZombieCalls: number;
+  /** External steps called more than once (under several fences), and their extra calls. */
+  readonly repeatedSteps: number;
+  readonly extraCalls: number;
 }
 
 const TERMINAL = new Set(['completed', 'fenced', 'released', 'failed', 'lease-lost']);
@@ -224,6 +285,8 @@ export function checkHistory(history: History): CheckResult {
     }
   }
 
+  const steps = history.steps ? checkSteps(history.steps, history.externalCalls, effectsByKey, keyRows) : undefined;
+
   const ok =
     lost.length === 0 &&
     unfinished.length === 0 &&
@@ -233,7 +296,9 @@ export function checkHistory(history: History): CheckResult {
     unexpected.length === 0 &&
     committedOverlaps.length === 0 &&
     fenceMismatches.length === 0 &&
-    (history.fastPath === true || repeatedWithinLease.length === 0);
+    (history.fastPath === true || repeatedWithinLease.length === 0) &&
+    (steps === undefined ||
+      (steps.databaseNotOnce.length === 0 && steps.calledAfterRecord.length === 0 && steps.uncountedCalls.length === 0 && steps.outOfOrder.length === 0));
   return {
     acknowledgedKeys: acknowledged.length,
     lost,
@@ -248,12 +313,92 @@ export function checkHistory(history: History): CheckResult {
     leaseOverlaps,
     externalCalls: { total: history.externalCalls.length, keysCalledMoreThanOnce, extraCalls },
     repeatedWithinLease,
+    ...(steps ? { steps } : {}),
     outcomes,
     injectedCrashes,
     killedProcesses,
     recoveryMs: percentiles(samples),
     ok,
   };
+}
+
+/**
+ * The multi-step checks, per key and step: database steps exactly once with their record;
+ * external calls never after the record (calls within one fence are the lease check's); every
+ * call counted by the record's starts; nothing before the step before it was recorded.
+ */
+function checkSteps(
+  history: StepsHistory,
+  externalCalls: readonly ExecutionRow[],
+  effectsByKey: ReadonlyMap<string, readonly ExecutionRow[]>,
+  keyRows: ReadonlyMap<string, KeyRow>,
+): StepsCheck {
+  const stepOf = (row: { scope: string; key: string }, name: string) => `${idOf(row)}:${name}`;
+  const records = new Map(history.records.map((record) => [stepOf(record, record.name), record]));
+  const writes = groupBy(history.effects, (row) => stepOf(row, row.step ?? ''));
+  const calls = groupBy(
+    externalCalls.filter((row) => row.step !== undefined),
+    (row) => stepOf(row, row.step!),
+  );
+  const keys = new Set([...history.records, ...history.effects, ...externalCalls.filter((row) => row.step !== undefined)].map(idOf));
+  for (const [id, row] of keyRows) if (row.status === 'completed') keys.add(id);
+
+  const databaseNotOnce: string[] = [];
+  const calledAfterRecord: string[] = [];
+  const uncountedCalls: string[] = [];
+  const outOfOrder: string[] = [];
+  let lateZombieCalls = 0;
+  let repeatedSteps = 0;
+  let extraCalls = 0;
+  for (const id of keys) {
+    const completed = keyRows.get(id)?.status === 'completed';
+    let before: StepRecordRow | undefined;
+    let first = true;
+    for (const spec of history.sequence) {
+      const step = `${id}:${spec.name}`;
+      const record = records.get(step);
+      const recordedAt = record?.recordedAt ?? null;
+      const rows = (spec.kind === 'database' ? writes : calls).get(step) ?? [];
+      if (spec.kind === 'database') {
+        const [row] = rows;
+        if (
+          rows.length > 1 ||
+          (row !== undefined && (recordedAt === null || record!.fence !== row.fence)) ||
+          (row === undefined && (recordedAt !== null || completed))
+        ) {
+          databaseNotOnce.push(step);
+        }
+      } else {
+        if (rows.length > 1) {
+          repeatedSteps++;
+          extraCalls += rows.length - 1;
+        }
+        if (recordedAt !== null) {
+          let after = false;
+          for (const row of rows) {
+            if (row.fence > record!.fence || (row.fence === record!.fence && row.at > recordedAt)) after = true;
+            else if (row.fence < record!.fence && row.at > recordedAt) lateZombieCalls++;
+          }
+          if (after) calledAfterRecord.push(step);
+        }
+        if ((record !== undefined && rows.length > record.starts) || (record === undefined && rows.length > 0) || (recordedAt !== null && !rows.some((row) => row.fence === record!.fence))) {
+          uncountedCalls.push(step);
+        }
+      }
+      if (!first && rows.length > 0 && !recordedBefore(before, rows)) outOfOrder.push(step);
+      before = record;
+      first = false;
+    }
+    const completion = effectsByKey.get(id) ?? [];
+    if (history.sequence.length > 0 && completion.length > 0 && !recordedBefore(before, completion)) outOfOrder.push(`${id}:completion`);
+  }
+  return { databaseNotOnce, calledAfterRecord, uncountedCalls, outOfOrder, lateZombieCalls, repeatedSteps, extraCalls };
+}
+
+/** Whether `record` was recorded before each of `rows` was written. */
+function recordedBefore(record: StepRecordRow | undefined, rows: readonly ExecutionRow[]): boolean {
+  const recordedAt = record?.recordedAt ?? null;
+  return recordedAt !== null && rows.every((row) => row.at > recordedAt);
 }
 
 /** p50, p99 and max of `values` (nearest rank). */

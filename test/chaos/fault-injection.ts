@@ -1,17 +1,41 @@
 /**
- * The chaos workers' fault hook: crashes the process (SIGKILL to itself, no cleanup, no
- * goodbye to Postgres or Redis) at a named protocol point, either with a probability per point
+ * The chaos workers' crashes: the process SIGKILLs itself (no cleanup, no goodbye to Postgres
+ * or Redis) at a named point, either with a probability per point
  * (`FAULT_POINTS="after-claim:0.02,before-commit:0.02,after-commit:0.02"`) or once when the
- * harness arms that point over IPC (the nemesis's scheduled crashes).
+ * harness arms that point over IPC (the nemesis's scheduled crashes). The protocol's points are
+ * reached through the library's fault hook; the multi-step handler's points (inside and between
+ * its steps) are reached by the handler itself, through the same {@link Crasher}.
  */
 import { writeSync } from 'node:fs';
 import type { FaultHook, FaultPoint } from '../../src/index.js';
 import { seededRandom } from './random.js';
 
-/** The points a chaos worker can crash at (the relay's point belongs to the outbox relay). */
-export const CRASH_POINTS = ['after-claim', 'before-commit', 'after-commit'] as const satisfies readonly FaultPoint[];
+/** The protocol's points a chaos worker can crash at (the relay's point belongs to the outbox relay). */
+export const PROTOCOL_CRASH_POINTS = ['after-claim', 'before-commit', 'after-commit'] as const satisfies readonly FaultPoint[];
+
+/**
+ * The multi-step handler's points (`--steps`), reached only by that handler:
+ * - `inside-database-step`: a database step's write is made, its record and COMMIT not sent;
+ * - `inside-external-step`: the external system has recorded the call, the step is not recorded;
+ * - `between-steps`: a step is recorded (or replayed), the next step (or the completion) not begun.
+ */
+export const STEP_CRASH_POINTS = ['inside-database-step', 'inside-external-step', 'between-steps'] as const;
+
+/** Every point a chaos worker can crash at. */
+export const CRASH_POINTS = [...PROTOCOL_CRASH_POINTS, ...STEP_CRASH_POINTS] as const;
 /** One of {@link CRASH_POINTS}. */
 export type CrashPoint = (typeof CRASH_POINTS)[number];
+
+/** Where a crash happened, written on its log line. */
+export interface CrashContext {
+  readonly scope?: string;
+  readonly key?: string;
+  /** The step the handler was in, or had just finished (step points only). */
+  readonly step?: string;
+}
+
+/** Crashes the process at `point` when that point is armed or its random draw says so; else returns. */
+export type Crasher = (point: CrashPoint, context: CrashContext) => void;
 
 /** Crash probability per point. */
 export type FaultRates = Partial<Record<CrashPoint, number>>;
@@ -49,7 +73,7 @@ export class ArmedFaults {
   }
 
   /** True once per arming. */
-  take(point: FaultPoint): boolean {
+  take(point: FaultPoint | CrashPoint): boolean {
     const count = this.#armed.get(point as CrashPoint) ?? 0;
     if (count === 0) return false;
     this.#armed.set(point as CrashPoint, count - 1);
@@ -57,16 +81,23 @@ export class ArmedFaults {
   }
 }
 
-/** The fault hook: SIGKILLs this process at an armed point, or at random per `rates`. */
-export function crashingFaultHook(rates: FaultRates, armed: ArmedFaults, seed: number): FaultHook {
+/** SIGKILLs this process at an armed point, or at random per `rates`. */
+export function crasher(rates: FaultRates, armed: ArmedFaults, seed: number): Crasher {
   const random = seededRandom(seed, process.pid);
   return (point, context) => {
-    const rate = rates[point as CrashPoint] ?? 0;
+    const rate = rates[point] ?? 0;
     const armedHere = armed.take(point);
     if (!armedHere && !(rate > 0 && random.next() < rate)) return;
     // Written synchronously: the process dies on the next line, and the harness needs this line.
     const line = { level: 50, time: Date.now(), pid: process.pid, msg: FAULT_LOG_MESSAGE, point, armed: armedHere, ...context };
     writeSync(1, `${JSON.stringify(line)}\n`);
     process.kill(process.pid, 'SIGKILL');
+  };
+}
+
+/** The library's fault hook over `crash`: the protocol's points crash; any other point is ignored. */
+export function crashingFaultHook(crash: Crasher): FaultHook {
+  return (point, context) => {
+    if ((PROTOCOL_CRASH_POINTS as readonly string[]).includes(point)) crash(point as CrashPoint, context);
   };
 }

@@ -9,9 +9,9 @@ import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { sql, type Kysely } from 'kysely';
 import { createPostgresDb, migrate } from '../../src/index.js';
-import { createChaosTables } from './chaos-handler.js';
+import { CHAOS_STEPS, createChaosTables } from './chaos-handler.js';
 import { FAULT_LOG_MESSAGE } from './fault-injection.js';
-import { checkHistory, type CheckResult, type ExecutionRow, type FailedJob, type KeyRow } from './checker.js';
+import { checkHistory, type CheckResult, type ExecutionRow, type FailedJob, type KeyRow, type StepRecordRow } from './checker.js';
 import { abortableSleep, nemesisSchedule, runNemesis, type NemesisEvent, type NemesisOp } from './nemesis.js';
 import { PrivatePostgres } from './private-postgres.js';
 import { PrivateRedis } from './private-redis.js';
@@ -41,6 +41,11 @@ export interface ChaosOptions {
   readonly fastPath: boolean;
   /** Workers share transactions between concurrent jobs (`GROUP_COMMIT=true`). */
   readonly groupCommit: boolean;
+  /**
+   * The multi-step profile: workers run the multi-step handler (`CHAOS_STEPS=true`), the
+   * nemesis also crashes inside and between steps, and the checker adds the step checks.
+   */
+  readonly steps: boolean;
   /** Keep the private cluster's directory afterwards (for investigating a failed run). */
   readonly keepData: boolean;
   /** How often a progress line is logged. */
@@ -130,6 +135,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         FAULT_SEED: String(options.seed),
         FAST_PATH: String(options.fastPath),
         GROUP_COMMIT: String(options.groupCommit),
+        CHAOS_STEPS: String(options.steps),
       },
     });
     await fleet.start();
@@ -142,6 +148,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
       intervalMs: options.faultIntervalMs,
       workers: options.workers,
       leaseMs: options.leaseMs,
+      steps: options.steps,
     });
     const chaosStart = Date.now();
     const stopProducer = new AbortController();
@@ -217,13 +224,16 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
 
       const stoppedAt = Date.now();
       await fleet.stop(10_000);
-      const rows = await retrying(() => readRows(harnessDb, names.schema));
+      const rows = await retrying(() => readRows(harnessDb, names.schema, options.steps));
       const pending = drained ? new Set<string>() : await pendingKeys(bullQueue);
       const failedJobs = await retrying(() => readFailedJobs(bullQueue!));
       queueCounts = await retrying(() => bullQueue!.getJobCounts(...QUEUE_STATES));
       const check = checkHistory({
         produced: load.keys,
-        ...rows,
+        effects: rows.effects,
+        externalCalls: rows.externalCalls,
+        keys: rows.keys,
+        ...(rows.steps ? { steps: { sequence: CHAOS_STEPS, ...rows.steps } } : {}),
         lines: fleet.lines,
         exits: fleet.exits,
         stoppedAt,
@@ -333,20 +343,52 @@ interface Rows {
   effects: ExecutionRow[];
   externalCalls: ExecutionRow[];
   keys: KeyRow[];
+  /** The multi-step profile's database step writes and step records. */
+  steps?: { effects: ExecutionRow[]; records: StepRecordRow[] };
 }
 
-async function readRows(db: Kysely<any>, schema: string): Promise<Rows> {
-  const executions = async (table: string) => {
-    const { rows } = await sql<{ scope: string; key: string; fence: string; worker_pid: number; at: Date }>`
-      select scope, key, fence, worker_pid, at from ${sql.id(schema, table)} order by id`.execute(db);
-    return rows.map((r) => ({ scope: r.scope, key: r.key, fence: Number(r.fence), workerPid: r.worker_pid, at: r.at.getTime() }));
+/** Milliseconds since the epoch with the microseconds as the fraction: steps are ordered finer than 1 ms. */
+const EPOCH_MS = (column: string) => sql.raw(`extract(epoch from ${column}) * 1000`);
+
+async function readRows(db: Kysely<any>, schema: string, steps: boolean): Promise<Rows> {
+  const executions = async (table: string, withStep: boolean) => {
+    const { rows } = await sql<{ scope: string; key: string; fence: string; worker_pid: number; at: string; step: string | null }>`
+      select scope, key, fence, worker_pid, ${EPOCH_MS('at')} as at, ${withStep ? sql.ref('step') : sql`null::text`} as step
+        from ${sql.id(schema, table)} order by id`.execute(db);
+    return rows.map((r) => ({
+      scope: r.scope,
+      key: r.key,
+      fence: Number(r.fence),
+      workerPid: r.worker_pid,
+      at: Number(r.at),
+      ...(r.step !== null ? { step: r.step } : {}),
+    }));
   };
   const { rows: keyRows } = await sql<{ scope: string; key: string; status: string; fence: string }>`
     select scope, key, status, fence from ${sql.id(schema, 'idempotency_keys')}`.execute(db);
-  return {
-    effects: await executions('effects'),
-    externalCalls: await executions('external_calls'),
+  const rows: Rows = {
+    effects: await executions('effects', false),
+    externalCalls: await executions('external_calls', true),
     keys: keyRows.map((r) => ({ scope: r.scope, key: r.key, status: r.status, fence: Number(r.fence) })),
+  };
+  if (!steps) return rows;
+  const { rows: records } = await sql<{ scope: string; key: string; name: string; position: number; fence: string; starts: number; recorded_at: string | null }>`
+    select scope, key, name, position, fence, starts, ${EPOCH_MS('recorded_at')} as recorded_at
+      from ${sql.id(schema, 'job_steps')}`.execute(db);
+  return {
+    ...rows,
+    steps: {
+      effects: await executions('step_effects', true),
+      records: records.map((r) => ({
+        scope: r.scope,
+        key: r.key,
+        name: r.name,
+        position: r.position,
+        fence: Number(r.fence),
+        starts: r.starts,
+        recordedAt: r.recorded_at === null ? null : Number(r.recorded_at),
+      })),
+    },
   };
 }
 
@@ -374,6 +416,9 @@ function evidenceFor(check: CheckResult, rows: Rows, lines: readonly WorkerLogLi
     ...check.committedOverlaps,
     ...check.fenceMismatches,
     ...check.repeatedWithinLease.map((id) => id.split('#')[0]!),
+    ...(check.steps
+      ? [...check.steps.databaseNotOnce, ...check.steps.calledAfterRecord, ...check.steps.uncountedCalls, ...check.steps.outOfOrder].map((id) => id.slice(0, id.lastIndexOf(':')))
+      : []),
   ];
   const evidence: Record<string, unknown> = {};
   for (const id of [...new Set(bad)].slice(0, 20)) {
@@ -384,6 +429,7 @@ function evidenceFor(check: CheckResult, rows: Rows, lines: readonly WorkerLogLi
       key: rows.keys.find(match),
       effects: rows.effects.filter(match),
       externalCalls: rows.externalCalls.filter(match),
+      ...(rows.steps ? { stepEffects: rows.steps.effects.filter(match), stepRecords: rows.steps.records.filter(match) } : {}),
       failedJobs: check.failedJobs.filter((job) => job.id === id),
       lines: keyLines,
       exitsOfItsWorkers: exits.filter((e) => pids.has(e.pid)),

@@ -24,8 +24,20 @@ export const FAULT_KINDS = [
   'crash-before-commit',
   'crash-after-commit',
 ] as const;
-/** One of {@link FAULT_KINDS}. */
-export type FaultKind = (typeof FAULT_KINDS)[number];
+
+/**
+ * The multi-step profile's extra kinds (`--steps`): crashes the multi-step handler reaches
+ * inside a database step, inside the external step, and between steps.
+ */
+export const STEP_FAULT_KINDS = ['crash-inside-database-step', 'crash-inside-external-step', 'crash-between-steps'] as const;
+
+/** One of {@link FAULT_KINDS} or {@link STEP_FAULT_KINDS}. */
+export type FaultKind = (typeof FAULT_KINDS)[number] | (typeof STEP_FAULT_KINDS)[number];
+
+/** The kinds a run's schedule draws from: every kind, and the step kinds when the handler has steps. */
+export function faultKindsFor(steps: boolean): readonly FaultKind[] {
+  return steps ? [...FAULT_KINDS, ...STEP_FAULT_KINDS] : FAULT_KINDS;
+}
 
 /** One scheduled fault. */
 export interface NemesisOp {
@@ -61,6 +73,8 @@ export interface ScheduleOptions {
   readonly intervalMs: number;
   readonly workers: number;
   readonly leaseMs: number;
+  /** The multi-step profile: rounds include {@link STEP_FAULT_KINDS}. @defaultValue false */
+  readonly steps?: boolean;
 }
 
 /** The seeded fault schedule. */
@@ -71,7 +85,7 @@ export function nemesisSchedule(options: ScheduleOptions): NemesisOp[] {
   // Let the workers settle before the first fault; stop one lease before the end.
   let atMs = Math.min(3_000, options.intervalMs);
   while (atMs < options.durationMs - options.leaseMs) {
-    if (round.length === 0) round = random.shuffle(FAULT_KINDS);
+    if (round.length === 0) round = random.shuffle(faultKindsFor(options.steps ?? false));
     const kind = round.pop()!;
     const slot = random.int(0, options.workers - 1);
     const op: NemesisOp = { atMs, kind, slot };
@@ -201,7 +215,10 @@ async function carryOut(
       return done({});
     case 'crash-after-claim':
     case 'crash-before-commit':
-    case 'crash-after-commit': {
+    case 'crash-after-commit':
+    case 'crash-inside-database-step':
+    case 'crash-inside-external-step':
+    case 'crash-between-steps': {
       const pid = fleet.arm(op.slot, op.kind.slice('crash-'.length) as CrashPoint);
       return pid === undefined ? done({ skipped: 'no live worker in slot' }) : done({ pid });
     }

@@ -4,6 +4,7 @@
  */
 import { closeSync, mkdirSync, openSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
+import { CRASH_POINTS, PROTOCOL_CRASH_POINTS } from './fault-injection.js';
 import type { ChaosRun } from './harness.js';
 
 /** The numbers of a run, as written to the JSON report. */
@@ -15,6 +16,8 @@ export interface ChaosSummary {
   readonly leaseMs: number;
   readonly fastPath: boolean;
   readonly groupCommit: boolean;
+  /** The multi-step profile (`--steps`). */
+  readonly steps: boolean;
   readonly chaosSeconds: number;
   readonly jobs: number;
   readonly requests: Readonly<Record<string, number>>;
@@ -58,6 +61,16 @@ export interface ChaosSummary {
   readonly committedOverlaps: number;
   readonly fenceMismatches: number;
   readonly externalCallsRepeatedWithinLease: number;
+  /** The step checks (the multi-step profile only). */
+  readonly stepChecks?: {
+    readonly databaseNotOnce: number;
+    readonly calledAfterRecord: number;
+    readonly uncountedCalls: number;
+    readonly outOfOrder: number;
+    readonly lateZombieCalls: number;
+    readonly repeatedSteps: number;
+    readonly extraCalls: number;
+  };
   readonly failedKeys: number;
   readonly failedJobs: number;
   readonly keysLeftProcessing: number;
@@ -83,6 +96,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
     leaseMs: options.leaseMs,
     fastPath: options.fastPath,
     groupCommit: options.groupCommit,
+    steps: options.steps,
     chaosSeconds: Math.round(run.timings.chaosMs / 1000),
     jobs: load.acknowledged,
     requests: load.requests,
@@ -101,11 +115,9 @@ export function summarize(run: ChaosRun): ChaosSummary {
       redisClientsKilled: cut('redis-client-kill'),
       redisRestarts: count('redis-restart'),
       crashesArmed: done.filter((e) => e.kind.startsWith('crash-')).length,
-      injectedCrashes: {
-        'after-claim': check.injectedCrashes['after-claim'] ?? 0,
-        'before-commit': check.injectedCrashes['before-commit'] ?? 0,
-        'after-commit': check.injectedCrashes['after-commit'] ?? 0,
-      },
+      injectedCrashes: Object.fromEntries(
+        (options.steps ? CRASH_POINTS : PROTOCOL_CRASH_POINTS).map((point) => [point, check.injectedCrashes[point] ?? 0]),
+      ),
       skipped: events.length - done.length,
     },
     workerProcessesStarted: run.workerStarts,
@@ -127,6 +139,19 @@ export function summarize(run: ChaosRun): ChaosSummary {
     committedOverlaps: check.committedOverlaps.length,
     fenceMismatches: check.fenceMismatches.length,
     externalCallsRepeatedWithinLease: check.repeatedWithinLease.length,
+    ...(check.steps
+      ? {
+          stepChecks: {
+            databaseNotOnce: check.steps.databaseNotOnce.length,
+            calledAfterRecord: check.steps.calledAfterRecord.length,
+            uncountedCalls: check.steps.uncountedCalls.length,
+            outOfOrder: check.steps.outOfOrder.length,
+            lateZombieCalls: check.steps.lateZombieCalls,
+            repeatedSteps: check.steps.repeatedSteps,
+            extraCalls: check.steps.extraCalls,
+          },
+        }
+      : {}),
     failedKeys: check.failedKeys.length,
     failedJobs: check.failedJobs.length,
     keysLeftProcessing: check.leftProcessing.length,
@@ -146,7 +171,7 @@ export function formatTable(summary: ChaosSummary): string {
   const rows: Array<[string, string]> = [
     ['verdict', s.verdict],
     ['seed', String(s.seed)],
-    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''})`],
+    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}${s.steps ? ', steps' : ''})`],
     ['chaos phase', `${s.chaosSeconds} s (drain ${s.drainSeconds} s, total ${s.totalSeconds} s)`],
     ['jobs (acknowledged adds)', `${s.jobs} (new ${s.requests.new}, repeated ${s.requests.repeat}, foreign ${s.requests.foreign}, concurrent ${s.requests.concurrent})`],
     ['unique keys (acknowledged)', `${s.uniqueKeys} (${s.acknowledgedKeys})`],
@@ -156,7 +181,12 @@ export function formatTable(summary: ChaosSummary): string {
     ['Postgres crashes (SIGKILL, crash recovery) / fast restarts / pauses past the lease', `${s.faults.pgCrashes} (${s.faults.pgCrashRecoveries} recoveries) / ${s.faults.pgRestarts} / ${s.faults.pgPauses}`],
     ['Redis connections killed', `${s.faults.redisClientsKilled} in ${s.faults.redisClientKills} rounds`],
     ['Redis restarts (crash + AOF reload)', String(s.faults.redisRestarts)],
-    ['injected crashes by point', `after-claim ${crashes['after-claim']}, before-commit ${crashes['before-commit']}, after-commit ${crashes['after-commit']} (${s.faults.crashesArmed} armed)`],
+    [
+      'injected crashes by point',
+      `${Object.entries(crashes)
+        .map(([point, n]) => `${point} ${n}`)
+        .join(', ')} (${s.faults.crashesArmed} armed)`,
+    ],
     ['worker processes started (died by themselves; could not start, a server down)', `${s.workerProcessesStarted} (${s.unexpectedWorkerExits}; ${s.workerStartFailures})`],
     ['takeovers', String(s.takeovers)],
     ['fenced commits', `${s.fencedCommits} (leases lost: ${s.leaseLost})`],
@@ -178,10 +208,23 @@ export function formatTable(summary: ChaosSummary): string {
       s.fastPath ? '**fence mismatches** / external calls repeated under one fence (fast path: reported only)' : '**fence mismatches / external calls repeated within a lease**',
       `${s.fenceMismatches} / ${s.externalCallsRepeatedWithinLease}`,
     ],
+    ...stepRows(s),
     ['drained', s.drained ? 'yes' : 'NO'],
   ];
   const width = Math.max(...rows.map(([name]) => name.length));
   return ['| metric | value |', '| --- | --- |', ...rows.map(([name, value]) => `| ${name.padEnd(width)} | ${value} |`)].join('\n');
+}
+
+/** The step checks' rows of the table (none without steps). */
+function stepRows(s: ChaosSummary): Array<[string, string]> {
+  const c = s.stepChecks;
+  if (!c) return [];
+  return [
+    ['external step called more than once (keys, extra calls; late calls of zombies)', `${c.repeatedSteps}, ${c.extraCalls}; ${c.lateZombieCalls}`],
+    ['**database steps not exactly once**', String(c.databaseNotOnce)],
+    ['**external step called after its record / calls not counted by its record**', `${c.calledAfterRecord} / ${c.uncountedCalls}`],
+    ['**steps run before the step before them was recorded**', String(c.outOfOrder)],
+  ];
 }
 
 /**
@@ -238,6 +281,14 @@ export function writeJsonReport(run: ChaosRun, summary: ChaosSummary, dir: strin
       failedKeys: cap(run.check.failedKeys),
       failedJobs: run.check.failedJobs.slice(0, 100),
       keysLeftProcessing: cap(run.check.leftProcessing),
+      ...(run.check.steps
+        ? {
+            databaseStepsNotOnce: cap(run.check.steps.databaseNotOnce),
+            externalStepsCalledAfterRecord: cap(run.check.steps.calledAfterRecord),
+            externalStepCallsNotCounted: cap(run.check.steps.uncountedCalls),
+            stepsOutOfOrder: cap(run.check.steps.outOfOrder),
+          }
+        : {}),
     },
     faults: run.events,
     unexpectedWorkerExits: run.unexpectedExits,

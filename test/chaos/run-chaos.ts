@@ -4,6 +4,7 @@
  *   npm run chaos                                                  # short profile (~2 min, CI)
  *   npm run chaos -- --profile long                                # long profile (about 2 hours; docs/chaos.md)
  *   npm run chaos -- --seed 1234                                   # the same fault schedule again
+ *   npm run chaos -- --steps                                       # multi-step jobs (ctx.step), crashes inside and between steps
  *
  * Exits 0 when nothing was lost, duplicated, unexpected, failed or left processing and no two
  * overlapping owners both committed; 1 when a check failed; 2 on bad flags or when the run
@@ -41,6 +42,9 @@ const USAGE = `Usage: npm run chaos -- [flags]
   --report-dir DIR       where report-<seed>.json goes (default .chaos)
   --fast-path            workers use the single-transaction fast path (FAST_PATH=true)
   --group-commit         workers share transactions between concurrent jobs (GROUP_COMMIT=true)
+  --steps                multi-step jobs: a database step, an external step, a database step,
+                         then the completion; crashes also inside and between steps, and the
+                         checker adds the step checks (not with --fast-path, which refuses steps)
   --keep-data            keep the private Postgres cluster's directory for investigation
   --help
 
@@ -72,6 +76,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
       'keep-data': { type: 'boolean' },
       'fast-path': { type: 'boolean' },
       'group-commit': { type: 'boolean' },
+      steps: { type: 'boolean' },
       help: { type: 'boolean' },
     },
   });
@@ -95,6 +100,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
     throw new UsageError(`--fault-points: ${(error as Error).message}`);
   }
   const leaseMs = number('lease-ms', 3_000, 500, 60_000);
+  if (values.steps && values['fast-path']) throw new UsageError('--steps: the fast path refuses steps (the whole handler is one transaction there); drop --fast-path');
   return {
     profile: profile as Profile,
     seed: number('seed', randomInt(1, 2 ** 31 - 1), 0, 2 ** 31 - 1),
@@ -112,6 +118,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
     keepData: values['keep-data'] ?? false,
     fastPath: values['fast-path'] ?? false,
     groupCommit: values['group-commit'] ?? false,
+    steps: values.steps ?? false,
     reportDir: values['report-dir'] ?? '.chaos',
     log: (line) => console.log(`[chaos] ${new Date().toISOString().slice(11, 19)} ${line}`),
   };
@@ -140,7 +147,7 @@ async function main(): Promise<number> {
   process.on('SIGTERM', onSignal);
 
   options.log(
-    `${options.profile} profile, seed ${options.seed} (reproduce with --seed ${options.seed}); ${options.jobs} jobs, ${options.workers} workers × ${options.concurrency}; ` +
+    `${options.profile} profile${options.steps ? ' with steps' : ''}, seed ${options.seed} (reproduce with --seed ${options.seed}); ${options.jobs} jobs, ${options.workers} workers × ${options.concurrency}; ` +
       `at most ${Math.round((options.durationMs + options.drainTimeoutMs) / 60_000)} minutes of chaos and drain`,
   );
   let run;

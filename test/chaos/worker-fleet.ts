@@ -26,6 +26,8 @@ export interface WorkerLogLine {
   readonly jobId?: string;
   /** On fault lines: where the worker crashed. */
   readonly point?: string;
+  /** On fault lines at a step point, and on failures inside a step: the step. */
+  readonly step?: string;
   /** On error lines: the error's message. */
   readonly err?: string;
 }
@@ -228,6 +230,7 @@ function parseLine(text: string): WorkerLogLine | undefined {
     ...(raw.fence !== undefined ? { fence: Number(raw.fence) } : {}),
     ...(typeof raw.jobId === 'string' ? { jobId: raw.jobId } : {}),
     ...(typeof raw.point === 'string' ? { point: raw.point } : {}),
+    ...(typeof raw.step === 'string' ? { step: raw.step } : {}),
     ...(err?.message ? { err: err.message } : {}),
   };
 }
