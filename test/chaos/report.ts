@@ -15,6 +15,8 @@ export interface ChaosSummary {
   readonly leaseMs: number;
   readonly fastPath: boolean;
   readonly groupCommit: boolean;
+  /** The workers reached Postgres through PgBouncer in transaction mode. */
+  readonly pgBouncer: boolean;
   readonly chaosSeconds: number;
   readonly jobs: number;
   readonly requests: Readonly<Record<string, number>>;
@@ -83,6 +85,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
     leaseMs: options.leaseMs,
     fastPath: options.fastPath,
     groupCommit: options.groupCommit,
+    pgBouncer: options.pgBouncer ?? false,
     chaosSeconds: Math.round(run.timings.chaosMs / 1000),
     jobs: load.acknowledged,
     requests: load.requests,
@@ -146,7 +149,7 @@ export function formatTable(summary: ChaosSummary): string {
   const rows: Array<[string, string]> = [
     ['verdict', s.verdict],
     ['seed', String(s.seed)],
-    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''})`],
+    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}${s.pgBouncer ? ', through PgBouncer' : ''})`],
     ['chaos phase', `${s.chaosSeconds} s (drain ${s.drainSeconds} s, total ${s.totalSeconds} s)`],
     ['jobs (acknowledged adds)', `${s.jobs} (new ${s.requests.new}, repeated ${s.requests.repeat}, foreign ${s.requests.foreign}, concurrent ${s.requests.concurrent})`],
     ['unique keys (acknowledged)', `${s.uniqueKeys} (${s.acknowledgedKeys})`],

@@ -41,6 +41,9 @@ const USAGE = `Usage: npm run chaos -- [flags]
   --report-dir DIR       where report-<seed>.json goes (default .chaos)
   --fast-path            workers use the single-transaction fast path (FAST_PATH=true)
   --group-commit         workers share transactions between concurrent jobs (GROUP_COMMIT=true)
+  --pgbouncer            workers reach Postgres through a PgBouncer in transaction mode in front of
+                         the private cluster (DATABASE_URL), and Postgres itself for sessions
+                         (DATABASE_DIRECT_URL: migrations, maintenance locks)
   --keep-data            keep the private Postgres cluster's directory for investigation
   --help
 
@@ -72,6 +75,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
       'keep-data': { type: 'boolean' },
       'fast-path': { type: 'boolean' },
       'group-commit': { type: 'boolean' },
+      pgbouncer: { type: 'boolean' },
       help: { type: 'boolean' },
     },
   });
@@ -112,6 +116,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
     keepData: values['keep-data'] ?? false,
     fastPath: values['fast-path'] ?? false,
     groupCommit: values['group-commit'] ?? false,
+    pgBouncer: values.pgbouncer ?? false,
     reportDir: values['report-dir'] ?? '.chaos',
     log: (line) => console.log(`[chaos] ${new Date().toISOString().slice(11, 19)} ${line}`),
   };
