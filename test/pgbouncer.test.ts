@@ -10,11 +10,14 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, KeySettledListener, createPostgresDb, isHeld } from '../src/index.js';
+import { Queue } from 'bullmq';
+import { pino } from 'pino';
+import { IdempotencyKeys, KeySettledListener, createPostgresDb, isHeld, loadEnvConfig, startWorkerProcess } from '../src/index.js';
 import { withMaintenanceLock } from '../src/store/maintenance-lock.js';
 import { createCountingDb } from './support/counting-db.js';
 import { PgBouncer } from './support/pgbouncer.js';
 import { createEffectsTable, effectsOf, expireLease, insertEffect } from './support/protocol-fixtures.js';
+import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
@@ -245,6 +248,45 @@ describe('what needs a session goes to Postgres itself', () => {
     const directB = pooled(env.databaseDirectUrl, 1);
     const direct = await withMaintenanceLock(directA, env.schema, 'janitor', () => withMaintenanceLock(directB, env.schema, 'janitor', async () => 'both ran'));
     expect(direct).toEqual({ ran: true, result: { ran: false } });
+  });
+
+  it('a worker process migrates and runs its janitor over DATABASE_DIRECT_URL, and its jobs through DATABASE_URL', async () => {
+    const tag = `ij-direct-${randomBytes(3).toString('hex')}`;
+    // node-postgres takes application_name from the URL first: the direct connections carry the tag.
+    const direct = new URL(env.databaseDirectUrl);
+    direct.searchParams.set('application_name', tag);
+    const queueName = `pgb-${randomBytes(3).toString('hex')}`;
+    const janitorRuns: unknown[] = [];
+    const started = await startWorkerProcess({
+      config: loadEnvConfig({
+        DATABASE_URL: bouncer.url('single'),
+        DATABASE_DIRECT_URL: direct.toString(),
+        REDIS_URL: env.redisUrl,
+        REDIS_PREFIX: env.redisPrefix,
+        SCHEMA: env.schema,
+        QUEUE: queueName,
+        CONCURRENCY: '2',
+        JANITOR_INTERVAL_MS: '100',
+        SWEEPER_ENABLED: 'false',
+      }),
+      handler: async (ctx) => ({ echoed: ctx.data }),
+      logger: pino({ level: 'silent' }),
+      handleSignals: false,
+    });
+    const queue = new Queue(queueName, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    try {
+      started.maintenance!.on('janitor', (report) => janitorRuns.push(report));
+      const job = await queue.add('echo', { idempotencyKey: 'worker-1', payload: { n: 1 } });
+      const done = await waitForJobState(queue, job.id!, ['completed', 'failed']);
+      expect(done.state).toBe('completed');
+      expect(await keys.get('default', 'worker-1')).toMatchObject({ status: 'completed' });
+      await waitFor('a janitor run', async () => janitorRuns.length > 0);
+      const { rows } = await sql<{ n: string }>`select count(*) as n from pg_stat_activity where application_name = ${tag}`.execute(env.db);
+      expect(Number(rows[0]!.n)).toBeGreaterThan(0);
+    } finally {
+      await queue.close();
+      await started.stop();
+    }
   });
 
   it('a listener on the direct URL wakes a waiter whose key completes through the pooler', async () => {
