@@ -162,7 +162,7 @@ describe('the store through PgBouncer (transaction mode)', () => {
         db.transaction().execute(async (tx) => {
           const { rows } = await sql<{ pid: number; lock: string; statement: string }>`
             select pg_backend_pid() as pid, current_setting('lock_timeout') as lock, current_setting('statement_timeout') as statement,
-                   pg_sleep(0.2)`.execute(tx);
+                   pg_sleep(0.5)`.execute(tx);
           return rows[0]!;
         }),
       ),
