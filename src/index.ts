@@ -56,7 +56,7 @@ export { IdempotentProducer } from './bullmq/idempotent-producer.js';
 export type { OutboxRelayOptions } from './bullmq/outbox-relay.js';
 export { OutboxRelay } from './bullmq/outbox-relay.js';
 export type { EnvConfig } from './config/env-config.js';
-export { loadEnvConfig } from './config/env-config.js';
+export { directDatabaseUrl, loadEnvConfig } from './config/env-config.js';
 export type { WorkerProcess, WorkerProcessOptions } from './runtime/worker-process.js';
 export { startWorkerProcess } from './runtime/worker-process.js';
 export { onShutdownSignals } from './runtime/shutdown-signals.js';

@@ -69,6 +69,12 @@ describe('idempotent-jobs CLI', () => {
     expect(json(asJson)).toEqual({ schema: env.schema, applied: [] });
   });
 
+  it('migrate: connects to DATABASE_DIRECT_URL when set (the migrations\' advisory lock needs a session), not DATABASE_URL', async () => {
+    const direct = await cli(['migrate', '--json'], { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/postgres', DATABASE_DIRECT_URL: env.databaseDirectUrl });
+    expect(direct.code).toBe(0);
+    expect(json(direct)).toEqual({ schema: env.schema, applied: [] });
+  });
+
   it('keys get: shows a key (exit 0), as a table and as JSON; a missing key exits 3', async () => {
     const text = await cli(['keys', 'get', 'acme', 'paid']);
     expect(text.code).toBe(0);

@@ -55,7 +55,7 @@ beforeAll(async () => {
   // The server's own small pool: 100 concurrent requests queue on it.
   db = env.openDb(15);
   keys = new IdempotencyKeys({ db, schema: env.schema, claimLockTimeoutMs: 500 });
-  listener = new KeySettledListener({ connectionString: env.databaseUrl, schema: env.schema });
+  listener = new KeySettledListener({ connectionString: env.databaseDirectUrl, schema: env.schema });
   const logStream = new Writable({
     write(chunk, _encoding, done) {
       for (const line of String(chunk).split('\n')) if (line.trim() !== '') logLines.push(JSON.parse(line));
@@ -651,6 +651,7 @@ describe('HTTP API', () => {
     expect(examples.map((e) => e.status)).toEqual([202, 200, 200, 422, 400, 400, 401, 404, 404, 413, 415]);
     const server = await startHttpServerChild({
       DATABASE_URL: env.databaseUrl,
+      DATABASE_DIRECT_URL: env.databaseDirectUrl,
       REDIS_URL: env.redisUrl,
       SCHEMA: env.schema,
       REDIS_PREFIX: env.redisPrefix,

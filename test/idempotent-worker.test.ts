@@ -53,6 +53,7 @@ afterAll(async () => {
 function childEnv(extra: Record<string, string> = {}): Record<string, string> {
   return {
     DATABASE_URL: env.databaseUrl,
+    DATABASE_DIRECT_URL: env.databaseDirectUrl,
     REDIS_URL: env.redisUrl,
     REDIS_PREFIX: env.redisPrefix,
     SCHEMA: env.schema,
@@ -368,7 +369,7 @@ describe('worker', () => {
   });
 
   it('waitMs: a duplicate waits for the owner over LISTEN/NOTIFY and replays without being deferred', async () => {
-    const listener = new KeySettledListener({ connectionString: env.databaseUrl, schema: env.schema });
+    const listener = new KeySettledListener({ connectionString: env.databaseDirectUrl, schema: env.schema });
     const events: WorkerEvent[] = [];
     startInProcess({ waitMs: 10_000, listener }, events);
     const data = { idempotencyKey: 'order-wait', payload: { sleepMs: 800, value: 'w' } };

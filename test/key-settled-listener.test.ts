@@ -15,8 +15,8 @@ const scope = 'notify';
 beforeAll(async () => {
   env = await createTestEnv('listener');
   keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000 });
-  listener = new KeySettledListener({ connectionString: env.databaseUrl, schema: env.schema });
-  spy = new pg.Client({ connectionString: env.databaseUrl });
+  listener = new KeySettledListener({ connectionString: env.databaseDirectUrl, schema: env.schema });
+  spy = new pg.Client({ connectionString: env.databaseDirectUrl });
   await spy.connect();
   spy.on('notification', (message) => heard.push(JSON.parse(message.payload ?? '{}').key));
   await spy.query(`LISTEN ${pg.escapeIdentifier(keySettledChannel(env.schema))}`);

@@ -109,7 +109,7 @@ async function unsentOutboxRows(): Promise<number> {
 describe('a key reused after its record expired', () => {
   it('over HTTP: POST B after A expired runs B once, and GET shows B, never A', { timeout: 30_000 }, async () => {
     const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
-    const listener = new KeySettledListener({ connectionString: env.databaseUrl, schema: env.schema });
+    const listener = new KeySettledListener({ connectionString: env.databaseDirectUrl, schema: env.schema });
     closers.push(() => listener.close());
     const api: HttpApi = await createHttpApi({
       keys,

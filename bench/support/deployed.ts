@@ -49,6 +49,12 @@ export interface DeployedSpec {
   readonly workerCheckout?: string;
   /** More environment for the worker process, e.g. `{ GROUP_COMMIT_GROUPS: '2' }`. */
   readonly extraEnv?: Readonly<Record<string, string>>;
+  /**
+   * The worker process's `DATABASE_URL`, e.g. a PgBouncer in front of the bench's Postgres; its
+   * `DATABASE_DIRECT_URL` is then the bench's Postgres. The effects are counted there either way.
+   * @defaultValue the bench's Postgres
+   */
+  readonly databaseUrl?: string;
 }
 
 /** One measured deployed drain. */
@@ -130,7 +136,8 @@ export async function runDeployedDrain(env: BenchEnv, spec: DeployedSpec): Promi
 /** Spawns the contender's process; the CLI contenders get the environment a deployment sets. */
 function startContender(env: BenchEnv, queueName: string, spec: DeployedSpec & { workerCheckout: string; extraEnv: Readonly<Record<string, string>> }): BenchChild {
   const common = {
-    DATABASE_URL: env.databaseUrl,
+    DATABASE_URL: spec.databaseUrl ?? env.databaseUrl,
+    DATABASE_DIRECT_URL: env.databaseUrl,
     REDIS_URL: env.redisUrl,
     SCHEMA: env.schema,
     REDIS_PREFIX: env.redisPrefix,

@@ -1,9 +1,12 @@
 import type { Command } from 'commander';
-import { loadEnvConfig } from '../config/env-config.js';
+import { directDatabaseUrl, loadEnvConfig } from '../config/env-config.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { migrate } from '../store/migrate.js';
 
-/** `migrate`: creates or upgrades the tables in $SCHEMA of $DATABASE_URL. */
+/**
+ * `migrate`: creates or upgrades the tables in $SCHEMA, over $DATABASE_DIRECT_URL when set (the
+ * migrations' advisory lock needs a session), else $DATABASE_URL.
+ */
 export function registerMigrateCommand(program: Command): void {
   program
     .command('migrate')
@@ -11,7 +14,7 @@ export function registerMigrateCommand(program: Command): void {
     .option('--json', 'print the result as JSON')
     .action(async (options: { json?: boolean }) => {
       const config = loadEnvConfig();
-      const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 1 });
+      const db = createPostgresDb({ connectionString: directDatabaseUrl(config), maxConnections: 1 });
       try {
         const { results = [] } = await migrate(db, { schema: config.SCHEMA });
         const applied = results.filter((r) => r.status === 'Success').map((r) => r.migrationName);

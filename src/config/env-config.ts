@@ -13,6 +13,12 @@ const bool = z
  */
 const envSchema = z.object({
   DATABASE_URL: z.string().url('must be a postgres:// URL').default('postgres://postgres@127.0.0.1:5432/postgres'),
+  /**
+   * Postgres itself, for what needs a session of its own: migrations' and maintenance's advisory
+   * locks, the listener's LISTEN. Set it when DATABASE_URL is a transaction-mode pooler
+   * (PgBouncer). Unset: DATABASE_URL.
+   */
+  DATABASE_DIRECT_URL: z.string().url('must be a postgres:// URL').optional(),
   REDIS_URL: z.string().url('must be a redis:// URL').default('redis://127.0.0.1:6379'),
   /** Postgres schema of the idempotency tables. */
   SCHEMA: z.string().regex(/^[a-z_][a-z0-9_]{0,62}$/, 'must be a lower-case Postgres identifier').default('idempotent_jobs'),
@@ -73,6 +79,15 @@ const envSchema = z.object({
 
 /** The validated process configuration. */
 export type EnvConfig = z.infer<typeof envSchema>;
+
+/**
+ * Where the parts that need a session of their own connect (`DATABASE_DIRECT_URL`, else
+ * `DATABASE_URL`): a session advisory lock or a LISTEN through a transaction-mode pooler would
+ * land on whichever server connection the pooler lends, and stay there after the client moved on.
+ */
+export function directDatabaseUrl(config: Pick<EnvConfig, 'DATABASE_URL' | 'DATABASE_DIRECT_URL'>): string {
+  return config.DATABASE_DIRECT_URL ?? config.DATABASE_URL;
+}
 
 /**
  * Reads and validates the environment. Throws a {@link ConfigError} that names each wrong

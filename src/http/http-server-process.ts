@@ -1,4 +1,6 @@
+import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
+import { directDatabaseUrl } from '../config/env-config.js';
 import type { HttpEnvConfig } from '../config/http-options.js';
 import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
@@ -37,8 +39,10 @@ export async function startHttpServerProcess(options: HttpServerProcessOptions):
     { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? 10, applicationName: 'idempotent-jobs:http' },
     (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
   );
+  // LISTEN and the migrations' advisory lock need a session: Postgres itself (DATABASE_DIRECT_URL).
+  const directUrl = directDatabaseUrl(config);
   const listener = new KeySettledListener({
-    connectionString: config.DATABASE_URL,
+    connectionString: directUrl,
     schema: config.SCHEMA,
     onError: (error) => logger.warn({ err: error }, 'listener error'),
   });
@@ -49,7 +53,7 @@ export async function startHttpServerProcess(options: HttpServerProcessOptions):
     await db.destroy();
   };
   try {
-    if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
+    if (config.MIGRATE) await migrateOver(directUrl === config.DATABASE_URL ? db : undefined, directUrl, config.SCHEMA);
     const keys = new IdempotencyKeys({ db, schema: config.SCHEMA, leaseMs: config.LEASE_MS, retentionMs: config.RETENTION_MS });
     api = await createHttpApi({
       keys,
@@ -73,5 +77,19 @@ export async function startHttpServerProcess(options: HttpServerProcessOptions):
   } catch (error) {
     await closeAll().catch(() => {});
     throw error;
+  }
+}
+
+/** Runs the migrations over `db`, or over a connection of its own to `connectionString`, closed after. */
+async function migrateOver(db: Kysely<any> | undefined, connectionString: string, schema: string): Promise<void> {
+  if (db) {
+    await migrate(db, { schema });
+    return;
+  }
+  const direct = createPostgresDb({ connectionString, maxConnections: 1, applicationName: 'idempotent-jobs:http' }, () => {});
+  try {
+    await migrate(direct, { schema });
+  } finally {
+    await direct.destroy();
   }
 }

@@ -1,7 +1,7 @@
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
 import { BullmqJobLookup } from '../bullmq/job-lookup.js';
-import type { EnvConfig } from '../config/env-config.js';
+import { directDatabaseUrl, type EnvConfig } from '../config/env-config.js';
 import { parseQueueActions, type RetryPolicy } from '../config/maintenance-options.js';
 import { instrumentMaintenance } from '../metrics/maintenance-metrics.js';
 import { startMetricsServer, type HealthCheck, type MetricsServer } from '../metrics/metrics-server.js';
@@ -118,13 +118,15 @@ export interface MaintenanceProcess {
  * The standalone janitor + sweeper process (`workers/janitor.ts`): for deployments that turn
  * maintenance off in workers (`JANITOR_ENABLED=false SWEEPER_ENABLED=false`) or want it on a
  * direct Postgres connection. Uses the same advisory locks as workers, so running both is safe.
+ * Its one pool connects to `DATABASE_DIRECT_URL` when set (the locks need a session), else
+ * `DATABASE_URL`.
  * Serves `/metrics` and `/healthz` on `METRICS_PORT` when set.
  */
 export async function startMaintenanceProcess(options: MaintenanceProcessOptions): Promise<MaintenanceProcess> {
   const { config } = options;
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
   const db = createPostgresDb(
-    { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? 4, applicationName: 'idempotent-jobs:maintenance' },
+    { connectionString: directDatabaseUrl(config), maxConnections: config.PG_POOL_SIZE ?? 4, applicationName: 'idempotent-jobs:maintenance' },
     (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
   );
   if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });

@@ -1,5 +1,5 @@
 import { pino, type Logger } from 'pino';
-import type { EnvConfig } from '../config/env-config.js';
+import { directDatabaseUrl, type EnvConfig } from '../config/env-config.js';
 import type { FaultHook } from '../fault-hook.js';
 import { createIdempotentWorker, type IdempotentWorker, type JobHandler } from '../bullmq/idempotent-worker.js';
 import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
@@ -53,20 +53,25 @@ export interface WorkerProcess<P, R> {
 export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, R>): Promise<WorkerProcess<P, R>> {
   const { config } = options;
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
-  const db = createPostgresDb(
-    { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? config.CONCURRENCY + 2, applicationName: `idempotent-jobs:worker:${config.QUEUE}` },
-    (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
-  );
+  const applicationName = `idempotent-jobs:worker:${config.QUEUE}`;
+  const onPoolError = (error: Error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it');
+  const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? config.CONCURRENCY + 2, applicationName }, onPoolError);
+  // Migrations and maintenance hold session advisory locks: behind a transaction-mode pooler
+  // they need Postgres itself (DATABASE_DIRECT_URL). A small pool whose idle connections close
+  // after node-postgres's 10 s: between maintenance runs it holds none.
+  const directUrl = directDatabaseUrl(config);
+  const sessionDb =
+    directUrl === config.DATABASE_URL ? db : createPostgresDb({ connectionString: directUrl, maxConnections: SESSION_POOL_SIZE, applicationName }, onPoolError);
+  const destroyPools = () => Promise.all([db.destroy(), sessionDb === db ? undefined : sessionDb.destroy()]);
   const startupDeadline = Date.now() + config.STARTUP_WAIT_MS;
   try {
     // Without migrations a ping stands in for them: the worker is not "ready" before Postgres is.
-    await waitForStore<unknown>(() => (config.MIGRATE ? migrate(db, { schema: config.SCHEMA }) : pingDatabase(db)), {
-      what: `Postgres (${config.MIGRATE ? 'migrations' : 'first connection'})`,
-      deadline: startupDeadline,
-      logger,
-    });
+    await waitForStore<unknown>(
+      () => (config.MIGRATE ? migrate(sessionDb, { schema: config.SCHEMA }) : Promise.all([pingDatabase(db), sessionDb === db ? undefined : pingDatabase(sessionDb)])),
+      { what: `Postgres (${config.MIGRATE ? 'migrations' : 'first connection'})`, deadline: startupDeadline, logger },
+    );
   } catch (error) {
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, db.destroy());
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, destroyPools());
     throw error;
   }
   const keys = new IdempotencyKeys({
@@ -82,11 +87,11 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
   });
   const listener =
     config.WAIT_MS > 0
-      ? new KeySettledListener({ connectionString: config.DATABASE_URL, schema: config.SCHEMA, onError: (e) => logger.warn({ err: e }, 'listener error') })
+      ? new KeySettledListener({ connectionString: directUrl, schema: config.SCHEMA, onError: (e) => logger.warn({ err: e }, 'listener error') })
       : undefined;
   // Janitor, sweeper, statistics; built before the worker so bad options stop the start early.
   // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
-  const maintenance = createMaintenanceFromConfig(config, db, logger, { stats: config.METRICS_PORT !== undefined });
+  const maintenance = createMaintenanceFromConfig(config, sessionDb, logger, { stats: config.METRICS_PORT !== undefined });
   const worker = createIdempotentWorker<P, R>({
     queue: config.QUEUE,
     connection: { url: config.REDIS_URL },
@@ -114,7 +119,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     await waitForRedis(worker, startupDeadline, logger);
   } catch (error) {
     uninstrument();
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }), listener?.close(), db.destroy());
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }), listener?.close(), destroyPools());
     throw error;
   }
   maintenance?.maintenance.start();
@@ -142,7 +147,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
       await maintenance?.stop();
       await metricsServer?.close();
       uninstrument();
-      await db.destroy();
+      await destroyPools();
     })();
     return stopped;
   };
@@ -173,6 +178,12 @@ async function waitForRedis(worker: IdempotentWorker<any, any>, deadline: number
     worker.bullWorker.off('error', remember);
   }
 }
+
+/**
+ * Connections to Postgres itself when `DATABASE_DIRECT_URL` is set: one per maintenance task
+ * (janitor, sweeper, statistics), each held for one run.
+ */
+const SESSION_POOL_SIZE = 3;
 
 /** How long a start that failed waits for its connections to close before it reports the failure anyway. */
 const CLOSE_AFTER_FAILED_START_MS = 2_000;

@@ -22,7 +22,8 @@ const MAX_LOOK_INTERVAL_MS = 250;
  * every 50 ms growing to 250 ms, setting the flag again each time, until the timeout.
  *
  * It needs a session-level LISTEN, so point it at Postgres directly, not at a PgBouncer in
- * transaction mode.
+ * transaction mode (the worker and HTTP processes give it `DATABASE_DIRECT_URL` when set). Its
+ * `has_waiters` updates are single statements and need no session, but they share its connection.
  */
 export class KeySettledListener {
   readonly #connectionString: string;

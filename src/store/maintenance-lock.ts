@@ -20,7 +20,9 @@ export type LockedRun<T> = { readonly ran: true; readonly result: T } | { readon
  * statements on it (each statement its own short transaction), so a run uses one connection.
  *
  * Needs a real session: behind PgBouncer in transaction mode the lock and the unlock may land
- * on different server connections; see docs/operations.md.
+ * on different server connections, and a lock left on a pooled server connection holds off
+ * every other process. So `db` reaches Postgres itself (`DATABASE_DIRECT_URL` in the worker and
+ * maintenance processes); see docs/operations.md.
  */
 export async function withMaintenanceLock<T>(
   db: Kysely<any>,

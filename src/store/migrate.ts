@@ -28,6 +28,8 @@ function isOtherSchemaVanishing(error: unknown, schema: string): boolean {
  * Creates or upgrades the idempotency tables. Safe when many processes run it at once: they
  * queue on one session-level advisory lock, so `create schema` and Kysely's own migration
  * table setup never race (both can fail with a unique violation when run concurrently).
+ * The lock is a session's, so `db` must reach Postgres itself, not a transaction-mode pooler
+ * (the worker processes use `DATABASE_DIRECT_URL` for it).
  *
  * @example
  * ```ts

@@ -13,6 +13,7 @@ import { CHAOS_STEPS, createChaosTables } from './chaos-handler.js';
 import { FAULT_LOG_MESSAGE } from './fault-injection.js';
 import { checkHistory, type CheckResult, type ExecutionRow, type FailedJob, type KeyRow, type StepRecordRow } from './checker.js';
 import { abortableSleep, nemesisSchedule, runNemesis, type NemesisEvent, type NemesisOp } from './nemesis.js';
+import { PgBouncer } from '../support/pgbouncer.js';
 import { PrivatePostgres } from './private-postgres.js';
 import { PrivateRedis } from './private-redis.js';
 import { runProducerLoad, type LoadResult } from './producer-load.js';
@@ -46,6 +47,12 @@ export interface ChaosOptions {
    * nemesis also crashes inside and between steps, and the checker adds the step checks.
    */
   readonly steps: boolean;
+  /**
+   * Workers reach Postgres through a PgBouncer in transaction mode (`DATABASE_URL`), and the
+   * private cluster itself for what needs a session (`DATABASE_DIRECT_URL`). The harness and
+   * the nemesis use the cluster directly; PgBouncer stays up through every Postgres fault.
+   */
+  readonly pgBouncer?: boolean;
   /** Keep the private cluster's directory afterwards (for investigating a failed run). */
   readonly keepData: boolean;
   /** How often a progress line is logged. */
@@ -93,6 +100,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
   const { log } = options;
 
   let postgres: PrivatePostgres | undefined;
+  let bouncer: PgBouncer | undefined;
   let db: Kysely<any> | undefined;
   let redis: PrivateRedis | undefined;
   let redisAdmin: Redis | undefined;
@@ -107,9 +115,11 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
     db = createPostgresDb({ connectionString: postgres.url, maxConnections: 3, applicationName: 'idempotent-jobs:chaos-harness' }, () => {});
     await migrate(db, { schema: names.schema });
     await createChaosTables(db, names.schema);
+    if (options.pgBouncer) bouncer = await PgBouncer.start({ upstream: postgres.url, poolSize: pgBouncerPoolSizeFor(options) });
     redis = await PrivateRedis.start();
     names.redisPort = redis.port;
     log(`private postgres on port ${postgres.port} (${postgres.dir}), schema ${names.schema}; private redis-server on port ${redis.port} (${redis.dir}); queue ${queue}`);
+    if (bouncer) log(`workers through PgBouncer (transaction mode, ${pgBouncerPoolSizeFor(options)} server connections) on port ${bouncer.port} (${bouncer.dir})`);
     redisAdmin = new Redis(redis.url, { maxRetriesPerRequest: null });
     redisAdmin.on('error', () => {});
     bullQueue = new Queue(queue, { connection: { url: redis.url }, prefix: names.prefix });
@@ -118,7 +128,8 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
     fleet = new WorkerFleet({
       count: options.workers,
       env: {
-        DATABASE_URL: postgres.url,
+        DATABASE_URL: bouncer ? bouncer.url() : postgres.url,
+        DATABASE_DIRECT_URL: postgres.url,
         REDIS_URL: redis.url,
         SCHEMA: names.schema,
         REDIS_PREFIX: names.prefix,
@@ -273,6 +284,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
     // The private servers hold only this run's data; stopping them and deleting their
     // directories removes it all.
     await redis?.destroy().catch(() => {});
+    await bouncer?.stop().catch(() => {});
     if (postgres && options.keepData) {
       log(`private postgres data kept in ${postgres.dataDir} (start it with: postgres -D ${postgres.dataDir} -p ${postgres.port} -k ${postgres.dir})`);
       await postgres.crash().catch(() => {});
@@ -287,6 +299,14 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
  */
 function maxConnectionsFor(options: ChaosOptions): number {
   return Math.max(100, options.workers * (options.concurrency + 2 + 4) * 2 + 20);
+}
+
+/**
+ * PgBouncer's server connections: half the jobs the workers run at once (at least 4), so that
+ * the workers' transactions share and queue for them, as behind a pooler sized for the load.
+ */
+function pgBouncerPoolSizeFor(options: ChaosOptions): number {
+  return Math.max(4, Math.ceil((options.workers * options.concurrency) / 2));
 }
 
 /** How long an empty queue must stay unchanged before a drain with keys missing ends. */

@@ -18,6 +18,8 @@ export interface ChaosSummary {
   readonly groupCommit: boolean;
   /** The multi-step profile (`--steps`). */
   readonly steps: boolean;
+  /** The workers reached Postgres through PgBouncer in transaction mode. */
+  readonly pgBouncer: boolean;
   readonly chaosSeconds: number;
   readonly jobs: number;
   readonly requests: Readonly<Record<string, number>>;
@@ -97,6 +99,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
     fastPath: options.fastPath,
     groupCommit: options.groupCommit,
     steps: options.steps,
+    pgBouncer: options.pgBouncer ?? false,
     chaosSeconds: Math.round(run.timings.chaosMs / 1000),
     jobs: load.acknowledged,
     requests: load.requests,
@@ -171,7 +174,7 @@ export function formatTable(summary: ChaosSummary): string {
   const rows: Array<[string, string]> = [
     ['verdict', s.verdict],
     ['seed', String(s.seed)],
-    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}${s.steps ? ', steps' : ''})`],
+    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}${s.steps ? ', steps' : ''}${s.pgBouncer ? ', through PgBouncer' : ''})`],
     ['chaos phase', `${s.chaosSeconds} s (drain ${s.drainSeconds} s, total ${s.totalSeconds} s)`],
     ['jobs (acknowledged adds)', `${s.jobs} (new ${s.requests.new}, repeated ${s.requests.repeat}, foreign ${s.requests.foreign}, concurrent ${s.requests.concurrent})`],
     ['unique keys (acknowledged)', `${s.uniqueKeys} (${s.acknowledgedKeys})`],

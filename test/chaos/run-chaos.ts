@@ -45,6 +45,9 @@ const USAGE = `Usage: npm run chaos -- [flags]
   --steps                multi-step jobs: a database step, an external step, a database step,
                          then the completion; crashes also inside and between steps, and the
                          checker adds the step checks (not with --fast-path, which refuses steps)
+  --pgbouncer            workers reach Postgres through a PgBouncer in transaction mode in front of
+                         the private cluster (DATABASE_URL), and Postgres itself for sessions
+                         (DATABASE_DIRECT_URL: migrations, maintenance locks)
   --keep-data            keep the private Postgres cluster's directory for investigation
   --help
 
@@ -77,6 +80,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
       'fast-path': { type: 'boolean' },
       'group-commit': { type: 'boolean' },
       steps: { type: 'boolean' },
+      pgbouncer: { type: 'boolean' },
       help: { type: 'boolean' },
     },
   });
@@ -119,6 +123,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
     fastPath: values['fast-path'] ?? false,
     groupCommit: values['group-commit'] ?? false,
     steps: values.steps ?? false,
+    pgBouncer: values.pgbouncer ?? false,
     reportDir: values['report-dir'] ?? '.chaos',
     log: (line) => console.log(`[chaos] ${new Date().toISOString().slice(11, 19)} ${line}`),
   };

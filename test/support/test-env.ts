@@ -11,7 +11,10 @@ import { createPostgresDb } from '../../src/store/create-postgres-db.js';
 import { migrate } from '../../src/store/migrate.js';
 
 export interface TestEnv {
+  /** Where the store's pools connect: Postgres, or the run's PgBouncer (`TEST_PGBOUNCER=1`). */
   readonly databaseUrl: string;
+  /** Postgres itself, for sessions: migrations, advisory locks, LISTEN (`DATABASE_DIRECT_URL` of child processes). */
+  readonly databaseDirectUrl: string;
   readonly redisUrl: string;
   /** This file's Postgres schema (idempotency tables live here). */
   readonly schema: string;
@@ -30,6 +33,7 @@ export interface TestEnv {
 /** Creates the schema (migrated) and prefix for one test file. */
 export async function createTestEnv(name: string): Promise<TestEnv> {
   const databaseUrl = inject('databaseUrl');
+  const databaseDirectUrl = inject('databaseDirectUrl');
   const redisUrl = inject('redisUrl');
   const suffix = randomBytes(4).toString('hex');
   const schema = `t_${name.replace(/[^a-z0-9]/gi, '_').toLowerCase()}_${suffix}`.slice(0, 63);
@@ -43,10 +47,14 @@ export async function createTestEnv(name: string): Promise<TestEnv> {
     return db;
   };
   const db = openDb();
-  await migrate(db, { schema });
+  // The migrations' advisory lock needs a session: Postgres itself, not the pooler.
+  const directDb = databaseDirectUrl === databaseUrl ? db : createPostgresDb({ connectionString: databaseDirectUrl, maxConnections: 1, applicationName: `test:${name}` }, () => {});
+  if (directDb !== db) dbs.push(directDb);
+  await migrate(directDb, { schema });
 
   return {
     databaseUrl,
+    databaseDirectUrl,
     redisUrl,
     schema,
     redisPrefix,
