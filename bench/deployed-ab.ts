@@ -25,6 +25,7 @@ import { resolve } from 'node:path';
 import { createBenchEnv } from './support/bench-env.js';
 import { CLI_WORKER_SETTINGS, DEPLOYED_CONTENDERS, THIS_CHECKOUT, runDeployedDrain, type DeployedContender, type DeployedRun } from './support/deployed.js';
 import { formatSpread, spread } from './support/stats.js';
+import { optionReader } from './support/cli-args.js';
 
 /** One drain of the list: which process, from which tree, with what settings. */
 interface AbSpec {
@@ -101,21 +102,7 @@ function summarize(): string[] {
 }
 
 function parseArgs(argv: string[]) {
-  const value = (name: string) => {
-    const i = argv.indexOf(name);
-    if (i < 0) return undefined;
-    const v = argv[i + 1];
-    if (v === undefined || v.startsWith('--')) throw new Error(`${name} needs a value`);
-    argv.splice(i, 2);
-    return v;
-  };
-  const positive = (name: string, fallback: number) => {
-    const raw = value(name);
-    if (raw === undefined) return fallback;
-    const n = Number(raw);
-    if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer (got ${JSON.stringify(raw)})`);
-    return n;
-  };
+  const { value, positive } = optionReader(argv);
   const n = positive('--n', 10_000);
   const reps = positive('--reps', 3);
   const specs = (value('--specs') ?? process.env.SPECS ?? DEFAULT_SPECS).split('|').map((text) => parseSpec(text.trim()));

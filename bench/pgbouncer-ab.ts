@@ -19,6 +19,7 @@ import { createBenchEnv } from './support/bench-env.js';
 import { runDeployedDrain, type DeployedContender, type DeployedRun } from './support/deployed.js';
 import { formatSpread, spread } from './support/stats.js';
 import { PgBouncer } from '../test/support/pgbouncer.js';
+import { optionReader } from './support/cli-args.js';
 
 type Route = 'direct' | 'pgbouncer';
 const CONTENDERS: readonly DeployedContender[] = ['leased', 'fast-path-group'];
@@ -77,21 +78,7 @@ function summarize(): string[] {
 }
 
 function parseArgs(argv: string[]) {
-  const value = (name: string) => {
-    const i = argv.indexOf(name);
-    if (i < 0) return undefined;
-    const v = argv[i + 1];
-    if (v === undefined || v.startsWith('--')) throw new Error(`${name} needs a value`);
-    argv.splice(i, 2);
-    return v;
-  };
-  const positive = (name: string, fallback: number) => {
-    const raw = value(name);
-    if (raw === undefined) return fallback;
-    const n = Number(raw);
-    if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer (got ${JSON.stringify(raw)})`);
-    return n;
-  };
+  const { positive } = optionReader(argv);
   const parsed = {
     n: positive('--n', 20_000),
     reps: positive('--reps', 3),

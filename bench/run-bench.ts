@@ -23,6 +23,7 @@ import { runProcesses, runRecovery, runRss, type ProcessesRun, type RecoveryRun,
 import { runProducer, type ProducerRun } from './support/producer.js';
 import { formatSpread, spread, type Spread } from './support/stats.js';
 import { runThroughput, type Contender, type ThroughputRun } from './support/throughput.js';
+import { optionReader } from './support/cli-args.js';
 
 interface Args {
   quick: boolean;
@@ -35,20 +36,7 @@ interface Args {
 
 function parseArgs(argv: string[]): Args {
   const quick = argv.includes('--quick');
-  const value = (name: string) => {
-    const i = argv.indexOf(name);
-    if (i < 0) return undefined;
-    const v = argv[i + 1];
-    if (v === undefined || v.startsWith('--')) throw new Error(`${name} needs a value`);
-    return v;
-  };
-  const positive = (name: string, fallback: number) => {
-    const raw = value(name);
-    if (raw === undefined) return fallback;
-    const n = Number(raw);
-    if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer (got ${JSON.stringify(raw)})`);
-    return n;
-  };
+  const { value, positive } = optionReader(argv);
   const sections = ['deployed', 'throughput', 'steps', 'producer', 'processes', 'rss', 'recovery', 'peers'];
   const only = value('--only')?.split(',');
   for (const s of only ?? []) if (!sections.includes(s)) throw new Error(`--only: unknown section "${s}" (known: ${sections.join(', ')})`);
