@@ -2,7 +2,7 @@ import { InvalidArgumentError, type Command } from 'commander';
 import type { Kysely } from 'kysely';
 import { loadEnvConfig } from '../config/env-config.js';
 import { ValidationError } from '../errors.js';
-import { stepResultBytes } from '../protocol/job-steps.js';
+import { stepResultBytes, summarizeStep, type StepSummary } from '../protocol/job-steps.js';
 import { assertValidKeyPart } from '../protocol/validate.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import type { KeyRecord, KeyStatus } from '../store/key-record.js';
@@ -71,16 +71,8 @@ function keyJson(record: KeyRecord): Record<string, unknown> {
  * A key's steps as JSON for scripts: what was run and recorded under which fence, without the
  * results (their size in bytes instead; null while a step is not recorded).
  */
-function stepsJson(steps: readonly StepRecord[]): Array<Record<string, unknown>> {
-  return steps.map((step) => ({
-    name: step.name,
-    position: step.position,
-    starts: step.starts,
-    fence: step.fence,
-    startedAt: step.startedAt.toISOString(),
-    recordedAt: step.recordedAt?.toISOString() ?? null,
-    resultBytes: stepResultBytes(step),
-  }));
+function stepsJson(steps: readonly StepRecord[]): StepSummary[] {
+  return steps.map(summarizeStep);
 }
 
 function describeSteps(steps: readonly StepRecord[]): string {

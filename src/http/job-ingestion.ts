@@ -4,27 +4,14 @@ import { jobIdFor } from '../bullmq/job-identity.js';
 import { IdempotencyError, ValidationError } from '../errors.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem } from '../protocol/json-limits.js';
-import { stepResultBytes } from '../protocol/job-steps.js';
+import { summarizeStep, type StepSummary } from '../protocol/job-steps.js';
 import type { KeyRecord } from '../store/key-record.js';
 import type { StepRecord } from '../store/sql/load-steps.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
 
-/** One step of a multi-step job (`ctx.step`), as the HTTP API reports it. */
-export interface StepView {
-  readonly name: string;
-  /** 1-based position in the job's step sequence. */
-  readonly position: number;
-  /** How many times the step started (more than 1 only after a worker died inside it). */
-  readonly starts: number;
-  /** The fence of the claim that last started or recorded the step. */
-  readonly fence: number;
-  readonly startedAt: string;
-  /** When the step's result was recorded, or null (started, not recorded). */
-  readonly recordedAt: string | null;
-  /** The step's stored result, or null until it is recorded. */
+/** One step of a multi-step job (`ctx.step`), as the HTTP API reports it: its summary and its stored result (null until recorded). */
+export interface StepView extends StepSummary {
   readonly result: unknown;
-  /** The size of the stored result in bytes (UTF-8 JSON, as the result size limit counts), or null until recorded. */
-  readonly resultBytes: number | null;
 }
 
 /** A job's state as the HTTP API reports it. */
@@ -284,16 +271,7 @@ export function isSettled(view: JobView | undefined): boolean {
 }
 
 function toStepView(step: StepRecord): StepView {
-  return {
-    name: step.name,
-    position: step.position,
-    starts: step.starts,
-    fence: step.fence,
-    startedAt: step.startedAt.toISOString(),
-    recordedAt: step.recordedAt?.toISOString() ?? null,
-    result: step.recordedAt === null ? null : step.result,
-    resultBytes: stepResultBytes(step),
-  };
+  return { ...summarizeStep(step), result: step.recordedAt === null ? null : step.result };
 }
 
 function settledView(base: Pick<JobView, 'queue' | 'key' | 'name' | 'jobId' | 'acceptedAt'>, row: KeyRecord): Omit<JobView, 'steps'> {

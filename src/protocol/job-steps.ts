@@ -68,6 +68,32 @@ export function stepResultBytes(step: StepRecord): number | null {
   return step.recordedAt === null ? null : Buffer.byteLength(JSON.stringify(step.result) ?? 'null', 'utf8');
 }
 
+/** A step record as operators see it (CLI, HTTP): times in ISO 8601, the result's size instead of the result. */
+export interface StepSummary {
+  readonly name: string;
+  readonly position: number;
+  readonly starts: number;
+  readonly fence: number;
+  readonly startedAt: string;
+  /** Null while the step has started and not been recorded. */
+  readonly recordedAt: string | null;
+  /** UTF-8 bytes of the stored result (as the result size limit counts them), or null until recorded. */
+  readonly resultBytes: number | null;
+}
+
+/** See {@link StepSummary}. */
+export function summarizeStep(step: StepRecord): StepSummary {
+  return {
+    name: step.name,
+    position: step.position,
+    starts: step.starts,
+    fence: step.fence,
+    startedAt: step.startedAt.toISOString(),
+    recordedAt: step.recordedAt?.toISOString() ?? null,
+    resultBytes: stepResultBytes(step),
+  };
+}
+
 /** The recorded steps of a key, by position and by name. */
 interface RecordedSteps {
   readonly byPosition: ReadonlyMap<number, StepRecord>;
