@@ -121,6 +121,20 @@ export class RedisCluster {
     return { master: master.port, replicas: nodes.filter((n) => n.masterId === master.id && !n.failing).map((n) => n.port) };
   }
 
+  /**
+   * Waits until the replicas of the master on `masterPort` have every write it took so far: a
+   * write of `keyInSlot` (a key of one of its slots) and `WAIT` for all of them to acknowledge it
+   * (replication is ordered, so they then have everything before it too).
+   */
+  async waitForReplicas(masterPort: number, keyInSlot: string, timeoutMs = 10_000): Promise<void> {
+    const replicas = (await this.shardOf(keyInSlot)).replicas.length;
+    const acknowledged = await withClient(masterPort, async (client) => {
+      await client.set(keyInSlot, String(Date.now()));
+      return Number(await client.call('WAIT', String(replicas), String(timeoutMs)));
+    });
+    if (acknowledged < replicas) throw new Error(`${acknowledged} of ${replicas} replicas of port ${masterPort} caught up within ${timeoutMs} ms`);
+  }
+
   /** Kills the node (SIGKILL: no shutdown, no last write to its AOF beyond what was fsynced). */
   async kill(port: number): Promise<void> {
     const child = this.#processes.get(port);
