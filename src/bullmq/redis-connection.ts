@@ -45,7 +45,12 @@ export function openRedisConnection(settings: RedisConnectionSettings): RedisCon
   const cluster = new Cluster(
     nodes.map(({ host, port }) => ({ host, port })),
     {
-      redisOptions: { maxRetriesPerRequest: null, username: credentials?.username, password: credentials?.password },
+      redisOptions: {
+        maxRetriesPerRequest: null,
+        username: credentials?.username,
+        password: credentials?.password,
+        reconnectOnError: resendOnReadonly,
+      },
       // Keep retrying the whole cluster (capped at 2 s), as a single-server client reconnects forever.
       clusterRetryStrategy: (times) => Math.min(100 * times, 2_000),
     },
@@ -59,6 +64,19 @@ export function openRedisConnection(settings: RedisConnectionSettings): RedisCon
       await cluster.quit().catch(() => cluster.disconnect());
     },
   };
+}
+
+/**
+ * A command that reached a master as it was being demoted in a failover is answered `READONLY`
+ * (seen on BullMQ's job completion script in the chaos suite's coordinated failovers) instead
+ * of being redirected, and BullMQ would then fail the job: an infrastructure fault would use up
+ * an attempt. `2` closes that node's connection and sends the command again; the cluster client
+ * retries it once the connection is gone (`retryDelayOnFailover`), after refreshing its slot
+ * map, on the new master. Nothing ran on the replica: it refuses every write, so a script stops
+ * at its first one.
+ */
+function resendOnReadonly(error: Error): 2 | false {
+  return error.message.startsWith('READONLY') ? 2 : false;
 }
 
 /**

@@ -76,13 +76,13 @@ export async function startClusterChaosRedis(keyInQueueSlot: string): Promise<Ch
       return killed;
     },
     async restart(downMs) {
-      const { master } = await cluster.shardOf(keyInQueueSlot);
+      const { master } = await cluster.shardWithReplica(keyInQueueSlot);
       await cluster.restart(master, Math.min(downMs, CLUSTER_NODE_TIMEOUT_MS / 2));
       // Back as master once its replica has synced again, before the next fault.
       await cluster.waitUntilHealthy(60_000);
     },
     async failover() {
-      const { master, replicas } = await cluster.shardOf(keyInQueueSlot);
+      const { master, replicas } = await cluster.shardWithReplica(keyInQueueSlot);
       await cluster.failover(replicas[0]!);
       await cluster.waitUntilHealthy(60_000);
       return { from: master, to: replicas[0]! };

@@ -118,7 +118,20 @@ export class RedisCluster {
     const nodes = await this.nodes();
     const master = nodes.find((n) => n.role === 'master' && !n.failing && n.slots.some((range) => inRange(slot, range)));
     if (!master) throw new Error(`no master serves slot ${slot}`);
-    return { master: master.port, replicas: nodes.filter((n) => n.masterId === master.id && !n.failing).map((n) => n.port) };
+    // The master's own view: just after a failover, other nodes may not yet know its replicas.
+    const own = await this.nodes(master.port);
+    return { master: master.port, replicas: own.filter((n) => n.masterId === master.id && !n.failing).map((n) => n.port) };
+  }
+
+  /** {@link shardOf}, once the master has a replica (after a failover the old master rejoins as one). */
+  async shardWithReplica(key: string, timeoutMs = 30_000): Promise<{ master: number; replicas: number[] }> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const shard = await this.shardOf(key).catch(() => undefined);
+      if (shard && shard.replicas.length > 0) return shard;
+      if (Date.now() > deadline) throw new Error(`the shard of ${key} has no replica after ${timeoutMs} ms`);
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
   }
 
   /**
@@ -224,6 +237,8 @@ export class RedisCluster {
 }
 
 async function withClient<T>(port: number, use: (client: Redis) => Promise<T>): Promise<T> {
+  // Never fall back to ioredis's default port: that is the machine's shared Redis.
+  if (!Number.isInteger(port) || port <= 0) throw new Error(`no cluster node port given (${port})`);
   const client = new Redis({ port, host: '127.0.0.1', lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 2_000 });
   client.on('error', () => {});
   try {
