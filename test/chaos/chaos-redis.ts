@@ -104,12 +104,12 @@ async function killClientsOn(admin: Redis, fraction: number, next: () => number)
     .map((m) => Number(m[1]))
     .sort((a, b) => a - b);
   if (ids.length === 0) return 0;
+  // Chosen first, then killed: a client may be gone by the time its turn comes.
   const count = Math.max(1, Math.round(ids.length * fraction));
   const pool = [...ids];
+  const chosen: number[] = [];
+  while (chosen.length < count) chosen.push(pool.splice(Math.floor(next() * pool.length), 1)[0]!);
   let killed = 0;
-  while (killed < count) {
-    const id = pool.splice(Math.floor(next() * pool.length), 1)[0]!;
-    killed += Number(await admin.client('KILL', 'ID', String(id)).catch(() => 0));
-  }
+  for (const id of chosen) killed += Number(await admin.client('KILL', 'ID', String(id)).catch(() => 0));
   return killed;
 }
