@@ -5,7 +5,7 @@
  * Prints the result as JSON; exits 2 on bad input, 1 on failure.
  */
 import { parseArgs } from 'node:util';
-import { IdempotencyError, IdempotentProducer, loadEnvConfig, openRedisConnection } from '../src/index.js';
+import { IdempotencyError, IdempotentProducer, loadEnvConfig, openRedisConnection, runMain } from '../src/index.js';
 
 const { values } = parseArgs({
   options: {
@@ -16,7 +16,7 @@ const { values } = parseArgs({
   },
 });
 
-const config = loadEnvConfig();
+const config = await runMain(() => loadEnvConfig());
 const redis = openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES });
 const producer = new IdempotentProducer({ queue: config.QUEUE, connection: redis.connection, prefix: config.REDIS_PREFIX });
 try {
