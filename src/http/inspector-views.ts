@@ -53,6 +53,8 @@ export interface KeyListData {
   readonly page: KeyPage;
   readonly status?: KeyStatus;
   readonly scope?: string;
+  /** Keys per page, when the request chose it (kept in the paging links). */
+  readonly limit?: number;
   /** The page was read backward (a "previous" link). */
   readonly backward: boolean;
   /** The page was read from a cursor (not the first page). */
@@ -66,10 +68,11 @@ export function keyHref(scope: string, key: string): string {
 }
 
 /** The hash route of a list of keys. */
-export function listHref(filter: { status?: KeyStatus; scope?: string; after?: KeyCursor; before?: KeyCursor }): string {
+export function listHref(filter: { status?: KeyStatus; scope?: string; limit?: number; after?: KeyCursor; before?: KeyCursor }): string {
   const query = new URLSearchParams();
   if (filter.status) query.set('status', filter.status);
   if (filter.scope !== undefined) query.set('scope', filter.scope);
+  if (filter.limit !== undefined) query.set('limit', String(filter.limit));
   if (filter.after) {
     query.set('afterScope', filter.after.scope);
     query.set('afterKey', filter.after.key);
@@ -114,7 +117,7 @@ ${auditTable(data.actions, true)}
 
 /** A list of keys by status and scope, with keyset paging links. */
 export function keyListView(data: KeyListData): SafeHtml {
-  const { page, status, scope, backward, fromCursor } = data;
+  const { page, status, scope, limit, backward, fromCursor } = data;
   const first = page.records[0];
   const last = page.records.at(-1);
   // Reading forward, `more` says whether a next page exists; a previous one exists when the
@@ -134,9 +137,9 @@ export function keyListView(data: KeyListData): SafeHtml {
 </form>
 ${keyTable(page.records, data.now, 'No keys match.')}
 <nav class="paging">
-<a href="${listHref({ status, scope })}">First page</a>
-${hasPrevious && first ? html`<a href="${listHref({ status, scope, before: cursor(first) })}" rel="prev">Previous page</a>` : ''}
-${hasNext && last ? html`<a href="${listHref({ status, scope, after: cursor(last) })}" rel="next">Next page</a>` : ''}
+<a href="${listHref({ status, scope, limit })}">First page</a>
+${hasPrevious && first ? html`<a href="${listHref({ status, scope, limit, before: cursor(first) })}" rel="prev">Previous page</a>` : ''}
+${hasNext && last ? html`<a href="${listHref({ status, scope, limit, after: cursor(last) })}" rel="next">Next page</a>` : ''}
 </nav>
 </section>`;
 }

@@ -130,11 +130,12 @@ class KeyInspector {
       const scope = query.scope === undefined || query.scope === '' ? undefined : readKeyPart('scope', query.scope);
       const after = readCursor(query.afterScope, query.afterKey, 'after');
       const before = readCursor(query.beforeScope, query.beforeKey, 'before');
-      const limit = readLimit(query.limit);
+      const chosenLimit = readLimit(query.limit);
+      const limit = chosenLimit ?? DEFAULT_PAGE_SIZE;
       const { db, options } = this.#options.keys;
       const [page, now] = await Promise.all([pageKeys(db, options.schema, { status, scope, after, before, limit }), databaseNow(db)]);
       const backward = before !== undefined && after === undefined;
-      return sendView(reply, 200, keyListView({ page, status, scope, backward, fromCursor: after !== undefined || before !== undefined, now }));
+      return sendView(reply, 200, keyListView({ page, status, scope, limit: chosenLimit, backward, fromCursor: after !== undefined || before !== undefined, now }));
     });
 
     app.get<{ Querystring: Record<string, string | undefined> }>('/key', async (request, reply) => {
@@ -265,8 +266,8 @@ function readCursor(scope: string | undefined, key: string | undefined, name: st
   return { scope, key };
 }
 
-function readLimit(value: string | undefined): number {
-  if (value === undefined || value === '') return DEFAULT_PAGE_SIZE;
+function readLimit(value: string | undefined): number | undefined {
+  if (value === undefined || value === '') return undefined;
   const n = Number(value);
   if (!/^\d+$/.test(value) || n < 1 || n > MAX_PAGE_SIZE) throw new HttpProblem('invalid-request', `limit must be a whole number from 1 to ${MAX_PAGE_SIZE}, got "${value}".`);
   return n;
