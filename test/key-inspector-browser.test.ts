@@ -4,6 +4,7 @@
  * file, a fresh context (so a fresh sessionStorage) per test. `INSPECTOR_SCREENSHOT=<file.png>`
  * also saves the key page as shown (the README's picture).
  */
+import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 import { pino } from 'pino';
@@ -21,6 +22,7 @@ let env: TestEnv;
 let keys: IdempotencyKeys;
 let api: HttpApi;
 let baseUrl: string;
+let queue: Queue;
 let browser: Browser;
 let context: BrowserContext | undefined;
 
@@ -48,6 +50,9 @@ beforeAll(async () => {
   await steps.run('reserve-stock', { transaction: async () => ({ items: 2 }) });
   await steps.run('charge-card', async () => ({ chargeId: 'ch_3Kx9' }));
   await keys.runEffect(paid, async () => ({ receipt: 'r-42', amount: 1999 }));
+  // Its BullMQ job, still waiting (no worker runs in this file).
+  queue = new Queue('payments', { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+  await queue.add('charge', { order: 42 }, { jobId: 'job-order-42' });
   const stuck = await keys.claim('acme', 'order-7', fp('order-7'), { jobId: 'job-order-7', queue: 'payments', jobName: 'charge' });
   if (stuck.kind !== 'claimed') throw new Error(`setup: ${stuck.kind}`);
   await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '20 minutes' where key = 'order-7'`.execute(env.db);
@@ -68,6 +73,7 @@ afterEach(async () => {
 
 afterAll(async () => {
   await browser?.close();
+  await queue?.close();
   await api?.close();
   await env?.teardown();
 });
@@ -125,6 +131,7 @@ it('opens the overview, searches a key and shows its page: status, job, steps an
   expect(await page.locator('[data-field=fence]').textContent()).toBe('1');
   expect(await page.locator('[data-field=job-id]').textContent()).toBe('job-order-42');
   expect(await page.locator('[data-field=queue]').textContent()).toBe('payments');
+  expect(await page.locator('[data-field=job-state]').textContent()).toBe('waiting');
   expect(JSON.parse((await page.locator('pre[data-field=result]').textContent())!)).toEqual({ receipt: 'r-42', amount: 1999 });
   const steps = page.locator('table.steps tbody tr');
   expect(await steps.count()).toBe(2);
