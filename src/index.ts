@@ -66,7 +66,7 @@ export { startWorkerProcess } from './runtime/worker-process.js';
 export { onShutdownSignals } from './runtime/shutdown-signals.js';
 export { runMain, startupFailureExitCode } from './runtime/run-main.js';
 export type { HttpApiOptions, ResolvedHttpApiOptions, HttpEnvConfig } from './config/http-options.js';
-export { ANONYMOUS_TENANT, assertBindAllowed, isLoopbackHost, loadHttpEnvConfig, parseTokens, resolveHttpApiOptions } from './config/http-options.js';
+export { ANONYMOUS_TENANT, assertBindAllowed, isLoopbackHost, loadHttpEnvConfig, parseAdminTokens, parseTokens, resolveHttpApiOptions } from './config/http-options.js';
 export { HttpApi, createHttpApi } from './http/http-api.js';
 export type { JobState, JobView, StepView, SubmitOutcome, SubmitRequest, JobIngestionOptions } from './http/job-ingestion.js';
 export { JobIngestion, requestScopeFor } from './http/job-ingestion.js';

@@ -234,9 +234,16 @@ describe('idempotent-jobs CLI', () => {
     expect(body.key.error).toMatchObject({
       released_by_operator: true,
       reason: 'card updated by support',
+      by: expect.stringMatching(/^cli:./),
       previous_status: 'failed',
       previous_error: { message: 'card declined' },
     });
+    // The release is also in the key's audit record, with who, why and what it replaced.
+    const { rows: audit } = await sql<{ action: string; actor: string; reason: string; detail: unknown }>`
+      select action, actor, reason, detail from ${sql.id(env.schema, 'key_audit')} where scope = 'acme' and key = 'declined'`.execute(env.db);
+    expect(audit).toEqual([
+      { action: 'release', actor: expect.stringMatching(/^cli:./), reason: 'card updated by support', detail: { previous_status: 'failed', fence: 1 } },
+    ]);
     // The key is claimable at once, by takeover (fence 2), with the same payload.
     const claim = await keys.claim('acme', 'declined', keys.fingerprint({ n: 1 }));
     expect(claim).toMatchObject({ kind: 'taken-over', fence: 2 });

@@ -1,3 +1,4 @@
+import { userInfo } from 'node:os';
 import { InvalidArgumentError, type Command } from 'commander';
 import type { Kysely } from 'kysely';
 import { loadEnvConfig } from '../config/env-config.js';
@@ -55,6 +56,18 @@ async function withDatabase<T>(fn: (db: Kysely<any>, schema: string) => Promise<
   } finally {
     await db.destroy();
   }
+}
+
+/** Who runs a CLI release, for the key's record: `cli:<login name>`. */
+function cliActor(): string {
+  let user: string | undefined;
+  try {
+    user = userInfo().username;
+  } catch {
+    // No passwd entry for the uid (some containers): the environment may still say.
+    user = process.env.USER ?? process.env.LOGNAME;
+  }
+  return `cli:${user ?? 'unknown'}`;
 }
 
 function checkKey(scope: string, key: string): void {
@@ -212,7 +225,7 @@ export function registerKeysCommand(program: Command): void {
       checkKey(scope, key);
       if (options.reason.trim() === '') throw new ValidationError('INVALID_OPTIONS', 'reason', '--reason must not be empty.');
       const outcome = await withDatabase(async (db, schema) => {
-        const released = await operatorReleaseKey(db, schema, scope, key, options.reason);
+        const released = await operatorReleaseKey(db, schema, { scope, key, reason: options.reason, actor: cliActor() });
         return released ?? { existing: await getKey(db, schema, scope, key) };
       });
       if ('record' in outcome) {

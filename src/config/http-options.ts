@@ -14,6 +14,8 @@ export const ANONYMOUS_TENANT = 'default';
  * request records, so they may not contain `:` (no tenant's scope can look like another's).
  */
 const TENANT_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
+/** Operator names (admin tokens' names): recorded on the keys they act on, and logged. */
+const OPERATOR_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$/;
 /** Queue names as BullMQ accepts them in a Redis key, and as they appear in a URL path. */
 const QUEUE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$/;
 /** Shortest bearer token accepted: shorter ones are guessable. */
@@ -39,6 +41,15 @@ export interface HttpApiOptions {
    * @defaultValue `{}`
    */
   readonly tokens?: Readonly<Record<string, string>>;
+  /**
+   * Admin bearer token → operator name, for the key inspector at `/ui` (separate from the
+   * tenants' `tokens`; a token may not be both). The operator's name is recorded on every key
+   * they act on. Empty or omitted: the inspector answers only while the server listens on
+   * loopback, every action being recorded as operator `"loopback"`; on any other address it
+   * refuses every request.
+   * @defaultValue `{}`
+   */
+  readonly adminTokens?: Readonly<Record<string, string>>;
   /**
    * Wakes `Prefer: wait=N` requests when their job settles. Omitted: `Prefer: wait` is not
    * applied (and no `Preference-Applied` is sent).
@@ -69,6 +80,8 @@ export interface ResolvedHttpApiOptions {
   readonly queues: readonly string[];
   /** Token → tenant; empty means authentication is off. */
   readonly tokens: ReadonlyMap<string, string>;
+  /** Admin token → operator name; empty means the inspector serves loopback only. */
+  readonly adminTokens: ReadonlyMap<string, string>;
   readonly listener: KeySettledListener | undefined;
   readonly maxWaitSeconds: number;
   readonly bodyLimitBytes: number;
@@ -104,12 +117,16 @@ export function resolveHttpApiOptions(options: HttpApiOptions): ResolvedHttpApiO
     const field = issue.path.join('.');
     throw new ValidationError('INVALID_OPTIONS', field, `Invalid option ${field}: ${issue.message}`);
   }
+  const tokens = checkTokens(Object.entries(options.tokens ?? {}), 'tokens', TENANTS);
+  const adminTokens = checkTokens(Object.entries(options.adminTokens ?? {}), 'adminTokens', OPERATORS);
+  assertTokensApart(tokens, adminTokens, 'adminTokens');
   return Object.freeze({
     ...parsed.data,
     queues: Object.freeze([...new Set(parsed.data.queues)]),
     keys: options.keys,
     connection: options.connection,
-    tokens: checkTokens(Object.entries(options.tokens ?? {}), 'tokens'),
+    tokens,
+    adminTokens,
     listener: options.listener,
     jobOptions: options.jobOptions ?? { attempts: 3, backoff: { type: 'exponential', delay: 1000 } },
     logger: options.logger,
@@ -122,21 +139,57 @@ export function resolveHttpApiOptions(options: HttpApiOptions): ResolvedHttpApiO
  * bad entry by position (never echoing a token).
  */
 export function parseTokens(text: string | undefined): ReadonlyMap<string, string> {
+  return parseTokenList(text, 'HTTP_TOKENS', TENANTS);
+}
+
+/**
+ * Parses `ADMIN_TOKENS`: `token1=alice,token2=bob`, the key inspector's operators (see
+ * {@link HttpApiOptions.adminTokens}). Same form and rules as `HTTP_TOKENS`; names are 1–64 of
+ * A–Z a–z 0–9 _ . @ -.
+ */
+export function parseAdminTokens(text: string | undefined): ReadonlyMap<string, string> {
+  return parseTokenList(text, 'ADMIN_TOKENS', OPERATORS);
+}
+
+/** What a token list maps tokens to: tenants or operators. */
+interface TokenNames {
+  readonly noun: string;
+  readonly pattern: RegExp;
+  readonly rule: string;
+}
+const TENANTS: TokenNames = { noun: 'tenant', pattern: TENANT_PATTERN, rule: '1–64 of A–Z a–z 0–9 _ . - (starting with a letter or digit; no ":")' };
+const OPERATORS: TokenNames = { noun: 'operator', pattern: OPERATOR_PATTERN, rule: '1–64 of A–Z a–z 0–9 _ . @ - (starting with a letter or digit)' };
+
+function parseTokenList(text: string | undefined, variable: string, names: TokenNames): ReadonlyMap<string, string> {
   if (text === undefined || text.trim() === '') return new Map();
   const entries = text.split(',').map((entry, index) => {
     const trimmed = entry.trim();
     const at = trimmed.indexOf('=');
-    if (at <= 0) throw new ConfigError(`HTTP_TOKENS: entry ${index + 1} is not "token=tenant" (expected e.g. "s3cr3t-token-acme-0001=acme,…").`);
+    if (at <= 0) {
+      throw new ConfigError(`${variable}: entry ${index + 1} is not "token=${names.noun}" (expected e.g. "s3cr3t-token-acme-0001=acme,…").`);
+    }
     return [trimmed.slice(0, at), trimmed.slice(at + 1)] as [string, string];
   });
   try {
-    return checkTokens(entries, 'HTTP_TOKENS');
+    return checkTokens(entries, variable, names);
   } catch (error) {
     throw new ConfigError((error as Error).message);
   }
 }
 
-function checkTokens(entries: ReadonlyArray<readonly [string, string]>, field: string): ReadonlyMap<string, string> {
+/**
+ * Admin tokens open the key inspector, tenant tokens the job API: a token that did both would
+ * give a tenant's client the operators' powers. Throws naming the entry by position, never the token.
+ */
+function assertTokensApart(tenants: ReadonlyMap<string, string>, admins: ReadonlyMap<string, string>, field: string): void {
+  [...admins.keys()].forEach((token, index) => {
+    if (tenants.has(token)) {
+      throw new ValidationError('INVALID_OPTIONS', field, `${field}: entry ${index + 1} is also a tenant token; admin tokens must differ from tenant tokens.`);
+    }
+  });
+}
+
+function checkTokens(entries: ReadonlyArray<readonly [string, string]>, field: string, names: TokenNames): ReadonlyMap<string, string> {
   const tokens = new Map<string, string>();
   entries.forEach(([token, tenant], index) => {
     const where = `${field}: entry ${index + 1}`;
@@ -147,12 +200,8 @@ function checkTokens(entries: ReadonlyArray<readonly [string, string]>, field: s
         `${where}: a token must be at least ${MIN_TOKEN_LENGTH} printable ASCII characters without spaces or commas.`,
       );
     }
-    if (!TENANT_PATTERN.test(tenant)) {
-      throw new ValidationError(
-        'INVALID_OPTIONS',
-        field,
-        `${where}: tenant "${tenant}" is not 1–64 of A–Z a–z 0–9 _ . - (starting with a letter or digit; no ":").`,
-      );
+    if (!names.pattern.test(tenant)) {
+      throw new ValidationError('INVALID_OPTIONS', field, `${where}: ${names.noun} "${tenant}" is not ${names.rule}.`);
     }
     if (tokens.has(token)) throw new ValidationError('INVALID_OPTIONS', field, `${where}: the same token appears twice.`);
     tokens.set(token, tenant);
@@ -202,6 +251,8 @@ export interface HttpEnvConfig extends EnvConfig {
   readonly HTTP_QUEUES: readonly string[];
   /** Token → tenant, from `HTTP_TOKENS`. */
   readonly HTTP_TOKENS: ReadonlyMap<string, string>;
+  /** Admin token → operator name, from `ADMIN_TOKENS` (the key inspector at `/ui`). */
+  readonly ADMIN_TOKENS: ReadonlyMap<string, string>;
   readonly HTTP_MAX_WAIT_SECONDS: number;
   readonly HTTP_BODY_LIMIT_BYTES: number;
   readonly HTTP_JOB_ATTEMPTS: number;
@@ -230,6 +281,12 @@ export function loadHttpEnvConfig(env: NodeJS.ProcessEnv = process.env): HttpEnv
     throw new ConfigError(`Invalid configuration:\n  HTTP_QUEUES: ${bad === undefined ? 'no queue named' : `"${bad}" is not a valid queue name`} (got ${JSON.stringify(env.HTTP_QUEUES)})`);
   }
   const tokens = parseTokens(env.HTTP_TOKENS);
+  const adminTokens = parseAdminTokens(env.ADMIN_TOKENS);
+  try {
+    assertTokensApart(tokens, adminTokens, 'ADMIN_TOKENS');
+  } catch (error) {
+    throw new ConfigError((error as Error).message);
+  }
   assertBindAllowed(parsed.data.HTTP_HOST, tokens.size);
-  return { ...base, ...parsed.data, HTTP_QUEUES: queues, HTTP_TOKENS: tokens };
+  return { ...base, ...parsed.data, HTTP_QUEUES: queues, HTTP_TOKENS: tokens, ADMIN_TOKENS: adminTokens };
 }

@@ -9,6 +9,7 @@ import { answerClientError } from './client-errors.js';
 import { httpMetrics, metricsExposition, type HttpMetrics } from './http-metrics.js';
 import { JobIngestion, isSettled, type JobView } from './job-ingestion.js';
 import { installJsonBodyParser } from './json-body.js';
+import { keyInspectorRoutes } from './key-inspector.js';
 import { jobRouteSchemas, openApiDocument } from './openapi.js';
 import { HttpProblem, sendProblem, toHttpProblem } from './problems.js';
 import { BearerAuthenticator, readIdempotencyKey, readPathKey, readPreferWait } from './request-headers.js';
@@ -202,6 +203,7 @@ export class HttpApi {
     app.register(swagger, { openapi: openApiDocument(this.#options) });
     app.register(async (scope) => this.#operationalRoutes(scope));
     app.register(async (scope) => this.#jobRoutes(scope), { prefix: '/v1' });
+    app.register(keyInspectorRoutes({ keys: this.#options.keys, producers: this.#producers, adminTokens: this.#options.adminTokens }), { prefix: '/ui' });
     this.#relay?.start();
   }
 

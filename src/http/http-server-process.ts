@@ -64,6 +64,7 @@ export async function startHttpServerProcess(options: HttpServerProcessOptions):
       prefix: config.REDIS_PREFIX,
       queues: config.HTTP_QUEUES,
       tokens: Object.fromEntries(config.HTTP_TOKENS),
+      adminTokens: Object.fromEntries(config.ADMIN_TOKENS),
       listener,
       maxWaitSeconds: config.HTTP_MAX_WAIT_SECONDS,
       bodyLimitBytes: config.HTTP_BODY_LIMIT_BYTES,

@@ -12,6 +12,7 @@ export const PROBLEMS = {
   'invalid-request': { status: 400, title: 'Request invalid' },
   'malformed-http': { status: 400, title: 'Malformed HTTP request' },
   unauthorized: { status: 401, title: 'Unauthorized' },
+  forbidden: { status: 403, title: 'Forbidden' },
   'unknown-queue': { status: 404, title: 'Unknown queue' },
   'not-found': { status: 404, title: 'Not found' },
   'request-in-progress': { status: 409, title: 'A request with this Idempotency-Key is in progress' },

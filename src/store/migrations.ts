@@ -133,6 +133,26 @@ export function migrationsFor(schema: string): Record<string, Migration> {
         await recordStepFunctionDdl(schema).execute(db);
       },
     },
+    '015_key_audit': {
+      // What operators did to keys (the key inspector's and the CLI's release): who, when, why.
+      // No foreign key to the key: the record outlives the key (the janitor deletes keys, not
+      // their history), and a key claimed anew still shows what was done to its earlier life.
+      async up(db: Kysely<any>) {
+        await sql`
+          create table ${t('key_audit')} (
+            id      bigint      generated always as identity primary key,
+            scope   text        not null,
+            key     text        not null,
+            action  text        not null,
+            actor   text        not null,
+            reason  text        not null,
+            detail  jsonb,
+            at      timestamptz not null default now()
+          )`.execute(db);
+        // A key's page lists its entries newest first.
+        await sql`create index key_audit_by_key on ${t('key_audit')} (scope, key, id)`.execute(db);
+      },
+    },
   };
 
   /** A migration that only installs (the current body of) one function. */
