@@ -127,6 +127,59 @@ describe('migrate with keysPartitions', () => {
   });
 });
 
+describe('converting a plain keys table (docs/operations.md, "A partitioned keys table")', () => {
+  it('moves every key and step into a partitioned table the same schema\'s functions then use', async () => {
+    const live = anotherSchema('live');
+    const scratch = anotherSchema('new');
+    const old = anotherSchema('old');
+    await migrate(env.db, { schema: live });
+    const before = new IdempotencyKeys({ db: env.db, schema: live });
+    const done = await before.claim('convert', 'done', 'fp');
+    if (done.kind !== 'claimed') throw new Error(done.kind);
+    await before.runEffect(done, async () => 'before');
+    await sql`insert into ${sql.id(live, 'job_steps')} (scope, key, name, position, fence) values ('convert', 'done', 'charge', 1, 1)`.execute(env.db);
+    await sql`insert into ${sql.id(live, 'idempotency_keys')} (scope, key, fingerprint, status)
+              select 'convert', 'k-' || n, 'fp', 'completed' from generate_series(1, 200) as n`.execute(env.db);
+
+    await migrate(env.db, { schema: scratch, keysPartitions: PARTITIONS });
+    // The documented statements, with the schema names of this test.
+    await env.db.transaction().execute(async (tx) => {
+      const [l, n, o] = [sql.id(live), sql.id(scratch), sql.id(old)];
+      await sql`create schema ${o}`.execute(tx);
+      await sql`alter table ${l}.job_steps set schema ${o}`.execute(tx);
+      await sql`alter table ${l}.idempotency_keys set schema ${o}`.execute(tx);
+      await sql`insert into ${n}.idempotency_keys select * from ${o}.idempotency_keys`.execute(tx);
+      await sql`insert into ${n}.job_steps select * from ${o}.job_steps`.execute(tx);
+      await sql`alter table ${n}.idempotency_keys set schema ${l}`.execute(tx);
+      await sql.raw(`do $$
+        declare p text;
+        begin
+          for p in select c.relname from pg_inherits i join pg_class c on c.oid = i.inhrelid
+                    where i.inhparent = '${live}.idempotency_keys'::regclass loop
+            execute format('alter table ${scratch}.%I set schema ${live}', p);
+          end loop;
+        end $$`).execute(tx);
+      await sql`alter table ${n}.job_steps set schema ${l}`.execute(tx);
+    });
+
+    expect((await keysTableLayout(env.db, live)).partitions).toHaveLength(PARTITIONS);
+    await expect(migrate(env.db, { schema: live, keysPartitions: PARTITIONS })).resolves.toMatchObject({ results: [] });
+    const after = new IdempotencyKeys({ db: env.openDb(2), schema: live });
+    await expect(after.claim('convert', 'done', 'fp')).resolves.toMatchObject({ kind: 'completed', result: 'before' });
+    const fresh = await after.claim('convert', 'fresh', 'fp');
+    if (fresh.kind !== 'claimed') throw new Error(fresh.kind);
+    await after.runEffect(fresh, async () => 'after');
+    const { rows } = await sql<{ partitioned: string; steps: string }>`
+      select (select count(*) from ${sql.id(live, 'idempotency_keys')}) as partitioned,
+             (select count(*) from ${sql.id(live, 'job_steps')} where key = 'done') as steps`.execute(env.db);
+    expect(rows[0]).toEqual({ partitioned: '202', steps: '1' });
+    // The steps' foreign key points at the partitioned table: deleting a key there deletes its steps.
+    await sql`delete from ${sql.id(live, 'idempotency_keys')} where key = 'done'`.execute(env.db);
+    const { rows: steps } = await sql`select 1 from ${sql.id(live, 'job_steps')}`.execute(env.db);
+    expect(steps).toHaveLength(0);
+  });
+});
+
 describe('Janitor on a partitioned keys table', () => {
   async function insertKeys(prefix: string, count: number, status: 'completed' | 'processing', expiresIn: string | null): Promise<void> {
     const expires = expiresIn === null ? sql`null::timestamptz` : sql`now() + ${expiresIn}::interval`;
