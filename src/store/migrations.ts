@@ -31,7 +31,9 @@ export interface SchemaLayout {
  * A hash-partitioned keys table (`layout.keysPartitions`) is the same table in meaning: the
  * partition key is the primary key (scope, key), so the primary key, every `ON CONFLICT` on it
  * and the job_steps foreign key stay as they are, and each statement by (scope, key) reads one
- * partition. Migrations that change the table's storage apply it to each partition.
+ * partition. Migrations that change the table's storage apply it to each partition. (001 and
+ * 007 take the layout into account; for a plain table they run the statements they always ran,
+ * so a database migrated before the option existed is in the state a new one reaches.)
  */
 export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record<string, Migration> {
   const t = (table: string) => sql.id(schema, table);
