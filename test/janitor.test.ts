@@ -103,8 +103,18 @@ describe('Janitor', () => {
   it('bounds one run by maxBatchesPerRun and reports that more is left', async () => {
     await insertKeys('expired', 30, { status: 'completed', expiresIn: '-1 minute' });
     const janitor = new Janitor({ db: env.db, schema: env.schema, batchSize: 10, maxBatchesPerRun: 2, logger: silent });
-    expect(await janitor.runOnce()).toMatchObject({ keysDeleted: 20, more: true });
-    expect(await janitor.runOnce()).toMatchObject({ keysDeleted: 10, more: false });
+    const deletedPerRun: number[] = [];
+    for (let more = true; more && deletedPerRun.length < 50; ) {
+      const report = await janitor.runOnce();
+      deletedPerRun.push(report.keysDeleted);
+      more = report.more;
+    }
+    expect(deletedPerRun.reduce((a, b) => a + b, 0)).toBe(30);
+    expect(Math.max(...deletedPerRun)).toBeLessThanOrEqual(20);
+    // A plain table: two full batches, then the rest. A partitioned one (TEST_KEYS_PARTITIONS)
+    // spends a batch per partition, sharing the same budget of two per run.
+    if (env.keysPartitions === 0) expect(deletedPerRun).toEqual([20, 10]);
+    else expect(deletedPerRun.length).toBeGreaterThan(2);
   });
 
   it('purges sent outbox rows older than the retention, and keeps recent and unsent ones', async () => {

@@ -11,6 +11,7 @@ import { getKey } from '../store/sql/get-key.js';
 import { listKeys } from '../store/sql/list-keys.js';
 import { loadSteps, type StepRecord } from '../store/sql/load-steps.js';
 import { operatorReleaseKey } from '../store/sql/operator-release.js';
+import { keysTableLayout } from '../store/sql/keys-table-layout.js';
 import { purgeKeys } from '../store/sql/purge-keys.js';
 import { EXIT_CONFLICT, EXIT_NOT_FOUND } from './exit-codes.js';
 import { formatDuration, formatTable, formatTime } from './table.js';
@@ -260,11 +261,16 @@ export function registerKeysCommand(program: Command): void {
     .action(async (options: { olderThan: number; json?: boolean }) => {
       const deleted = await withDatabase(async (db, schema) => {
         let total = 0;
-        for (;;) {
-          const n = await purgeKeys(db, schema, options.olderThan, PURGE_BATCH);
-          total += n;
-          if (n < PURGE_BATCH) return total;
+        // Partition by partition on a partitioned keys table, for the janitor's reason (see deleteExpiredKeys).
+        const { partitions } = await keysTableLayout(db, schema);
+        for (const table of partitions.length > 0 ? partitions : ['idempotency_keys']) {
+          for (;;) {
+            const n = await purgeKeys(db, schema, options.olderThan, PURGE_BATCH, table);
+            total += n;
+            if (n < PURGE_BATCH) break;
+          }
         }
+        return total;
       });
       if (options.json) console.log(JSON.stringify({ deleted, olderThanMs: options.olderThan }));
       else console.log(`Purged ${deleted} finished key${deleted === 1 ? '' : 's'} older than ${formatDuration(options.olderThan)}.`);

@@ -5,7 +5,8 @@ import { migrate } from '../store/migrate.js';
 
 /**
  * `migrate`: creates or upgrades the tables in $SCHEMA, over $DATABASE_DIRECT_URL when set (the
- * migrations' advisory lock needs a session), else $DATABASE_URL.
+ * migrations' advisory lock needs a session), else $DATABASE_URL. A new keys table is hash-partitioned
+ * when $KEYS_PARTITIONS is set (see {@link migrate}).
  */
 export function registerMigrateCommand(program: Command): void {
   program
@@ -16,7 +17,7 @@ export function registerMigrateCommand(program: Command): void {
       const config = loadEnvConfig();
       const db = createPostgresDb({ connectionString: directDatabaseUrl(config), maxConnections: 1 });
       try {
-        const { results = [] } = await migrate(db, { schema: config.SCHEMA });
+        const { results = [] } = await migrate(db, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
         const applied = results.filter((r) => r.status === 'Success').map((r) => r.migrationName);
         if (options.json) console.log(JSON.stringify({ schema: config.SCHEMA, applied }));
         else console.log(applied.length ? `Applied to schema ${config.SCHEMA}: ${applied.join(', ')}` : `Schema ${config.SCHEMA} is up to date.`);

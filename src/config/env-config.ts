@@ -59,6 +59,11 @@ const envSchema = z.object({
   /** Port of /metrics and /healthz; 0 picks a free port. Unset: no metrics server. */
   METRICS_PORT: int(0).max(65_535).optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  /**
+   * Hash partitions of the keys table the migrations create (0: one plain table). Against an
+   * existing table it must match its layout. Unset: new tables are plain, existing ones used as they are.
+   */
+  KEYS_PARTITIONS: int(0).max(1024).optional(),
   /** Run migrations at start (safe with many processes). */
   MIGRATE: bool.default(true),
   /** Janitor (expired keys, old outbox rows) in this process, one active across processes. */

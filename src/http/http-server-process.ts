@@ -6,7 +6,7 @@ import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { KeySettledListener } from '../store/key-settled-listener.js';
-import { migrate } from '../store/migrate.js';
+import { migrate, type MigrateOptions } from '../store/migrate.js';
 import { openRedisConnection } from '../bullmq/redis-connection.js';
 import { createHttpApi, type HttpApi } from './http-api.js';
 
@@ -56,7 +56,7 @@ export async function startHttpServerProcess(options: HttpServerProcessOptions):
     await db.destroy();
   };
   try {
-    if (config.MIGRATE) await migrateOver(directUrl === config.DATABASE_URL ? db : undefined, directUrl, config.SCHEMA);
+    if (config.MIGRATE) await migrateOver(directUrl === config.DATABASE_URL ? db : undefined, directUrl, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
     const keys = new IdempotencyKeys({ db, schema: config.SCHEMA, leaseMs: config.LEASE_MS, retentionMs: config.RETENTION_MS });
     api = await createHttpApi({
       keys,
@@ -85,14 +85,14 @@ export async function startHttpServerProcess(options: HttpServerProcessOptions):
 }
 
 /** Runs the migrations over `db`, or over a connection of its own to `connectionString`, closed after. */
-async function migrateOver(db: Kysely<any> | undefined, connectionString: string, schema: string): Promise<void> {
+async function migrateOver(db: Kysely<any> | undefined, connectionString: string, options: MigrateOptions): Promise<void> {
   if (db) {
-    await migrate(db, { schema });
+    await migrate(db, options);
     return;
   }
   const direct = createPostgresDb({ connectionString, maxConnections: 1, applicationName: 'idempotent-jobs:http' }, () => {});
   try {
-    await migrate(direct, { schema });
+    await migrate(direct, options);
   } finally {
     await direct.destroy();
   }

@@ -8,6 +8,7 @@ import {
 } from '../config/maintenance-options.js';
 import { deleteExpiredKeys } from '../store/sql/delete-expired-keys.js';
 import { deleteSentOutboxRows } from '../store/sql/delete-sent-outbox-rows.js';
+import { keysTableLayout } from '../store/sql/keys-table-layout.js';
 
 /** What one janitor run did. */
 export interface JanitorReport {
@@ -32,6 +33,7 @@ export interface RetentionWarning {
  * the retention, in small batches (`FOR UPDATE SKIP LOCKED`): any number of janitors may run
  * at once, each row is deleted by exactly one of them, and live keys are never touched.
  * Usually run by `Maintenance` (one active at a time via an advisory lock), but safe without.
+ * A hash-partitioned keys table is cleaned partition by partition (see deleteExpiredKeys).
  *
  * @example
  * ```ts
@@ -42,6 +44,8 @@ export interface RetentionWarning {
 export class Janitor {
   readonly #options: ResolvedJanitorOptions;
   readonly #log: Logger;
+  /** Where the next run starts among the keys table's partitions, so that a run cut short by `maxBatchesPerRun` does not always spend its batches on the same ones. */
+  #firstPartition = 0;
 
   constructor(options: JanitorOptions) {
     this.#options = resolveJanitorOptions(options);
@@ -77,21 +81,29 @@ export class Janitor {
 
   /**
    * Deletes expired rows, batch by batch, until a batch comes back short or `maxBatchesPerRun`
-   * batches were deleted per table. `executor` defaults to the options' db (pass the
-   * maintenance lock's connection to run on it).
+   * batches were deleted per table (the keys table's partitions share its budget; each
+   * partition is done when one of its batches comes back short). `executor` defaults to the
+   * options' db (pass the maintenance lock's connection to run on it).
    */
   async runOnce(executor: Kysely<any> = this.#options.db): Promise<JanitorReport> {
     const { schema, batchSize, maxBatchesPerRun, retentionMs } = this.#options;
     let keysDeleted = 0;
     let more = false;
-    for (let batch = 0; ; batch++) {
-      if (batch === maxBatchesPerRun) {
-        more = true;
-        break;
+    let batches = 0;
+    const tables = await this.#keysTables(executor);
+    for (let i = 0; i < tables.length && !more; i++) {
+      const table = tables[(this.#firstPartition + i) % tables.length]!;
+      for (;;) {
+        if (batches === maxBatchesPerRun) {
+          more = true;
+          this.#firstPartition = (this.#firstPartition + i) % tables.length;
+          break;
+        }
+        batches++;
+        const deleted = (await deleteExpiredKeys(executor, schema, batchSize, table)).length;
+        keysDeleted += deleted;
+        if (deleted < batchSize) break;
       }
-      const deleted = (await deleteExpiredKeys(executor, schema, batchSize)).length;
-      keysDeleted += deleted;
-      if (deleted < batchSize) break;
     }
     let outboxRowsDeleted = 0;
     for (let batch = 0; ; batch++) {
@@ -107,5 +119,11 @@ export class Janitor {
       this.#log.info({ keysDeleted, outboxRowsDeleted, more }, 'janitor deleted expired rows');
     }
     return { keysDeleted, outboxRowsDeleted, more };
+  }
+
+  /** The keys table's partitions, or the table itself when it has none (read each run: cheap, and a conversion needs no restart). */
+  async #keysTables(executor: Kysely<any>): Promise<readonly string[]> {
+    const { partitions } = await keysTableLayout(executor, this.#options.schema);
+    return partitions.length > 0 ? partitions : ['idempotency_keys'];
   }
 }

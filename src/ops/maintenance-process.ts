@@ -132,7 +132,7 @@ export async function startMaintenanceProcess(options: MaintenanceProcessOptions
     { connectionString: directDatabaseUrl(config), maxConnections: config.PG_POOL_SIZE ?? 4, applicationName: 'idempotent-jobs:maintenance' },
     (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
   );
-  if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
+  if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
   const configured = createMaintenanceFromConfig(config, db, logger, { stats: config.METRICS_PORT !== undefined });
   configured?.maintenance.start();
   // Maintenance's timers are unref'd (a library must not keep its host alive), and between runs

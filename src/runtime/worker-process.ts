@@ -68,7 +68,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
   try {
     // Without migrations a ping stands in for them: the worker is not "ready" before Postgres is.
     await waitForStore<unknown>(
-      () => (config.MIGRATE ? migrate(sessionDb, { schema: config.SCHEMA }) : Promise.all([pingDatabase(db), sessionDb === db ? undefined : pingDatabase(sessionDb)])),
+      () => (config.MIGRATE ? migrate(sessionDb, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS }) : Promise.all([pingDatabase(db), sessionDb === db ? undefined : pingDatabase(sessionDb)])),
       { what: `Postgres (${config.MIGRATE ? 'migrations' : 'first connection'})`, deadline: startupDeadline, logger },
     );
   } catch (error) {

@@ -1,6 +1,8 @@
 import { Migrator, sql, type Kysely, type MigrationResultSet } from 'kysely';
+import { ConfigError } from '../errors.js';
 import { migrationsFor } from './migrations.js';
 import { sqlStateOf } from './pg-errors.js';
+import { keysTableLayout } from './sql/keys-table-layout.js';
 
 /** Options for {@link migrate}. */
 export interface MigrateOptions {
@@ -9,7 +11,19 @@ export interface MigrateOptions {
    * @defaultValue `'idempotent_jobs'`
    */
   readonly schema?: string;
+  /**
+   * Hash partitions of the keys table (2-1024), or 0 for one plain table. Applies when the
+   * migrations create the table; against an existing table it must match that table's layout,
+   * else migrate throws a {@link ConfigError} and changes nothing (it never converts a table:
+   * see docs/operations.md, "A partitioned keys table"). Unset: a new table is plain, an existing
+   * one is used as it is.
+   * @defaultValue `undefined`
+   */
+  readonly keysPartitions?: number;
 }
+
+/** Most hash partitions migrate creates: more only adds planning and locking per statement. */
+export const MAX_KEYS_PARTITIONS = 1024;
 
 // An arbitrary, fixed advisory-lock key ("idem" in ASCII) shared by every process that migrates.
 const MIGRATION_LOCK_KEY = 0x6964656d;
@@ -38,13 +52,18 @@ function isOtherSchemaVanishing(error: unknown, schema: string): boolean {
  */
 export async function migrate(db: Kysely<any>, options: MigrateOptions = {}): Promise<MigrationResultSet> {
   const schema = options.schema ?? 'idempotent_jobs';
+  const { keysPartitions } = options;
+  if (keysPartitions !== undefined && !isValidPartitionCount(keysPartitions)) {
+    throw new ConfigError(`keysPartitions (KEYS_PARTITIONS) must be 0 (one plain keys table) or an integer from 2 to ${MAX_KEYS_PARTITIONS}, got ${keysPartitions}.`);
+  }
   return db.connection().execute(async (conn) => {
     await sql`select pg_advisory_lock(${MIGRATION_LOCK_KEY}, hashtext(${schema}))`.execute(conn);
     try {
       await sql`create schema if not exists ${sql.id(schema)}`.execute(conn);
+      if (keysPartitions !== undefined) await refuseOtherKeysLayout(conn, schema, keysPartitions);
       const migrator = new Migrator({
         db: conn,
-        provider: { getMigrations: async () => migrationsFor(schema) },
+        provider: { getMigrations: async () => migrationsFor(schema, { keysPartitions }) },
         migrationTableSchema: schema,
         migrationTableName: 'idempotent_jobs_migration',
         migrationLockTableName: 'idempotent_jobs_migration_lock',
@@ -58,4 +77,25 @@ export async function migrate(db: Kysely<any>, options: MigrateOptions = {}): Pr
       await sql`select pg_advisory_unlock(${MIGRATION_LOCK_KEY}, hashtext(${schema}))`.execute(conn);
     }
   });
+}
+
+function isValidPartitionCount(n: number): boolean {
+  return Number.isInteger(n) && (n === 0 || (n >= 2 && n <= MAX_KEYS_PARTITIONS));
+}
+
+/**
+ * Throws when the schema already has a keys table laid out otherwise than `keysPartitions`
+ * asks. Converting is left to an operator on purpose: it rewrites every row under an exclusive
+ * lock, and migrate runs at every worker's start.
+ */
+async function refuseOtherKeysLayout(db: Kysely<any>, schema: string, keysPartitions: number): Promise<void> {
+  const { exists, partitions } = await keysTableLayout(db, schema);
+  if (!exists || partitions.length === keysPartitions) return;
+  const has = partitions.length === 0 ? 'one plain (unpartitioned) keys table' : `a keys table in ${partitions.length} hash partitions`;
+  const wants = keysPartitions === 0 ? 'one plain table' : `${keysPartitions} hash partitions`;
+  throw new ConfigError(
+    `Schema "${schema}" has ${has}, but keysPartitions (KEYS_PARTITIONS) asks for ${wants}. ` +
+      'Migrations never convert an existing keys table (that rewrites every row under an exclusive lock while workers wait). ' +
+      'Unset KEYS_PARTITIONS to use the table as it is, or convert it as docs/operations.md ("A partitioned keys table") describes.',
+  );
 }

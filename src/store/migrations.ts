@@ -7,6 +7,16 @@ import { completeKeyFunctionDdl, storeFastPathResultFunctionDdl } from './sql/co
 import { extendLeaseFunctionDdl } from './sql/extend.js';
 import { recordStepFunctionDdl } from './sql/record-step.js';
 import { startStepFunctionDdl } from './sql/start-step.js';
+import { keysTableLayout } from './sql/keys-table-layout.js';
+
+/** How a new schema's tables are laid out (see {@link migrationsFor}). */
+export interface SchemaLayout {
+  /**
+   * Hash partitions of a new keys table, on its primary key (scope, key); unset or 0: one plain
+   * table. Read only when the table is created: an existing table keeps its layout.
+   */
+  readonly keysPartitions?: number;
+}
 
 /**
  * The schema's history, oldest first. Each migration takes the schema name because the
@@ -17,12 +27,21 @@ import { startStepFunctionDdl } from './sql/start-step.js';
  * fresh database (which runs them all) and an upgraded one end with the same body. Installing
  * a body that names a column a later migration adds is fine: PL/pgSQL resolves names at the
  * first call, not at `create function`.
+ *
+ * A hash-partitioned keys table (`layout.keysPartitions`) is the same table in meaning: the
+ * partition key is the primary key (scope, key), so the primary key, every `ON CONFLICT` on it
+ * and the job_steps foreign key stay as they are, and each statement by (scope, key) reads one
+ * partition. Migrations that change the table's storage apply it to each partition. (001 and
+ * 007 take the layout into account; for a plain table they run the statements they always ran,
+ * so a database migrated before the option existed is in the state a new one reaches.)
  */
-export function migrationsFor(schema: string): Record<string, Migration> {
+export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record<string, Migration> {
   const t = (table: string) => sql.id(schema, table);
+  const partitions = layout.keysPartitions ?? 0;
   return {
     '001_idempotency_keys': {
       async up(db: Kysely<any>) {
+        const partitioning = partitions > 0 ? sql` partition by hash (scope, key)` : sql``;
         await sql`
           create table ${t('idempotency_keys')} (
             scope         text        not null,
@@ -44,7 +63,13 @@ export function migrationsFor(schema: string): Record<string, Migration> {
             completed_at  timestamptz,
             expires_at    timestamptz,
             primary key (scope, key)
-          )`.execute(db);
+          )${partitioning}`.execute(db);
+        for (let remainder = 0; remainder < partitions; remainder++) {
+          await sql`create table ${t(keysPartitionName(remainder, partitions))}
+            partition of ${t('idempotency_keys')}
+            for values with (modulus ${sql.lit(partitions)}, remainder ${sql.lit(remainder)})`.execute(db);
+        }
+        // Indexes on a partitioned table are created on each partition (and on any attached later).
         // Takeover candidates and the sweeper: processing keys ordered by lease expiry.
         await sql`create index idempotency_keys_processing_lease
           on ${t('idempotency_keys')} (locked_until) where status = 'processing'`.execute(db);
@@ -91,7 +116,12 @@ export function migrationsFor(schema: string): Record<string, Migration> {
       // UPDATE, which changes no indexed column, can be HOT.
       async up(db: Kysely<any>) {
         await storeFastPathResultFunctionDdl(schema).execute(db);
-        await sql`alter table ${t('idempotency_keys')} set (fillfactor = 85)`.execute(db);
+        // Storage parameters belong to tables with storage: a partitioned table has none (Postgres
+        // refuses them there), its partitions do.
+        const { partitions: partitionNames } = await keysTableLayout(db, schema);
+        for (const table of partitionNames.length > 0 ? partitionNames : ['idempotency_keys']) {
+          await sql`alter table ${t(table)} set (fillfactor = 85)`.execute(db);
+        }
       },
     },
     // Group commit's fast path claims all of a group's new keys in one statement.
@@ -163,4 +193,9 @@ export function migrationsFor(schema: string): Record<string, Migration> {
       },
     };
   }
+}
+
+/** Name of the keys table's partition with this remainder: `idempotency_keys_p07` of 16. */
+export function keysPartitionName(remainder: number, partitions: number): string {
+  return `idempotency_keys_p${String(remainder).padStart(String(partitions - 1).length, '0')}`;
 }

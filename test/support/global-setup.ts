@@ -9,6 +9,8 @@ declare module 'vitest' {
     /** Postgres itself, for what needs a session (migrations, advisory locks, LISTEN); `databaseUrl` without a pooler. */
     databaseDirectUrl: string;
     redisUrl: string;
+    /** Hash partitions of each test file's keys table (`TEST_KEYS_PARTITIONS=16`); 0: one plain table. */
+    keysPartitions: number;
   }
 }
 
@@ -19,7 +21,8 @@ const PGBOUNCER_POOL_SIZE = 20;
  * Resolves Postgres and Redis once for the whole run and hands the URLs to every test file.
  * With `TEST_PGBOUNCER=1`, starts a PgBouncer in transaction mode in front of that Postgres
  * (test/support/pgbouncer.ts) and hands its URL out as `databaseUrl`, Postgres's own as
- * `databaseDirectUrl`; it is stopped after the run.
+ * `databaseDirectUrl`; it is stopped after the run. With `TEST_KEYS_PARTITIONS=<n>`, every test
+ * file's keys table is hash-partitioned in n partitions (the protocol's tests on that layout).
  */
 export default async function setup(project: TestProject) {
   const urls = await resolveServiceUrls().catch((error: Error) => {
@@ -31,15 +34,26 @@ export default async function setup(project: TestProject) {
     ? await PgBouncer.start({ upstream: urls.databaseUrl, poolSize: PGBOUNCER_POOL_SIZE })
     : undefined;
   const databaseUrl = bouncer ? bouncer.url() : urls.databaseUrl;
+  const keysPartitions = keysPartitionsFromEnv();
   console.log(
     `[tests] Node ${process.version}; Postgres and Redis from ${urls.source}: ${urls.databaseUrl} ${urls.redisUrl}` +
-      (bouncer ? `; the store through PgBouncer (transaction mode, ${PGBOUNCER_POOL_SIZE} server connections) at ${databaseUrl}` : ''),
+      (bouncer ? `; the store through PgBouncer (transaction mode, ${PGBOUNCER_POOL_SIZE} server connections) at ${databaseUrl}` : '') +
+      (keysPartitions > 0 ? `; keys tables in ${keysPartitions} hash partitions` : ''),
   );
   project.provide('databaseUrl', databaseUrl);
   project.provide('databaseDirectUrl', urls.databaseUrl);
   project.provide('redisUrl', urls.redisUrl);
+  project.provide('keysPartitions', keysPartitions);
   return async () => {
     await bouncer?.stop();
     await urls.stop?.();
   };
+}
+
+function keysPartitionsFromEnv(): number {
+  const value = process.env.TEST_KEYS_PARTITIONS ?? '';
+  if (value === '') return 0;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`TEST_KEYS_PARTITIONS must be a whole number of partitions, got "${value}"`);
+  return n;
 }

@@ -16,6 +16,8 @@ export interface TestEnv {
   /** Postgres itself, for sessions: migrations, advisory locks, LISTEN (`DATABASE_DIRECT_URL` of child processes). */
   readonly databaseDirectUrl: string;
   readonly redisUrl: string;
+  /** Hash partitions of this file's keys table (`TEST_KEYS_PARTITIONS`); 0: one plain table. */
+  readonly keysPartitions: number;
   /** This file's Postgres schema (idempotency tables live here). */
   readonly schema: string;
   /** This file's BullMQ prefix / Redis key prefix. */
@@ -30,11 +32,12 @@ export interface TestEnv {
   teardown(): Promise<void>;
 }
 
-/** Creates the schema (migrated) and prefix for one test file. */
-export async function createTestEnv(name: string): Promise<TestEnv> {
+/** Creates the schema (migrated) and prefix for one test file; `keysPartitions` overrides the run's `TEST_KEYS_PARTITIONS`. */
+export async function createTestEnv(name: string, options: { keysPartitions?: number } = {}): Promise<TestEnv> {
   const databaseUrl = inject('databaseUrl');
   const databaseDirectUrl = inject('databaseDirectUrl');
   const redisUrl = inject('redisUrl');
+  const keysPartitions = options.keysPartitions ?? inject('keysPartitions');
   const suffix = randomBytes(4).toString('hex');
   const schema = `t_${name.replace(/[^a-z0-9]/gi, '_').toLowerCase()}_${suffix}`.slice(0, 63);
   const redisPrefix = `ijtest-${name}-${suffix}`;
@@ -50,12 +53,13 @@ export async function createTestEnv(name: string): Promise<TestEnv> {
   // The migrations' advisory lock needs a session: Postgres itself, not the pooler.
   const directDb = databaseDirectUrl === databaseUrl ? db : createPostgresDb({ connectionString: databaseDirectUrl, maxConnections: 1, applicationName: `test:${name}` }, () => {});
   if (directDb !== db) dbs.push(directDb);
-  await migrate(directDb, { schema });
+  await migrate(directDb, { schema, keysPartitions });
 
   return {
     databaseUrl,
     databaseDirectUrl,
     redisUrl,
+    keysPartitions,
     schema,
     redisPrefix,
     db,

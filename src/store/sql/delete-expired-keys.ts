@@ -17,20 +17,25 @@ export interface DeletedKey {
  * snapshot and the lock (status back to `processing`, `expires_at` null) is skipped, never
  * deleted. Small batches keep each transaction short: no long locks and no table rewrite; the
  * space is reused after autovacuum. The partial index on `expires_at` serves the scan.
+ *
+ * `table` is the keys table, or one partition of a partitioned keys table: the delete's join
+ * by (scope, key) cannot be pruned to one partition when planned on the parent, and Postgres
+ * then plans a scan of every partition for it (a hash join over the whole table); run on a
+ * partition, the statement is the plain table's, on a table a partition's size.
  */
-export async function deleteExpiredKeys(db: Kysely<any>, schema: string, limit: number): Promise<DeletedKey[]> {
-  const table = sql.id(schema, 'idempotency_keys');
+export async function deleteExpiredKeys(db: Kysely<any>, schema: string, limit: number, table = 'idempotency_keys'): Promise<DeletedKey[]> {
+  const keys = sql.id(schema, table);
   const { rows } = await sql<DeletedKey>`
     with doomed as (
       select scope, key
-        from ${table}
+        from ${keys}
        where expires_at <= now()
          and status in ('completed', 'failed')
        order by expires_at
        limit ${limit}
          for update skip locked
     )
-    delete from ${table} as k
+    delete from ${keys} as k
      using doomed as d
      where k.scope = d.scope and k.key = d.key
     returning k.scope, k.key`.execute(db);

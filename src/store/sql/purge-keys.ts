@@ -8,9 +8,10 @@ import { sql, type Kysely } from 'kysely';
  * (`FOR UPDATE SKIP LOCKED` select feeding a delete) so a purge can run beside janitors and
  * workers, holding row locks only for one short batch; the caller loops until a batch comes
  * back short. `completed_at` is set on every finished key (also by the sweeper's abandon).
+ * `table` is the keys table or one of its partitions, as for the janitor's deleteExpiredKeys.
  */
-export async function purgeKeys(db: Kysely<any>, schema: string, olderThanMs: number, limit: number): Promise<number> {
-  const table = sql.id(schema, 'idempotency_keys');
+export async function purgeKeys(db: Kysely<any>, schema: string, olderThanMs: number, limit: number, tableName = 'idempotency_keys'): Promise<number> {
+  const table = sql.id(schema, tableName);
   const { rows } = await sql<{ deleted: string }>`
     with doomed as (
       select scope, key
