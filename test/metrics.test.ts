@@ -144,6 +144,14 @@ describe('worker metrics and health', () => {
     expect(values.get(`idempotent_jobs_expired_leases{${s}}`)).toBe(0);
     expect(values.get(`idempotent_jobs_oldest_processing_key_age_seconds{${s}}`)).toBe(0);
     expect(values.get(`idempotent_jobs_outbox_unsent_rows{${s}}`)).toBe(0);
+    expect(values.get(`idempotent_jobs_keys_past_sweep_horizon{${s}}`)).toBe(0);
+    // Zero from the start, so an alert's increase() sees the first error or abandoned key.
+    for (const task of ['janitor', 'sweeper', 'stats']) expect(values.get(`idempotent_jobs_maintenance_errors_total{${s},task="${task}"}`)).toBe(0);
+    for (const action of ['reenqueued', 'abandoned']) {
+      expect(values.get(`idempotent_jobs_sweeper_recoveries_total{${s},${q},action="${action}"}`)).toBe(0);
+    }
+    // The /healthz checks, run at the scrape.
+    for (const check of ['postgres', 'redis', 'worker']) expect(values.get(`idempotent_jobs_ready{component="worker",check="${check}"}`)).toBe(1);
     for (const name of [
       'idempotent_jobs_sweeper_recoveries_total',
       'idempotent_jobs_sweeper_unverifiable_keys',
@@ -184,6 +192,10 @@ describe('worker metrics and health', () => {
       processMetrics: false,
     });
     try {
+      const { values } = await scrape(server.url);
+      expect(values.get('idempotent_jobs_ready{component="process",check="postgres"}')).toBe(1);
+      expect(values.get('idempotent_jobs_ready{component="process",check="redis"}')).toBe(0);
+      expect(values.get('idempotent_jobs_ready{component="process",check="slow"}')).toBe(0);
       const response = await fetch(`${server.url}/healthz`);
       expect(response.status).toBe(503);
       expect(await response.json()).toEqual({
@@ -193,6 +205,9 @@ describe('worker metrics and health', () => {
     } finally {
       await server.close();
     }
+    // A closed server's checks leave the gauge with it.
+    const { values } = await scrape(worker!.metricsServer!.url);
+    expect([...values.keys()].filter((name) => name.startsWith('idempotent_jobs_ready{component="process"'))).toEqual([]);
     expect(await runHealthChecks({}, 10)).toEqual({ status: 'ok', checks: {} });
   });
 
@@ -220,6 +235,7 @@ describe('maintenance metrics', () => {
       completed: 10,
       failed: 2,
       expiredLeases: 1,
+      pastSweepHorizon: 2,
       expiredKeys: 3,
       oldestProcessing: { scope: 'a', key: 'b', createdAt: new Date(), ageMs: 90_000 },
       outboxUnsent: 5,
@@ -249,12 +265,13 @@ describe('maintenance metrics', () => {
       expect(values.get(`idempotent_jobs_maintenance_errors_total{${s},task="sweeper"}`)).toBe(1);
       expect(values.get(`idempotent_jobs_keys{${s},status="processing"}`)).toBe(4);
       expect(values.get(`idempotent_jobs_oldest_processing_key_age_seconds{${s}}`)).toBe(90);
+      expect(values.get(`idempotent_jobs_keys_past_sweep_horizon{${s}}`)).toBe(2);
       expect(values.get(`idempotent_jobs_outbox_oldest_unsent_age_seconds{${s}}`)).toBe(2.5);
 
       maintenance.emit('stats', null);
       ({ values } = await scrape(server.url));
       for (const [name] of values) {
-        if (name.includes(s) && /idempotent_jobs_(keys|expired_leases|expired_keys|oldest_processing|outbox_unsent|outbox_oldest)/.test(name)) {
+        if (name.includes(s) && /idempotent_jobs_(keys|expired_leases|expired_keys|oldest_processing|outbox_unsent|outbox_oldest)[{_]/.test(name)) {
           throw new Error(`${name} should have been dropped`);
         }
       }
@@ -334,6 +351,14 @@ describe('step metrics', () => {
       expect(m('charge', 'failed')).toBe(1);
       expect(m('charge', 'lease-lost')).toBe(1);
       expect(m('reserve', 'failed')).toBeUndefined();
+      // Each call's time, under the same labels.
+      const d = (step: string, outcome: string, part: string) =>
+        values.get(`idempotent_jobs_step_duration_seconds_${part}{queue="${STEPPED}",step="${step}",outcome="${outcome}"}`);
+      expect(d('reserve', 'ran', 'count')).toBe(3);
+      expect(d('reserve', 'replayed', 'count')).toBe(1);
+      expect(d('charge', 'failed', 'count')).toBe(1);
+      expect(d('charge', 'lease-lost', 'count')).toBe(1);
+      expect(d('charge', 'ran', 'sum')).toBeGreaterThan(0);
     } finally {
       stop();
       await stepWorker.close({ force: true });
