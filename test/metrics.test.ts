@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   IdempotencyKeys,
   IdempotentProducer,
+  Maintenance,
   OutboxRelay,
   createIdempotentWorker,
   instrumentMaintenance,
@@ -281,8 +282,38 @@ describe('maintenance metrics', () => {
       await server.close();
     }
   });
-});
 
+  it('count processing keys past the sweep horizon that Maintenance is given (keys_past_sweep_horizon)', async () => {
+    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
+    const server = await startMetricsServer({ port: 0, processMetrics: false });
+    const horizonOf = async (sweepAfterMs: number) => {
+      const maintenance = new Maintenance({ db: env.db, schema: env.schema, sweepAfterMs, logger: silent });
+      const seen: number[] = [];
+      const stop = instrumentMaintenance(maintenance, env.schema);
+      maintenance.on('stats', (stats) => seen.push(stats!.pastSweepHorizon));
+      try {
+        const run = await maintenance.refreshStats();
+        expect(run.ran).toBe(true);
+        const { values } = await scrape(server.url);
+        expect(values.get(`idempotent_jobs_keys_past_sweep_horizon{schema="${env.schema}"}`)).toBe(seen[0]);
+        return seen[0]!;
+      } finally {
+        stop();
+      }
+    };
+    try {
+      const before = await horizonOf(5_000);
+      const claim = await keys.claim('default', 'lease-ended-10s-ago', keys.fingerprint({}));
+      if (claim.kind !== 'claimed') throw new Error(claim.kind);
+      await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '10 seconds'
+                 where key = 'lease-ended-10s-ago'`.execute(env.db);
+      expect(await horizonOf(5_000)).toBe(before + 1);
+      expect(await horizonOf(60_000)).toBe(before);
+    } finally {
+      await server.close();
+    }
+  });
+});
 
 describe('step metrics', () => {
   it('count ctx.step calls by step name and outcome (ran, replayed, failed, lease-lost) from the worker\'s step events', async () => {
