@@ -15,11 +15,21 @@ import { fileURLToPath } from 'node:url';
 import { Queue } from 'bullmq';
 import { Redis } from 'ioredis';
 import { sql } from 'kysely';
-import { createPostgresDb, loadEnvConfig } from '../src/index.js';
+import { createPostgresDb, loadEnvConfig, runMain } from '../src/index.js';
+import { unansweredServices } from '../src/runtime/services-answer.js';
 import { formatPaymentReport, paymentReport } from './payment-report.js';
 
 const JOBS = Number(process.env.DEMO_JOBS ?? 3000);
-const base = loadEnvConfig({ QUEUE: 'payments-demo', SCHEMA: 'ij_demo', REDIS_PREFIX: 'ijdemo', ...process.env });
+const base = await runMain(() => loadEnvConfig({ QUEUE: 'payments-demo', SCHEMA: 'ij_demo', REDIS_PREFIX: 'ijdemo', ...process.env }));
+const unanswered = await unansweredServices(base.DATABASE_URL, base.REDIS_URL);
+if (unanswered.length > 0) {
+  console.error(
+    `The demo needs Postgres and Redis.\n  ${unanswered.join('\n  ')}\n` +
+      'Start them with `docker compose up -d postgres redis`, or your distribution\'s packages ' +
+      '(Debian/Ubuntu: apt-get install postgresql redis-server), or point DATABASE_URL and REDIS_URL at yours.',
+  );
+  process.exit(1);
+}
 const childEnv = {
   ...process.env,
   DATABASE_URL: base.DATABASE_URL,

@@ -5,7 +5,7 @@
  * Prints the result as JSON; exits 2 on bad input, 1 on failure.
  */
 import { parseArgs } from 'node:util';
-import { IdempotencyError, IdempotentProducer, loadEnvConfig } from '../src/index.js';
+import { IdempotencyError, IdempotentProducer, loadEnvConfig, runMain } from '../src/index.js';
 
 const { values } = parseArgs({
   options: {
@@ -16,7 +16,7 @@ const { values } = parseArgs({
   },
 });
 
-const config = loadEnvConfig();
+const config = await runMain(() => loadEnvConfig());
 const producer = new IdempotentProducer({ queue: config.QUEUE, connection: { url: config.REDIS_URL }, prefix: config.REDIS_PREFIX });
 try {
   let data: unknown;

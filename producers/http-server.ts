@@ -3,6 +3,6 @@
  * semantics. Configuration: the environment (see "HTTP API" in the README). SIGTERM/SIGINT:
  * in-flight requests finish, then it exits.
  */
-import { loadHttpEnvConfig, startHttpServerProcess } from '../src/index.js';
+import { loadHttpEnvConfig, runMain, startHttpServerProcess } from '../src/index.js';
 
-await startHttpServerProcess({ config: loadHttpEnvConfig() });
+await runMain(() => startHttpServerProcess({ config: loadHttpEnvConfig() }));

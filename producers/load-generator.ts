@@ -10,7 +10,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
-import { IdempotentProducer, loadEnvConfig, toWireJobData, type EnqueueRequest } from '../src/index.js';
+import { IdempotentProducer, loadEnvConfig, runMain, toWireJobData, type EnqueueRequest } from '../src/index.js';
 
 const { values } = parseArgs({
   options: {
@@ -30,7 +30,7 @@ const duplicateRatio = ratio('duplicate-ratio');
 const foreignRatio = ratio('foreign-ratio');
 const scope = values.scope!;
 
-const config = loadEnvConfig();
+const config = await runMain(() => loadEnvConfig());
 const producer = new IdempotentProducer({
   queue: config.QUEUE,
   connection: { url: config.REDIS_URL },

@@ -1,8 +1,8 @@
 /** The outbox relay process: moves committed outbox rows into BullMQ until SIGTERM/SIGINT. */
 import { pino } from 'pino';
-import { OutboxRelay, createPostgresDb, loadEnvConfig, migrate, onShutdownSignals } from '../src/index.js';
+import { OutboxRelay, createPostgresDb, loadEnvConfig, migrate, onShutdownSignals, runMain } from '../src/index.js';
 
-const config = loadEnvConfig();
+const config = await runMain(() => loadEnvConfig());
 const logger = pino({ level: config.LOG_LEVEL });
 // An idle connection that breaks (server restart, terminated backend) is dropped by the pool and
 // replaced on the next batch; it is only logged.

@@ -60,6 +60,7 @@ export { directDatabaseUrl, loadEnvConfig } from './config/env-config.js';
 export type { WorkerProcess, WorkerProcessOptions } from './runtime/worker-process.js';
 export { startWorkerProcess } from './runtime/worker-process.js';
 export { onShutdownSignals } from './runtime/shutdown-signals.js';
+export { runMain, startupFailureExitCode } from './runtime/run-main.js';
 export type { HttpApiOptions, ResolvedHttpApiOptions, HttpEnvConfig } from './config/http-options.js';
 export { ANONYMOUS_TENANT, assertBindAllowed, isLoopbackHost, loadHttpEnvConfig, parseTokens, resolveHttpApiOptions } from './config/http-options.js';
 export { HttpApi, createHttpApi } from './http/http-api.js';

@@ -29,7 +29,7 @@ import {
   type WorkerEvent,
 } from '../src/index.js';
 import { resolveWorkerTiming, storeRetryDelayMs } from '../src/config/worker-timing.js';
-import { kyselyOverPool } from '../src/store/create-postgres-db.js';
+import { kyselyOverPool } from '../src/store/last-result-pool.js';
 import { transientStoreFault } from '../src/store/pg-errors.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';

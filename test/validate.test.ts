@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { ValidationError } from '../src/index.js';
-import { MAX_STORED_ERROR_MESSAGE_LENGTH, jsonbRefuses, serializePayload, toStoredError } from '../src/protocol/validate.js';
+import { MAX_STORED_ERROR_MESSAGE_LENGTH, assertValidKeyPart, jsonbRefuses, serializePayload, toStoredError } from '../src/protocol/validate.js';
 
 /** What the worker stores for a failure: must never throw, and `jsonb` must accept it. */
 function storedJson(thrown: unknown): string {
@@ -116,5 +116,22 @@ describe('serializePayload', () => {
       expect((error as Error).message).toMatch(reason);
     }
     expect(serializePayload('shop', 'order-9', { ok: 'pair \ud83d\ude00, escaped \\u0000' })).toBe('{"ok":"pair \ud83d\ude00, escaped \\\\u0000"}');
+  });
+});
+
+describe('assertValidKeyPart', () => {
+  // Postgres receives text as UTF-8, where node-postgres writes every lone surrogate as U+FFFD:
+  // keys that differ only there would share one row, and the second job would replay the first.
+  it.each([
+    ['key', 'order-\ud800'],
+    ['key', 'order-\udfff-42'],
+    ['scope', '\udc00acme'],
+  ] as const)('refuses a %s holding a lone surrogate (%j)', (field, value) => {
+    expect(() => assertValidKeyPart(field, value)).toThrow(/lone UTF-16 surrogate/);
+    expect(() => assertValidKeyPart(field, value)).toThrow(ValidationError);
+  });
+
+  it('accepts paired surrogates (a character outside the BMP) and other Unicode', () => {
+    for (const value of ['order-😀', 'bestellung-ü-42', '注文-42']) expect(() => assertValidKeyPart('key', value)).not.toThrow();
   });
 });

@@ -6,6 +6,6 @@
  *
  *   node --import tsx workers/janitor.ts
  */
-import { loadEnvConfig, startMaintenanceProcess } from '../src/index.js';
+import { loadEnvConfig, runMain, startMaintenanceProcess } from '../src/index.js';
 
-await startMaintenanceProcess({ config: loadEnvConfig() });
+await runMain(() => startMaintenanceProcess({ config: loadEnvConfig() }));

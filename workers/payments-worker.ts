@@ -1,12 +1,14 @@
 /** The demo payments worker: env config → schema and demo tables → worker process (signals handled there). */
-import { createPostgresDb, loadEnvConfig, migrate, startWorkerProcess } from '../src/index.js';
+import { createPostgresDb, loadEnvConfig, migrate, runMain, startWorkerProcess } from '../src/index.js';
 import { SimulatedMailer, SimulatedPaymentProvider, createPaymentsTables, paymentHandler } from './payments/payments-domain.js';
 
-const config = loadEnvConfig();
-const domainDb = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 4, applicationName: 'payments-provider' });
-await migrate(domainDb, { schema: config.SCHEMA });
-await createPaymentsTables(domainDb, config.SCHEMA);
-await startWorkerProcess({
-  config: { ...config, MIGRATE: false },
-  handler: paymentHandler(domainDb, new SimulatedPaymentProvider(domainDb, config.SCHEMA), new SimulatedMailer(domainDb, config.SCHEMA), config.SCHEMA),
+await runMain(async () => {
+  const config = loadEnvConfig();
+  const domainDb = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 4, applicationName: 'payments-provider' });
+  await migrate(domainDb, { schema: config.SCHEMA });
+  await createPaymentsTables(domainDb, config.SCHEMA);
+  await startWorkerProcess({
+    config: { ...config, MIGRATE: false },
+    handler: paymentHandler(domainDb, new SimulatedPaymentProvider(domainDb, config.SCHEMA), new SimulatedMailer(domainDb, config.SCHEMA), config.SCHEMA),
+  });
 });

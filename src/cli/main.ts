@@ -4,7 +4,7 @@
  * (see exit-codes.ts).
  */
 import { Command, CommanderError } from 'commander';
-import { ConfigError, ValidationError } from '../errors.js';
+import { startupFailureExitCode } from '../runtime/run-main.js';
 import { registerMigrateCommand } from './migrate-command.js';
 import { registerKeysCommand } from './keys-command.js';
 import { registerStatsCommand } from './stats-command.js';
@@ -33,12 +33,9 @@ export async function runCli(argv: string[]): Promise<number> {
     return process.exitCode === undefined ? EXIT_OK : Number(process.exitCode);
   } catch (error) {
     if (error instanceof CommanderError) return error.exitCode === 0 ? EXIT_OK : EXIT_USAGE;
-    if (error instanceof ConfigError || error instanceof ValidationError) {
-      console.error(error.message);
-      return EXIT_USAGE;
-    }
+    const startupExitCode = startupFailureExitCode(error);
     console.error(error instanceof Error ? error.message : error);
-    return EXIT_FAILURE;
+    return startupExitCode ?? EXIT_FAILURE;
   }
 }
 

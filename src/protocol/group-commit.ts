@@ -1,5 +1,5 @@
 import type { Kysely, Transaction } from 'kysely';
-import { returnsLastResult } from '../store/create-postgres-db.js';
+import { returnsLastResult } from '../store/last-result-pool.js';
 import { GroupTransaction } from '../store/group-transaction.js';
 import { onOneConnection } from '../store/one-trip-commit.js';
 import { runOptimisticGroup, type InsertCompletedKeys, type OptimisticJob } from './optimistic-group.js';

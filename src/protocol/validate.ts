@@ -8,7 +8,10 @@ export const DEFAULT_SCOPE = 'default';
 
 /**
  * Checks an idempotency key or scope: a non-empty string of at most 255 characters with no NUL
- * (Postgres text cannot hold one). Throws a {@link ValidationError} naming the field.
+ * (Postgres text cannot hold one) and no lone UTF-16 surrogate (UTF-8 cannot: node-postgres
+ * would send each as U+FFFD, so `k\ud800` and `k\ud801` would share one key row, and the second
+ * job would be taken for a duplicate of the first). Throws a {@link ValidationError} naming the
+ * field.
  */
 export function assertValidKeyPart(field: 'key' | 'scope', value: unknown): asserts value is string {
   const code = field === 'key' ? 'INVALID_KEY' : 'INVALID_SCOPE';
@@ -26,6 +29,9 @@ export function assertValidKeyPart(field: 'key' | 'scope', value: unknown): asse
     );
   }
   if (value.includes('\u0000')) throw new ValidationError(code, field, `${what} must not contain NUL characters.`);
+  if (LONE_SURROGATE_TEST.test(value)) {
+    throw new ValidationError(code, field, `${what} must not contain a lone UTF-16 surrogate (\\ud800–\\udfff outside a pair): UTF-8 cannot represent it.`);
+  }
 }
 
 /**

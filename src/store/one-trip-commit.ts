@@ -1,5 +1,5 @@
 import { DummyDriver, SingleConnectionProvider, Transaction, type DatabaseConnection, type Dialect, type Kysely } from 'kysely';
-import { returnsLastResult } from './create-postgres-db.js';
+import { returnsLastResult } from './last-result-pool.js';
 import { MergingConnection } from './merging-connection.js';
 import { commitTransaction, rollbackTransaction } from './sql/transaction-control.js';
 

@@ -22,7 +22,11 @@ const PGBOUNCER_POOL_SIZE = 20;
  * `databaseDirectUrl`; it is stopped after the run.
  */
 export default async function setup(project: TestProject) {
-  const urls = await resolveServiceUrls();
+  const urls = await resolveServiceUrls().catch((error: Error) => {
+    // One message that says how to get the servers, not a stack trace from inside the set-up.
+    console.error(`\n${error.message}\n`);
+    process.exit(1);
+  });
   const bouncer = /^(1|true|yes)$/i.test(process.env.TEST_PGBOUNCER ?? '')
     ? await PgBouncer.start({ upstream: urls.databaseUrl, poolSize: PGBOUNCER_POOL_SIZE })
     : undefined;

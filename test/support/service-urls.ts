@@ -6,8 +6,7 @@
  * If none answers, one error names all three ways.
  */
 import { existsSync } from 'node:fs';
-import { Redis } from 'ioredis';
-import pg from 'pg';
+import { unansweredServices } from '../../src/runtime/services-answer.js';
 
 export interface ServiceUrls {
   databaseUrl: string;
@@ -23,7 +22,11 @@ export async function resolveServiceUrls(): Promise<ServiceUrls> {
   const envDb = process.env.DATABASE_URL;
   const envRedis = process.env.REDIS_URL;
   if (envDb && envRedis) {
-    await assertAnswers(envDb, envRedis, 'DATABASE_URL / REDIS_URL');
+    try {
+      await assertAnswers(envDb, envRedis, 'DATABASE_URL / REDIS_URL');
+    } catch (error) {
+      throw noServices(`Tried DATABASE_URL / REDIS_URL: ${(error as Error).message}`);
+    }
     return { databaseUrl: envDb, redisUrl: envRedis, source: 'environment' };
   }
   if (containerRuntimePresent()) {
@@ -39,12 +42,18 @@ export async function resolveServiceUrls(): Promise<ServiceUrls> {
       failures.push((error as Error).message);
     }
   }
-  throw new Error(
+  throw noServices(`Tried the local defaults: ${failures.join('; ')}`);
+}
+
+/** The one message the test run prints when it has no Postgres or Redis: what it tried and the three ways to provide them. */
+function noServices(tried: string): Error {
+  return new Error(
     'No Postgres/Redis for the tests. Provide them one of three ways:\n' +
       '  1. set DATABASE_URL and REDIS_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres, redis://127.0.0.1:6379);\n' +
       '  2. run a container runtime (Docker/Podman) so testcontainers can start postgres:16 and redis:7;\n' +
-      '  3. run Postgres on 127.0.0.1:5432 (trust auth, user postgres or root) and Redis on 127.0.0.1:6379.\n' +
-      `Tried local defaults: ${failures.join('; ')}`,
+      '  3. run Postgres on 127.0.0.1:5432 (trust auth, user postgres or root) and Redis on 127.0.0.1:6379\n' +
+      '     (Debian/Ubuntu: apt-get install postgresql redis-server; or `docker compose up -d postgres redis`).\n' +
+      tried,
   );
 }
 
@@ -79,22 +88,6 @@ async function startContainers(envDb?: string, envRedis?: string): Promise<Servi
 }
 
 async function assertAnswers(databaseUrl: string, redisUrl: string, via: string): Promise<void> {
-  const client = new pg.Client({ connectionString: databaseUrl, connectionTimeoutMillis: 3000 });
-  try {
-    await client.connect();
-    await client.query('select 1');
-  } catch (error) {
-    throw new Error(`Postgres at ${databaseUrl} (${via}) did not answer: ${(error as Error).message}`);
-  } finally {
-    await client.end().catch(() => {});
-  }
-  const redis = new Redis(redisUrl, { lazyConnect: true, maxRetriesPerRequest: 0, connectTimeout: 3000, retryStrategy: () => null });
-  try {
-    await redis.connect();
-    await redis.ping();
-  } catch (error) {
-    throw new Error(`Redis at ${redisUrl} (${via}) did not answer: ${(error as Error).message}`);
-  } finally {
-    redis.disconnect();
-  }
+  const problems = await unansweredServices(databaseUrl, redisUrl);
+  if (problems.length > 0) throw new Error(problems.map((problem) => `${problem} (${via})`).join('; '));
 }
