@@ -22,7 +22,7 @@ trap cleanup EXIT
 tarball="$(npm pack --silent --pack-destination "$project")"
 echo "packed $tarball"
 unexpected="$(tar -tzf "$project/$tarball" | sed 's#^package/##' \
-  | grep -Ev '^(dist/|bin/|README\.md$|LICENSE$|CHANGELOG\.md$|package\.json$)' || true)"
+  | grep -Ev '^(dist/|bin/|deploy/|README\.md$|LICENSE$|CHANGELOG\.md$|package\.json$)' || true)"
 if [ -n "$unexpected" ]; then
   echo "the package holds files it should not:" >&2
   echo "$unexpected" >&2
