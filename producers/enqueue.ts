@@ -1,11 +1,11 @@
 /**
  * Enqueue one job:
  *   tsx producers/enqueue.ts --key order-42 [--scope acme] [--name charge] [--data '{"orderId":"42","cents":1999}']
- * Queue, Redis and prefix come from the environment (QUEUE, REDIS_URL, REDIS_PREFIX).
+ * Queue, Redis and prefix come from the environment (QUEUE, REDIS_URL or REDIS_CLUSTER_NODES, REDIS_PREFIX).
  * Prints the result as JSON; exits 2 on bad input, 1 on failure.
  */
 import { parseArgs } from 'node:util';
-import { IdempotencyError, IdempotentProducer, loadEnvConfig, runMain } from '../src/index.js';
+import { IdempotencyError, IdempotentProducer, loadEnvConfig, openRedisConnection, runMain } from '../src/index.js';
 
 const { values } = parseArgs({
   options: {
@@ -17,7 +17,8 @@ const { values } = parseArgs({
 });
 
 const config = await runMain(() => loadEnvConfig());
-const producer = new IdempotentProducer({ queue: config.QUEUE, connection: { url: config.REDIS_URL }, prefix: config.REDIS_PREFIX });
+const redis = openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES });
+const producer = new IdempotentProducer({ queue: config.QUEUE, connection: redis.connection, prefix: config.REDIS_PREFIX });
 try {
   let data: unknown;
   try {
@@ -32,4 +33,5 @@ try {
   process.exitCode = error instanceof IdempotencyError ? 2 : 1;
 } finally {
   await producer.close();
+  await redis.close();
 }

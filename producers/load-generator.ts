@@ -10,7 +10,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
-import { IdempotentProducer, loadEnvConfig, runMain, toWireJobData, type EnqueueRequest } from '../src/index.js';
+import { IdempotentProducer, loadEnvConfig, openRedisConnection, runMain, toWireJobData, type EnqueueRequest } from '../src/index.js';
 
 const { values } = parseArgs({
   options: {
@@ -31,9 +31,10 @@ const foreignRatio = ratio('foreign-ratio');
 const scope = values.scope!;
 
 const config = await runMain(() => loadEnvConfig());
+const redis = openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES });
 const producer = new IdempotentProducer({
   queue: config.QUEUE,
-  connection: { url: config.REDIS_URL },
+  connection: redis.connection,
   prefix: config.REDIS_PREFIX,
   defaultJobOptions: { attempts: positiveInt('attempts'), backoff: { type: 'exponential', delay: 200 } },
 });
@@ -84,6 +85,7 @@ try {
 } finally {
   clearInterval(progress);
   await producer.close();
+  await redis.close();
 }
 const durationMs = Date.now() - startedAt;
 console.log(

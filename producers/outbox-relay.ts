@@ -1,6 +1,6 @@
 /** The outbox relay process: moves committed outbox rows into BullMQ until SIGTERM/SIGINT. */
 import { pino } from 'pino';
-import { OutboxRelay, createPostgresDb, loadEnvConfig, migrate, onShutdownSignals, runMain } from '../src/index.js';
+import { OutboxRelay, createPostgresDb, loadEnvConfig, migrate, onShutdownSignals, openRedisConnection, runMain } from '../src/index.js';
 
 const config = await runMain(() => loadEnvConfig());
 const logger = pino({ level: config.LOG_LEVEL });
@@ -10,10 +10,12 @@ const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnecti
   logger.warn({ err: error }, 'idle Postgres connection lost; the relay reconnects at its next batch'),
 );
 if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
-const relay = new OutboxRelay({ db, schema: config.SCHEMA, connection: { url: config.REDIS_URL }, prefix: config.REDIS_PREFIX, logger });
+const redis = openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES });
+const relay = new OutboxRelay({ db, schema: config.SCHEMA, connection: redis.connection, prefix: config.REDIS_PREFIX, logger });
 relay.start();
 logger.info('outbox relay running');
 onShutdownSignals(logger, async () => {
   await relay.stop();
+  await redis.close();
   await db.destroy();
 });

@@ -6,6 +6,7 @@ import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
 import { insertOutboxRows } from '../store/sql/outbox.js';
 import { addOrReplaceFinished } from './add-or-replace-finished.js';
 import { jobIdFor, toWireJobData } from './job-identity.js';
+import { assertKeysFitConnection } from './redis-connection.js';
 
 /** Options of {@link IdempotentProducer}. */
 export interface IdempotentProducerOptions {
@@ -73,6 +74,7 @@ export class IdempotentProducer {
   constructor(options: IdempotentProducerOptions) {
     this.#options = Object.freeze({ ...options });
     this.#fingerprint = options.fingerprint ?? sha256Fingerprint;
+    assertKeysFitConnection(options.connection, options.prefix, options.queue);
     this.#queue = new Queue(options.queue, { connection: options.connection, prefix: options.prefix });
   }
 

@@ -29,6 +29,7 @@ import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
 import { identityFromWireContract, type JobIdentity } from './job-identity.js';
 import { JobLogger } from './job-logger.js';
+import { assertKeysFitConnection } from './redis-connection.js';
 
 /** What a handler receives for one job whose key this worker holds. */
 export interface JobContext<P = unknown> {
@@ -207,6 +208,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     }
     this.#log = (options.logger ?? pino()).child({ queue: options.queue });
     this.#keyOf = options.keyOf ?? (identityFromWireContract as (job: Job) => JobIdentity<P>);
+    assertKeysFitConnection(options.connection, options.prefix, options.queue);
     this.#bull = new Worker(options.queue, (job, token, signal) => this.#process(job, token, signal), {
       ...options.workerOptions,
       connection: options.connection,

@@ -53,16 +53,17 @@ export function identityFromWireContract(job: JobLike): JobIdentity {
   const record = data as Record<string, unknown>;
   if (!('idempotencyKey' in record)) throw malformed('job.data.idempotencyKey', '"idempotencyKey" is missing');
   const scope = record.scope === undefined ? DEFAULT_SCOPE : record.scope;
-  assertValidKeyPart('key', record.idempotencyKey);
-  assertValidKeyPart('scope', scope);
-  const named = `scope "${printable(scope)}", key "${printable(record.idempotencyKey)}"`;
+  const named = `scope "${printable(String(scope))}", key "${printable(String(record.idempotencyKey))}"`;
   // All three are stored as text: Postgres refuses a NUL, and writes a lone surrogate as
-  // U+FFFD, so two different keys would become one.
+  // U+FFFD, so two different keys would become one. Checked before the key's own rules (which
+  // refuse the same) so that the error names the job's scope and key as the wire contract's do.
   const texts = [['job.data.idempotencyKey', 'key', record.idempotencyKey], ['job.data.scope', 'scope', scope], ['job.name', 'job name', job.name]] as const;
   for (const [field, what, text] of texts) {
-    const found = findJsonProblem(text, { maxDepth: 0, allowNul: false });
+    const found = typeof text === 'string' ? findJsonProblem(text, { maxDepth: 0, allowNul: false }) : undefined;
     if (found) throw malformed(field, `the ${what} ${found.problem} (${named})`);
   }
+  assertValidKeyPart('key', record.idempotencyKey);
+  assertValidKeyPart('scope', scope);
   if (!('payload' in record) || record.payload === undefined) {
     throw malformed('job.data.payload', `"payload" is missing (${named})`);
   }

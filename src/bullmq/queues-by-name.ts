@@ -1,4 +1,5 @@
 import { Queue, type ConnectionOptions } from 'bullmq';
+import { assertKeysFitConnection } from './redis-connection.js';
 
 /**
  * BullMQ `Queue` handles opened on first use, one per queue name, for components that write to
@@ -21,6 +22,7 @@ export class QueuesByName {
   get(name: string): Queue {
     let queue = this.#queues.get(name);
     if (!queue) {
+      assertKeysFitConnection(this.options.connection, this.options.prefix, name);
       queue = new Queue(name, { connection: this.options.connection, prefix: this.options.prefix });
       const { onError } = this.options;
       if (onError) queue.on('error', (error) => onError(error, name));

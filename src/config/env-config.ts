@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { ConfigError } from '../errors.js';
 import { GROUP_COMMIT_DEFAULTS } from '../protocol/group-commit.js';
+import { assertClusterHashTag, parseClusterNodes } from './redis-cluster.js';
 
 const int = (min: number) => z.coerce.number().int().min(min);
 const bool = z
@@ -22,6 +23,11 @@ const envSchema = z.object({
   REDIS_URL: z.string().url('must be a redis:// URL').default('redis://127.0.0.1:6379'),
   /** Postgres schema of the idempotency tables. */
   SCHEMA: z.string().regex(/^[a-z_][a-z0-9_]{0,62}$/, 'must be a lower-case Postgres identifier').default('idempotent_jobs'),
+  /**
+   * Redis Cluster startup nodes (`host:port` or `redis://[user:password@]host:port`, separated
+   * by commas); when set, REDIS_URL is not used and REDIS_PREFIX must contain a hash tag (`{ij}`).
+   */
+  REDIS_CLUSTER_NODES: z.string().optional(),
   /** BullMQ key prefix. */
   REDIS_PREFIX: z.string().min(1).default('bull'),
   QUEUE: z.string().min(1).default('payments'),
@@ -96,7 +102,13 @@ export function directDatabaseUrl(config: Pick<EnvConfig, 'DATABASE_URL' | 'DATA
 export function loadEnvConfig(env: NodeJS.ProcessEnv = process.env): EnvConfig {
   const present = Object.fromEntries(Object.entries(env).filter(([, v]) => v !== undefined && v !== ''));
   const parsed = envSchema.safeParse(present);
-  if (parsed.success) return parsed.data;
+  if (parsed.success) {
+    if (parsed.data.REDIS_CLUSTER_NODES !== undefined) {
+      parseClusterNodes(parsed.data.REDIS_CLUSTER_NODES);
+      assertClusterHashTag(parsed.data.REDIS_PREFIX, parsed.data.QUEUE);
+    }
+    return parsed.data;
+  }
   const problems = parsed.error.issues.map((issue) => {
     const name = String(issue.path[0]);
     return `  ${name}: ${issue.message} (got ${JSON.stringify(env[name])})`;

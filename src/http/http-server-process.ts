@@ -7,6 +7,7 @@ import { onShutdownSignals } from '../runtime/shutdown-signals.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { KeySettledListener } from '../store/key-settled-listener.js';
 import { migrate } from '../store/migrate.js';
+import { openRedisConnection } from '../bullmq/redis-connection.js';
 import { createHttpApi, type HttpApi } from './http-api.js';
 
 /** What {@link startHttpServerProcess} needs besides the environment. */
@@ -46,9 +47,11 @@ export async function startHttpServerProcess(options: HttpServerProcessOptions):
     schema: config.SCHEMA,
     onError: (error) => logger.warn({ err: error }, 'listener error'),
   });
+  const redis = openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES });
   let api: HttpApi | undefined;
   const closeAll = async () => {
     await api?.close();
+    await redis.close();
     await listener.close();
     await db.destroy();
   };
@@ -57,7 +60,7 @@ export async function startHttpServerProcess(options: HttpServerProcessOptions):
     const keys = new IdempotencyKeys({ db, schema: config.SCHEMA, leaseMs: config.LEASE_MS, retentionMs: config.RETENTION_MS });
     api = await createHttpApi({
       keys,
-      connection: { url: config.REDIS_URL },
+      connection: redis.connection,
       prefix: config.REDIS_PREFIX,
       queues: config.HTTP_QUEUES,
       tokens: Object.fromEntries(config.HTTP_TOKENS),

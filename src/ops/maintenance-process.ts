@@ -1,6 +1,7 @@
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
 import { BullmqJobLookup } from '../bullmq/job-lookup.js';
+import { openRedisConnection } from '../bullmq/redis-connection.js';
 import { directDatabaseUrl, type EnvConfig } from '../config/env-config.js';
 import { parseQueueActions, type RetryPolicy } from '../config/maintenance-options.js';
 import { instrumentMaintenance } from '../metrics/maintenance-metrics.js';
@@ -62,7 +63,8 @@ export function createMaintenanceFromConfig(
   const janitor = config.JANITOR_ENABLED
     ? new Janitor({ db, schema: config.SCHEMA, batchSize: config.JANITOR_BATCH_SIZE, retentionMs: config.RETENTION_MS, retryPolicies, logger })
     : undefined;
-  const jobs = config.SWEEPER_ENABLED ? new BullmqJobLookup({ connection: { url: config.REDIS_URL }, prefix: config.REDIS_PREFIX }) : undefined;
+  const redis = config.SWEEPER_ENABLED ? openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES }) : undefined;
+  const jobs = redis ? new BullmqJobLookup({ connection: redis.connection, prefix: config.REDIS_PREFIX }) : undefined;
   const sweeper = jobs
     ? new Sweeper({
         db,
@@ -98,6 +100,7 @@ export function createMaintenanceFromConfig(
       await maintenance.stop();
       uninstrument();
       await jobs?.close();
+      await redis?.close();
     },
   };
 }

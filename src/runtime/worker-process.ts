@@ -9,6 +9,7 @@ import { migrate } from '../store/migrate.js';
 import { startMetricsServer, type MetricsServer } from '../metrics/metrics-server.js';
 import { instrumentWorker } from '../metrics/worker-metrics.js';
 import { pingBullWorker } from '../bullmq/job-lookup.js';
+import { openRedisConnection } from '../bullmq/redis-connection.js';
 import type { Maintenance } from '../ops/maintenance.js';
 import { createMaintenanceFromConfig } from '../ops/maintenance-process.js';
 import { pingDatabase } from '../store/sql/ping.js';
@@ -92,9 +93,10 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
   // Janitor, sweeper, statistics; built before the worker so bad options stop the start early.
   // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
   const maintenance = createMaintenanceFromConfig(config, sessionDb, logger, { stats: config.METRICS_PORT !== undefined });
+  const redis = openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES });
   const worker = createIdempotentWorker<P, R>({
     queue: config.QUEUE,
-    connection: { url: config.REDIS_URL },
+    connection: redis.connection,
     prefix: config.REDIS_PREFIX,
     keys,
     handler: options.handler,
@@ -119,7 +121,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     await waitForRedis(worker, startupDeadline, logger);
   } catch (error) {
     uninstrument();
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }), listener?.close(), destroyPools());
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }).then(() => redis.close()), listener?.close(), maintenance?.stop(), destroyPools());
     throw error;
   }
   maintenance?.maintenance.start();
@@ -144,6 +146,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     if (stopOptions.force) return worker.close({ force: true });
     stopped ??= (async () => {
       await worker.close();
+      await redis.close();
       await listener?.close();
       await maintenance?.stop();
       await metricsServer?.close();

@@ -6,16 +6,15 @@
  */
 import { randomBytes } from 'node:crypto';
 import { Queue } from 'bullmq';
-import { Redis } from 'ioredis';
 import { sql, type Kysely } from 'kysely';
-import { createPostgresDb, migrate } from '../../src/index.js';
+import { createPostgresDb, migrate, openRedisConnection, type RedisConnection } from '../../src/index.js';
+import { startClusterChaosRedis, startSingleChaosRedis, type ChaosRedis } from './chaos-redis.js';
 import { CHAOS_STEPS, createChaosTables } from './chaos-handler.js';
 import { FAULT_LOG_MESSAGE } from './fault-injection.js';
 import { checkHistory, type CheckResult, type ExecutionRow, type FailedJob, type KeyRow, type StepRecordRow } from './checker.js';
 import { abortableSleep, nemesisSchedule, runNemesis, type NemesisEvent, type NemesisOp } from './nemesis.js';
 import { PgBouncer } from '../support/pgbouncer.js';
 import { PrivatePostgres } from './private-postgres.js';
-import { PrivateRedis } from './private-redis.js';
 import { runProducerLoad, type LoadResult } from './producer-load.js';
 import { WorkerFleet, type WorkerExit, type WorkerLogLine } from './worker-fleet.js';
 
@@ -53,6 +52,12 @@ export interface ChaosOptions {
    * the nemesis use the cluster directly; PgBouncer stays up through every Postgres fault.
    */
   readonly pgBouncer?: boolean;
+  /**
+   * A private Redis Cluster (3 masters with a replica each) instead of one redis-server: the
+   * prefix gets a hash tag, and the Redis faults aim at the queue's shard, plus coordinated
+   * failovers of it.
+   */
+  readonly redisCluster?: boolean;
   /** Keep the private cluster's directory afterwards (for investigating a failed run). */
   readonly keepData: boolean;
   /** How often a progress line is logged. */
@@ -95,15 +100,17 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
   const began = Date.now();
   const suffix = randomBytes(3).toString('hex');
   const queue = `chaos_${suffix}`;
-  const names = { schema: `chaos_${options.seed}_${suffix}`, queue, prefix: `ijchaos-${options.seed}-${suffix}`, redisPort: 0, postgresPort: 0 };
+  const prefix = `ijchaos-${options.seed}-${suffix}`;
+  // On a cluster a hash tag keeps every key of the queue in one slot (BullMQ's scripts need it).
+  const names = { schema: `chaos_${options.seed}_${suffix}`, queue, prefix: options.redisCluster ? `{${prefix}}` : prefix, redisPort: 0, postgresPort: 0 };
   const applicationName = `idempotent-jobs:worker:${queue}`;
   const { log } = options;
 
   let postgres: PrivatePostgres | undefined;
   let bouncer: PgBouncer | undefined;
   let db: Kysely<any> | undefined;
-  let redis: PrivateRedis | undefined;
-  let redisAdmin: Redis | undefined;
+  let redis: ChaosRedis | undefined;
+  let redisConnection: RedisConnection | undefined;
   let bullQueue: Queue | undefined;
   let fleet: WorkerFleet | undefined;
   try {
@@ -116,13 +123,12 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
     await migrate(db, { schema: names.schema });
     await createChaosTables(db, names.schema);
     if (options.pgBouncer) bouncer = await PgBouncer.start({ upstream: postgres.url, poolSize: pgBouncerPoolSizeFor(options) });
-    redis = await PrivateRedis.start();
+    redis = options.redisCluster ? await startClusterChaosRedis(`${names.prefix}:${queue}:wait`) : await startSingleChaosRedis();
     names.redisPort = redis.port;
-    log(`private postgres on port ${postgres.port} (${postgres.dir}), schema ${names.schema}; private redis-server on port ${redis.port} (${redis.dir}); queue ${queue}`);
+    log(`private postgres on port ${postgres.port} (${postgres.dir}), schema ${names.schema}; ${redis.description}; queue ${queue}`);
     if (bouncer) log(`workers through PgBouncer (transaction mode, ${pgBouncerPoolSizeFor(options)} server connections) on port ${bouncer.port} (${bouncer.dir})`);
-    redisAdmin = new Redis(redis.url, { maxRetriesPerRequest: null });
-    redisAdmin.on('error', () => {});
-    bullQueue = new Queue(queue, { connection: { url: redis.url }, prefix: names.prefix });
+    redisConnection = openRedisConnection(redis.settings);
+    bullQueue = new Queue(queue, { connection: redisConnection.connection, prefix: names.prefix });
     bullQueue.on('error', () => {});
 
     fleet = new WorkerFleet({
@@ -130,7 +136,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
       env: {
         DATABASE_URL: bouncer ? bouncer.url() : postgres.url,
         DATABASE_DIRECT_URL: postgres.url,
-        REDIS_URL: redis.url,
+        ...redis.workerEnv,
         SCHEMA: names.schema,
         REDIS_PREFIX: names.prefix,
         QUEUE: queue,
@@ -160,6 +166,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
       workers: options.workers,
       leaseMs: options.leaseMs,
       steps: options.steps,
+      redisCluster: options.redisCluster ?? false,
     });
     const chaosStart = Date.now();
     const stopProducer = new AbortController();
@@ -179,11 +186,11 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
       maxWorkMs: options.maxWorkMs,
       queue,
       prefix: names.prefix,
-      redisUrl: redis.url,
+      redis: redis.settings,
       stop: stopProducer.signal,
       giveUp: giveUp.signal,
     });
-    const targets = { fleet, redis, redisAdmin, postgres, db, applicationName };
+    const targets = { fleet, redis, postgres, db, applicationName };
     const nemesisDone = runNemesis(schedule, targets, chaosStart, stopNemesis.signal, options.seed);
     const harnessDb = db;
     const progress = setInterval(() => void reportProgress(harnessDb, bullQueue!, names.schema, fleet!, chaosStart, log), options.progressIntervalMs);
@@ -279,7 +286,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
   } finally {
     await fleet?.killAll().catch(() => {});
     await bullQueue?.close().catch(() => {});
-    redisAdmin?.disconnect();
+    await redisConnection?.close().catch(() => {});
     await db?.destroy().catch(() => {});
     // The private servers hold only this run's data; stopping them and deleting their
     // directories removes it all.

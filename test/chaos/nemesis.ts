@@ -2,11 +2,10 @@
  * The nemesis: a fault schedule drawn from a seed, then carried out against the running system.
  * Faults come in shuffled rounds of every kind, so even a short run sees each kind at least once.
  */
-import type { Redis } from 'ioredis';
 import { sql, type Kysely } from 'kysely';
+import type { ChaosRedis } from './chaos-redis.js';
 import type { CrashPoint } from './fault-injection.js';
 import type { PrivatePostgres } from './private-postgres.js';
-import type { PrivateRedis } from './private-redis.js';
 import { seededRandom } from './random.js';
 import type { WorkerFleet } from './worker-fleet.js';
 
@@ -31,12 +30,18 @@ export const FAULT_KINDS = [
  */
 export const STEP_FAULT_KINDS = ['crash-inside-database-step', 'crash-inside-external-step', 'crash-between-steps'] as const;
 
-/** One of {@link FAULT_KINDS} or {@link STEP_FAULT_KINDS}. */
-export type FaultKind = (typeof FAULT_KINDS)[number] | (typeof STEP_FAULT_KINDS)[number];
+/**
+ * The Redis Cluster profile's extra kind (`--redis-cluster`): a coordinated failover of the
+ * queue's shard, its replica taking over the slots (nothing acknowledged is lost).
+ */
+export const CLUSTER_FAULT_KINDS = ['redis-failover'] as const;
 
-/** The kinds a run's schedule draws from: every kind, and the step kinds when the handler has steps. */
-export function faultKindsFor(steps: boolean): readonly FaultKind[] {
-  return steps ? [...FAULT_KINDS, ...STEP_FAULT_KINDS] : FAULT_KINDS;
+/** One of {@link FAULT_KINDS}, {@link STEP_FAULT_KINDS} or {@link CLUSTER_FAULT_KINDS}. */
+export type FaultKind = (typeof FAULT_KINDS)[number] | (typeof STEP_FAULT_KINDS)[number] | (typeof CLUSTER_FAULT_KINDS)[number];
+
+/** The kinds a run's schedule draws from: every kind, the step kinds when the handler has steps, the failover on a cluster. */
+export function faultKindsFor(steps: boolean, redisCluster = false): readonly FaultKind[] {
+  return [...FAULT_KINDS, ...(steps ? STEP_FAULT_KINDS : []), ...(redisCluster ? CLUSTER_FAULT_KINDS : [])];
 }
 
 /** One scheduled fault. */
@@ -64,6 +69,8 @@ export interface NemesisEvent extends NemesisOp {
   readonly cut?: number;
   /** Why nothing was done (no live target). */
   readonly skipped?: string;
+  /** `redis-failover`: the ports of the old and the new master. */
+  readonly failover?: { readonly from: number; readonly to: number };
 }
 
 /** What the schedule depends on; the same seed and parameters give the same schedule. */
@@ -75,6 +82,8 @@ export interface ScheduleOptions {
   readonly leaseMs: number;
   /** The multi-step profile: rounds include {@link STEP_FAULT_KINDS}. @defaultValue false */
   readonly steps?: boolean;
+  /** The Redis Cluster profile: rounds include {@link CLUSTER_FAULT_KINDS}. @defaultValue false */
+  readonly redisCluster?: boolean;
 }
 
 /** The seeded fault schedule. */
@@ -85,7 +94,7 @@ export function nemesisSchedule(options: ScheduleOptions): NemesisOp[] {
   // Let the workers settle before the first fault; stop one lease before the end.
   let atMs = Math.min(3_000, options.intervalMs);
   while (atMs < options.durationMs - options.leaseMs) {
-    if (round.length === 0) round = random.shuffle(faultKindsFor(options.steps ?? false));
+    if (round.length === 0) round = random.shuffle(faultKindsFor(options.steps ?? false, options.redisCluster ?? false));
     const kind = round.pop()!;
     const slot = random.int(0, options.workers - 1);
     const op: NemesisOp = { atMs, kind, slot };
@@ -101,9 +110,8 @@ export function nemesisSchedule(options: ScheduleOptions): NemesisOp[] {
 /** What the nemesis acts on. */
 export interface NemesisTargets {
   readonly fleet: WorkerFleet;
-  readonly redis: PrivateRedis;
-  /** An admin connection to the private Redis (never cut by the nemesis itself). */
-  readonly redisAdmin: Redis;
+  /** The private Redis or Redis Cluster, with its faults. */
+  readonly redis: ChaosRedis;
   /** The private Postgres cluster the workers use. */
   readonly postgres: PrivatePostgres;
   /** The harness's own pool on it. */
@@ -202,17 +210,15 @@ async function carryOut(
       );
       return done({ pid });
     }
-    case 'redis-client-kill': {
-      const own = Number(await targets.redisAdmin.client('ID'));
-      const list = String(await targets.redisAdmin.client('LIST'));
-      const ids = [...list.matchAll(/^id=(\d+) /gm)].map((m) => Number(m[1])).filter((id) => id !== own).sort((a, b) => a - b);
-      const chosen = choose(ids, op.fraction!, next);
-      for (const id of chosen) await targets.redisAdmin.client('KILL', 'ID', String(id)).catch(() => 0);
-      return done({ cut: chosen.length });
-    }
+    case 'redis-client-kill':
+      return done({ cut: await targets.redis.killClients(op.fraction!, next) });
     case 'redis-restart':
       await targets.redis.restart(op.downMs!);
       return done({});
+    case 'redis-failover': {
+      if (!targets.redis.failover) return done({ skipped: 'not a cluster' });
+      return done({ failover: await targets.redis.failover() });
+    }
     case 'crash-after-claim':
     case 'crash-before-commit':
     case 'crash-after-commit':

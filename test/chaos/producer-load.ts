@@ -10,7 +10,7 @@
  * attempt. The chaos handler never fails on its own, so a failed job is a fault's doing.
  */
 import { Queue, type JobsOptions } from 'bullmq';
-import { IdempotentProducer, toWireJobData } from '../../src/index.js';
+import { IdempotentProducer, openRedisConnection, toWireJobData, type RedisConnectionSettings } from '../../src/index.js';
 import type { ChaosPayload } from './chaos-handler.js';
 import { abortableSleep } from './nemesis.js';
 import { seededRandom } from './random.js';
@@ -51,7 +51,8 @@ export interface LoadOptions {
   readonly maxWorkMs: number;
   readonly queue: string;
   readonly prefix: string;
-  readonly redisUrl: string;
+  /** The run's Redis: a single server or a cluster. */
+  readonly redis: RedisConnectionSettings;
   /** Stops sending new requests. */
   readonly stop: AbortSignal;
   /** Stops retrying unacknowledged ones. */
@@ -73,7 +74,8 @@ export const CHAOS_JOB_OPTIONS: Omit<JobsOptions, 'jobId'> = {
 /** Runs the producer; resolves when every request was acknowledged or given up. */
 export async function runProducerLoad(options: LoadOptions): Promise<LoadResult> {
   const random = seededRandom(options.seed, 3);
-  const connection = { url: options.redisUrl };
+  const redis = openRedisConnection(options.redis);
+  const { connection } = redis;
   const producer = new IdempotentProducer({ queue: options.queue, connection, prefix: options.prefix, defaultJobOptions: CHAOS_JOB_OPTIONS });
   const foreign = new Queue(options.queue, { connection, prefix: options.prefix });
   producer.queue.on('error', () => {});
@@ -159,6 +161,7 @@ export async function runProducerLoad(options: LoadOptions): Promise<LoadResult>
   } finally {
     await producer.close().catch(() => {});
     await foreign.close().catch(() => {});
+    await redis.close();
   }
   return { keys, requests, acknowledged, retries, unacknowledged };
 }

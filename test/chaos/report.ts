@@ -20,6 +20,8 @@ export interface ChaosSummary {
   readonly steps: boolean;
   /** The workers reached Postgres through PgBouncer in transaction mode. */
   readonly pgBouncer: boolean;
+  /** Redis was a private Redis Cluster (`--redis-cluster`). */
+  readonly redisCluster: boolean;
   readonly chaosSeconds: number;
   readonly jobs: number;
   readonly requests: Readonly<Record<string, number>>;
@@ -38,6 +40,8 @@ export interface ChaosSummary {
     readonly redisClientKills: number;
     readonly redisClientsKilled: number;
     readonly redisRestarts: number;
+    /** Coordinated failovers of the queue's shard (Redis Cluster only). */
+    readonly redisFailovers: number;
     readonly crashesArmed: number;
     readonly injectedCrashes: Readonly<Record<string, number>>;
     readonly skipped: number;
@@ -100,6 +104,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
     groupCommit: options.groupCommit,
     steps: options.steps,
     pgBouncer: options.pgBouncer ?? false,
+    redisCluster: options.redisCluster ?? false,
     chaosSeconds: Math.round(run.timings.chaosMs / 1000),
     jobs: load.acknowledged,
     requests: load.requests,
@@ -117,6 +122,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
       redisClientKills: count('redis-client-kill'),
       redisClientsKilled: cut('redis-client-kill'),
       redisRestarts: count('redis-restart'),
+      redisFailovers: count('redis-failover'),
       crashesArmed: done.filter((e) => e.kind.startsWith('crash-')).length,
       injectedCrashes: Object.fromEntries(
         (options.steps ? CRASH_POINTS : PROTOCOL_CRASH_POINTS).map((point) => [point, check.injectedCrashes[point] ?? 0]),
@@ -174,7 +180,7 @@ export function formatTable(summary: ChaosSummary): string {
   const rows: Array<[string, string]> = [
     ['verdict', s.verdict],
     ['seed', String(s.seed)],
-    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}${s.steps ? ', steps' : ''}${s.pgBouncer ? ', through PgBouncer' : ''})`],
+    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}${s.steps ? ', steps' : ''}${s.pgBouncer ? ', through PgBouncer' : ''}${s.redisCluster ? ', on Redis Cluster' : ''})`],
     ['chaos phase', `${s.chaosSeconds} s (drain ${s.drainSeconds} s, total ${s.totalSeconds} s)`],
     ['jobs (acknowledged adds)', `${s.jobs} (new ${s.requests.new}, repeated ${s.requests.repeat}, foreign ${s.requests.foreign}, concurrent ${s.requests.concurrent})`],
     ['unique keys (acknowledged)', `${s.uniqueKeys} (${s.acknowledgedKeys})`],
@@ -184,6 +190,7 @@ export function formatTable(summary: ChaosSummary): string {
     ['Postgres crashes (SIGKILL, crash recovery) / fast restarts / pauses past the lease', `${s.faults.pgCrashes} (${s.faults.pgCrashRecoveries} recoveries) / ${s.faults.pgRestarts} / ${s.faults.pgPauses}`],
     ['Redis connections killed', `${s.faults.redisClientsKilled} in ${s.faults.redisClientKills} rounds`],
     ['Redis restarts (crash + AOF reload)', String(s.faults.redisRestarts)],
+    ...(s.redisCluster ? [['Redis Cluster failovers of the queue\'s shard (coordinated)', String(s.faults.redisFailovers)] as [string, string]] : []),
     [
       'injected crashes by point',
       `${Object.entries(crashes)

@@ -5,6 +5,7 @@
  *   npm run chaos -- --profile long                                # long profile (about 2 hours; docs/chaos.md)
  *   npm run chaos -- --seed 1234                                   # the same fault schedule again
  *   npm run chaos -- --steps                                       # multi-step jobs (ctx.step), crashes inside and between steps
+ *   npm run chaos -- --redis-cluster                               # on a private Redis Cluster, with failovers of the queue's shard
  *
  * Exits 0 when nothing was lost, duplicated, unexpected, failed or left processing and no two
  * overlapping owners both committed; 1 when a check failed; 2 on bad flags or when the run
@@ -48,6 +49,10 @@ const USAGE = `Usage: npm run chaos -- [flags]
   --pgbouncer            workers reach Postgres through a PgBouncer in transaction mode in front of
                          the private cluster (DATABASE_URL), and Postgres itself for sessions
                          (DATABASE_DIRECT_URL: migrations, maintenance locks)
+  --redis-cluster        a private Redis Cluster (3 masters with a replica each, ports 7100-7199 or
+                         REDIS_CLUSTER_PORTS) instead of one redis-server, the prefix hash-tagged; Redis
+                         faults aim at the queue's shard: connections cut on every node, its master
+                         crashed and restarted from its AOF, coordinated failovers to its replica
   --keep-data            keep the private Postgres cluster's directory for investigation
   --help
 
@@ -81,6 +86,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
       'group-commit': { type: 'boolean' },
       steps: { type: 'boolean' },
       pgbouncer: { type: 'boolean' },
+      'redis-cluster': { type: 'boolean' },
       help: { type: 'boolean' },
     },
   });
@@ -124,6 +130,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
     groupCommit: values['group-commit'] ?? false,
     steps: values.steps ?? false,
     pgBouncer: values.pgbouncer ?? false,
+    redisCluster: values['redis-cluster'] ?? false,
     reportDir: values['report-dir'] ?? '.chaos',
     log: (line) => console.log(`[chaos] ${new Date().toISOString().slice(11, 19)} ${line}`),
   };
@@ -152,7 +159,7 @@ async function main(): Promise<number> {
   process.on('SIGTERM', onSignal);
 
   options.log(
-    `${options.profile} profile${options.steps ? ' with steps' : ''}, seed ${options.seed} (reproduce with --seed ${options.seed}); ${options.jobs} jobs, ${options.workers} workers × ${options.concurrency}; ` +
+    `${options.profile} profile${options.steps ? ' with steps' : ''}${options.redisCluster ? ' on Redis Cluster' : ''}, seed ${options.seed} (reproduce with --seed ${options.seed}); ${options.jobs} jobs, ${options.workers} workers × ${options.concurrency}; ` +
       `at most ${Math.round((options.durationMs + options.drainTimeoutMs) / 60_000)} minutes of chaos and drain`,
   );
   let run;
