@@ -102,5 +102,5 @@ export { BullmqJobLookup } from './bullmq/job-lookup.js';
 export type { HealthCheck, HealthReport, MetricsServer, MetricsServerOptions } from './metrics/metrics-server.js';
 export { runHealthChecks, startMetricsServer } from './metrics/metrics-server.js';
 export { instrumentWorker } from './metrics/worker-metrics.js';
-export { instrumentMaintenance } from './metrics/maintenance-metrics.js';
+export { instrumentMaintenance, type InstrumentMaintenanceOptions } from './metrics/maintenance-metrics.js';
 export { METRIC_PREFIX } from './metrics/metric-registry.js';

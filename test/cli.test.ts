@@ -203,7 +203,7 @@ describe('idempotent-jobs CLI', () => {
     expect(down.stderr).not.toBe('');
   });
 
-  it('stats: counts by status, expired leases and keys, the oldest processing key (text and JSON)', async () => {
+  it('stats: counts by status, expired leases, keys past the sweep horizon, expired keys, the oldest processing key (text and JSON)', async () => {
     const asJson = await cli(['stats', '--json']);
     expect(asJson.code).toBe(0);
     expect(json(asJson)).toMatchObject({
@@ -212,6 +212,8 @@ describe('idempotent-jobs CLI', () => {
       completed: 2,
       failed: 1,
       expiredLeases: 1,
+      // other/stuck's lease ended an hour ago: past the default 15-minute sweep horizon.
+      pastSweepHorizon: 1,
       expiredKeys: 1,
       oldestProcessing: { scope: 'acme', key: 'running' },
       outboxUnsent: 0,
@@ -223,6 +225,9 @@ describe('idempotent-jobs CLI', () => {
     expect(text.stdout).toMatch(/^completed\s+2$/m);
     expect(text.stdout).toMatch(/^failed\s+1$/m);
     expect(text.stdout).toMatch(/^Expired leases:\s+1 /m);
+    expect(text.stdout).toMatch(/^Past sweep horizon:\s+1 /m);
+    const longHorizon = await cli(['stats', '--json'], { SWEEP_AFTER_MS: String(2 * 3600_000) });
+    expect(json(longHorizon)).toMatchObject({ expiredLeases: 1, pastSweepHorizon: 0 });
     expect(text.stdout).toMatch(/^Oldest processing key: "running" in scope "acme"/m);
   });
 

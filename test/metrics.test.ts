@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   IdempotencyKeys,
   IdempotentProducer,
+  Maintenance,
   OutboxRelay,
   createIdempotentWorker,
   instrumentMaintenance,
@@ -144,6 +145,14 @@ describe('worker metrics and health', () => {
     expect(values.get(`idempotent_jobs_expired_leases{${s}}`)).toBe(0);
     expect(values.get(`idempotent_jobs_oldest_processing_key_age_seconds{${s}}`)).toBe(0);
     expect(values.get(`idempotent_jobs_outbox_unsent_rows{${s}}`)).toBe(0);
+    expect(values.get(`idempotent_jobs_keys_past_sweep_horizon{${s}}`)).toBe(0);
+    // Zero from the start, so an alert's increase() sees the first error or abandoned key.
+    for (const task of ['janitor', 'sweeper', 'stats']) expect(values.get(`idempotent_jobs_maintenance_errors_total{${s},task="${task}"}`)).toBe(0);
+    for (const action of ['reenqueued', 'abandoned']) {
+      expect(values.get(`idempotent_jobs_sweeper_recoveries_total{${s},${q},action="${action}"}`)).toBe(0);
+    }
+    // The /healthz checks, run at the scrape.
+    for (const check of ['postgres', 'redis', 'worker']) expect(values.get(`idempotent_jobs_ready{component="worker",check="${check}"}`)).toBe(1);
     for (const name of [
       'idempotent_jobs_sweeper_recoveries_total',
       'idempotent_jobs_sweeper_unverifiable_keys',
@@ -184,6 +193,10 @@ describe('worker metrics and health', () => {
       processMetrics: false,
     });
     try {
+      const { values } = await scrape(server.url);
+      expect(values.get('idempotent_jobs_ready{component="process",check="postgres"}')).toBe(1);
+      expect(values.get('idempotent_jobs_ready{component="process",check="redis"}')).toBe(0);
+      expect(values.get('idempotent_jobs_ready{component="process",check="slow"}')).toBe(0);
       const response = await fetch(`${server.url}/healthz`);
       expect(response.status).toBe(503);
       expect(await response.json()).toEqual({
@@ -193,6 +206,9 @@ describe('worker metrics and health', () => {
     } finally {
       await server.close();
     }
+    // A closed server's checks leave the gauge with it.
+    const { values } = await scrape(worker!.metricsServer!.url);
+    expect([...values.keys()].filter((name) => name.startsWith('idempotent_jobs_ready{component="process"'))).toEqual([]);
     expect(await runHealthChecks({}, 10)).toEqual({ status: 'ok', checks: {} });
   });
 
@@ -220,6 +236,7 @@ describe('maintenance metrics', () => {
       completed: 10,
       failed: 2,
       expiredLeases: 1,
+      pastSweepHorizon: 2,
       expiredKeys: 3,
       oldestProcessing: { scope: 'a', key: 'b', createdAt: new Date(), ageMs: 90_000 },
       outboxUnsent: 5,
@@ -249,12 +266,13 @@ describe('maintenance metrics', () => {
       expect(values.get(`idempotent_jobs_maintenance_errors_total{${s},task="sweeper"}`)).toBe(1);
       expect(values.get(`idempotent_jobs_keys{${s},status="processing"}`)).toBe(4);
       expect(values.get(`idempotent_jobs_oldest_processing_key_age_seconds{${s}}`)).toBe(90);
+      expect(values.get(`idempotent_jobs_keys_past_sweep_horizon{${s}}`)).toBe(2);
       expect(values.get(`idempotent_jobs_outbox_oldest_unsent_age_seconds{${s}}`)).toBe(2.5);
 
       maintenance.emit('stats', null);
       ({ values } = await scrape(server.url));
       for (const [name] of values) {
-        if (name.includes(s) && /idempotent_jobs_(keys|expired_leases|expired_keys|oldest_processing|outbox_unsent|outbox_oldest)/.test(name)) {
+        if (name.includes(s) && /idempotent_jobs_(keys|expired_leases|expired_keys|oldest_processing|outbox_unsent|outbox_oldest)[{_]/.test(name)) {
           throw new Error(`${name} should have been dropped`);
         }
       }
@@ -264,8 +282,38 @@ describe('maintenance metrics', () => {
       await server.close();
     }
   });
-});
 
+  it('count processing keys past the sweep horizon that Maintenance is given (keys_past_sweep_horizon)', async () => {
+    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
+    const server = await startMetricsServer({ port: 0, processMetrics: false });
+    const horizonOf = async (sweepAfterMs: number) => {
+      const maintenance = new Maintenance({ db: env.db, schema: env.schema, sweepAfterMs, logger: silent });
+      const seen: number[] = [];
+      const stop = instrumentMaintenance(maintenance, env.schema);
+      maintenance.on('stats', (stats) => seen.push(stats!.pastSweepHorizon));
+      try {
+        const run = await maintenance.refreshStats();
+        expect(run.ran).toBe(true);
+        const { values } = await scrape(server.url);
+        expect(values.get(`idempotent_jobs_keys_past_sweep_horizon{schema="${env.schema}"}`)).toBe(seen[0]);
+        return seen[0]!;
+      } finally {
+        stop();
+      }
+    };
+    try {
+      const before = await horizonOf(5_000);
+      const claim = await keys.claim('default', 'lease-ended-10s-ago', keys.fingerprint({}));
+      if (claim.kind !== 'claimed') throw new Error(claim.kind);
+      await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '10 seconds'
+                 where key = 'lease-ended-10s-ago'`.execute(env.db);
+      expect(await horizonOf(5_000)).toBe(before + 1);
+      expect(await horizonOf(60_000)).toBe(before);
+    } finally {
+      await server.close();
+    }
+  });
+});
 
 describe('step metrics', () => {
   it('count ctx.step calls by step name and outcome (ran, replayed, failed, lease-lost) from the worker\'s step events', async () => {
@@ -334,6 +382,14 @@ describe('step metrics', () => {
       expect(m('charge', 'failed')).toBe(1);
       expect(m('charge', 'lease-lost')).toBe(1);
       expect(m('reserve', 'failed')).toBeUndefined();
+      // Each call's time, under the same labels.
+      const d = (step: string, outcome: string, part: string) =>
+        values.get(`idempotent_jobs_step_duration_seconds_${part}{queue="${STEPPED}",step="${step}",outcome="${outcome}"}`);
+      expect(d('reserve', 'ran', 'count')).toBe(3);
+      expect(d('reserve', 'replayed', 'count')).toBe(1);
+      expect(d('charge', 'failed', 'count')).toBe(1);
+      expect(d('charge', 'lease-lost', 'count')).toBe(1);
+      expect(d('charge', 'ran', 'sum')).toBeGreaterThan(0);
     } finally {
       stop();
       await stepWorker.close({ force: true });

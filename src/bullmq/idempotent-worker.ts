@@ -148,7 +148,7 @@ export interface WorkerEvent {
   readonly scope?: string;
   readonly key?: string;
   readonly fence?: number;
-  /** Handler run time, on `completed`. */
+  /** Handler run time, on `completed`; the call's time, on step events. */
   readonly durationMs?: number;
   /** The step's name, on step events. */
   readonly step?: string;
@@ -434,7 +434,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
         if (committed) throw new Error(`ctx.step("${name}") was called after ctx.transaction: the key is completed; call every step before it.`);
         if (!this.#keys.supportsSteps) throw new StepsUnsupportedError(claim.scope, claim.key, 'the key store keeps no step records (KeyStore.steps).');
         steps ??= new JobSteps(this.#keys, claim, controller.signal, (report) =>
-          this.#emit(`step-${report.outcome}`, job, claim, undefined, report),
+          this.#emit(`step-${report.outcome}`, job, claim, report.durationMs, report),
         );
         return steps.run(name, body);
       },

@@ -72,6 +72,10 @@ export class OutboxRelay {
       ...options,
       onError: (error, queue) => this.#log.warn({ err: error, queue }, 'Redis connection error; the relay retries its batch'),
     });
+    // The series exist from the start, so that a rate or increase() sees the first error.
+    const schema = options.schema ?? 'idempotent_jobs';
+    relayMetrics().relayed.inc({ schema }, 0);
+    relayMetrics().errors.inc({ schema }, 0);
   }
 
   /** Relays one batch; returns how many rows were delivered. */

@@ -14,7 +14,7 @@ export function registerStatsCommand(program: Command): void {
       const config = loadEnvConfig();
       const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 1, applicationName: 'idempotent-jobs:cli' });
       try {
-        const stats = await keyStats(db, config.SCHEMA);
+        const stats = await keyStats(db, config.SCHEMA, { sweepAfterMs: config.SWEEP_AFTER_MS });
         if (options.json) {
           console.log(JSON.stringify({ schema: config.SCHEMA, ...stats }));
           return;
@@ -34,6 +34,9 @@ export function registerStatsCommand(program: Command): void {
         );
         console.log('');
         console.log(`Expired leases:        ${stats.expiredLeases} (processing keys whose lease ended: a takeover, retry or the sweeper will handle them)`);
+        console.log(
+          `Past sweep horizon:    ${stats.pastSweepHorizon} (processing keys whose lease ended over ${formatDuration(config.SWEEP_AFTER_MS)} ago, SWEEP_AFTER_MS: jobs not running; see docs/operations.md#keys-stuck-processing)`,
+        );
         console.log(`Expired keys:          ${stats.expiredKeys} (finished keys past their retention, waiting for the janitor)`);
         console.log(
           `Oldest processing key: ${

@@ -6,6 +6,7 @@ import { IdempotentProducer } from '../bullmq/idempotent-producer.js';
 import { OutboxRelay } from '../bullmq/outbox-relay.js';
 import { assertBindAllowed, resolveHttpApiOptions, type HttpApiOptions, type ResolvedHttpApiOptions } from '../config/http-options.js';
 import { answerClientError } from './client-errors.js';
+import { exportReadiness } from '../metrics/readiness-metrics.js';
 import { httpMetrics, metricsExposition, type HttpMetrics } from './http-metrics.js';
 import { JobIngestion, isSettled, type JobView } from './job-ingestion.js';
 import { installJsonBodyParser } from './json-body.js';
@@ -179,8 +180,14 @@ export class HttpApi {
       this.#metrics.requests.inc(labels);
       this.#metrics.duration.observe(labels, reply.elapsedTime / 1000);
     });
+    // Readiness also goes out with every scrape, so an alert does not depend on who polls /readyz.
+    const stopReadiness = exportReadiness('http', async () => {
+      const checks = await this.#readiness();
+      return { checks: Object.fromEntries(Object.entries(checks).map(([name, state]) => [name, { ok: state === 'ok' }])) };
+    });
     app.addHook('preClose', async () => {
       this.#closing.abort();
+      stopReadiness();
     });
     app.addHook('onClose', async () => {
       // In-flight requests still read job states through the queues: let them finish first.
@@ -212,16 +219,7 @@ export class HttpApi {
       reply.type('application/json; charset=utf-8').send(JSON.stringify({ status: 'ok' })),
     );
     app.get('/readyz', { schema: { summary: 'Readiness: Postgres and Redis answer.', tags: ['operations'] } }, async (request, reply) => {
-      const [postgres, redis] = await Promise.all([
-        this.#check(async () => {
-          // A read of the keys table: proves the connection and the migrated schema.
-          await this.#options.keys.get('readyz:probe', 'probe');
-        }),
-        this.#check(async () => {
-          // A read that goes to Redis through BullMQ's own connection (whatever its backend).
-          await this.#producers.values().next().value!.queue.getJobState('readyz-probe');
-        }),
-      ]);
+      const { postgres, redis } = await this.#readiness();
       if (postgres !== 'ok' || redis !== 'ok') {
         return sendProblem(request, reply, new HttpProblem('not-ready', `postgres: ${postgres}; redis: ${redis}`));
       }
@@ -356,6 +354,21 @@ export class HttpApi {
       .catch((error) => this.app.log.warn({ err: error }, 'outbox delivery failed; the relay retries'))
       .finally(() => this.#relayKicks.delete(kick));
     this.#relayKicks.add(kick);
+  }
+
+  /** The checks of `/readyz` (and of `idempotent_jobs_ready{component="http"}`): `ok`, or `down (why)`. */
+  async #readiness(): Promise<{ postgres: string; redis: string }> {
+    const [postgres, redis] = await Promise.all([
+      this.#check(async () => {
+        // A read of the keys table: proves the connection and the migrated schema.
+        await this.#options.keys.get('readyz:probe', 'probe');
+      }),
+      this.#check(async () => {
+        // A read that goes to Redis through BullMQ's own connection (whatever its backend).
+        await this.#producers.values().next().value!.queue.getJobState('readyz-probe');
+      }),
+    ]);
+    return { postgres, redis };
   }
 
   async #check(probe: () => Promise<void>): Promise<string> {

@@ -20,6 +20,16 @@ export interface HttpMetrics {
  * them, since the default registry refuses a second metric of the same name.
  */
 export function httpMetrics(): HttpMetrics {
+  const metrics = createHttpMetrics();
+  // Every outcome's series exists from the start, so that a rate or increase() sees the first one.
+  for (const outcome of IDEMPOTENCY_OUTCOMES) metrics.outcomes.inc({ outcome }, 0);
+  for (const outcome of ['settled', 'timed_out']) metrics.waits.inc({ outcome }, 0);
+  return metrics;
+}
+
+const IDEMPOTENCY_OUTCOMES: readonly IdempotencyOutcomeLabel[] = ['created', 'replayed', 'in_progress', 'key_reused'];
+
+function createHttpMetrics(): HttpMetrics {
   return {
     requests: existing('idempotent_jobs_http_requests_total') ??
       new Counter({ name: 'idempotent_jobs_http_requests_total', help: 'HTTP requests answered, by route template and status.', labelNames: ['method', 'route', 'status_code'] }),

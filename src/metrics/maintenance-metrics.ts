@@ -3,7 +3,7 @@ import type { KeyStats } from '../store/sql/key-stats.js';
 import type { JanitorReport } from '../ops/janitor.js';
 import type { EventEmitter } from 'node:events';
 import type { MaintenanceEvents } from '../ops/maintenance.js';
-import type { SweepReport } from '../ops/sweeper.js';
+import type { SweepRecovery, SweepReport } from '../ops/sweeper.js';
 import { counter, gauge } from './metric-registry.js';
 
 function maintenanceMetrics() {
@@ -24,6 +24,11 @@ function maintenanceMetrics() {
     maintenanceErrors: counter('maintenance_errors_total', 'Failed janitor, sweeper or stats runs (retried at the next interval).', ['schema', 'task']),
     keys: gauge('keys', 'Keys by status (exported only by the process that refreshed the statistics last).', ['schema', 'status']),
     expiredLeases: gauge('expired_leases', 'Processing keys whose lease has ended (waiting for a takeover, a retry or the sweeper).', ['schema']),
+    pastSweepHorizon: gauge(
+      'keys_past_sweep_horizon',
+      'Processing keys whose lease ended more than the sweep horizon (SWEEP_AFTER_MS) ago: no retry or takeover picked them up, and the sweeper has not recovered them.',
+      ['schema'],
+    ),
     expiredKeys: gauge('expired_keys', 'Completed or failed keys past expires_at, waiting for the janitor.', ['schema']),
     oldestProcessingAge: gauge('oldest_processing_key_age_seconds', 'Age of the oldest processing key (0 when none).', ['schema']),
     outboxUnsent: gauge('outbox_unsent_rows', 'Outbox rows not yet relayed to BullMQ.', ['schema']),
@@ -31,15 +36,32 @@ function maintenanceMetrics() {
   };
 }
 
+/** Options of {@link instrumentMaintenance}. */
+export interface InstrumentMaintenanceOptions {
+  /**
+   * Queues the sweeper covers: their recovery counters start at zero, so that the first
+   * recovery is an increase an alert sees (a counter born at 1 shows no `increase()`).
+   * @defaultValue `[]` (series appear with the first recovery)
+   */
+  readonly sweeperQueues?: readonly string[];
+}
+
+const MAINTENANCE_TASKS: readonly MaintenanceTask[] = ['janitor', 'sweeper', 'stats'];
+const RECOVERY_ACTIONS: readonly SweepRecovery['action'][] = ['reenqueued', 'abandoned'];
+
 /**
  * Turns a `Maintenance`'s reports into Prometheus metrics (prefix `idempotent_jobs_`,
  * label `schema`). The key gauges come from the statistics refresh, which one process at a time
  * performs; the others clear their gauges, so a query should aggregate with `max by (status)`.
  * Returns a function that stops listening.
  */
-export function instrumentMaintenance(maintenance: Pick<EventEmitter<MaintenanceEvents>, 'on' | 'off'>, schema: string): () => void {
+export function instrumentMaintenance(
+  maintenance: Pick<EventEmitter<MaintenanceEvents>, 'on' | 'off'>,
+  schema: string,
+  options: InstrumentMaintenanceOptions = {},
+): () => void {
   const m = maintenanceMetrics();
-  const statGauges = [m.keys, m.expiredLeases, m.expiredKeys, m.oldestProcessingAge, m.outboxUnsent, m.outboxOldestUnsentAge];
+  const statGauges = [m.keys, m.expiredLeases, m.pastSweepHorizon, m.expiredKeys, m.oldestProcessingAge, m.outboxUnsent, m.outboxOldestUnsentAge];
   const onJanitor = (report: JanitorReport) => {
     m.janitorRuns.inc({ schema });
     m.janitorDeleted.inc({ schema, table: 'keys' }, report.keysDeleted);
@@ -60,6 +82,7 @@ export function instrumentMaintenance(maintenance: Pick<EventEmitter<Maintenance
     m.keys.set({ schema, status: 'completed' }, stats.completed);
     m.keys.set({ schema, status: 'failed' }, stats.failed);
     m.expiredLeases.set({ schema }, stats.expiredLeases);
+    m.pastSweepHorizon.set({ schema }, stats.pastSweepHorizon);
     m.expiredKeys.set({ schema }, stats.expiredKeys);
     m.oldestProcessingAge.set({ schema }, (stats.oldestProcessing?.ageMs ?? 0) / 1000);
     m.outboxUnsent.set({ schema }, stats.outboxUnsent);
@@ -71,6 +94,10 @@ export function instrumentMaintenance(maintenance: Pick<EventEmitter<Maintenance
   m.janitorDeleted.inc({ schema, table: 'outbox' }, 0);
   m.janitorRuns.inc({ schema }, 0);
   m.sweeperRuns.inc({ schema }, 0);
+  for (const task of MAINTENANCE_TASKS) m.maintenanceErrors.inc({ schema, task }, 0);
+  for (const queue of options.sweeperQueues ?? []) {
+    for (const action of RECOVERY_ACTIONS) m.sweeperRecoveries.inc({ schema, queue, action }, 0);
+  }
   maintenance.on('janitor', onJanitor);
   maintenance.on('sweeper', onSweeper);
   maintenance.on('stats', onStats);

@@ -2,6 +2,7 @@ import { createServer, type IncomingMessage, type ServerResponse } from 'node:ht
 import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, register } from 'prom-client';
 import { METRIC_PREFIX } from './metric-registry.js';
+import { exportReadiness } from './readiness-metrics.js';
 
 /** One named health check: resolves when healthy, throws (with a reason) when not. */
 export type HealthCheck = () => Promise<void> | void;
@@ -22,6 +23,12 @@ export interface MetricsServerOptions {
   readonly checks?: Readonly<Record<string, HealthCheck>>;
   /** A check slower than this counts as failed. @defaultValue `2_000` */
   readonly checkTimeoutMs?: number;
+  /**
+   * The `component` label of `idempotent_jobs_ready{component,check}`, which reports the
+   * checks as run at each scrape.
+   * @defaultValue `'process'`
+   */
+  readonly component?: string;
   /** Also export Node's process metrics (CPU, memory, event loop lag) with the same prefix. @defaultValue `true` */
   readonly processMetrics?: boolean;
 }
@@ -38,7 +45,8 @@ export interface MetricsServer {
 /**
  * Serves `GET /metrics` (prom-client's default registry, Prometheus text format) and
  * `GET /healthz` (200 `{"status":"ok"}` when every check passes, else 503 with each check's
- * error) over `node:http`: no framework for two routes.
+ * error) over `node:http`: no framework for two routes. The checks also run at each scrape,
+ * as `idempotent_jobs_ready{component,check}`.
  *
  * @example
  * ```ts
@@ -64,11 +72,13 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
     server.once('error', reject);
   });
   const port = (server.address() as AddressInfo).port;
+  const stopReadiness = exportReadiness(options.component ?? 'process', () => runHealthChecks(checks, timeoutMs));
   return {
     port,
     url: `http://127.0.0.1:${port}`,
     close: () =>
       new Promise<void>((resolve, reject) => {
+        stopReadiness();
         server.close((error) => (error ? reject(error) : resolve()));
         server.closeAllConnections();
       }),

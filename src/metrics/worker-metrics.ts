@@ -35,6 +35,9 @@ export const MAX_STEP_NAMES = 100;
 /** The `step` label of names past {@link MAX_STEP_NAMES}. */
 export const OTHER_STEP = 'other';
 
+/** Seconds: from a local database write to a handler at the edge of a typical lease. */
+const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+
 /** The worker metrics (created on first use in the default registry). */
 function workerMetrics() {
   return {
@@ -63,7 +66,13 @@ function workerMetrics() {
       'handler_duration_seconds',
       'Time from claim to committed completion of a job whose key this worker held.',
       ['queue'],
-      [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300],
+      DURATION_BUCKETS,
+    ),
+    stepDuration: histogram(
+      'step_duration_seconds',
+      `Time a call of ctx.step took, by step name and outcome (as step_outcomes_total counts them): a replay's time is reading the records. At most ${MAX_STEP_NAMES} step names per worker, as for step_outcomes_total.`,
+      ['queue', 'step', 'outcome'],
+      DURATION_BUCKETS,
     ),
   };
 }
@@ -95,7 +104,9 @@ export function instrumentWorker(worker: Pick<EventEmitter<{ event: [WorkerEvent
   const onEvent = (event: WorkerEvent) => {
     const stepOutcome = STEP_OUTCOMES.get(event.kind);
     if (stepOutcome !== undefined) {
-      metrics.stepOutcomes.inc({ queue, step: stepLabel(event.step ?? OTHER_STEP), outcome: stepOutcome });
+      const labels = { queue, step: stepLabel(event.step ?? OTHER_STEP), outcome: stepOutcome };
+      metrics.stepOutcomes.inc(labels);
+      if (event.durationMs !== undefined) metrics.stepDuration.observe(labels, event.durationMs / 1000);
       return;
     }
     if (CLAIM_OUTCOMES.has(event.kind)) metrics.claimOutcomes.inc({ queue, outcome: event.kind });

@@ -87,9 +87,13 @@ export function createMaintenanceFromConfig(
     janitorIntervalMs: config.JANITOR_INTERVAL_MS,
     sweeperIntervalMs: config.SWEEPER_INTERVAL_MS,
     statsIntervalMs,
+    sweepAfterMs: config.SWEEP_AFTER_MS,
     logger,
   });
-  const uninstrument = instrumentMaintenance(maintenance, config.SCHEMA);
+  const sweeperQueues = sweeperQueuesFromConfig(config);
+  const uninstrument = instrumentMaintenance(maintenance, config.SCHEMA, {
+    sweeperQueues: sweeper && sweeperQueues !== '*' ? sweeperQueues : [],
+  });
   return {
     maintenance,
     async stop() {
@@ -141,7 +145,7 @@ export async function startMaintenanceProcess(options: MaintenanceProcessOptions
   // maintenance, so it stays up until it is stopped.
   const keepAlive = setInterval(() => {}, 2 ** 31 - 1);
   const checks: Record<string, HealthCheck> = { postgres: () => pingDatabase(db) };
-  const metricsServer = config.METRICS_PORT !== undefined ? await startMetricsServer({ port: config.METRICS_PORT, checks }) : undefined;
+  const metricsServer = config.METRICS_PORT !== undefined ? await startMetricsServer({ port: config.METRICS_PORT, component: 'maintenance', checks }) : undefined;
   logger.info(
     { pid: process.pid, janitor: config.JANITOR_ENABLED, sweeper: config.SWEEPER_ENABLED, metricsPort: metricsServer?.port },
     'maintenance ready',

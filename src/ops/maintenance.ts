@@ -26,6 +26,11 @@ export interface MaintenanceOptions {
    * @defaultValue `60_000`
    */
   readonly statsIntervalMs?: number;
+  /**
+   * The sweep horizon the statistics count keys past (`idempotent_jobs_keys_past_sweep_horizon`).
+   * @defaultValue the sweeper's `sweepAfterMs`, else `900_000`
+   */
+  readonly sweepAfterMs?: number;
   /** @defaultValue `pino()` */
   readonly logger?: Logger;
 }
@@ -62,6 +67,7 @@ export class Maintenance extends EventEmitter<MaintenanceEvents> {
   readonly #janitor: Janitor | undefined;
   readonly #sweeper: Sweeper | undefined;
   readonly #intervals: Record<MaintenanceTask, number>;
+  readonly #sweepAfterMs: number | undefined;
   readonly #log: Logger;
   readonly #timers = new Set<NodeJS.Timeout>();
   readonly #running = new Set<Promise<unknown>>();
@@ -75,6 +81,7 @@ export class Maintenance extends EventEmitter<MaintenanceEvents> {
     this.#janitor = options.janitor;
     this.#sweeper = options.sweeper;
     this.#intervals = resolveMaintenanceIntervals(options);
+    this.#sweepAfterMs = options.sweepAfterMs ?? options.sweeper?.options.sweepAfterMs;
     this.#log = (options.logger ?? pino()).child({ component: 'maintenance', schema: this.#schema });
     // An EventEmitter throws on an unheard 'error'; failures are logged, so listening is optional.
     this.on('error', () => {});
@@ -124,7 +131,9 @@ export class Maintenance extends EventEmitter<MaintenanceEvents> {
 
   /** Reads key statistics, if no other process is refreshing them; emits `'stats'` (null when skipped). */
   async refreshStats(): Promise<LockedRun<KeyStats>> {
-    const run = await withMaintenanceLock(this.#db, this.#schema, 'stats', (connection) => keyStats(connection, this.#schema));
+    const run = await withMaintenanceLock(this.#db, this.#schema, 'stats', (connection) =>
+      keyStats(connection, this.#schema, { sweepAfterMs: this.#sweepAfterMs }),
+    );
     this.emit('stats', run.ran ? run.result : null);
     return run;
   }

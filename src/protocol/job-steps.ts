@@ -58,6 +58,8 @@ export interface StepReport {
   readonly name: string;
   readonly position: number;
   readonly outcome: StepOutcome;
+  /** Time the call took, replays included (they read the step records once per run). */
+  readonly durationMs: number;
 }
 
 /**
@@ -166,15 +168,16 @@ export class JobSteps {
         `Step "${name}" of idempotency key "${key}" in scope "${scope}" is neither a function (an external step) nor { transaction: (tx) => … } (a database step).`,
       );
     }
-    if (this.#broken) throw this.#report(name, this.#next, this.#broken);
+    const startedAt = performance.now();
+    if (this.#broken) throw this.#report(name, this.#next, startedAt, this.#broken);
     const position = this.#next++;
     let ran: [T, StepOutcome];
     try {
       ran = await this.#run(name, position, body);
     } catch (error) {
-      throw this.#report(name, position, error);
+      throw this.#report(name, position, startedAt, error);
     }
-    this.#onStep?.({ name, position, outcome: ran[1] });
+    this.#onStep?.({ name, position, outcome: ran[1], durationMs: performance.now() - startedAt });
     return ran[0];
   }
 
@@ -248,9 +251,9 @@ export class JobSteps {
     return undefined;
   }
 
-  /** Reports a call of step `name` that threw `error`, and returns the error. */
-  #report(name: string, position: number, error: unknown): unknown {
-    this.#onStep?.({ name, position, outcome: error instanceof LeaseLostError ? 'lease-lost' : 'failed' });
+  /** Reports a call of step `name` (started at `startedAt`) that threw `error`, and returns the error. */
+  #report(name: string, position: number, startedAt: number, error: unknown): unknown {
+    this.#onStep?.({ name, position, outcome: error instanceof LeaseLostError ? 'lease-lost' : 'failed', durationMs: performance.now() - startedAt });
     return error;
   }
 

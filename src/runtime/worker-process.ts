@@ -130,6 +130,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
       ? undefined
       : await startMetricsServer({
           port: config.METRICS_PORT,
+          component: 'worker',
           checks: {
             postgres: () => pingDatabase(db),
             redis: () => pingBullWorker(worker.bullWorker),

@@ -7,6 +7,12 @@ export interface KeyStats {
   readonly failed: number;
   /** Processing keys whose lease has run out (crashed owners, released keys not yet reclaimed). */
   readonly expiredLeases: number;
+  /**
+   * Processing keys whose lease ended more than the sweep horizon ago (`sweepAfterMs`): keys
+   * that neither a retry nor a takeover picked up, which the sweeper examines. Nonzero for
+   * long means their jobs are not running and the sweeper is not recovering them.
+   */
+  readonly pastSweepHorizon: number;
   /** Completed or failed keys past `expires_at`, waiting for the janitor. */
   readonly expiredKeys: number;
   /** The processing key created longest ago, if any. */
@@ -17,6 +23,12 @@ export interface KeyStats {
   readonly oldestUnsentAgeMs: number | null;
 }
 
+/** Options of {@link keyStats}. */
+export interface KeyStatsOptions {
+  /** Lease end this long ago puts a processing key past the sweep horizon. @defaultValue `900_000` (the sweeper's default) */
+  readonly sweepAfterMs?: number;
+}
+
 /**
  * Counts keys by status and reports the oldest processing key, in one statement (one
  * snapshot, so the numbers agree with each other). The counts scan the whole table: exact
@@ -25,7 +37,8 @@ export interface KeyStats {
  * The processing-only parts read the partial `processing` index; the outbox backlog reads the
  * partial `outbox_unsent` index. Ages use the database clock.
  */
-export async function keyStats(db: Kysely<any>, schema: string): Promise<KeyStats> {
+export async function keyStats(db: Kysely<any>, schema: string, options: KeyStatsOptions = {}): Promise<KeyStats> {
+  const sweepAfterMs = options.sweepAfterMs ?? 900_000;
   const keys = sql.id(schema, 'idempotency_keys');
   const outbox = sql.id(schema, 'outbox');
   const { rows } = await sql<{
@@ -33,6 +46,7 @@ export async function keyStats(db: Kysely<any>, schema: string): Promise<KeyStat
     completed: string;
     failed: string;
     expired_leases: string;
+    past_sweep_horizon: string;
     expired_keys: string;
     oldest_scope: string | null;
     oldest_key: string | null;
@@ -46,6 +60,8 @@ export async function keyStats(db: Kysely<any>, schema: string): Promise<KeyStat
              count(*) filter (where status = 'completed') as completed,
              count(*) filter (where status = 'failed') as failed,
              count(*) filter (where status = 'processing' and locked_until <= now()) as expired_leases,
+             count(*) filter (where status = 'processing'
+                                and locked_until <= now() - make_interval(secs => ${sweepAfterMs / 1000})) as past_sweep_horizon,
              count(*) filter (where expires_at <= now()) as expired_keys
         from ${keys}
     ),
@@ -74,6 +90,7 @@ export async function keyStats(db: Kysely<any>, schema: string): Promise<KeyStat
     completed: Number(r.completed),
     failed: Number(r.failed),
     expiredLeases: Number(r.expired_leases),
+    pastSweepHorizon: Number(r.past_sweep_horizon),
     expiredKeys: Number(r.expired_keys),
     oldestProcessing:
       r.oldest_scope !== null && r.oldest_key !== null && r.oldest_created_at !== null
