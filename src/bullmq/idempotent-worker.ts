@@ -59,7 +59,9 @@ export interface JobContext<P = unknown> {
    *
    * - `ctx.step(name, async (step) => …)`: an external step (a call to another system), at
    *   most once per lease: it runs again only under a new claim, when the last one died before
-   *   recording it. Pass `step.stepKey` downstream; `step.starts` counts its starts.
+   *   recording it. Pass `step.stepKey` downstream; `step.starts` counts its starts. Its
+   *   record rides with the run's next round trip (the next step, or the completion), which
+   *   makes it durable before anything after it runs.
    * - `ctx.step(name, { transaction: async (tx, step) => … })`: a database step, exactly once:
    *   its writes and its record commit together.
    *

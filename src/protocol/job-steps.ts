@@ -158,6 +158,12 @@ interface HeldRecord {
  *   run: every later step, and the completion, throw it too, so a handler that catches it
  *   cannot go on to skip or repeat a step.
  *
+ * - With `holdRecords` (the worker's choice), an external step's record is held back and
+ *   carried by the run's next round trip, which commits it before anything after it runs:
+ *   one round trip per external step. End such a run with {@link JobSteps.complete}, which
+ *   carries the last record ahead of the completion, or {@link JobSteps.flush} it before the
+ *   key is released or failed.
+ *
  * Steps run in the order they are called; positions are handed out at the call, before any
  * wait, so steps started together keep their call order.
  */
