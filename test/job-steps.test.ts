@@ -623,6 +623,32 @@ describe('held step records (holdRecords: the worker holds an external step\'s r
     expect(await stepRows('proto', 'held-lost')).toMatchObject([{ name: 'charge', fence: 2, starts: 2, recorded: true }]);
   });
 
+  it('a held record whose round trip a store fault cut off: perhaps recorded, so the run stops with StoreUnavailableError before its next step runs; the next run reads the truth', async () => {
+    const db = env.openDb(2);
+    const real = new PostgresKeyStore(db, env.schema);
+    // The connection dies in the round trip that carries the record, after the record ran and
+    // before anything committed (its implicit transaction dies with the backend).
+    const steps: StepStore = { ...real.steps, recordText: (...args) => `${real.steps.recordText!(...args)}; select pg_terminate_backend(pg_backend_pid())` };
+    const store: KeyStore = Object.assign(Object.create(real) as PostgresKeyStore, { steps });
+    const faulty = new IdempotencyKeys({ db, schema: env.schema }, store);
+    const claim = await hold('held-fault');
+    const run = new JobSteps(faulty, claim, never, undefined, { holdRecords: true, flushSoon: () => {} });
+    await run.run('a', async () => 'one');
+    let called = false;
+    const fault = await run.run('b', async () => (called = true)).catch((error: unknown) => error);
+    expect(fault).toBeInstanceOf(StoreUnavailableError);
+    expect(called).toBe(false);
+    await run.flush();
+    // Every later call throws the halt, which names the step whose record is in doubt.
+    await expect(run.run('c', async () => (called = true))).rejects.toMatchObject({ code: (fault as StoreUnavailableError).code, operation: 'record of step "a"' });
+    await expect(run.complete(async () => 'done')).rejects.toMatchObject({ operation: 'record of step "a"' });
+    expect(called).toBe(false);
+    expect(await stepRows('proto', 'held-fault')).toMatchObject([{ name: 'a', starts: 1, recorded: false }]);
+    const next = heldRun(await takeOver('held-fault')).steps;
+    expect(await next.run('a', async (step) => `again, start ${step.starts}`)).toBe('again, start 2');
+    await db.destroy();
+  });
+
   it('a handler that throws with a record held: the worker records the step before releasing the key, and the next attempt replays it', async () => {
     startWorker({
       handler: async (ctx) => {
