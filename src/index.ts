@@ -27,7 +27,8 @@ export type {
   RunEffectOptions,
 } from './protocol/idempotency-keys.js';
 export { IdempotencyKeys } from './protocol/idempotency-keys.js';
-export type { DatabaseStep, ExternalStep, ExternalStepContext, StepContext, StepOutcome, StepReport } from './protocol/job-steps.js';
+export type { DatabaseStep, ExternalStep, ExternalStepContext, JobStepsOptions, StepContext, StepOutcome, StepReport } from './protocol/job-steps.js';
+export type { LeadingStatements, LeadState } from './store/one-trip-commit.js';
 export { JobSteps, stepKeyFor, stepResultBytes } from './protocol/job-steps.js';
 export type { StepRecord } from './store/sql/load-steps.js';
 export type { StepPlace } from './store/sql/start-step.js';

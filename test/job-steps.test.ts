@@ -21,12 +21,14 @@ import {
   type IdempotentWorkerOptions,
   type JobContext,
   type KeyStore,
+  type LeadingStatements,
+  type StepReport,
   type StepStore,
   type WorkerEvent,
 } from '../src/index.js';
 import { purgeKeys } from '../src/store/sql/purge-keys.js';
 import { createEffectsTable, createGate, effectsOf, expireLease, insertEffect } from './support/protocol-fixtures.js';
-import { waitForJobState } from './support/queue-helpers.js';
+import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
@@ -136,6 +138,8 @@ describe('multi-step jobs through the worker', () => {
     startWorker({ handler: paymentHandler({ reached: reached.open, gate: gate.wait }) }, eventsA);
     const first = await add('resume-1');
     await reached.wait;
+    // The charge's record, held back, goes alone while the handler waits (nothing else carries it).
+    await waitFor('the charge recorded', async () => eventsA.some((e) => e.kind === 'step-ran' && e.step === 'charge'));
     // The first worker hangs after the charge, as if dead; its lease runs out and a second
     // worker takes the key over through a duplicate job.
     expect((await stepRows('shop', 'resume-1')).map((s) => s.name)).toEqual(['reserve', 'charge']);
@@ -509,5 +513,163 @@ describe('step records', () => {
     expect(await stepRows('proto', 'kept')).toHaveLength(1);
     expect(await keys.get('proto', 'gone-janitor')).toBeUndefined();
     expect(await keys.get('proto', 'gone-purge')).toBeUndefined();
+  });
+});
+
+describe('held step records (holdRecords: the worker holds an external step\'s record for the run\'s next round trip)', () => {
+  /** A run that holds records; `flushSoon` never fires unless the test fires it (`flushNow`). */
+  function heldRun(claim: HeldClaim, reports: StepReport[] = []) {
+    let pending: (() => void) | undefined;
+    const steps = new JobSteps(keys, claim, never, (r) => reports.push(r), { holdRecords: true, flushSoon: (flush) => (pending = flush) });
+    return { steps, flushNow: () => pending?.() };
+  }
+  const complete = (claim: HeldClaim, result: unknown) => (record: LeadingStatements | undefined) => keys.commitEffect(claim, async () => result, undefined, record);
+
+  it('the record is held until the next round trip, which carries it: the next start, then the completion', async () => {
+    const claim = await hold('held-1');
+    const reports: StepReport[] = [];
+    const { steps } = heldRun(claim, reports);
+    expect(await steps.run('a', async () => ({ n: 1, at: new Date(0) }))).toEqual({ n: 1, at: '1970-01-01T00:00:00.000Z' });
+    expect(await stepRows('proto', 'held-1')).toMatchObject([{ name: 'a', recorded: false }]);
+    expect(reports).toEqual([]);
+    await steps.run('b', async () => 2);
+    expect(await stepRows('proto', 'held-1')).toMatchObject([
+      { name: 'a', recorded: true, result: { n: 1, at: '1970-01-01T00:00:00.000Z' } },
+      { name: 'b', recorded: false },
+    ]);
+    expect(reports).toEqual([{ name: 'a', position: 1, outcome: 'ran' }]);
+    expect(await steps.complete(complete(claim, 'done'))).toBe('done');
+    expect(await stepRows('proto', 'held-1')).toMatchObject([
+      { name: 'a', recorded: true },
+      { name: 'b', recorded: true, result: 2 },
+    ]);
+    expect(reports.map((r) => `${r.name}:${r.outcome}`)).toEqual(['a:ran', 'b:ran']);
+    expect((await keys.get('proto', 'held-1'))?.status).toBe('completed');
+  });
+
+  it('a record no round trip picks up goes alone soon after (setImmediate): slow work between steps leaves nothing pending', async () => {
+    const claim = await hold('held-soon');
+    const reports: StepReport[] = [];
+    const steps = new JobSteps(keys, claim, never, (r) => reports.push(r), { holdRecords: true });
+    await steps.run('a', async () => 'one');
+    await waitFor('the record sent alone', async () => (await stepRows('proto', 'held-soon'))[0]?.recorded);
+    expect(reports).toEqual([{ name: 'a', position: 1, outcome: 'ran' }]);
+    // The next start has nothing to carry.
+    await steps.run('b', async () => 'two');
+    await steps.complete(complete(claim, 'done'));
+    expect(await stepRows('proto', 'held-soon')).toMatchObject([
+      { name: 'a', recorded: true, starts: 1 },
+      { name: 'b', recorded: true, starts: 1 },
+    ]);
+  });
+
+  it('a crash with a record held: the step started and was never recorded, so the next owner runs it again under its fence (starts 2)', async () => {
+    const zombie = await hold('held-crash');
+    let charges = 0;
+    const charge = async (step: { starts: number; fence: number }) => ({ charge: ++charges, starts: step.starts, fence: step.fence });
+    const { steps: dead } = heldRun(zombie);
+    expect(await dead.run('charge', charge)).toEqual({ charge: 1, starts: 1, fence: 1 });
+    // The process dies here: its flush never fires, no later round trip carries the record.
+    expect(await stepRows('proto', 'held-crash')).toMatchObject([{ name: 'charge', fence: 1, starts: 1, recorded: false }]);
+
+    const owner = await takeOver('held-crash');
+    const { steps } = heldRun(owner);
+    expect(await steps.run('charge', charge)).toEqual({ charge: 2, starts: 2, fence: 2 });
+    await steps.complete(complete(owner, 'done'));
+    expect(await stepRows('proto', 'held-crash')).toMatchObject([{ name: 'charge', fence: 2, starts: 2, recorded: true, result: { charge: 2, starts: 2, fence: 2 } }]);
+  });
+
+  it("a lease lost with a record held: the zombie's record is refused in front of its next step, whose function never runs; a database step's statements never run", async () => {
+    const zombie = await hold('held-lost');
+    const reports: StepReport[] = [];
+    const { steps } = heldRun(zombie, reports);
+    await steps.run('charge', async () => 'zombie charge');
+    const owner = await takeOver('held-lost');
+
+    let called = false;
+    await expect(steps.run('email', async () => (called = true))).rejects.toBeInstanceOf(LeaseLostError);
+    expect(called).toBe(false);
+    // The run stays halted: later steps and the completion throw the same, before running.
+    await expect(steps.run('ledger', { transaction: async (tx) => (await insertEffect(tx, env.schema, { scope: 'proto', key: 'held-lost/ledger', fence: 1, worker: 'z' }), 1) })).rejects.toBeInstanceOf(LeaseLostError);
+    await expect(steps.complete(complete(zombie, 'zombie'))).rejects.toBeInstanceOf(LeaseLostError);
+    expect(reports.map((r) => `${r.name}:${r.outcome}`)).toEqual(['charge:lease-lost', 'email:lease-lost', 'ledger:lease-lost']);
+    expect(await stepRows('proto', 'held-lost')).toMatchObject([{ name: 'charge', fence: 1, starts: 1, recorded: false }]);
+
+    // Refused in front of a database step's transaction: the statements after it never run.
+    const zombie2 = await hold('held-lost-db');
+    const second = heldRun(zombie2);
+    await second.steps.run('charge', async () => 'zombie charge');
+    await takeOver('held-lost-db');
+    await expect(
+      second.steps.run('ledger', { transaction: async (tx) => (await insertEffect(tx, env.schema, { scope: 'proto', key: 'held-lost-db/ledger', fence: 1, worker: 'z' }), 1) }),
+    ).rejects.toBeInstanceOf(LeaseLostError);
+    expect(await effectsOf(env.db, env.schema, 'proto', 'held-lost-db/ledger')).toEqual([]);
+    expect(await stepRows('proto', 'held-lost-db')).toMatchObject([{ name: 'charge', recorded: false }]);
+
+    // Refused when it went alone (the flush): the next call throws before its function runs.
+    const zombie3 = await hold('held-lost-flush');
+    const third = heldRun(zombie3);
+    await third.steps.run('charge', async () => 'zombie charge');
+    await takeOver('held-lost-flush');
+    third.flushNow();
+    await third.steps.flush();
+    await expect(third.steps.run('email', async () => (called = true))).rejects.toBeInstanceOf(LeaseLostError);
+    expect(called).toBe(false);
+
+    // The new owner runs the charge again under its fence; the start count shows the repeat.
+    const ownerSteps = heldRun(owner).steps;
+    expect(await ownerSteps.run('charge', async (step) => `owner charge, start ${step.starts}`)).toBe('owner charge, start 2');
+    await ownerSteps.complete(complete(owner, 'done'));
+    expect(await stepRows('proto', 'held-lost')).toMatchObject([{ name: 'charge', fence: 2, starts: 2, recorded: true }]);
+  });
+
+  it('a held record whose round trip a store fault cut off: perhaps recorded, so the run stops with StoreUnavailableError before its next step runs; the next run reads the truth', async () => {
+    const db = env.openDb(2);
+    const real = new PostgresKeyStore(db, env.schema);
+    // The connection dies in the round trip that carries the record, after the record ran and
+    // before anything committed (its implicit transaction dies with the backend).
+    const steps: StepStore = { ...real.steps, recordText: (...args) => `${real.steps.recordText!(...args)}; select pg_terminate_backend(pg_backend_pid())` };
+    const store: KeyStore = Object.assign(Object.create(real) as PostgresKeyStore, { steps });
+    const faulty = new IdempotencyKeys({ db, schema: env.schema }, store);
+    const claim = await hold('held-fault');
+    const run = new JobSteps(faulty, claim, never, undefined, { holdRecords: true, flushSoon: () => {} });
+    await run.run('a', async () => 'one');
+    let called = false;
+    const fault = await run.run('b', async () => (called = true)).catch((error: unknown) => error);
+    expect(fault).toBeInstanceOf(StoreUnavailableError);
+    expect(called).toBe(false);
+    await run.flush();
+    // Every later call throws the halt, which names the step whose record is in doubt.
+    await expect(run.run('c', async () => (called = true))).rejects.toMatchObject({ code: (fault as StoreUnavailableError).code, operation: 'record of step "a"' });
+    await expect(run.complete(async () => 'done')).rejects.toMatchObject({ operation: 'record of step "a"' });
+    expect(called).toBe(false);
+    expect(await stepRows('proto', 'held-fault')).toMatchObject([{ name: 'a', starts: 1, recorded: false }]);
+    const next = heldRun(await takeOver('held-fault')).steps;
+    expect(await next.run('a', async (step) => `again, start ${step.starts}`)).toBe('again, start 2');
+    await db.destroy();
+  });
+
+  it('a handler that throws with a record held: the worker records the step before releasing the key, and the next attempt replays it', async () => {
+    startWorker({
+      handler: async (ctx) => {
+        const charge = await ctx.step('charge', async () => ({ call: bump(`${ctx.key}/charge`) }));
+        if (ctx.key === 'held-throw-1' && ctx.attempt === 1) throw new Error('the handler failed after the charge');
+        return ctx.transaction(async (tx) => {
+          // Throws before the transaction's first statement: the record it carried never went out.
+          if (ctx.key === 'held-throw-2' && ctx.attempt === 1) throw new Error('the completion failed');
+          await effect(ctx, 'complete', tx);
+          return charge;
+        });
+      },
+    });
+    for (const key of ['held-throw-1', 'held-throw-2']) {
+      const job = await add(key, { attempts: 2 });
+      const done = await waitForJobState(queue, job.id!, ['completed']);
+      expect(done.job.attemptsMade).toBe(2);
+      expect(done.job.returnvalue).toEqual({ call: 1 });
+      expect(calls.get(`${key}/charge`)).toBe(1);
+      expect(await stepRows('shop', key)).toMatchObject([{ name: 'charge', fence: 1, starts: 1, recorded: true }]);
+      expect(await effectCount(key, 'complete')).toBe(1);
+    }
   });
 });

@@ -78,15 +78,44 @@ describe('round trips of a worker job (claim to completion)', () => {
     expect(job.statements.join('\n')).not.toMatch(/job_steps|_step\(/);
   });
 
-  it('steps on a first claim: a database step costs its own statements (record with the COMMIT), an external step 2 (start, record), no read of steps', async () => {
+  it('steps on a first claim: a database step costs its own statements (record with the COMMIT), an external step 1 (its start, carrying the record before it), no read of steps', async () => {
     const job = await countJob('w2', async (ctx) => {
       await ctx.step('reserve', { transaction: async (tx) => (await effect(`${ctx.key}/reserve`, ctx.fence)(tx), 'reserved') });
       await ctx.step('charge', async () => 'charged');
       return ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), 'ok'));
     });
-    const brief = job.statements.map((s) => (s.match(/(claim_keys?|record_step|start_step|complete_key|begin)/) ?? ['?'])[0]);
-    expect(brief).toEqual(['claim_key', 'begin', 'record_step', 'start_step', 'record_step', 'begin', 'complete_key']);
-    expect(job.statements[2]).toMatch(/record_step\(.*;\s*commit$/s);
+    expect(briefOf(job.statements)).toEqual(['claim_key', 'begin', 'record_step commit', 'start_step', 'begin record_step commit begin', 'complete_key commit']);
+    // The charge's record commits on its own, ahead of the completion's BEGIN, in the round trip of its first statement.
+    expect(job.statements[4]).toMatch(/^begin;\s*select .*record_step\(.*'charge'.*;\s*commit;\s*begin isolation level read committed;\s*insert into /s);
+  });
+
+  it('three external steps cost one round trip each: each start carries the record of the step before, the completion the last one', async () => {
+    const handler: JobHandler = async (ctx) => {
+      const a = await ctx.step('a', async () => 1);
+      const b = await ctx.step('b', async () => a + 1);
+      const c = await ctx.step('c', async () => b + 1);
+      return ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), c));
+    };
+    const withSteps = await countJob('w4', handler);
+    const without = await countJob('w5', async (ctx) => ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), 3)));
+    expect(briefOf(withSteps.statements)).toEqual(['claim_key', 'start_step', 'record_step start_step', 'record_step start_step', 'begin record_step commit begin', 'complete_key commit']);
+    expect(withSteps.roundTrips - without.roundTrips).toBe(3);
+    const rows = await sql<{ name: string; recorded: boolean }>`
+      select name, recorded_at is not null as recorded from ${sql.id(env.schema, 'job_steps')} where scope = ${scope} and key = 'w4' order by position`.execute(env.db);
+    expect(rows.rows).toEqual([
+      { name: 'a', recorded: true },
+      { name: 'b', recorded: true },
+      { name: 'c', recorded: true },
+    ]);
+  });
+
+  it('an external step then a database step: the database step carries the record in front of its own transaction, no round trip of its own', async () => {
+    const job = await countJob('w6', async (ctx) => {
+      await ctx.step('charge', async () => 'charged');
+      await ctx.step('ledger', { transaction: async (tx) => (await effect(`${ctx.key}/ledger`, ctx.fence)(tx), 'written') });
+      return ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), 'ok'));
+    });
+    expect(briefOf(job.statements)).toEqual(['claim_key', 'start_step', 'begin record_step commit begin', 'record_step commit', 'begin', 'complete_key commit']);
   });
 
   it('a run after a takeover reads the recorded steps once, at its first ctx.step, and replays them without a statement', async () => {
@@ -101,10 +130,25 @@ describe('round trips of a worker job (claim to completion)', () => {
       { attempts: 2 },
     );
     const brief = job.statements.map((s) => (s.match(/(claim_keys?|record_step|start_step|complete_key|begin|job_steps|update)/) ?? ['?'])[0]);
-    // First attempt: claim, two steps, release. Second: claim, one read of the steps, completion.
+    // First attempt: claim, two steps, release; the handler threw with the charge's record held,
+    // so it goes alone before the release. Second: claim, one read of the steps, completion.
     expect(brief).toEqual(['claim_key', 'begin', 'record_step', 'start_step', 'record_step', 'update', 'claim_key', 'job_steps', 'begin', 'complete_key']);
   });
 });
+
+/**
+ * Each round trip in brief: its transaction control and the step and key functions it calls,
+ * in order (`begin record_step commit begin` is a record committing on its own ahead of a
+ * transaction whose BEGIN went in the same string).
+ */
+function briefOf(statements: readonly string[]): string[] {
+  return statements.map((s) =>
+    s
+      .split(/;\s*/)
+      .flatMap((part) => part.match(/^(begin|commit)\b/)?.[1] ?? part.match(/(claim_keys?|record_step|start_step|complete_key)"?\(/)?.[1] ?? [])
+      .join(' '),
+  );
+}
 
 /** Runs one job through a worker over the counting instance and counts its round trips, from the add to the completion. */
 async function countJob(key: string, handler: JobHandler, opts: { attempts?: number } = {}) {

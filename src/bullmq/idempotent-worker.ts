@@ -27,6 +27,7 @@ import { JobSteps, type DatabaseStep, type ExternalStep, type StepReport } from 
 import type { FailedStep } from '../protocol/validate.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
+import type { LeadingStatements } from '../store/one-trip-commit.js';
 import { identityFromWireContract, type JobIdentity } from './job-identity.js';
 import { JobLogger } from './job-logger.js';
 import { assertKeysFitConnection } from './redis-connection.js';
@@ -59,7 +60,9 @@ export interface JobContext<P = unknown> {
    *
    * - `ctx.step(name, async (step) => …)`: an external step (a call to another system), at
    *   most once per lease: it runs again only under a new claim, when the last one died before
-   *   recording it. Pass `step.stepKey` downstream; `step.starts` counts its starts.
+   *   recording it. Pass `step.stepKey` downstream; `step.starts` counts its starts. Its
+   *   record rides with the run's next round trip (the next step, or the completion), which
+   *   makes it durable before anything after it runs.
    * - `ctx.step(name, { transaction: async (tx, step) => … })`: a database step, exactly once:
    *   its writes and its record commit together.
    *
@@ -414,8 +417,9 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     let steps: JobSteps | undefined;
     const commit = async (effect: (tx: Transaction<any>) => Promise<unknown>) => {
       if (controller.signal.aborted) throw controller.signal.reason;
-      await steps?.assertComplete();
-      const result = await this.#keys.commitEffect(claim, effect, () => this.#fault('before-commit', identity));
+      // A step record still held back commits ahead of the completion, in its first round trip.
+      const complete = (record?: LeadingStatements) => this.#keys.commitEffect(claim, effect, () => this.#fault('before-commit', identity), record);
+      const result = steps ? await steps.complete(complete) : await complete();
       committed = { result };
       // The key is completed: an extension would find no lease and report it lost.
       stopHeartbeat();
@@ -433,8 +437,12 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       (name, body) => {
         if (committed) throw new Error(`ctx.step("${name}") was called after ctx.transaction: the key is completed; call every step before it.`);
         if (!this.#keys.supportsSteps) throw new StepsUnsupportedError(claim.scope, claim.key, 'the key store keeps no step records (KeyStore.steps).');
-        steps ??= new JobSteps(this.#keys, claim, controller.signal, (report) =>
-          this.#emit(`step-${report.outcome}`, job, claim, report.durationMs, report),
+        steps ??= new JobSteps(
+          this.#keys,
+          claim,
+          controller.signal,
+          (report) => this.#emit(`step-${report.outcome}`, job, claim, report.durationMs, report),
+          { holdRecords: true },
         );
         return steps.run(name, body);
       },
@@ -453,6 +461,8 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
         log.warn({ err: error }, 'handler threw after its transaction committed; the job completes with the stored result');
         return committed.result;
       }
+      // The steps that finished stay recorded: a record held back goes before the key is released.
+      await steps?.flush();
       // Before the key is released or failed, after which an extension would find no lease.
       stopHeartbeat();
       return await this.#handleHeldFailure(job, token, identity, claim, controller.signal, error, log, steps?.failedStep(error));

@@ -13,7 +13,7 @@ import type { KeyRecord } from '../store/key-record.js';
 import type { LeaseExtension } from '../store/sql/extend.js';
 import type { StepRecord } from '../store/sql/load-steps.js';
 import type { StepPlace } from '../store/sql/start-step.js';
-import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
+import { LeadingStatements, endWithCommit, endWithRollback, runTransaction, sendLeadingStatements } from '../store/one-trip-commit.js';
 import { transientStoreFault } from '../store/pg-errors.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
 import { GroupCommitter, type BatchedStep } from './group-commit.js';
@@ -168,8 +168,13 @@ export class IdempotencyKeys {
    * a serialization failure, a deadlock; not a lock or statement timeout, which is the effect's
    * own error). When the fault cut off the COMMIT, whether it committed is read from the key:
    * completed under this claim's owner and fence, and the stored result is returned.
+   *
+   * `lead`, a step record held back (see {@link IdempotencyKeys.holdStepRecord}), commits just
+   * before the transaction, in the round trip of its first statement (under group commit, on
+   * its own first). Refused, it throws {@link LeaseLostError} and nothing else runs; its state
+   * tells the caller whether it went.
    */
-  async commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void): Promise<T> {
+  async commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void, lead?: LeadingStatements): Promise<T> {
     const effectErrors = new WeakSet<object>();
     const runEffect = async (tx: Transaction<any>): Promise<T> => {
       try {
@@ -179,16 +184,23 @@ export class IdempotencyKeys {
       }
     };
     try {
-      return await this.#commitEffect(claim, runEffect, beforeCommit);
+      return await this.#commitEffect(claim, runEffect, beforeCommit, lead);
     } catch (error) {
+      if (lead?.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
       if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
-      return (await this.#resultOfInterruptedCommit(claim, error)) as T;
+      const result = (await this.#resultOfInterruptedCommit(claim, error)) as T;
+      // Completed under this claim: what went ahead of the transaction committed too.
+      if (lead?.state === 'unknown') lead.state = 'committed';
+      return result;
     }
   }
 
-  async #commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void): Promise<T> {
+  async #commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void, lead?: LeadingStatements): Promise<T> {
     const group = this.#group;
     if (group) {
+      // A shared transaction has no front to ride in: the held record goes alone first.
+      if (lead) await this.sendStepRecord(claim, lead);
+      if (lead?.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
       const runAndComplete = async (tx: Transaction<any>) => {
         const result = await effect(tx);
         const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
@@ -205,12 +217,16 @@ export class IdempotencyKeys {
         optimistic: { identity: keyIdentity(claim), run: runAndComplete },
       });
     }
-    return runTransaction(this.db, async (tx) => {
-      const result = await effect(tx);
-      const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-      await beforeCommit?.();
-      return { value: result, end: (t: Transaction<any>) => this.#completeAndCommit(t, claim, json) };
-    });
+    return runTransaction(
+      this.db,
+      async (tx) => {
+        const result = await effect(tx);
+        const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
+        await beforeCommit?.();
+        return { value: result, end: (t: Transaction<any>) => this.#completeAndCommit(t, claim, json) };
+      },
+      lead,
+    );
   }
 
   /**
@@ -391,13 +407,37 @@ export class IdempotencyKeys {
   /**
    * Marks an external step started under `claim` (one statement, fenced) and returns how many
    * times it has started, this time included. Throws {@link LeaseLostError} when the claim no
-   * longer owns the key: a zombie learns it before it calls anyone.
+   * longer owns the key: a zombie learns it before it calls anyone. `lead`, a held record of
+   * the step before, is recorded first in the same round trip (refused: the same error).
    */
-  async startStep(claim: Claim, step: StepPlace): Promise<number> {
+  async startStep(claim: Claim, step: StepPlace, lead?: LeadingStatements): Promise<number> {
     const steps = this.#stepStore(claim);
-    const starts = await storeCall(claim.scope, claim.key, `start of step "${step.name}"`, () => steps.start(claim, step));
+    const starts = await storeCall(claim.scope, claim.key, `start of step "${step.name}"`, () => steps.start(claim, step, lead));
     if (starts === undefined) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
     return starts;
+  }
+
+  /**
+   * An external step's record, checked (as {@link IdempotencyKeys.recordStep} checks it) and
+   * held back instead of sent: literal SQL for the run's next round trip to carry (the next
+   * step's start, a database step's or the completion's transaction), and the result as it
+   * will be stored. Undefined when the store cannot hold records (no `KeyStore.steps.recordText`):
+   * record it with {@link IdempotencyKeys.recordStep}. Throws {@link ResultNotStorableError}.
+   */
+  holdStepRecord(claim: Claim, step: StepPlace, result: unknown): { readonly value: unknown; readonly record: LeadingStatements } | undefined {
+    const steps = this.#stepStore(claim);
+    if (!steps.recordText) return undefined;
+    const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
+    return { value: JSON.parse(json) as unknown, record: new LeadingStatements(steps.recordText(claim, step, json)) };
+  }
+
+  /**
+   * Sends a held step record (see {@link IdempotencyKeys.holdStepRecord}) alone, when no round
+   * trip will carry it. Its state tells how it went (`refused`: the claim lost the key); a
+   * transient fault throws {@link StoreUnavailableError}.
+   */
+  sendStepRecord(claim: Claim, record: LeadingStatements): Promise<void> {
+    return storeCall(claim.scope, claim.key, 'record of a step', () => sendLeadingStatements(this.db, record));
   }
 
   /**
@@ -422,30 +462,39 @@ export class IdempotencyKeys {
    * {@link ResultNotStorableError}, also rolled back. Transient faults are handled as in
    * {@link commitEffect}: a COMMIT cut off in flight is resolved by reading the key's steps.
    */
-  async runDatabaseStep(claim: Claim, step: StepPlace, effect: Effect<unknown>): Promise<unknown> {
+  async runDatabaseStep(claim: Claim, step: StepPlace, effect: Effect<unknown>, lead?: LeadingStatements): Promise<unknown> {
     const steps = this.#stepStore(claim);
     const effectErrors = new WeakSet<object>();
     try {
-      return await runTransaction(this.db, async (tx) => {
-        let result: unknown;
-        try {
-          result = await effect(tx);
-        } catch (error) {
-          throw markEffectError(effectErrors, effectFault(claim, error));
-        }
-        const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-        return {
-          value: JSON.parse(json) as unknown,
-          end: async (t: Transaction<any>) => {
-            if (!(await steps.recordAndCommit(t, claim, step, json))) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-          },
-        };
-      });
+      return await runTransaction(
+        this.db,
+        async (tx) => {
+          let result: unknown;
+          try {
+            result = await effect(tx);
+          } catch (error) {
+            throw markEffectError(effectErrors, effectFault(claim, error));
+          }
+          const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
+          return {
+            value: JSON.parse(json) as unknown,
+            end: async (t: Transaction<any>) => {
+              if (!(await steps.recordAndCommit(t, claim, step, json))) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
+            },
+          };
+        },
+        lead,
+      );
     } catch (error) {
+      // The held record ahead of the transaction was refused: the step's statements never ran.
+      if (lead?.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
       if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
       // The COMMIT may have been applied with its reply lost: the step's record tells.
       const recorded = (await steps.load(claim.scope, claim.key).catch(() => [])).find((s) => s.name === step.name);
-      if (recorded?.recordedAt && recorded.fence === claim.fence) return recorded.result;
+      if (recorded?.recordedAt && recorded.fence === claim.fence) {
+        if (lead?.state === 'unknown') lead.state = 'committed'; // it went ahead of this transaction
+        return recorded.result;
+      }
       throw new StoreUnavailableError(claim.scope, claim.key, `transaction of step "${step.name}"`, { cause: error });
     }
   }

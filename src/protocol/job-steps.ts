@@ -1,8 +1,10 @@
 import { createHash } from 'node:crypto';
 import type { Transaction } from 'kysely';
-import { LeaseLostError, StepMismatchError, ValidationError, findStoreUnavailable } from '../errors.js';
+import { LeaseLostError, StepMismatchError, StoreUnavailableError, ValidationError, findStoreUnavailable } from '../errors.js';
 import type { Claim } from '../store/claim-outcome.js';
+import type { LeadingStatements } from '../store/one-trip-commit.js';
 import type { StepRecord } from '../store/sql/load-steps.js';
+import type { StepPlace } from '../store/sql/start-step.js';
 import type { IdempotencyKeys } from './idempotency-keys.js';
 import { assertValidStepName, type FailedStep } from './validate.js';
 
@@ -104,6 +106,36 @@ interface RecordedSteps {
 
 const NO_STEPS: RecordedSteps = { byPosition: new Map(), byName: new Map() };
 
+/** Options of {@link JobSteps}. */
+export interface JobStepsOptions {
+  /**
+   * Hold an external step's record back until the run's next round trip, which carries it:
+   * the next step's start, a database step's transaction, or the completion's when the run ends
+   * with {@link JobSteps.complete}. An external step then costs one round trip (its start, with
+   * the record of the step before) instead of two. A record no round trip picked up by
+   * `flushSoon` goes alone. A run that holds records must end with {@link JobSteps.complete},
+   * or {@link JobSteps.flush} before its key is released or failed.
+   * @defaultValue `false` (each record is sent as the step returns)
+   */
+  readonly holdRecords?: boolean;
+  /**
+   * When a held record that no round trip picked up goes alone: a handler doing slow work
+   * between two steps does not leave its record pending for long.
+   * @defaultValue `setImmediate` (after the handler's synchronous continuation)
+   */
+  readonly flushSoon?: (flush: () => void) => void;
+}
+
+/** An external step's record, held back for the run's next round trip. */
+interface HeldRecord {
+  readonly step: StepPlace;
+  readonly record: LeadingStatements;
+  /** When the step's call began (`performance.now()`): its report, sent once the record commits, measures up to then. */
+  readonly startedAt: number;
+  /** Settles when the round trip carrying it ended, with its error if it failed (never rejects); undefined until one takes it. */
+  carried?: Promise<unknown>;
+}
+
 /**
  * The steps of one run of a key under one claim (`ctx.step`): replays what earlier runs
  * recorded, runs the rest, and guards the sequence. The worker makes one per job; without
@@ -130,6 +162,12 @@ const NO_STEPS: RecordedSteps = { byPosition: new Map(), byName: new Map() };
  *   run: every later step, and the completion, throw it too, so a handler that catches it
  *   cannot go on to skip or repeat a step.
  *
+ * - With `holdRecords` (the worker's choice), an external step's record is held back and
+ *   carried by the run's next round trip, which commits it before anything after it runs:
+ *   one round trip per external step. End such a run with {@link JobSteps.complete}, which
+ *   carries the last record ahead of the completion, or {@link JobSteps.flush} it before the
+ *   key is released or failed.
+ *
  * Steps run in the order they are called; positions are handed out at the call, before any
  * wait, so steps started together keep their call order.
  */
@@ -141,16 +179,23 @@ export class JobSteps {
   /** Name → position, of the steps this run called. */
   readonly #called = new Map<string, number>();
   readonly #failures: Array<{ readonly error: unknown; readonly step: FailedStep }> = [];
+  readonly #holdRecords: boolean;
+  readonly #flushSoon: (flush: () => void) => void;
   #recorded: Promise<RecordedSteps> | undefined;
   #next = 1;
   #broken: StepMismatchError | undefined;
+  #held: HeldRecord | undefined;
+  /** What became of a held record that did not commit (refused, or lost to a fault): every later call throws it. */
+  #halted: LeaseLostError | StoreUnavailableError | undefined;
 
   /** `onStep`, when given, hears how each call of a step with a valid name ended (the worker's step events). */
-  constructor(keys: IdempotencyKeys, claim: Claim, signal: AbortSignal, onStep?: (report: StepReport) => void) {
+  constructor(keys: IdempotencyKeys, claim: Claim, signal: AbortSignal, onStep?: (report: StepReport) => void, options: JobStepsOptions = {}) {
     this.#keys = keys;
     this.#claim = claim;
     this.#signal = signal;
     this.#onStep = onStep;
+    this.#holdRecords = options.holdRecords ?? false;
+    this.#flushSoon = options.flushSoon ?? ((flush) => void setImmediate(flush));
   }
 
   /**
@@ -171,17 +216,18 @@ export class JobSteps {
     const startedAt = performance.now();
     if (this.#broken) throw this.#report(name, this.#next, startedAt, this.#broken);
     const position = this.#next++;
-    let ran: [T, StepOutcome];
+    let ran: [T, StepOutcome | 'held'];
     try {
-      ran = await this.#run(name, position, body);
+      ran = await this.#run(name, position, body, startedAt);
     } catch (error) {
       throw this.#report(name, position, startedAt, error);
     }
-    this.#onStep?.({ name, position, outcome: ran[1], durationMs: performance.now() - startedAt });
+    // A held record is reported once a round trip has carried it (see #settle).
+    if (ran[1] !== 'held') this.#onStep?.({ name, position, outcome: ran[1], durationMs: performance.now() - startedAt });
     return ran[0];
   }
 
-  async #run<T>(name: string, position: number, body: ExternalStep<T> | DatabaseStep<T>): Promise<[T, StepOutcome]> {
+  async #run<T>(name: string, position: number, body: ExternalStep<T> | DatabaseStep<T>, startedAt: number): Promise<[T, StepOutcome | 'held']> {
     const { scope, key } = this.#claim;
     const earlier = this.#called.get(name);
     if (earlier !== undefined) {
@@ -207,11 +253,13 @@ export class JobSteps {
     const context: StepContext = { name, position, stepKey: stepKeyFor(scope, key, name), fence: this.#claim.fence, signal: this.#signal };
     try {
       if (typeof body === 'function') {
-        const starts = await this.#keys.startStep(this.#claim, step);
+        // The previous step's held record rides with this start: recorded before this step runs.
+        const starts = await this.#withHeld((record) => this.#keys.startStep(this.#claim, step, record));
         const result = await body({ ...context, starts });
-        return [(await this.#keys.recordStep(this.#claim, step, result)) as T, 'ran'];
+        return await this.#record(step, result as T, startedAt);
       }
-      return [(await this.#keys.runDatabaseStep(this.#claim, step, (tx) => body.transaction(tx, context))) as T, 'ran'];
+      const result = await this.#withHeld((record) => this.#keys.runDatabaseStep(this.#claim, step, (tx) => body.transaction(tx, context), record));
+      return [result as T, 'ran'];
     } catch (error) {
       // The step's own failure (or its unstorable result), not the key's: named when stored.
       if (!(error instanceof LeaseLostError) && !findStoreUnavailable(error)) this.#failures.push({ error, step });
@@ -220,11 +268,109 @@ export class JobSteps {
   }
 
   /**
+   * An external step's result: held back for the next round trip (`holdRecords`), or recorded
+   * now. Either way checked now, and returned as it will be stored.
+   */
+  async #record<T>(step: StepPlace, result: T, startedAt: number): Promise<[T, StepOutcome | 'held']> {
+    if (this.#holdRecords) {
+      // Steps called together: a record still waiting goes first, alone, so only one is held.
+      if (this.#held) await this.flush();
+      if (this.#halted) throw this.#halted;
+      const held = this.#keys.holdStepRecord(this.#claim, step, result);
+      if (held) {
+        this.#held = { step, record: held.record, startedAt };
+        this.#flushSoon(() => void this.flush());
+        return [held.value as T, 'held'];
+      }
+    }
+    return [(await this.#keys.recordStep(this.#claim, step, result)) as T, 'ran'];
+  }
+
+  /**
+   * Runs `trip` with the held record (if one waits) to carry, and settles the record after it.
+   * Throws, before `trip` runs, what became of an earlier held record that did not commit.
+   */
+  async #withHeld<T>(trip: (record: LeadingStatements | undefined) => Promise<T>): Promise<T> {
+    // A record already on its way (alone, or with a step called alongside) is waited for.
+    while (this.#held?.carried) {
+      const held = this.#held;
+      this.#settle(held, await held.carried);
+    }
+    if (this.#halted) throw this.#halted;
+    const held = this.#held;
+    if (!held) return trip(undefined);
+    const running = trip(held.record);
+    held.carried = running.then(
+      () => undefined,
+      (error: unknown) => error,
+    );
+    this.#settle(held, await held.carried);
+    return running;
+  }
+
+  /** Looks at what the round trip that carried `held` did with it (`error`: how that round trip failed). */
+  #settle(held: HeldRecord, error: unknown): void {
+    if (this.#held !== held) return;
+    const { step, record } = held;
+    const durationMs = performance.now() - held.startedAt;
+    if (record.state === 'pending') {
+      // Its round trip ended before sending it (a transaction whose body threw first): still held.
+      held.carried = undefined;
+      return;
+    }
+    this.#held = undefined;
+    if (record.state === 'committed') {
+      this.#onStep?.({ ...step, outcome: 'ran', durationMs });
+    } else if (record.state === 'refused') {
+      this.#halted ??= new LeaseLostError(this.#claim.scope, this.#claim.key, this.#claim.fence);
+      this.#onStep?.({ ...step, outcome: 'lease-lost', durationMs });
+    } else {
+      // Perhaps recorded, perhaps not: sending it again could not tell "recorded already" from
+      // "lease lost". The run stops here; the next run reads what is recorded.
+      this.#halted ??= new StoreUnavailableError(this.#claim.scope, this.#claim.key, `record of step "${step.name}"`, { cause: error });
+    }
+  }
+
+  /**
+   * Sends a held record now, alone, if one waits (`holdRecords`), and waits for one on its way.
+   * Never throws: a record refused (the claim lost the key) or lost to a store fault is kept,
+   * and every later call of the run throws it. Call it before releasing or failing a key whose
+   * handler threw, so that the steps it finished stay recorded.
+   */
+  async flush(): Promise<void> {
+    try {
+      await this.#withHeld(async (record) => {
+        if (record) await this.#keys.sendStepRecord(this.#claim, record);
+      });
+    } catch {
+      // Kept in #halted (see #settle).
+    }
+  }
+
+  /**
+   * Ends the run: checks it called every recorded step (as {@link JobSteps.assertComplete}
+   * does), then runs `completion` (the key's completion transaction, e.g.
+   * `(record) => keys.commitEffect(claim, effect, undefined, record)`) with the held record,
+   * if any, to commit ahead of it in its first round trip.
+   */
+  async complete<T>(completion: (record: LeadingStatements | undefined) => Promise<T>): Promise<T> {
+    await this.#assertCalledAll();
+    return this.#withHeld(completion);
+  }
+
+  /**
    * Checks, before the key completes, that this run called every step recorded for the key:
    * one left out means the run took another path than the one that recorded it. Throws
-   * {@link StepMismatchError} (also when the run broke earlier).
+   * {@link StepMismatchError} (also when the run broke earlier). A held record is sent first
+   * (alone); {@link JobSteps.complete} carries it with the completion instead.
    */
   async assertComplete(): Promise<void> {
+    await this.flush();
+    if (this.#halted) throw this.#halted;
+    await this.#assertCalledAll();
+  }
+
+  async #assertCalledAll(): Promise<void> {
     if (this.#broken) throw this.#broken;
     const recorded = this.#recorded ? await this.#recorded : NO_STEPS;
     for (const record of recorded.byPosition.values()) {

@@ -1,6 +1,7 @@
 import type { Kysely } from 'kysely';
 import type { Claim, ClaimOutcome } from './claim-outcome.js';
 import type { KeyRecord } from './key-record.js';
+import type { LeadingStatements } from './one-trip-commit.js';
 import type { ClaimStatementInput } from './sql/claim.js';
 import type { LeaseExtension } from './sql/extend.js';
 import type { CompletedKeyRow } from './sql/insert-completed-keys.js';
@@ -76,8 +77,19 @@ export interface KeyStore {
 export interface StepStore {
   /** A key's steps in position order (one statement). */
   load(scope: string, key: string): Promise<StepRecord[]>;
-  /** Marks an external step started: its start count, this one included; undefined when the claim lost the key. */
-  start(claim: Claim, step: StepPlace): Promise<number | undefined>;
+  /**
+   * Marks an external step started: its start count, this one included; undefined when the
+   * claim lost the key. `lead` (the previous step's held record, from {@link StepStore.recordText})
+   * rides in the same round trip, before the start, when the store can send both at once.
+   */
+  start(claim: Claim, step: StepPlace, lead?: LeadingStatements): Promise<number | undefined>;
+  /**
+   * Optional, for fewer round trips: a step's record as one self-contained statement of literal
+   * SQL, which fails only by raising the lease-lost SQLSTATE. A run holds an external step's
+   * record back in this form until its next round trip carries it. Without it, each external
+   * step's record is a round trip of its own.
+   */
+  recordText?(claim: Claim, step: StepPlace, resultJson: string): string;
   /** Records a step's result as a statement of its own; false when the claim lost the key (or the step was recorded). */
   record(claim: Claim, step: StepPlace, resultJson: string): Promise<boolean>;
   /**

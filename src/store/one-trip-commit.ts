@@ -1,7 +1,56 @@
-import { DummyDriver, SingleConnectionProvider, Transaction, type DatabaseConnection, type Dialect, type Kysely } from 'kysely';
+import { DummyDriver, SingleConnectionProvider, Transaction, sql, type DatabaseConnection, type Dialect, type Kysely } from 'kysely';
 import { returnsLastResult } from './last-result-pool.js';
 import { MergingConnection } from './merging-connection.js';
+import { transientStoreFault } from './pg-errors.js';
+import { isLeaseLost } from './sql/complete-and-commit.js';
 import { commitTransaction, rollbackTransaction } from './sql/transaction-control.js';
+
+/**
+ * What became of {@link LeadingStatements}: `pending` (not sent, free to ride with any round
+ * trip), `queued` (handed to a round trip that has not ended), `committed`, `refused` (they
+ * raised the lease-lost SQLSTATE: the claim lost the key, nothing committed) or `unknown` (a
+ * transient fault cut the round trip off: they may or may not have committed).
+ */
+export type LeadState = 'pending' | 'queued' | 'committed' | 'refused' | 'unknown';
+
+/**
+ * Literal SQL that commits on its own just ahead of another round trip's work, in the same
+ * string: an external step's record held back until the run's next call (see
+ * `protocol/job-steps.ts`). It must be safe to run alone, and fail only by raising the
+ * lease-lost SQLSTATE (or by a transient fault), so that a failed string can be attributed.
+ * The round trip that carries it moves {@link LeadingStatements.state} on from `queued`.
+ */
+export class LeadingStatements {
+  state: LeadState = 'pending';
+  constructor(readonly text: string) {}
+
+  /** Takes the statements for a round trip; false when they are not `pending` (sent already, or on their way). */
+  take(): boolean {
+    if (this.state !== 'pending') return false;
+    this.state = 'queued';
+    return true;
+  }
+
+  /** What a failed round trip that carried the statements means for them. */
+  failedWith(error: unknown): void {
+    this.state = isLeaseLost(error) ? 'refused' : transientStoreFault(error) === undefined ? 'committed' : 'unknown';
+  }
+}
+
+/**
+ * Sends `lead` alone, as one statement in autocommit: no round trip came by to carry it. Its
+ * state says how it went; a transient fault is thrown as well.
+ */
+export async function sendLeadingStatements(db: Kysely<any>, lead: LeadingStatements): Promise<void> {
+  if (!lead.take()) return;
+  try {
+    await sql.raw(lead.text).execute(db);
+    lead.state = 'committed';
+  } catch (error) {
+    lead.state = isLeaseLost(error) ? 'refused' : 'unknown';
+    if (lead.state === 'unknown') throw error;
+  }
+}
 
 /** What the body of {@link runTransaction} hands back: its value, and the statement that ends the transaction. */
 export interface TransactionEnd<T> {
@@ -37,13 +86,27 @@ const NO_DIALECT: Dialect = {
  * `end`; on any error a ROLLBACK (safe even when `end` already ended the transaction: Postgres
  * only warns; skipped when not even BEGIN went out) and the error is rethrown. The body
  * receives a real Kysely `Transaction` over that connection, with the instance's plugins.
+ *
+ * `lead`, when given and still pending, rides in front of the BEGIN as `begin; …; commit` (a
+ * held step record): committed before this transaction starts, in the same round trip as its
+ * first statement. Its state tells afterwards whether it went (it did whenever this resolves).
  */
-export function runTransaction<T>(db: Kysely<any>, body: (tx: Transaction<any>) => Promise<TransactionEnd<T>>): Promise<T> {
+export function runTransaction<T>(
+  db: Kysely<any>,
+  body: (tx: Transaction<any>) => Promise<TransactionEnd<T>>,
+  lead?: LeadingStatements,
+): Promise<T> {
   const mergeStatements = returnsLastResult(db);
   let connection!: MergingConnection;
+  const carried = lead?.take() ? lead : undefined;
   return onOneConnection(
     db,
     async (tx) => {
+      // `lead` goes first, as a transaction of its own (committed before this one begins, so
+      // nothing here runs before it is durable). Refused, it leaves the connection in an
+      // aborted block: what follows in the string is skipped, and every later statement fails
+      // until the ROLLBACK below, so none can run outside a transaction.
+      if (carried) connection.defer('begin', carried.text, 'commit');
       // BEGIN rides with the transaction's first statement (see MergingConnection). Read
       // committed, whatever the server's default: the claim protocol relies on it (a duplicate
       // waits on the key's index entry, then sees the committed row), where serializable would
@@ -52,15 +115,30 @@ export function runTransaction<T>(db: Kysely<any>, body: (tx: Transaction<any>) 
       try {
         const { value, end } = await body(tx);
         await end(tx);
+        if (carried?.state === 'queued') carried.state = 'committed';
         return value;
       } catch (error) {
-        if (connection.deferred.length > 0) connection.discard(); // never sent: nothing to roll back
+        const unsent = connection.deferred.length > 0;
+        // Still queued: its string went through (committed), or never went out (still pending).
+        if (carried?.state === 'queued') carried.state = unsent && connection.deferred.includes(carried.text) ? 'pending' : 'committed';
+        if (unsent) connection.discard(); // never sent: nothing to roll back
         else await rollbackTransaction(tx).catch(() => {});
         throw error;
       }
     },
-    (inner) => (connection = new MergingConnection(inner, { mergeStatements })),
-  );
+    (inner) =>
+      (connection = new MergingConnection(inner, {
+        mergeStatements,
+        recover: async (error, sent) => {
+          if (carried && sent.includes(carried.text)) carried.failedWith(error);
+          return undefined;
+        },
+      })),
+  ).catch((error: unknown) => {
+    // The pool could not lend a connection: nothing went out.
+    if (carried?.state === 'queued') carried.state = 'pending';
+    throw error;
+  });
 }
 
 /**

@@ -24,7 +24,7 @@ import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
 import { insertCompletedKeysText } from './sql/insert-completed-keys.js';
 import { loadSteps } from './sql/load-steps.js';
-import { recordStep, recordStepAndCommit } from './sql/record-step.js';
+import { recordStep, recordStepAndCommit, recordStepText } from './sql/record-step.js';
 import { releaseKey } from './sql/release.js';
 import { startStep } from './sql/start-step.js';
 
@@ -66,7 +66,8 @@ export class PostgresKeyStore implements KeyStore {
 
   readonly steps: StepStore = {
     load: (scope, key) => loadSteps(this.#db, this.schema, scope, key),
-    start: (claim, step) => startStep(this.#db, this.schema, claim, step),
+    start: (claim, step, lead) => startStep(this.#db, this.schema, claim, step, lead),
+    recordText: (claim, step, resultJson) => recordStepText(this.schema, claim, step, resultJson),
     record: async (claim, step, resultJson) => {
       try {
         return await recordStep(this.#db, this.schema, claim, step, resultJson);

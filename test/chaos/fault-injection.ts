@@ -17,7 +17,8 @@ export const PROTOCOL_CRASH_POINTS = ['after-claim', 'before-commit', 'after-com
  * The multi-step handler's points (`--steps`), reached only by that handler:
  * - `inside-database-step`: a database step's write is made, its record and COMMIT not sent;
  * - `inside-external-step`: the external system has recorded the call, the step is not recorded;
- * - `between-steps`: a step is recorded (or replayed), the next step (or the completion) not begun.
+ * - `between-steps`: a step returned (recorded, replayed, or an external step's record still held
+ *   back for the run's next round trip), the next step (or the completion) not begun.
  */
 export const STEP_CRASH_POINTS = ['inside-database-step', 'inside-external-step', 'between-steps'] as const;
 

@@ -1,5 +1,8 @@
 import { sql, type Kysely } from 'kysely';
+import pg from 'pg';
 import type { Claim } from '../claim-outcome.js';
+import { returnsLastResult } from '../last-result-pool.js';
+import { sendLeadingStatements, type LeadingStatements } from '../one-trip-commit.js';
 import { LEASE_LOST_STATE, isLeaseLost } from './complete-and-commit.js';
 
 /** A step's place in its key's sequence. */
@@ -15,20 +18,46 @@ export interface StepPlace {
  * by one (a run after a takeover starting it again). Fenced: only the key's current owner and
  * fence may start a step, so a zombie learns it lost the key before it calls anyone.
  *
+ * `lead` (the previous step's held record), when given and pending, goes in the same string
+ * just before the start, both in one implicit transaction: the previous step is recorded before
+ * this one starts, one round trip for both. Over a connection that cannot answer a string of
+ * statements with the last one's rows, it goes alone first.
+ *
  * Returns the step's start count, this start included; undefined when the claim no longer owns
- * the key or the step is already recorded (the caller throws `LeaseLostError`).
+ * the key, the step is already recorded, or `lead` was refused (the caller throws
+ * `LeaseLostError`).
  */
-export async function startStep(db: Kysely<any>, schema: string, claim: Claim, step: StepPlace): Promise<number | undefined> {
+export async function startStep(
+  db: Kysely<any>,
+  schema: string,
+  claim: Claim,
+  step: StepPlace,
+  lead?: LeadingStatements,
+): Promise<number | undefined> {
+  if (lead && !returnsLastResult(db)) {
+    await sendLeadingStatements(db, lead);
+    if (lead.state === 'refused') return undefined;
+  }
+  const carried = lead?.take() ? lead : undefined;
   try {
-    const { rows } = await sql<{ starts: number }>`
-      select ${sql.id(schema, 'start_step')}(
-        ${claim.scope}::text, ${claim.key}::text, ${claim.owner}::uuid, ${claim.fence}::bigint,
-        ${step.name}::text, ${step.position}::int) as starts`.execute(db);
+    const { rows } = await sql.raw<{ starts: number }>(`${carried ? `${carried.text};\n` : ''}${startStepText(schema, claim, step)}`).execute(db);
+    if (carried) carried.state = 'committed';
     return rows[0]!.starts;
   } catch (error) {
+    carried?.failedWith(error);
     if (isLeaseLost(error)) return undefined;
     throw error;
   }
+}
+
+/** The start as one self-contained statement of literal SQL (values escaped by node-postgres). */
+export function startStepText(schema: string, claim: Claim, step: StepPlace): string {
+  return `select ${pg.escapeIdentifier(schema)}.start_step(${pg.escapeLiteral(claim.scope)}, ${pg.escapeLiteral(claim.key)}, ${pg.escapeLiteral(claim.owner)}::uuid, ${integer(claim.fence)}, ${pg.escapeLiteral(step.name)}, ${integer(step.position)}) as starts`;
+}
+
+function integer(value: number): string {
+  if (!Number.isSafeInteger(value)) throw new TypeError(`${value} must be a safe integer to be inlined into SQL.`);
+  return String(value);
 }
 
 /**
