@@ -257,6 +257,24 @@ describe('AMQP consumer outcomes', () => {
   });
 });
 
+describe('AMQP fast path', () => {
+  it('fastPath: claim, effect and completion in one transaction; a duplicate replays; steps are refused with a clear error', async () => {
+    const queue = amqp.queueName('fast-path');
+    const { events } = await startConsumer(queue, async (ctx) => {
+      if (ctx.data.steps) await ctx.step('refused', async () => 1);
+      return ledger(ctx);
+    }, { fastPath: true, maxAttempts: 1 });
+    amqp.publish(queue, { idempotencyKey: 'k-fast', scope: 'amqp', payload: { amount: 8 } });
+    amqp.publish(queue, { idempotencyKey: 'k-fast', scope: 'amqp', payload: { amount: 8 } });
+    amqp.publish(queue, { idempotencyKey: 'k-fast-steps', scope: 'amqp', payload: { amount: 1, steps: true } });
+    await until('settled', () => count(events, 'completed') + count(events, 'replayed') === 2 || undefined);
+    const [dead] = await deadLetters(queue, 1);
+    expect(await ledgerRows('k-fast')).toBe(1);
+    expect(dead!.properties.headers?.[REASON_HEADER]).toBe('failed');
+    expect(String(dead!.properties.headers?.[ERROR_HEADER])).toContain('fast path');
+  });
+});
+
 describe('AMQP identity', () => {
   it('from the Idempotency-Key header with a fixed scope: the whole JSON body is the payload', async () => {
     const queue = amqp.queueName('header');
