@@ -214,7 +214,7 @@ export async function runAmqpChaos(argv: string[]): Promise<number> {
     for (const name of [queue, ...topology.delayQueues]) {
       const channel = await producerConnection.createChannel();
       channel.on('error', () => {});
-      total += await channel.checkQueue(name).then((q) => q.messageCount + q.consumerCount * 0, () => 0);
+      total += await channel.checkQueue(name).then((q) => q.messageCount, () => 0);
       await channel.close().catch(() => {});
     }
     return total;
@@ -281,8 +281,6 @@ export async function runAmqpChaos(argv: string[]): Promise<number> {
     0;
 
   // Cleanup: the run's queues and schema.
-  const cleaner = await producerConnection.createChannel();
-  cleaner.on('error', () => {});
   for (const name of [queue, topology.deadLetterQueue, ...topology.delayQueues]) {
     const channel = await producerConnection.createChannel();
     channel.on('error', () => {});
