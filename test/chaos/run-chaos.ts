@@ -136,10 +136,10 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
   };
 }
 
-async function main(): Promise<number> {
+async function main(argv: string[]): Promise<number> {
   let options;
   try {
-    options = parseOptions(process.argv.slice(2));
+    options = parseOptions(argv);
   } catch (error) {
     console.error(`${(error as Error).message}\n\n${USAGE}`);
     return 2;
@@ -180,4 +180,16 @@ async function main(): Promise<number> {
   return 0;
 }
 
-process.exitCode = await main();
+/** `--broker amqp`: the same checker against RabbitMQ consumers (amqp-chaos.ts). Default: BullMQ. */
+async function mainForBroker(argv: string[]): Promise<number> {
+  const at = argv.findIndex((arg) => arg === '--broker' || arg.startsWith('--broker='));
+  const broker = at < 0 ? 'bullmq' : argv[at]!.includes('=') ? argv[at]!.split('=')[1] : argv[at + 1];
+  if (broker === 'amqp') return (await import('./amqp-chaos.js')).runAmqpChaos(argv);
+  if (broker !== 'bullmq') {
+    console.error(`--broker: expected bullmq or amqp, got "${broker}"`);
+    return 2;
+  }
+  return main(at < 0 ? argv : argv.filter((_, i) => i !== at && (argv[at]!.includes('=') || i !== at + 1)));
+}
+
+process.exitCode = await mainForBroker(process.argv.slice(2));
