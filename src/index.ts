@@ -41,15 +41,10 @@ export { resolveWorkerTiming } from './config/worker-timing.js';
 export { KeySettledListener } from './store/key-settled-listener.js';
 export type { JobIdentity, JobLike, WireJobData } from './bullmq/job-identity.js';
 export { identityFromWireContract, jobIdFor, toWireJobData } from './bullmq/job-identity.js';
-export type {
-  ErrorDisposition,
-  IdempotentWorkerOptions,
-  JobContext,
-  JobHandler,
-  WorkerEvent,
-  WorkerEventKind,
-  StepEventKind,
-} from './bullmq/idempotent-worker.js';
+export type { StepEventKind, WorkerEvent, WorkerEventKind } from './consumer/worker-event.js';
+export type { Delivery, ErrorDisposition, KeyedJobContext, KeyedJobRunnerOptions, RunOutcome } from './consumer/keyed-job-runner.js';
+export { KeyedJobRunner, defaultErrorDisposition } from './consumer/keyed-job-runner.js';
+export type { IdempotentWorkerOptions, JobContext, JobHandler } from './bullmq/idempotent-worker.js';
 export { IdempotentWorker, createIdempotentWorker } from './bullmq/idempotent-worker.js';
 export type { EnqueueRequest, EnqueueResult, IdempotentProducerOptions } from './bullmq/idempotent-producer.js';
 export { IdempotentProducer } from './bullmq/idempotent-producer.js';

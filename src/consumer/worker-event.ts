@@ -1,0 +1,41 @@
+/** Kinds of {@link WorkerEvent}; the metrics and the chaos checker count them. */
+export type WorkerEventKind =
+  | 'claimed'
+  | 'taken-over'
+  | 'replayed'
+  | 'replayed-failure'
+  | 'deferred'
+  | 'key-reused'
+  | 'invalid'
+  | 'completed'
+  | 'released'
+  | 'failed'
+  | 'lease-lost'
+  | 'fenced'
+  | 'lease-extended'
+  | 'store-unavailable'
+  | StepEventKind;
+
+/**
+ * Kinds of {@link WorkerEvent} for one call of `ctx.step` (named in `step`): ran under this
+ * claim and recorded; replayed (returned a result an earlier run recorded); lease-lost (the
+ * record was refused: another worker took the key over); failed (the step threw, or the
+ * determinism guard refused the call).
+ */
+export type StepEventKind = 'step-ran' | 'step-replayed' | 'step-lease-lost' | 'step-failed';
+
+/** One thing that happened to a job (a message), emitted as `'event'` by every worker and consumer. */
+export interface WorkerEvent {
+  readonly kind: WorkerEventKind;
+  /** The BullMQ job id, or the broker's message id. */
+  readonly jobId?: string;
+  readonly scope?: string;
+  readonly key?: string;
+  readonly fence?: number;
+  /** Handler run time, on `completed`. */
+  readonly durationMs?: number;
+  /** The step's name, on step events. */
+  readonly step?: string;
+  /** The step's 1-based position in its key's sequence, on step events. */
+  readonly position?: number;
+}
