@@ -173,9 +173,8 @@ describe('IdempotentNatsConsumer outcomes', () => {
     await waitFor('claimed', async () => kinds(events, 'dup').includes('claimed'));
     await publishWire(subject, 'orders', 'dup', { n: 1 });
     await waitFor('two deferrals', async () => kinds(events, 'dup').filter((k) => k === 'deferred').length >= 2);
-    const deferredDeliveries = events.filter((e) => e.kind === 'deferred').map((e) => e.deliveryCount);
     // Each deferral is a redelivery of the same message (JetStream counts it), never a failure.
-    expect(Math.max(...deferredDeliveries)).toBeGreaterThan(1);
+    expect((await consumerState(stream)).redelivered).toBeGreaterThan(0);
     gate.open();
     await waitFor('replayed', async () => kinds(events, 'dup').includes('replayed'));
     await settled(stream);
@@ -196,7 +195,7 @@ describe('IdempotentNatsConsumer outcomes', () => {
     await settled(stream);
     const [letter, ...more] = await deadLetters(dead);
     expect(more).toHaveLength(0);
-    expect(letter!.header.get(DEAD_LETTER_REASON_HEADER)).toBe('invalid');
+    expect(letter!.header.get(DEAD_LETTER_REASON_HEADER)).toBe('invalid-message');
     expect(letter!.header.get(DEAD_LETTER_ERROR_HEADER)).toMatch(/not UTF-8 JSON/);
     expect(letter!.header.get(DEAD_LETTER_SEQUENCE_HEADER)).toBe(String(ack.seq));
     expect(new TextDecoder().decode(letter!.data)).toBe('{"not": "the wire contract"');
@@ -289,7 +288,7 @@ describe('IdempotentNatsConsumer outcomes', () => {
       await publishWire(subject, 'orders', 'no-db', { n: 1 });
       await waitFor('three deferrals', async () => events.filter((e) => e.kind === 'store-unavailable').length >= 3);
       expect(kinds(events).filter((k) => k !== 'store-unavailable')).toEqual([]);
-      expect(Math.max(...events.map((e) => e.deliveryCount))).toBeGreaterThanOrEqual(3);
+      expect((await consumerState(stream)).redelivered).toBe(1);
       await consumer.close();
       // The message is still in the consumer, waiting for a consumer that reaches Postgres.
       const healed = start<{ n: number }>(stream, effect());
@@ -348,7 +347,7 @@ describe('IdempotentNatsConsumer shutdown', () => {
     await publishWire(subject, 'orders', 'stuck', { n: 1 });
     await waitFor('claimed', async () => kinds(events, 'stuck').includes('claimed'));
     await consumer.close();
-    expect((aborted as Error).name).toBe('ConsumerClosingError');
+    expect((aborted as Error).name).toBe('WorkerClosingError');
     expect(kinds(events, 'stuck')).toContain('released');
     const next = start<{ n: number }>(stream, effect());
     await waitFor('taken over at once', async () => kinds(next.events, 'stuck').includes('completed'), 5_000);

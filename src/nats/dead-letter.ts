@@ -1,7 +1,7 @@
 import type { JetStreamClient, JsMsg } from '@nats-io/jetstream';
 import { headers } from '@nats-io/transport-node';
 
-/** Header of a dead-lettered message: why it will never run (`invalid`, `key-reused`, `failed`, `replayed-failure`). */
+/** Header of a dead-lettered message: why it will never run (`invalid-message`, `key-reused`, `failed`, `replayed-failure`). */
 export const DEAD_LETTER_REASON_HEADER = 'Idempotent-Jobs-Reason';
 /** Header of a dead-lettered message: what was wrong, for a person (one line, at most 1,024 characters). */
 export const DEAD_LETTER_ERROR_HEADER = 'Idempotent-Jobs-Error';
@@ -11,7 +11,7 @@ export const DEAD_LETTER_SEQUENCE_HEADER = 'Idempotent-Jobs-Stream-Seq';
 export const DEAD_LETTER_SUBJECT_HEADER = 'Idempotent-Jobs-Subject';
 
 /** The reasons a message is dead-lettered. */
-export type DeadLetterReason = 'invalid' | 'key-reused' | 'failed' | 'replayed-failure';
+export type DeadLetterReason = 'invalid-message' | 'key-reused' | 'failed' | 'replayed-failure';
 
 /**
  * Publishes a copy of `message` (its body and headers) to `subject` with the reason headers,

@@ -7,21 +7,15 @@ import { pino, type Logger } from 'pino';
 import { resolveWorkerTiming, storeRetryDelayMs, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../config/worker-timing.js';
 import { ValidationError } from '../errors.js';
 import type { FaultHook } from '../fault-hook.js';
-import type { WorkerEventKind } from '../bullmq/idempotent-worker.js';
 import type { JobIdentity } from '../bullmq/job-identity.js';
+import { KeyedJobRunner, type Delivery, type ErrorDisposition, type KeyedJobContext, type RunOutcome } from '../consumer/keyed-job-runner.js';
+import type { WorkerEvent, WorkerEventKind } from '../consumer/worker-event.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { publishDeadLetter, type DeadLetterReason } from './dead-letter.js';
-import {
-  MessageJobRunner,
-  type MessageContext,
-  type MessageErrorDisposition,
-  type MessageOutcome,
-  type RunnerEvent,
-} from './message-job-runner.js';
 import { identityFromNatsMessage, type NatsKeySource } from './nats-message-identity.js';
 
 /** What a handler receives: the BullMQ worker's context, with the JetStream message as `message`. */
-export type NatsJobContext<P = unknown> = MessageContext<P, JsMsg>;
+export type NatsJobContext<P = unknown> = KeyedJobContext<P, JsMsg>;
 
 /** The user's message handler. Its return value is stored (when it never calls `ctx.transaction`). */
 export type NatsJobHandler<P = unknown, R = unknown> = (ctx: NatsJobContext<P>) => Promise<R>;
@@ -66,7 +60,7 @@ export interface IdempotentNatsConsumerOptions<P = unknown, R = unknown> extends
   /** Longest redelivery delay after a retryable error. @defaultValue `60_000` */
   readonly retryDelayMaxMs?: number;
   /** Which handler errors are stored (`'fail'`) and which are retried. @defaultValue `'fail'` for validation errors and unstorable results; else `'retry'` */
-  readonly errorDisposition?: (error: unknown, message: JsMsg) => MessageErrorDisposition;
+  readonly errorDisposition?: (error: unknown, message: JsMsg) => ErrorDisposition;
   /** Keep each message's payload on its key. @defaultValue `false` */
   readonly storePayload?: boolean;
   /** Structured logger. @defaultValue `pino()` at level info */
@@ -78,18 +72,20 @@ export interface IdempotentNatsConsumerOptions<P = unknown, R = unknown> extends
 /** Kinds of {@link NatsConsumerEvent}: the BullMQ worker's, and `dead-lettered`. */
 export type NatsConsumerEventKind = WorkerEventKind | 'dead-lettered';
 
-/** One thing that happened to a message, emitted as `'event'`. */
-export interface NatsConsumerEvent extends Omit<RunnerEvent, 'kind'> {
+/**
+ * One thing that happened to a message, emitted as `'event'`: the BullMQ worker's events (with
+ * the message's stream sequence as `jobId`), and `dead-lettered` with its `reason`.
+ */
+export interface NatsConsumerEvent extends Omit<WorkerEvent, 'kind'> {
   readonly kind: NatsConsumerEventKind;
-  /** The message's stream sequence. */
-  readonly streamSequence: number;
-  /** JetStream's delivery count of the message (1 first). */
-  readonly deliveryCount: number;
   /** On `dead-lettered`. */
   readonly reason?: DeadLetterReason;
 }
 
 const RECONNECT_PAUSE_MS = 500;
+
+/** The claim count of each message's last run (its `ctx.attempt`), read by `Delivery.lastAttempt`. */
+const attemptOf = new WeakMap<JsMsg, number>();
 
 /**
  * A JetStream pull consumer that makes each message's effect happen once per idempotency key.
@@ -120,7 +116,10 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
   readonly #options: IdempotentNatsConsumerOptions<P, R>;
   readonly #timing: ResolvedWorkerTiming;
   readonly #log: Logger;
-  readonly #runner: MessageJobRunner<P, R, JsMsg>;
+  readonly #runner: KeyedJobRunner<P, R, JsMsg>;
+  readonly #maxAttempts: number;
+  readonly #retryDelayMs: number;
+  readonly #retryDelayMaxMs: number;
   readonly #concurrency: number;
   readonly #inFlight = new Set<Promise<void>>();
   readonly #ready: Promise<void>;
@@ -137,27 +136,26 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
     this.#options = Object.freeze({ ...options });
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
     this.#concurrency = positiveInteger('concurrency', options.concurrency ?? 1);
-    const maxAttempts = positiveInteger('maxAttempts', options.maxAttempts ?? 5);
-    const retryDelayMs = positiveInteger('retryDelayMs', options.retryDelayMs ?? 1_000);
-    const retryDelayMaxMs = positiveInteger('retryDelayMaxMs', options.retryDelayMaxMs ?? 60_000);
+    this.#maxAttempts = positiveInteger('maxAttempts', options.maxAttempts ?? 5);
+    this.#retryDelayMs = positiveInteger('retryDelayMs', options.retryDelayMs ?? 1_000);
+    this.#retryDelayMaxMs = positiveInteger('retryDelayMaxMs', options.retryDelayMaxMs ?? 60_000);
     this.#log = (options.logger ?? pino()).child({ stream: options.stream, consumer: options.consumer });
     const keyFrom = options.keyFrom ?? 'wire-contract';
     const scope = options.scope;
     const identityOf = options.keyOf ?? ((message: JsMsg) => identityFromNatsMessage(message, keyFrom, scope) as JobIdentity<P>);
-    this.#runner = new MessageJobRunner<P, R, JsMsg>({
+    this.#runner = new KeyedJobRunner<P, R, JsMsg>({
       keys: options.keys,
       timing: this.#timing,
-      handler: options.handler,
+      handler: (ctx) => {
+        attemptOf.set(ctx.message, ctx.attempt);
+        return options.handler(ctx);
+      },
       identityOf,
-      maxAttempts,
-      retryDelayMs,
-      retryDelayMaxMs,
       errorDisposition: options.errorDisposition,
       storePayload: options.storePayload ?? false,
-      source: `nats:${options.stream}/${options.consumer}`,
       logger: this.#log,
       faultHook: options.faultHook,
-      emit: (event, message) => this.#emit({ ...event }, message),
+      events: { wanted: () => this.listenerCount('event') > 0, emit: (event) => this.emit('event', event) },
     });
     this.#ready = new Promise((resolve, reject) => {
       this.#readyResolve = resolve;
@@ -200,7 +198,7 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
       const finished = options.force ? false : await Promise.race([drained, sleep(this.#timing.shutdownTimeoutMs, false, { ref: false })]);
       if (!finished) {
         if (this.#runner.activeCount > 0) this.#log.warn({ active: this.#runner.activeCount }, 'shutdown deadline passed: releasing keys of unfinished messages');
-        await this.#runner.abandonAll();
+        await this.#runner.abandonActive();
         await drained;
       }
       await this.#loop;
@@ -289,40 +287,71 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
   }
 
   async #handle(js: JetStreamClient, message: JsMsg): Promise<void> {
-    const outcome = await this.#runner.run({
+    const maxAttempts = this.#maxAttempts;
+    const delivery: Delivery<JsMsg> = {
       message,
-      label: `${this.#options.stream} seq ${message.seq}`,
-      deliveryCount: message.info.deliveryCount,
-      onHeartbeat: () => message.working(),
-    });
-    await this.#settle(js, message, outcome);
-  }
-
-  #emit(event: Omit<NatsConsumerEvent, 'streamSequence' | 'deliveryCount'>, message: JsMsg): void {
-    if (this.listenerCount('event') === 0) return;
-    this.emit('event', { ...event, streamSequence: message.seq, deliveryCount: message.info.deliveryCount });
+      id: String(message.seq),
+      label: `Message ${message.seq} of stream "${this.#options.stream}"`,
+      queue: `nats:${this.#options.stream}/${this.#options.consumer}`,
+      name: message.subject,
+      // Read when the handler has thrown, once its claim's count is known: attempts are the key's
+      // claims, so the redeliveries of a deferred duplicate use none (JetStream's delivery count
+      // counts them too).
+      get lastAttempt() {
+        return (attemptOf.get(message) ?? 1) >= maxAttempts;
+      },
+      deferrals: message.info.deliveryCount - 1,
+    };
+    // JetStream's redelivery timer is reset while the handler runs, as the runner's heartbeat
+    // extends the lease; a lost lease aborts the handler, which ends the run and the beats.
+    const working = setInterval(() => message.working(), this.#timing.heartbeatMs);
+    working.unref();
+    let outcome: RunOutcome;
+    try {
+      outcome = await this.#runner.run(delivery);
+    } catch (error) {
+      // Neither the handler's error nor a store fault (a bug): redeliver, as a retry.
+      this.#log.error({ err: error, message: delivery.label }, 'unexpected error running a message; redelivering it');
+      outcome = { kind: 'retry', error };
+    } finally {
+      clearInterval(working);
+    }
+    await this.#settle(js, message, outcome, attemptOf.get(message) ?? 1);
   }
 
   /** Says the outcome to JetStream. */
-  async #settle(js: JetStreamClient, message: JsMsg, outcome: MessageOutcome): Promise<void> {
+  async #settle(js: JetStreamClient, message: JsMsg, outcome: RunOutcome, attempt: number): Promise<void> {
     switch (outcome.kind) {
       case 'completed':
       case 'replayed':
         message.ack();
         return;
       case 'deferred':
-      case 'retry':
       case 'store-unavailable':
-        message.nak(outcome.delayMs);
+        message.nak(outcome.retryAfterMs);
+        return;
+      case 'retry':
+        message.nak(Math.min(this.#retryDelayMaxMs, this.#retryDelayMs * 2 ** Math.min(30, attempt - 1)));
         return;
       case 'abandoned':
         message.nak();
         return;
+      case 'invalid-message':
+        return this.#deadLetter(js, message, 'invalid-message', outcome.reason);
+      case 'key-reused':
+      case 'replayed-failure':
+        return this.#deadLetter(js, message, outcome.kind, outcome.error.message);
+      case 'failed-permanently':
+        return this.#deadLetter(js, message, 'failed', outcome.description);
     }
-    const label = `${this.#options.stream} seq ${message.seq}`;
+  }
+
+  /** Copies the message to the dead-letter subject (when set), then terminates it. */
+  async #deadLetter(js: JetStreamClient, message: JsMsg, reason: DeadLetterReason, detail: string): Promise<void> {
+    const label = `Message ${message.seq} of stream "${this.#options.stream}"`;
     if (this.#options.deadLetterSubject) {
       try {
-        await publishDeadLetter(js, this.#options.deadLetterSubject, message, outcome.kind, outcome.reason);
+        await publishDeadLetter(js, this.#options.deadLetterSubject, message, reason, detail);
       } catch (error) {
         const delayMs = storeRetryDelayMs(this.#timing, message.info.deliveryCount - 1);
         this.#log.error({ message: label, err: error, delayMs }, `could not dead-letter the message to "${this.#options.deadLetterSubject}"; redelivering it later`);
@@ -332,8 +361,8 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
     }
     // No reason with the term: servers before 2.11 do not read one, and 2.9 takes "+TERM <reason>" for no term at all.
     message.term();
-    this.#emit({ kind: 'dead-lettered', label, reason: outcome.kind }, message);
-    this.#log.warn({ message: label, reason: outcome.kind }, 'message dead-lettered and terminated');
+    if (this.listenerCount('event') > 0) this.emit('event', { kind: 'dead-lettered', jobId: String(message.seq), reason });
+    this.#log.warn({ message: label, reason }, 'message dead-lettered and terminated');
   }
 }
 

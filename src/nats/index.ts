@@ -18,5 +18,3 @@ export {
 } from './dead-letter.js';
 export type { JetStreamConsumerSetup } from './jetstream-setup.js';
 export { ensureJetStreamConsumer } from './jetstream-setup.js';
-export type { MessageContext, MessageErrorDisposition, MessageOutcome } from './message-job-runner.js';
-export { ConsumerClosingError } from './message-job-runner.js';
