@@ -9,6 +9,7 @@ import { registerMigrateCommand } from './migrate-command.js';
 import { registerKeysCommand } from './keys-command.js';
 import { registerStatsCommand } from './stats-command.js';
 import { registerWorkerCommand } from './worker-command.js';
+import { registerConsumeCommand } from './consume-command.js';
 
 import { EXIT_FAILURE, EXIT_OK, EXIT_USAGE } from './exit-codes.js';
 
@@ -21,6 +22,7 @@ export function buildCli(): Command {
     .exitOverride()
     .showHelpAfterError();
   registerWorkerCommand(program);
+  registerConsumeCommand(program);
   registerMigrateCommand(program);
   registerKeysCommand(program);
   registerStatsCommand(program);

@@ -5,8 +5,8 @@ import { nanos, type NatsConnection } from '@nats-io/transport-node';
 export interface JetStreamConsumerSetup {
   /** The stream the messages are in. */
   readonly stream: string;
-  /** Its subjects (used only when the stream is created). */
-  readonly subjects: readonly string[];
+  /** Its subjects, to create the stream when it is missing. Unset: the stream must exist. */
+  readonly subjects?: readonly string[];
   /** The durable pull consumer's name. */
   readonly consumer: string;
   /** JetStream's redelivery timer; the consumer's heartbeat must beat well within it. @defaultValue `30_000` */
@@ -20,7 +20,7 @@ export interface JetStreamConsumerSetup {
 }
 
 /**
- * Creates the stream, the dead-letter stream and the durable pull consumer unless they exist
+ * Creates the stream (when `subjects` are given), the dead-letter stream and the durable pull consumer unless they exist
  * (an existing one is left as it is). The consumer acknowledges explicitly and has no
  * `max_deliver` limit: JetStream counts a delayed `nak` as a delivery, and a message deferred
  * while its key is in progress elsewhere must not run out of deliveries; the consumer counts
@@ -28,7 +28,13 @@ export interface JetStreamConsumerSetup {
  */
 export async function ensureJetStreamConsumer(connection: NatsConnection, setup: JetStreamConsumerSetup): Promise<void> {
   const jsm = await jetstreamManager(connection);
-  await ensureStream(jsm, { ...setup.streamConfig, name: setup.stream, subjects: [...setup.subjects] });
+  if (setup.subjects) {
+    await ensureStream(jsm, { ...setup.streamConfig, name: setup.stream, subjects: [...setup.subjects] });
+  } else {
+    await jsm.streams.info(setup.stream).catch((error: unknown) => {
+      throw isNotFound(error) ? new Error(`JetStream stream "${setup.stream}" does not exist; create it (or pass its subjects to create it here).`, { cause: error }) : error;
+    });
+  }
   if (setup.deadLetter) await ensureStream(jsm, { name: setup.deadLetter.stream, subjects: [setup.deadLetter.subject] });
   try {
     await jsm.consumers.info(setup.stream, setup.consumer);
