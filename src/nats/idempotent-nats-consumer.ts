@@ -83,6 +83,7 @@ export interface NatsConsumerEvent extends Omit<WorkerEvent, 'kind'> {
 }
 
 const RECONNECT_PAUSE_MS = 500;
+const PULL_EXPIRES_MS = 5_000;
 
 /** The claim count of each message's last run (its `ctx.attempt`), read by `Delivery.lastAttempt`. */
 const attemptOf = new WeakMap<JsMsg, number>();
@@ -216,7 +217,9 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
         const consumer = await js.consumers.get(this.#options.stream, this.#options.consumer);
         this.#checkConsumer((await consumer.info()).config);
         if (this.#closingRequested) break;
-        const messages = await consumer.consume({ max_messages: this.#options.prefetch ?? Math.max(10, 2 * this.#concurrency) });
+        // Short pulls: a pull the server lost (it restarted, the connection was cut) is noticed
+        // by missed idle heartbeats (half of expires) and pulled again within seconds.
+        const messages = await consumer.consume({ max_messages: this.#options.prefetch ?? Math.max(10, 2 * this.#concurrency), expires: PULL_EXPIRES_MS });
         this.#messages = messages;
         this.#readyResolve();
         for await (const message of messages) {

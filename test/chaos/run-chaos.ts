@@ -5,6 +5,7 @@
  *   npm run chaos -- --profile long                                # long profile (about 2 hours; docs/chaos.md)
  *   npm run chaos -- --seed 1234                                   # the same fault schedule again
  *   npm run chaos -- --steps                                       # multi-step jobs (ctx.step), crashes inside and between steps
+ *   npm run chaos -- --broker nats                                 # NATS JetStream consumers (run-nats-chaos.ts)
  *
  * Exits 0 when nothing was lost, duplicated, unexpected, failed or left processing and no two
  * overlapping owners both committed; 1 when a check failed; 2 on bad flags or when the run
@@ -130,6 +131,11 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
 }
 
 async function main(): Promise<number> {
+  const brokerAt = process.argv.indexOf('--broker');
+  if (brokerAt >= 0 && process.argv[brokerAt + 1] === 'nats') {
+    const { runNatsChaosCommand } = await import('./run-nats-chaos.js');
+    return runNatsChaosCommand(process.argv.slice(2).filter((_, i) => i !== brokerAt - 2 && i !== brokerAt - 1));
+  }
   let options;
   try {
     options = parseOptions(process.argv.slice(2));
