@@ -61,6 +61,11 @@ export interface IdempotentNatsConsumerOptions<P = unknown, R = unknown> extends
   readonly retryDelayMaxMs?: number;
   /** Which handler errors are stored (`'fail'`) and which are retried. @defaultValue `'fail'` for validation errors and unstorable results; else `'retry'` */
   readonly errorDisposition?: (error: unknown, message: JsMsg) => ErrorDisposition;
+  /**
+   * Single-transaction fast path for handlers whose effects only touch this database: claim,
+   * effect and completion commit once; no lease, no heartbeat. @defaultValue `false`
+   */
+  readonly fastPath?: boolean;
   /** Keep each message's payload on its key. @defaultValue `false` */
   readonly storePayload?: boolean;
   /** Structured logger. @defaultValue `pino()` at level info */
@@ -153,6 +158,7 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
       },
       identityOf,
       errorDisposition: options.errorDisposition,
+      fastPath: options.fastPath ?? false,
       storePayload: options.storePayload ?? false,
       logger: this.#log,
       faultHook: options.faultHook,

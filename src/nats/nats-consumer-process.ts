@@ -101,6 +101,7 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
     shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
     storeRetryMinMs: config.STORE_RETRY_MIN_MS,
     storeRetryMaxMs: config.STORE_RETRY_MAX_MS,
+    fastPath: config.FAST_PATH,
     storePayload: config.STORE_PAYLOAD,
     logger,
     faultHook: options.faultHook,
