@@ -6,6 +6,7 @@
  *   npm run chaos -- --seed 1234                                   # the same fault schedule again
  *   npm run chaos -- --steps                                       # multi-step jobs (ctx.step), crashes inside and between steps
  *   npm run chaos -- --redis-cluster                               # on a private Redis Cluster, with failovers of the queue's shard
+ *   npm run chaos -- --broker nats                                 # NATS JetStream consumers (run-nats-chaos.ts)
  *
  * Exits 0 when nothing was lost, duplicated, unexpected, failed or left processing and no two
  * overlapping owners both committed; 1 when a check failed; 2 on bad flags or when the run
@@ -180,16 +181,18 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-/** `--broker amqp`: the same checker against RabbitMQ consumers (amqp-chaos.ts). Default: BullMQ. */
+/** `--broker amqp|nats`: the same checker against RabbitMQ (amqp-chaos.ts) or JetStream consumers (run-nats-chaos.ts). Default: BullMQ. */
 async function mainForBroker(argv: string[]): Promise<number> {
   const at = argv.findIndex((arg) => arg === '--broker' || arg.startsWith('--broker='));
   const broker = at < 0 ? 'bullmq' : argv[at]!.includes('=') ? argv[at]!.split('=')[1] : argv[at + 1];
+  const withoutBroker = at < 0 ? argv : argv.filter((_, i) => i !== at && (argv[at]!.includes('=') || i !== at + 1));
   if (broker === 'amqp') return (await import('./amqp-chaos.js')).runAmqpChaos(argv);
+  if (broker === 'nats') return (await import('./run-nats-chaos.js')).runNatsChaosCommand(withoutBroker);
   if (broker !== 'bullmq') {
-    console.error(`--broker: expected bullmq or amqp, got "${broker}"`);
+    console.error(`--broker: expected bullmq, amqp or nats, got "${broker}"`);
     return 2;
   }
-  return main(at < 0 ? argv : argv.filter((_, i) => i !== at && (argv[at]!.includes('=') || i !== at + 1)));
+  return main(withoutBroker);
 }
 
 process.exitCode = await mainForBroker(process.argv.slice(2));

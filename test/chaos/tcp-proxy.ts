@@ -3,7 +3,7 @@
  * (what a network partition or a broker restart looks like to a client) without touching the
  * shared broker.
  */
-import { createConnection, createServer, type Server, type Socket } from 'node:net';
+import { createConnection, createServer, type AddressInfo, type Server, type Socket } from 'node:net';
 
 export interface TcpProxy {
   readonly port: number;
@@ -12,7 +12,7 @@ export interface TcpProxy {
   close(): Promise<void>;
 }
 
-/** Listens on the first free port of `ports` and forwards to `target`. */
+/** Listens on the first free port of `ports` (0: any free port) and forwards to `target`. */
 export async function startTcpProxy(target: { host: string; port: number }, ports: readonly number[]): Promise<TcpProxy> {
   const sockets = new Set<Socket>();
   const server: Server = createServer((client) => {
@@ -33,7 +33,7 @@ export async function startTcpProxy(target: { host: string; port: number }, port
     });
     if (bound) {
       return {
-        port,
+        port: (server.address() as AddressInfo).port,
         dropConnections() {
           const count = sockets.size / 2;
           for (const socket of sockets) socket.destroy();

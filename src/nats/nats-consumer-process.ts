@@ -1,0 +1,131 @@
+import { connect } from '@nats-io/transport-node';
+import { pino, type Logger } from 'pino';
+import type { EnvConfig } from '../config/env-config.js';
+import type { FaultHook } from '../fault-hook.js';
+import { instrumentWorker } from '../metrics/worker-metrics.js';
+import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { onShutdownSignals } from '../runtime/shutdown-signals.js';
+import { waitForStore } from '../runtime/wait-for-store.js';
+import { createPostgresDb } from '../store/create-postgres-db.js';
+import { migrate } from '../store/migrate.js';
+import { pingDatabase } from '../store/sql/ping.js';
+import { createIdempotentNatsConsumer, type IdempotentNatsConsumer, type NatsJobHandler } from './idempotent-nats-consumer.js';
+import { ensureJetStreamConsumer } from './jetstream-setup.js';
+import type { NatsKeySource } from './nats-message-identity.js';
+
+/** What {@link startNatsConsumerProcess} needs besides the environment. */
+export interface NatsConsumerProcessOptions<P, R> {
+  /** Postgres, schema, lease and shutdown settings (`CONCURRENCY` too, unless given here). */
+  readonly config: EnvConfig;
+  readonly handler: NatsJobHandler<P, R>;
+  /** @defaultValue `$NATS_URL` or `'127.0.0.1:4222'` */
+  readonly servers?: string;
+  /** The stream (it must exist) and the durable consumer (created when missing). */
+  readonly stream: string;
+  readonly consumer: string;
+  /**
+   * Where dead letters go; a stream `<stream>_DEAD_LETTERS` capturing it is created when missing.
+   * @defaultValue `dead-letters.<stream>.<consumer>`
+   */
+  readonly deadLetterSubject?: string;
+  readonly concurrency?: number;
+  readonly keyFrom?: NatsKeySource;
+  readonly scope?: string;
+  readonly logger?: Logger;
+  readonly faultHook?: FaultHook;
+  /** Install SIGTERM/SIGINT handlers that close gracefully and exit. @defaultValue `true` */
+  readonly handleSignals?: boolean;
+}
+
+/** A running consumer process's parts. */
+export interface NatsConsumerProcess<P, R> {
+  readonly consumer: IdempotentNatsConsumer<P, R>;
+  readonly keys: IdempotencyKeys;
+  readonly logger: Logger;
+  /** Graceful stop (force: release unfinished messages' keys at once), then close every connection. */
+  stop(options?: { force?: boolean }): Promise<void>;
+}
+
+/**
+ * Builds and starts a JetStream consumer process: the Postgres pool (waited for up to
+ * STARTUP_WAIT_MS, migrated when MIGRATE), the durable consumer and dead-letter stream when
+ * missing, the claim protocol, the consumer, metrics events and signal handling (first
+ * SIGTERM/SIGINT: graceful close within SHUTDOWN_TIMEOUT_MS; second: force).
+ */
+export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProcessOptions<P, R>): Promise<NatsConsumerProcess<P, R>> {
+  const { config } = options;
+  const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
+  const servers = options.servers ?? process.env.NATS_URL ?? '127.0.0.1:4222';
+  const concurrency = options.concurrency ?? config.CONCURRENCY;
+  const deadLetterSubject = options.deadLetterSubject ?? `dead-letters.${options.stream}.${options.consumer}`;
+  const db = createPostgresDb(
+    { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? concurrency + 2, applicationName: `idempotent-jobs:nats:${options.stream}` },
+    (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
+  );
+  try {
+    await waitForStore<unknown>(() => (config.MIGRATE ? migrate(db, { schema: config.SCHEMA }) : pingDatabase(db)), {
+      what: 'Postgres',
+      deadline: Date.now() + config.STARTUP_WAIT_MS,
+      logger,
+    });
+    const setupConnection = await connect({ servers });
+    try {
+      await ensureJetStreamConsumer(setupConnection, {
+        stream: options.stream,
+        consumer: options.consumer,
+        // Twice the lease: working() beats every heartbeat (a third of the lease), well inside it.
+        ackWaitMs: 2 * config.LEASE_MS,
+        deadLetter: { stream: `${options.stream}_DEAD_LETTERS`, subject: deadLetterSubject },
+      });
+    } finally {
+      await setupConnection.close();
+    }
+  } catch (error) {
+    await db.destroy();
+    throw error;
+  }
+  const keys = new IdempotencyKeys({ db, schema: config.SCHEMA, leaseMs: config.LEASE_MS, retentionMs: config.RETENTION_MS });
+  const consumer = createIdempotentNatsConsumer<P, R>({
+    servers,
+    stream: options.stream,
+    consumer: options.consumer,
+    deadLetterSubject,
+    keys,
+    handler: options.handler,
+    concurrency,
+    keyFrom: options.keyFrom,
+    scope: options.scope,
+    leaseMs: config.LEASE_MS,
+    heartbeatMs: config.HEARTBEAT_MS,
+    deferMaxMs: config.DEFER_MAX_MS,
+    shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
+    storeRetryMinMs: config.STORE_RETRY_MIN_MS,
+    storeRetryMaxMs: config.STORE_RETRY_MAX_MS,
+    fastPath: config.FAST_PATH,
+    storePayload: config.STORE_PAYLOAD,
+    logger,
+    faultHook: options.faultHook,
+  });
+  const uninstrument = instrumentWorker(consumer, `${options.stream}/${options.consumer}`);
+  try {
+    await consumer.waitUntilReady();
+  } catch (error) {
+    uninstrument();
+    await consumer.close({ force: true });
+    await db.destroy();
+    throw error;
+  }
+  logger.info({ pid: process.pid, stream: options.stream, consumer: options.consumer, concurrency, leaseMs: config.LEASE_MS }, 'nats consumer ready');
+  let stopped: Promise<void> | undefined;
+  const stop = (stopOptions: { force?: boolean } = {}) => {
+    if (stopOptions.force) return consumer.close({ force: true });
+    stopped ??= (async () => {
+      await consumer.close();
+      uninstrument();
+      await db.destroy();
+    })();
+    return stopped;
+  };
+  if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
+  return { consumer, keys, logger, stop };
+}
