@@ -27,6 +27,7 @@ import { JobSteps, type DatabaseStep, type ExternalStep, type StepReport } from 
 import type { FailedStep } from '../protocol/validate.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
+import { JobTracing } from '../telemetry/job-tracing.js';
 import { identityFromWireContract, type JobIdentity } from './job-identity.js';
 import { JobLogger } from './job-logger.js';
 
@@ -195,6 +196,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
   readonly #keyOf: (job: Job) => JobIdentity<P>;
   readonly #active = new Set<ActiveJob>();
   readonly #bull: Worker;
+  readonly #tracing: JobTracing;
   #closing: Promise<void> | undefined;
 
   constructor(options: IdempotentWorkerOptions<P, R>) {
@@ -207,7 +209,8 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     }
     this.#log = (options.logger ?? pino()).child({ queue: options.queue });
     this.#keyOf = options.keyOf ?? (identityFromWireContract as (job: Job) => JobIdentity<P>);
-    this.#bull = new Worker(options.queue, (job, token, signal) => this.#process(job, token, signal), {
+    this.#tracing = new JobTracing(options.queue, (error) => error instanceof DelayedError);
+    this.#bull = new Worker(options.queue, (job, token, signal) => this.#tracing.run(job, () => this.#process(job, token, signal)), {
       ...options.workerOptions,
       connection: options.connection,
       prefix: options.prefix,
@@ -669,6 +672,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
   }
 
   #emit(kind: WorkerEventKind, job: Job, claim?: Claim, durationMs?: number, step?: StepReport): void {
+    this.#tracing.record(kind, job, claim, step);
     if (this.listenerCount('event') === 0) return;
     // A claim names its key; only events without one read the job's data again for it.
     const identity = claim ?? safeIdentity(job, this.#keyOf);

@@ -5,6 +5,7 @@ import type { Claim } from '../store/claim-outcome.js';
 import type { StepRecord } from '../store/sql/load-steps.js';
 import type { IdempotencyKeys } from './idempotency-keys.js';
 import { assertValidStepName, type FailedStep } from './validate.js';
+import { traceStep } from '../telemetry/claim-tracing.js';
 
 /** What a step's function receives. */
 export interface StepContext {
@@ -170,7 +171,7 @@ export class JobSteps {
     const position = this.#next++;
     let ran: [T, StepOutcome];
     try {
-      ran = await this.#run(name, position, body);
+      ran = (await traceStep(this.#claim, name, position, () => this.#run(name, position, body))) as [T, StepOutcome];
     } catch (error) {
       throw this.#report(name, position, error);
     }
