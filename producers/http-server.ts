@@ -4,5 +4,7 @@
  * in-flight requests finish, then it exits.
  */
 import { loadHttpEnvConfig, startHttpServerProcess } from '../src/index.js';
+import { startTracingFromEnv } from '../src/otel/index.js';
 
+await startTracingFromEnv({ serviceName: 'idempotent-jobs-http' });
 await startHttpServerProcess({ config: loadHttpEnvConfig() });

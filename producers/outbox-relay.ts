@@ -1,8 +1,10 @@
 /** The outbox relay process: moves committed outbox rows into BullMQ until SIGTERM/SIGINT. */
 import { pino } from 'pino';
 import { OutboxRelay, createPostgresDb, loadEnvConfig, migrate, onShutdownSignals } from '../src/index.js';
+import { startTracingFromEnv } from '../src/otel/index.js';
 
 const config = loadEnvConfig();
+await startTracingFromEnv({ serviceName: 'idempotent-jobs-relay' });
 const logger = pino({ level: config.LOG_LEVEL });
 // An idle connection that breaks (server restart, terminated backend) is dropped by the pool and
 // replaced on the next batch; it is only logged.

@@ -7,5 +7,7 @@
  *   node --import tsx workers/janitor.ts
  */
 import { loadEnvConfig, startMaintenanceProcess } from '../src/index.js';
+import { startTracingFromEnv } from '../src/otel/index.js';
 
+await startTracingFromEnv({ serviceName: 'idempotent-jobs-maintenance' });
 await startMaintenanceProcess({ config: loadEnvConfig() });
