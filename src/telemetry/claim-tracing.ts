@@ -6,7 +6,7 @@
  */
 import { LeaseLostError } from '../errors.js';
 import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
-import type { Attributes, Span } from './otel-api.js';
+import { tracingOff, type Attributes, type Span } from './otel-api.js';
 import { annotate, inSpan } from './spans.js';
 import { ATTR, keyAttributes } from './trace-attributes.js';
 
@@ -23,6 +23,7 @@ function claimAttributes(claim: Claim): Attributes {
 
 /** `claim`: one claim of a key; its outcome, fence and attempt as attributes. */
 export function traceClaim(scope: string, key: string, queue: string | undefined, work: () => Promise<ClaimOutcome>): Promise<ClaimOutcome> {
+  if (tracingOff()) return work();
   return inSpan('claim', { attributes: () => ({ ...keyAttributes(scope, key), ...(queue && { [ATTR.queue]: queue }) }) }, async (span) => {
     const outcome = await work();
     annotate(span, () => outcomeAttributes(outcome));
@@ -36,6 +37,7 @@ export function traceClaim(scope: string, key: string, queue: string | undefined
  * the effect rolled back).
  */
 export function traceEffectTransaction<T>(claim: Claim, grouped: boolean, work: () => Promise<T>): Promise<T> {
+  if (tracingOff()) return work();
   return inSpan('effect transaction', { attributes: () => ({ ...claimAttributes(claim), [ATTR.groupCommit]: grouped }) }, async (span) => {
     try {
       return await work();
@@ -48,6 +50,7 @@ export function traceEffectTransaction<T>(claim: Claim, grouped: boolean, work: 
 
 /** `commit`: the completion's last statement and COMMIT (one round trip). */
 export function traceCommit(work: () => Promise<void>): Promise<void> {
+  if (tracingOff()) return work();
   return inSpan('commit', {}, () => work());
 }
 
@@ -62,6 +65,7 @@ export function traceExecuteOnce<R extends { readonly kind: string; readonly cla
   grouped: boolean,
   work: () => Promise<R>,
 ): Promise<R> {
+  if (tracingOff()) return work();
   const attributes = () => ({ ...keyAttributes(scope, key), ...(queue && { [ATTR.queue]: queue }), [ATTR.groupCommit]: grouped });
   return inSpan('execute once', { attributes }, async (span: Span | undefined) => {
     const outcome = await work();
@@ -72,6 +76,7 @@ export function traceExecuteOnce<R extends { readonly kind: string; readonly cla
 
 /** `release` or `fail`: a held key given back or failed for good; `settled` false when the claim no longer owned it. */
 export function traceSettle(name: 'release' | 'fail', claim: Claim, work: () => Promise<boolean>): Promise<boolean> {
+  if (tracingOff()) return work();
   return inSpan(name, { attributes: () => claimAttributes(claim) }, async (span) => {
     const settled = await work();
     annotate(span, () => ({ [ATTR.outcome]: settled ? (name === 'release' ? 'released' : 'failed') : 'fenced' }));
@@ -81,6 +86,7 @@ export function traceSettle(name: 'release' | 'fail', claim: Claim, work: () => 
 
 /** `step <name>`: one call of `ctx.step`; its outcome `ran` or `replayed`. */
 export function traceStep<T>(claim: Claim, name: string, position: number, work: () => Promise<[T, string]>): Promise<[T, string]> {
+  if (tracingOff()) return work();
   const attributes = () => ({ ...claimAttributes(claim), [ATTR.step]: name, [ATTR.stepPosition]: position });
   return inSpan(`step ${name}`, { attributes }, async (span) => {
     const ran = await work();

@@ -1,5 +1,5 @@
 import type { IncomingHttpHeaders } from 'node:http';
-import { otel, type Span } from './otel-api.js';
+import { otel, tracingOff, type Span } from './otel-api.js';
 import { startSpan } from './spans.js';
 import { ATTR } from './trace-attributes.js';
 
@@ -29,7 +29,7 @@ export class RequestTracing {
   }
 
   #run<T>(request: TracedRequest & { readonly params?: unknown }, route: string, work: () => T): T {
-    if (!otel) return work();
+    if (!otel || tracingOff()) return work();
     const queue = (request.params as { queue?: unknown } | undefined)?.queue;
     const parent = otel.propagation.extract(otel.context.active(), request.headers);
     const span = startSpan(`${request.method} ${route}`, {

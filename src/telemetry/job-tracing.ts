@@ -1,4 +1,4 @@
-import { otel, type Span } from './otel-api.js';
+import { tracingOff, type Span } from './otel-api.js';
 import { inSpan } from './spans.js';
 import { contextFromCarrier } from './trace-carrier.js';
 import { ATTR, keyAttributes } from './trace-attributes.js';
@@ -58,7 +58,7 @@ export class JobTracing {
 
   /** Runs one job inside its span. */
   run<T>(job: TracedJob, work: () => Promise<T>): Promise<T> {
-    if (!otel) return work();
+    if (tracingOff()) return work();
     return inSpan(
       `process ${this.#queue}`,
       {

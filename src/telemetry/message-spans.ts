@@ -1,4 +1,4 @@
-import { otel, type Attributes, type Context, type Span } from './otel-api.js';
+import { otel, tracingOff, type Attributes, type Context, type Span } from './otel-api.js';
 import { recordError, startSpan, type SpanStart } from './spans.js';
 import { withTraceContext } from './trace-carrier.js';
 import { ATTR } from './trace-attributes.js';
@@ -27,7 +27,7 @@ export class MessageSpans {
    * or no SDK: spans that neither record nor carry a trace on).
    */
   static start(name: string, kind: SpanStart['kind'], messages: readonly TracedMessage[]): MessageSpans | undefined {
-    if (!otel || messages.length === 0) return undefined;
+    if (tracingOff() || messages.length === 0) return undefined;
     const spans = messages.map((message) => startSpan(name, { kind, parent: message.parent, attributes: message.attributes }));
     if (spans.every((span) => !span.isRecording() && !otel!.trace.isSpanContextValid(span.spanContext()))) return undefined;
     return new MessageSpans(spans);

@@ -23,3 +23,17 @@ export const otel: typeof OtelApi | undefined = await loadOtelApi();
 
 /** The library's tracer (a proxy: spans go to whichever provider is registered when they start). */
 export const tracer: OtelApi.Tracer | undefined = otel?.trace.getTracer('idempotent-jobs');
+
+/** What the API's global proxy delegates to while no SDK has registered a provider (a fresh proxy's delegate). */
+const NO_PROVIDER = otel ? new otel.ProxyTracerProvider().getDelegate() : undefined;
+
+/**
+ * True when spans would be no-ops: no API, or no tracer provider registered. Checked before
+ * each traced operation, so that a process without an SDK builds no span, context or
+ * attribute at all; an SDK registered later is seen at the next operation.
+ */
+export function tracingOff(): boolean {
+  if (!otel) return true;
+  const provider = otel.trace.getTracerProvider();
+  return provider instanceof otel.ProxyTracerProvider && provider.getDelegate() === NO_PROVIDER;
+}

@@ -1,6 +1,7 @@
 import { DEFAULT_SCOPE } from '../protocol/validate.js';
 import type { OutboxRow } from '../store/sql/outbox.js';
 import { MessageSpans } from './message-spans.js';
+import { tracingOff } from './otel-api.js';
 import { contextFromCarrier } from './trace-carrier.js';
 import { messageAttributes } from './trace-attributes.js';
 
@@ -21,11 +22,13 @@ export class RelayBatchTracing {
 
   constructor(rows: readonly OutboxRow[]) {
     this.#rows = rows;
-    this.#relaySpans = MessageSpans.start(
-      'outbox relay',
-      'consumer',
-      rows.map((row) => ({ parent: contextFromCarrier(row.data), attributes: rowAttributes(row, 'receive') })),
-    );
+    this.#relaySpans = tracingOff()
+      ? undefined
+      : MessageSpans.start(
+          'outbox relay',
+          'consumer',
+          rows.map((row) => ({ parent: contextFromCarrier(row.data), attributes: rowAttributes(row, 'receive') })),
+        );
   }
 
   /** Starts the `send` spans of one queue's rows; returns each row's data carrying its span's context. */

@@ -1,4 +1,4 @@
-import { otel, tracer, type Attributes, type Context, type Span } from './otel-api.js';
+import { otel, tracer, tracingOff, type Attributes, type Context, type Span } from './otel-api.js';
 
 /** How a span is started by {@link inSpan}. */
 export interface SpanStart {
@@ -17,7 +17,11 @@ export interface SpanStart {
  * the span when `work` settles, recording a thrown error. Without the OpenTelemetry API it
  * just runs `work` (with no span).
  */
-export async function inSpan<T>(name: string, start: SpanStart, work: (span: Span | undefined) => Promise<T>): Promise<T> {
+export function inSpan<T>(name: string, start: SpanStart, work: (span: Span | undefined) => Promise<T>): Promise<T> {
+  return tracingOff() ? work(undefined) : inActiveSpan(name, start, work);
+}
+
+async function inActiveSpan<T>(name: string, start: SpanStart, work: (span: Span | undefined) => Promise<T>): Promise<T> {
   if (!otel || !tracer) return work(undefined);
   const span = startSpan(name, start);
   // No SDK (or a span that neither records nor carries a trace on): nothing to make active.
