@@ -211,7 +211,7 @@ describe('traces', () => {
     const producer = foreignTraceparent();
     // The victim holds its first claim for a minute: it cannot finish before the kill.
     await foreignAdd(queue, 'order-4', { holdFirstClaimMs: 60_000, value: 4 }, producer.traceparent);
-    await victim.waitForLine((line) => line.key === 'order-4' && line.msg === 'key claimed');
+    await victim.waitForLine((line) => line.key === 'order-4' && line.msg === 'key claimed', 60_000);
     const rescuer = startWorker(TAKEOVER_QUEUE, { keys: new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 2_000 }), stalledIntervalMs: 1_000 });
     await rescuer.waitUntilReady();
     victim.kill('SIGKILL');
@@ -237,5 +237,27 @@ describe('traces', () => {
     const tree = await traceWithOutcome(producer.traceId, QUEUE, 'completed');
     expect(tree.one('claim').attributes).toMatchObject({ 'idempotent_jobs.key': 'order-5' });
     expect(tree.one('claim').attributes['idempotent_jobs.key_hash']).toBeUndefined();
+  });
+});
+
+describe('without @opentelemetry/api', () => {
+  it('the library loads and runs its traced paths untraced', async () => {
+    const { execFile } = await import('node:child_process');
+    const { fileURLToPath } = await import('node:url');
+    const path = (file: string) => fileURLToPath(new URL(`./support/${file}`, import.meta.url));
+    const stdout = await new Promise<string>((resolve, reject) =>
+      execFile(process.execPath, ['--import', path('without-otel-api.mjs'), '--import', 'tsx', path('untraced-child.ts')], (error, out, err) =>
+        error ? reject(new Error(`${error.message}\n${err}`)) : resolve(out),
+      ),
+    );
+    expect(JSON.parse(stdout.trim().split('\n').at(-1)!)).toEqual({
+      apiLoaded: false,
+      mainEntryLoaded: true,
+      jobRun: 'ran',
+      claim: 'completed',
+      messageSpans: true,
+      handlerUnwrapped: true,
+      dataUnchanged: { a: 1 },
+    });
   });
 });
