@@ -19,7 +19,7 @@ import {
   type IdempotentWorkerOptions,
 } from '../src/index.js';
 import { configureTracing } from '../src/telemetry/trace-attributes.js';
-import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
+import { createEffectsTable, createGate, effectsOf, expireLease } from './support/protocol-fixtures.js';
 import { waitFor } from './support/queue-helpers.js';
 import { SpanTree, foreignTraceparent, startInMemoryTracing, type InMemoryTracing } from './support/span-tree.js';
 import { testHandler, type TestPayload } from './support/test-handler.js';
@@ -226,6 +226,40 @@ describe('traces', () => {
     expect(tree.one('claim').attributes).toMatchObject({ 'idempotent_jobs.outcome': 'taken-over', 'idempotent_jobs.fence': 2, 'idempotent_jobs.attempt': 2 });
     expect(tree.ancestry(tree.one('commit'))).toEqual(['commit', 'effect transaction', `process ${TAKEOVER_QUEUE}`]);
     expect(await effectsOf(env.db, env.schema, ANONYMOUS_TENANT, 'order-4')).toHaveLength(1);
+  });
+
+  it('a fenced commit: the run whose lease was taken over cannot commit; its span says so', async () => {
+    const gate = createGate();
+    startWorker(QUEUE, {
+      handler: async (ctx) => {
+        await gate.wait;
+        return ctx.transaction(async () => 'late');
+      },
+      // The default heartbeat (a third of the 30 s lease) does not beat before the gate opens:
+      // the loss is found by the fenced completion itself.
+      deferMinMs: 200,
+      deferMaxMs: 200,
+    });
+    const queue = openQueue(QUEUE);
+    const producer = foreignTraceparent();
+    await foreignAdd(queue, 'order-6', { value: 6 }, producer.traceparent);
+    await waitFor('the worker to claim', async () => (await keys.get(ANONYMOUS_TENANT, 'order-6'))?.status === 'processing');
+    await expireLease(env.db, env.schema, ANONYMOUS_TENANT, 'order-6');
+    const rival = await keys.claim(ANONYMOUS_TENANT, 'order-6', keys.fingerprint({ name: 'charge', payload: { value: 6 } }));
+    expect(rival.kind).toBe('taken-over');
+    gate.open();
+
+    // The fenced run defers its job (to replay the rival's outcome): events fenced, deferred.
+    const tree = await waitFor('a process span with a fenced event', async () => {
+      const found = SpanTree.of(tracing.exporter, producer.traceId);
+      return found.named(`process ${QUEUE}`).some((span) => eventNames(span).includes('fenced')) && found;
+    });
+    const fenced = tree.named(`process ${QUEUE}`).find((span) => eventNames(span).includes('fenced'))!;
+    expect(eventNames(fenced)).toEqual(['claimed', 'fenced', 'deferred']);
+    expect(fenced.status.code).toBe(SpanStatusCode.UNSET);
+    const effect = tree.children(fenced).find((span) => span.name === 'effect transaction')!;
+    expect(eventNames(effect)).toContain('fenced');
+    expect(effect.status.code).toBe(SpanStatusCode.ERROR);
   });
 
   it('keys appear on spans only when enabled', async () => {
