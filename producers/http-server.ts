@@ -4,5 +4,9 @@
  * in-flight requests finish, then it exits.
  */
 import { loadHttpEnvConfig, runMain, startHttpServerProcess } from '../src/index.js';
+import { startTracingFromEnv } from '../src/otel/index.js';
 
-await runMain(() => startHttpServerProcess({ config: loadHttpEnvConfig() }));
+await runMain(async () => {
+  await startTracingFromEnv({ serviceName: 'idempotent-jobs-http' });
+  await startHttpServerProcess({ config: loadHttpEnvConfig() });
+});

@@ -1,8 +1,13 @@
 /** The outbox relay process: moves committed outbox rows into BullMQ until SIGTERM/SIGINT. */
 import { pino } from 'pino';
 import { OutboxRelay, createPostgresDb, loadEnvConfig, migrate, onShutdownSignals, openRedisConnection, runMain } from '../src/index.js';
+import { startTracingFromEnv } from '../src/otel/index.js';
 
-const config = await runMain(() => loadEnvConfig());
+const config = await runMain(async () => {
+  const loaded = loadEnvConfig();
+  await startTracingFromEnv({ serviceName: 'idempotent-jobs-relay' });
+  return loaded;
+});
 const logger = pino({ level: config.LOG_LEVEL });
 // An idle connection that breaks (server restart, terminated backend) is dropped by the pool and
 // replaced on the next batch; it is only logged.

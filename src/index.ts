@@ -100,3 +100,6 @@ export { runHealthChecks, startMetricsServer } from './metrics/metrics-server.js
 export { instrumentWorker } from './metrics/worker-metrics.js';
 export { instrumentMaintenance, type InstrumentMaintenanceOptions } from './metrics/maintenance-metrics.js';
 export { METRIC_PREFIX } from './metrics/metric-registry.js';
+export type { TracingOptions } from './telemetry/trace-attributes.js';
+export { configureTracing, traceKeyHash } from './telemetry/trace-attributes.js';
+export type { TraceCarrier } from './telemetry/trace-carrier.js';

@@ -7,6 +7,7 @@
 import { pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
 import { ConfigError, loadEnvConfig, startWorkerProcess, type JobHandler } from '../src/index.js';
+import { startTracingFromEnv } from '../src/otel/index.js';
 
 export interface GenericWorkerArgs {
   readonly queue?: string;
@@ -25,5 +26,6 @@ export async function runGenericWorker(args: GenericWorkerArgs): Promise<void> {
   if (typeof handler !== 'function') {
     throw new ConfigError(`--handler ${args.handler}: the module has no default export function (async (ctx) => result).`);
   }
+  await startTracingFromEnv({ serviceName: `idempotent-jobs-worker-${config.QUEUE}` });
   await startWorkerProcess({ config, handler });
 }

@@ -7,5 +7,9 @@
  *   node --import tsx workers/janitor.ts
  */
 import { loadEnvConfig, runMain, startMaintenanceProcess } from '../src/index.js';
+import { startTracingFromEnv } from '../src/otel/index.js';
 
-await runMain(() => startMaintenanceProcess({ config: loadEnvConfig() }));
+await runMain(async () => {
+  await startTracingFromEnv({ serviceName: 'idempotent-jobs-maintenance' });
+  await startMaintenanceProcess({ config: loadEnvConfig() });
+});

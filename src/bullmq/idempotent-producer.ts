@@ -4,6 +4,8 @@ import { KeyReusedError } from '../errors.js';
 import { sha256Fingerprint, type Fingerprinter } from '../fingerprint.js';
 import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
 import { insertOutboxRows } from '../store/sql/outbox.js';
+import { MessageSpans } from '../telemetry/message-spans.js';
+import { messageAttributes } from '../telemetry/trace-attributes.js';
 import { addOrReplaceFinished } from './add-or-replace-finished.js';
 import { jobIdFor, toWireJobData } from './job-identity.js';
 import { assertKeysFitConnection } from './redis-connection.js';
@@ -92,19 +94,36 @@ export class IdempotentProducer {
   /** Enqueues several jobs (one BullMQ round trip, or one outbox insert with `tx`). */
   async enqueueBulk<P>(requests: readonly EnqueueRequest<P>[], options: { tx?: Kysely<any> } = {}): Promise<EnqueueResult[]> {
     const jobs = requests.map((request) => this.#toJob(request));
-    if (options.tx) {
-      await insertOutboxRows(
-        options.tx,
-        this.#options.schema ?? 'idempotent_jobs',
-        jobs.map((job) => ({ queue: this.#options.queue, jobName: job.name, jobId: job.jobId, data: job.data, opts: job.opts })),
-      );
-      return jobs.map((job) => ({ jobId: job.jobId, scope: job.scope, key: job.key, status: 'outboxed' }));
-    }
-    const outcomes = await addOrReplaceFinished(
-      this.#queue,
-      jobs.map((job) => ({ name: job.name, data: job.data, opts: { ...job.opts, jobId: job.jobId }, fingerprint: job.fingerprint })),
-      this.#fingerprint,
+    const queue = this.#options.queue;
+    // A span per job (an outbox row or a BullMQ add), whose trace context the job's data carries.
+    const spans = MessageSpans.start(
+      options.tx ? `outbox insert ${queue}` : `send ${queue}`,
+      'producer',
+      jobs.map((job) => ({ attributes: () => messageAttributes(queue, job.jobId, job.scope, job.key, 'send') })),
     );
+    const dataOf = (job: (typeof jobs)[number], i: number) => spans?.dataFor(i, job.data) ?? job.data;
+    let outcomes: Awaited<ReturnType<typeof addOrReplaceFinished>>;
+    try {
+      if (options.tx) {
+        await insertOutboxRows(
+          options.tx,
+          this.#options.schema ?? 'idempotent_jobs',
+          jobs.map((job, i) => ({ queue, jobName: job.name, jobId: job.jobId, data: dataOf(job, i), opts: job.opts })),
+        );
+        spans?.end();
+        return jobs.map((job) => ({ jobId: job.jobId, scope: job.scope, key: job.key, status: 'outboxed' }));
+      }
+      outcomes = await addOrReplaceFinished(
+        this.#queue,
+        jobs.map((job, i) => ({ name: job.name, data: dataOf(job, i), opts: { ...job.opts, jobId: job.jobId }, fingerprint: job.fingerprint })),
+        this.#fingerprint,
+      );
+    } catch (error) {
+      spans?.end(error);
+      throw error;
+    }
+    outcomes.forEach((outcome, i) => spans?.setOutcome(i, outcome));
+    spans?.end();
     return jobs.map((job, i) => {
       const outcome = outcomes[i]!;
       if (outcome === 'held-by-other') throw new KeyReusedError(job.scope, job.key);

@@ -13,6 +13,7 @@ import type { WorkerEvent } from '../consumer/worker-event.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
+import { JobTracing } from '../telemetry/job-tracing.js';
 import { identityFromWireContract, type JobIdentity } from './job-identity.js';
 import { assertKeysFitConnection } from './redis-connection.js';
 
@@ -96,6 +97,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
   readonly #runner: KeyedJobRunner<P, R, Job>;
   readonly #tokens = new WeakMap<Job, string | undefined>();
   readonly #bull: Worker;
+  readonly #tracing: JobTracing;
   #closing: Promise<void> | undefined;
 
   constructor(options: IdempotentWorkerOptions<P, R>) {
@@ -104,6 +106,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
     this.#log = (options.logger ?? pino()).child({ queue: options.queue });
     assertKeysFitConnection(options.connection, options.prefix, options.queue);
+    this.#tracing = new JobTracing(options.queue, (error) => error instanceof DelayedError);
     const handler = options.handler;
     this.#runner = new KeyedJobRunner<P, R, Job>({
       keys: options.keys,
@@ -117,8 +120,9 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
       logger: this.#log,
       faultHook: options.faultHook,
       events: { wanted: () => this.listenerCount('event') > 0, emit: (event) => this.emit('event', event) },
+      tracing: this.#tracing,
     });
-    this.#bull = new Worker(options.queue, (job, token, signal) => this.#process(job, token, signal), {
+    this.#bull = new Worker(options.queue, (job, token, signal) => this.#tracing.run(job, () => this.#process(job, token, signal)), {
       ...options.workerOptions,
       connection: options.connection,
       prefix: options.prefix,

@@ -15,11 +15,16 @@ import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
  * UTF-16 surrogates (in strings or object keys; nor in the key, scope or job name); it is
  * what the handler receives. The key's fingerprint covers the job name and the payload, so
  * the same key with another payload (or another job name) is refused as reused.
+ *
+ * `traceparent` / `tracestate`: optional W3C Trace Context, outside the fingerprint; the
+ * worker's spans join that trace (a malformed value is ignored, never a reason to refuse).
  */
 export interface WireJobData<P = unknown> {
   readonly idempotencyKey: string;
   readonly scope?: string;
   readonly payload: P;
+  readonly traceparent?: string;
+  readonly tracestate?: string;
 }
 
 /** What a job is, for the claim: its key, scope, payload, and what its fingerprint covers. */

@@ -6,6 +6,7 @@ import { sha256Fingerprint } from '../fingerprint.js';
 import { relayMetrics } from '../metrics/relay-metrics.js';
 import { isTransientStoreError } from '../store/pg-errors.js';
 import { lockUnsentOutboxRows, markOutboxRowsSent, type OutboxRow } from '../store/sql/outbox.js';
+import { RelayBatchTracing } from '../telemetry/relay-tracing.js';
 import { addOrReplaceFinished, type JobToAdd } from './add-or-replace-finished.js';
 import { fingerprintOfJob } from './job-fingerprint.js';
 import { QueuesByName } from './queues-by-name.js';
@@ -83,21 +84,34 @@ export class OutboxRelay {
     const schema = this.#options.schema ?? 'idempotent_jobs';
     const now = Date.now();
     for (const [id, until] of this.#heldUntil) if (until <= now) this.#heldUntil.delete(id);
-    const { sent, held } = await this.#options.db.transaction().execute(async (tx) => {
-      const rows = await lockUnsentOutboxRows(tx, schema, this.#options.batchSize ?? 100, [...this.#heldUntil.keys()]);
-      const delivered: OutboxRow[] = [];
-      const waiting: OutboxRow[] = [];
-      if (rows.length === 0) return { sent: delivered, held: waiting };
-      const byQueue = new Map<string, OutboxRow[]>();
-      for (const row of rows) byQueue.set(row.queue, [...(byQueue.get(row.queue) ?? []), row]);
-      for (const [queueName, queueRows] of byQueue) {
-        const outcomes = await addOrReplaceFinished(this.#queues.get(queueName), queueRows.map(jobOfRow), sha256Fingerprint);
-        queueRows.forEach((row, i) => (outcomes[i] === 'held-by-other' ? waiting : delivered).push(row));
-      }
-      if (this.#options.faultHook) await this.#options.faultHook('relay-after-add', {});
-      await markOutboxRowsSent(tx, schema, delivered.map((row) => row.id));
-      return { sent: delivered, held: waiting };
-    });
+    // Each row's trace goes on from the outbox insert through the relay into its job.
+    let tracing: RelayBatchTracing | undefined;
+    const { sent, held } = await this.#options.db
+      .transaction()
+      .execute(async (tx) => {
+        const rows = await lockUnsentOutboxRows(tx, schema, this.#options.batchSize ?? 100, [...this.#heldUntil.keys()]);
+        const delivered: OutboxRow[] = [];
+        const waiting: OutboxRow[] = [];
+        if (rows.length === 0) return { sent: delivered, held: waiting };
+        tracing = new RelayBatchTracing(rows);
+        const byQueue = new Map<string, OutboxRow[]>();
+        for (const row of rows) byQueue.set(row.queue, [...(byQueue.get(row.queue) ?? []), row]);
+        for (const [queueName, queueRows] of byQueue) {
+          const data = tracing.send(queueName, queueRows);
+          const jobs = queueRows.map((row, i) => jobOfRow(row, data[i]));
+          const outcomes = await addOrReplaceFinished(this.#queues.get(queueName), jobs, sha256Fingerprint);
+          tracing.sent(queueName, outcomes);
+          queueRows.forEach((row, i) => (outcomes[i] === 'held-by-other' ? waiting : delivered).push(row));
+        }
+        if (this.#options.faultHook) await this.#options.faultHook('relay-after-add', {});
+        await markOutboxRowsSent(tx, schema, delivered.map((row) => row.id));
+        return { sent: delivered, held: waiting };
+      })
+      .catch((error: unknown) => {
+        tracing?.end(error);
+        throw error;
+      });
+    tracing?.end();
     for (const row of held) {
       if (!this.#heldUntil.has(row.id)) {
         this.#log.warn(
@@ -148,9 +162,12 @@ export class OutboxRelay {
   }
 }
 
-/** The job a row stands for; its fingerprint is compared with whatever job its id holds. */
-function jobOfRow(row: OutboxRow): JobToAdd {
-  const job = { name: row.jobName, data: row.data };
+/**
+ * The job a row stands for (with `data`: the row's data carrying the relay's trace context);
+ * its fingerprint is compared with whatever job its id holds.
+ */
+function jobOfRow(row: OutboxRow, data: unknown): JobToAdd {
+  const job = { name: row.jobName, data };
   return {
     ...job,
     opts: { ...(row.opts as JobsOptions), jobId: row.jobId },

@@ -139,6 +139,8 @@ export interface KeyedJobRunnerOptions<P, R, M> {
   readonly faultHook?: FaultHook;
   /** Receives every {@link WorkerEvent}; `wanted()` false skips building them. */
   readonly events?: { wanted(): boolean; emit(event: WorkerEvent): void };
+  /** Told every event with the message it concerns, so the adapter's span for that message can record it (see `telemetry/job-tracing.ts`). */
+  readonly tracing?: { record(kind: WorkerEventKind, message: object, claim?: Claim, step?: StepReport): void };
 }
 
 interface ActiveRun<M> {
@@ -589,6 +591,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   }
 
   #emit(kind: WorkerEventKind, delivery: Delivery<M>, claim?: Claim, identity?: JobIdentity<P>, durationMs?: number, step?: StepReport): void {
+    this.#options.tracing?.record(kind, delivery.message as object, claim, step);
     const events = this.#options.events;
     if (!events?.wanted()) return;
     // A claim names its key; events without one name the identity read from the message, if any.

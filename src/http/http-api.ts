@@ -7,6 +7,7 @@ import { OutboxRelay } from '../bullmq/outbox-relay.js';
 import { assertBindAllowed, resolveHttpApiOptions, type HttpApiOptions, type ResolvedHttpApiOptions } from '../config/http-options.js';
 import { answerClientError } from './client-errors.js';
 import { exportReadiness } from '../metrics/readiness-metrics.js';
+import { RequestTracing } from '../telemetry/http-tracing.js';
 import { httpMetrics, metricsExposition, type HttpMetrics } from './http-metrics.js';
 import { JobIngestion, isSettled, type JobView } from './job-ingestion.js';
 import { installJsonBodyParser } from './json-body.js';
@@ -59,6 +60,7 @@ export class HttpApi {
   readonly #ingestion: JobIngestion;
   readonly #auth: BearerAuthenticator;
   readonly #metrics: HttpMetrics = httpMetrics();
+  readonly #tracing = new RequestTracing();
   /** Aborted when closing: pending `Prefer: wait` requests answer at once. */
   readonly #closing = new AbortController();
   readonly #relayKicks = new Set<Promise<unknown>>();
@@ -179,6 +181,7 @@ export class HttpApi {
       const labels = { method: request.method, route: request.routeOptions.url ?? 'unmatched', status_code: String(reply.statusCode) };
       this.#metrics.requests.inc(labels);
       this.#metrics.duration.observe(labels, reply.elapsedTime / 1000);
+      this.#tracing.end(request, reply.statusCode);
     });
     // Readiness also goes out with every scrape, so an alert does not depend on who polls /readyz.
     const stopReadiness = exportReadiness('http', async () => {
@@ -207,6 +210,10 @@ export class HttpApi {
       sendProblem(request, reply, new HttpProblem('not-found', `No route ${request.method} ${request.url.split('?')[0]}. See /openapi.json.`)),
     );
 
+    // The job routes' handlers run inside a server span whose parent is the caller's traceparent.
+    app.addHook('onRoute', (route) => {
+      if (route.url.startsWith('/v1/')) route.handler = this.#tracing.wrap(route.url, route.handler as (request: FastifyRequest, reply: FastifyReply) => unknown);
+    });
     app.register(swagger, { openapi: openApiDocument(this.#options) });
     app.register(async (scope) => this.#operationalRoutes(scope));
     app.register(async (scope) => this.#jobRoutes(scope), { prefix: '/v1' });

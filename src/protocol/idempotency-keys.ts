@@ -16,6 +16,7 @@ import type { StepPlace } from '../store/sql/start-step.js';
 import { LeadingStatements, endWithCommit, endWithRollback, runTransaction, sendLeadingStatements } from '../store/one-trip-commit.js';
 import { transientStoreFault } from '../store/pg-errors.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
+import { traceClaim, traceCommit, traceEffectTransaction, traceExecuteOnce, traceSettle } from '../telemetry/claim-tracing.js';
 import { GroupCommitter, type BatchedStep } from './group-commit.js';
 import { assertValidKeyPart, serializePayload, serializeResult, toStoredError, type FailedStep } from './validate.js';
 
@@ -123,7 +124,7 @@ export class IdempotencyKeys {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
     const input = this.#claimInput(scope, key, fingerprint, 'lease', options);
-    return storeCall(scope, key, 'claim', () => this.#store.claim(this.db, input));
+    return traceClaim(scope, key, options.queue, () => storeCall(scope, key, 'claim', () => this.#store.claim(this.db, input)));
   }
 
   /**
@@ -183,16 +184,18 @@ export class IdempotencyKeys {
         throw markEffectError(effectErrors, effectFault(claim, error));
       }
     };
-    try {
-      return await this.#commitEffect(claim, runEffect, beforeCommit, lead);
-    } catch (error) {
-      if (lead?.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-      if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
-      const result = (await this.#resultOfInterruptedCommit(claim, error)) as T;
-      // Completed under this claim: what went ahead of the transaction committed too.
-      if (lead?.state === 'unknown') lead.state = 'committed';
-      return result;
-    }
+    return traceEffectTransaction(claim, this.#group !== undefined, async () => {
+      try {
+        return await this.#commitEffect(claim, runEffect, beforeCommit, lead);
+      } catch (error) {
+        if (lead?.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
+        if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
+        const result = (await this.#resultOfInterruptedCommit(claim, error)) as T;
+        // Completed under this claim: what went ahead of the transaction committed too.
+        if (lead?.state === 'unknown') lead.state = 'committed';
+        return result;
+      }
+    });
   }
 
   async #commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void, lead?: LeadingStatements): Promise<T> {
@@ -223,7 +226,7 @@ export class IdempotencyKeys {
         const result = await effect(tx);
         const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
         await beforeCommit?.();
-        return { value: result, end: (t: Transaction<any>) => this.#completeAndCommit(t, claim, json) };
+        return { value: result, end: (t: Transaction<any>) => traceCommit(() => this.#completeAndCommit(t, claim, json)) };
       },
       lead,
     );
@@ -294,14 +297,16 @@ export class IdempotencyKeys {
         throw markEffectError(effectErrors, effectFault(claim, error));
       }
     };
-    try {
-      return await this.#executeOnce(scope, key, fingerprint, runEffect, options);
-    } catch (error) {
-      if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
-      if (!held) throw new StoreUnavailableError(scope, key, 'claim', { cause: error });
-      const result = (await this.#resultOfInterruptedCommit(held, error)) as T;
-      return { kind: 'executed', result, claim: held };
-    }
+    return traceExecuteOnce(scope, key, options.queue, this.#group !== undefined, async (): Promise<ExecuteOnceOutcome<T>> => {
+      try {
+        return await this.#executeOnce(scope, key, fingerprint, runEffect, options);
+      } catch (error) {
+        if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
+        if (!held) throw new StoreUnavailableError(scope, key, 'claim', { cause: error });
+        const result = (await this.#resultOfInterruptedCommit(held, error)) as T;
+        return { kind: 'executed', result, claim: held };
+      }
+    });
   }
 
   async #executeOnce<T>(
@@ -358,9 +363,9 @@ export class IdempotencyKeys {
       if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, end: endWithRollback };
       const result = await effect(tx, outcome);
       const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
-      if (result === undefined) return { value, end: endWithCommit };
+      if (result === undefined) return { value, end: (t: Transaction<any>) => traceCommit(() => endWithCommit(t)) };
       const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
-      return { value, end: (t: Transaction<any>) => this.#storeResultAndCommit(t, outcome, json) };
+      return { value, end: (t: Transaction<any>) => traceCommit(() => this.#storeResultAndCommit(t, outcome, json)) };
     });
   }
 
@@ -380,7 +385,7 @@ export class IdempotencyKeys {
    */
   release(claim: Claim, error?: unknown, step?: FailedStep): Promise<boolean> {
     const errorJson = error === undefined ? null : JSON.stringify(toStoredError(error, step));
-    return storeCall(claim.scope, claim.key, 'release', () => this.#store.release(claim, errorJson));
+    return traceSettle('release', claim, () => storeCall(claim.scope, claim.key, 'release', () => this.#store.release(claim, errorJson)));
   }
 
   /**
@@ -390,7 +395,9 @@ export class IdempotencyKeys {
    */
   fail(claim: Claim, error: unknown, step?: FailedStep): Promise<boolean> {
     const errorJson = JSON.stringify(toStoredError(error, step));
-    return storeCall(claim.scope, claim.key, 'recording of the failure', () => this.#store.fail(claim, errorJson, this.#options.retentionMs));
+    return traceSettle('fail', claim, () =>
+      storeCall(claim.scope, claim.key, 'recording of the failure', () => this.#store.fail(claim, errorJson, this.#options.retentionMs)),
+    );
   }
 
   /** True when the store keeps step records, which multi-step jobs (`ctx.step`) need. */

@@ -7,6 +7,7 @@ import type { StepRecord } from '../store/sql/load-steps.js';
 import type { StepPlace } from '../store/sql/start-step.js';
 import type { IdempotencyKeys } from './idempotency-keys.js';
 import { assertValidStepName, type FailedStep } from './validate.js';
+import { traceStep } from '../telemetry/claim-tracing.js';
 
 /** What a step's function receives. */
 export interface StepContext {
@@ -218,7 +219,7 @@ export class JobSteps {
     const position = this.#next++;
     let ran: [T, StepOutcome | 'held'];
     try {
-      ran = await this.#run(name, position, body, startedAt);
+      ran = (await traceStep(this.#claim, name, position, () => this.#run(name, position, body, startedAt))) as [T, StepOutcome | 'held'];
     } catch (error) {
       throw this.#report(name, position, startedAt, error);
     }
