@@ -537,7 +537,7 @@ describe('held step records (holdRecords: the worker holds an external step\'s r
       { name: 'a', recorded: true, result: { n: 1, at: '1970-01-01T00:00:00.000Z' } },
       { name: 'b', recorded: false },
     ]);
-    expect(reports).toEqual([{ name: 'a', position: 1, outcome: 'ran' }]);
+    expect(reports).toEqual([{ name: 'a', position: 1, outcome: 'ran', durationMs: expect.any(Number) }]);
     expect(await steps.complete(complete(claim, 'done'))).toBe('done');
     expect(await stepRows('proto', 'held-1')).toMatchObject([
       { name: 'a', recorded: true },
@@ -553,7 +553,7 @@ describe('held step records (holdRecords: the worker holds an external step\'s r
     const steps = new JobSteps(keys, claim, never, (r) => reports.push(r), { holdRecords: true });
     await steps.run('a', async () => 'one');
     await waitFor('the record sent alone', async () => (await stepRows('proto', 'held-soon'))[0]?.recorded);
-    expect(reports).toEqual([{ name: 'a', position: 1, outcome: 'ran' }]);
+    expect(reports).toEqual([{ name: 'a', position: 1, outcome: 'ran', durationMs: expect.any(Number) }]);
     // The next start has nothing to carry.
     await steps.run('b', async () => 'two');
     await steps.complete(complete(claim, 'done'));
