@@ -1,0 +1,111 @@
+/**
+ * The examples run as their READMEs say (`tsx <file>`, configured by the environment), each
+ * against this file's schema and Redis prefix, and do what they claim.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const TSX = fileURLToPath(new URL('../node_modules/.bin/tsx', import.meta.url));
+let env: TestEnv;
+const children: ChildProcess[] = [];
+
+beforeAll(async () => {
+  env = await createTestEnv('examples');
+});
+afterAll(async () => {
+  for (const child of children) if (child.exitCode === null) child.kill('SIGTERM');
+  await Promise.all(children.map((child) => (child.exitCode === null ? new Promise((resolve) => child.once('exit', resolve)) : undefined)));
+  await env.teardown();
+});
+
+function exampleEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+  return { ...process.env, DATABASE_URL: env.databaseUrl, REDIS_URL: env.redisUrl, SCHEMA: env.schema, REDIS_PREFIX: env.redisPrefix, LOG_LEVEL: 'warn', ...extra };
+}
+
+/** Starts a long-running example and resolves once it prints `ready` (a regular expression). */
+function start(file: string, ready: RegExp, extra: Record<string, string> = {}): Promise<RegExpMatchArray> {
+  const child = spawn(TSX, [file], { cwd: ROOT, env: exampleEnv(extra), stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  let output = '';
+  return new Promise((resolve, reject) => {
+    const onData = (chunk: Buffer) => {
+      output += chunk.toString();
+      const match = output.match(ready);
+      if (match) resolve(match);
+    };
+    child.stdout!.on('data', onData);
+    child.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString()));
+    child.once('exit', (code) => reject(new Error(`${file} exited (${code}) before it was ready:\n${output}`)));
+  });
+}
+
+/** Runs a command to its end; its stdout. */
+function run(command: string, args: string[], extra: Record<string, string> = {}): string {
+  const result = spawnSync(command, args, { cwd: ROOT, env: exampleEnv(extra), encoding: 'utf8', timeout: 60_000 });
+  if (result.status !== 0) throw new Error(`${command} ${args.join(' ')} failed (${result.status}):\n${result.stdout}\n${result.stderr}`);
+  return result.stdout;
+}
+
+async function until<T>(read: () => Promise<T>, done: (value: T) => boolean): Promise<T> {
+  for (;;) {
+    const value = await read();
+    if (done(value)) return value;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+const count = async (table: string) => Number((await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, table)}`.execute(env.db)).rows[0]!.n);
+
+describe('examples', () => {
+  it('outbox-service: the order and its job commit together; the job completes once', async () => {
+    const [, url] = await start('examples/outbox-service/service.ts', /listening on (http:\S+)/, { PORT: '0' });
+    await start('examples/outbox-service/worker.ts', /order worker running/);
+    const post = () => fetch(`${url}/orders`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ id: 'A-1', cents: 1200 }) });
+    expect((await post()).status).toBe(201);
+    expect((await post()).status).toBe(200);
+    await until(() => count('shipments'), (n) => n > 0);
+    const keys = await sql<{ status: string }>`select status from ${sql.id(env.schema, 'idempotency_keys')} where key = 'order-A-1'`.execute(env.db);
+    expect(keys.rows).toEqual([{ status: 'completed' }]);
+    expect(await count('shipments')).toBe(1);
+    expect(await count('outbox')).toBe(1);
+  });
+
+  it('multi-step-payment: each step recorded once, the step key passed to the provider', async () => {
+    await start('examples/multi-step-payment/worker.ts', /payment worker running/);
+    run(TSX, ['examples/multi-step-payment/enqueue.ts', 'order-9', '500']);
+    run(TSX, ['examples/multi-step-payment/enqueue.ts', 'order-9', '500']);
+    await until(() => count('payments'), (n) => n > 0);
+    const steps = await sql<{ name: string; position: number }>`select name, position from ${sql.id(env.schema, 'job_steps')} where key = 'order-9' order by position`.execute(env.db);
+    expect(steps.rows).toEqual([{ name: 'reserve', position: 1 }, { name: 'charge', position: 2 }]);
+    const charges = await sql<{ idempotency_key: string }>`select idempotency_key from ${sql.id(env.schema, 'provider_charges')}`.execute(env.db);
+    const { stepKeyFor } = await import('idempotent-jobs');
+    expect(charges.rows).toEqual([{ idempotency_key: stepKeyFor('default', 'order-9', 'charge') }]);
+    expect(await count('payments')).toBe(1);
+  });
+
+  it('python-producer: curl and Python standard library submit, wait and get the result', async () => {
+    const [, url] = await start('examples/python-producer/server.ts', /listening on (http:\S+)/, { HTTP_PORT: '0' });
+    const curl = run('sh', ['examples/python-producer/submit.sh', 'quote-curl', url!]);
+    expect(curl).toMatch(/HTTP 200\s*$/);
+    expect(JSON.parse(curl.split('\n')[0]!)).toMatchObject({ key: 'quote-curl', state: 'completed', result: { totalCents: 2999 } });
+    const python = run('python3', ['examples/python-producer/submit.py', 'quote-py', url!]).trimEnd().split('\n');
+    expect(python[0]).toMatch(/^POST 20[02] /);
+    expect(JSON.parse(python.at(-1)!)).toMatchObject({ key: 'quote-py', state: 'completed', result: { totalCents: 2999 } });
+  });
+
+  it('group-commit-worker: every job processed once by each worker, ratio printed', async () => {
+    const jobs = 200;
+    const line = run(TSX, ['examples/group-commit-worker/run.ts', String(jobs), '1']).trim();
+    expect(JSON.parse(line)).toMatchObject({ round: 1, jobs, ratio: expect.any(Number) });
+    const perWorker = await sql<{ worker: string; n: string; keys: string }>`
+      select worker, count(*) as n, count(distinct key) as keys from ${sql.id(env.schema, 'events')} group by worker order by worker`.execute(env.db);
+    expect(perWorker.rows).toEqual([
+      { worker: 'idempotent', n: String(jobs), keys: String(jobs) },
+      { worker: 'plain', n: String(jobs), keys: String(jobs) },
+    ]);
+  });
+});
