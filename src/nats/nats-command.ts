@@ -1,24 +1,17 @@
+import type { ConsumeArgs } from '../cli/consume-command.js';
 import type { EnvConfig } from '../config/env-config.js';
 import { ConfigError } from '../errors.js';
 import type { NatsJobHandler } from './idempotent-nats-consumer.js';
 import { startNatsConsumerProcess } from './nats-consumer-process.js';
 import type { NatsKeySource } from './nats-message-identity.js';
 
-/** What `idempotent-jobs consume` was given (the options every broker shares). */
-export interface NatsConsumeArgs {
-  readonly handler: string;
-  /** `<stream>/<consumer>`: the stream must exist; the durable consumer is created when missing. */
-  readonly queue?: string;
-  /** NATS servers. @defaultValue `$NATS_URL` or `127.0.0.1:4222` */
-  readonly url?: string;
-  readonly concurrency?: number;
-  /** `body` (the wire contract), or `header` / `message-id` (both: the `Nats-Msg-Id` header). */
-  readonly keyFrom?: string;
-  readonly scope?: string;
-}
-
-/** `idempotent-jobs consume --broker nats --queue STREAM/consumer …`: the consumer process until a signal stops it. */
-export async function runNatsConsumer(args: NatsConsumeArgs, handler: NatsJobHandler, config: EnvConfig): Promise<void> {
+/**
+ * `idempotent-jobs consume --broker nats --queue STREAM/consumer …`: the consumer process until a
+ * signal stops it. `--queue` names the stream (which must exist) and the durable consumer (created
+ * when missing); `--url` the NATS servers (default `$NATS_URL` or `127.0.0.1:4222`); `--key-from`
+ * `body` (the wire contract) or `header` / `message-id` (both: the `Nats-Msg-Id` header).
+ */
+export async function runNatsConsumer(args: ConsumeArgs, handler: NatsJobHandler, config: EnvConfig): Promise<void> {
   const { stream, consumer } = streamAndConsumer(args.queue ?? process.env.QUEUE);
   await startNatsConsumerProcess({
     config,
@@ -37,7 +30,7 @@ function streamAndConsumer(queue: string | undefined): { stream: string; consume
   return { stream: match[1]!, consumer: match[2]! };
 }
 
-function keySource(args: NatsConsumeArgs): { keyFrom: NatsKeySource; scope?: string } {
+function keySource(args: ConsumeArgs): { keyFrom: NatsKeySource; scope?: string } {
   const source = args.keyFrom ?? 'body';
   if (source === 'body') return { keyFrom: 'wire-contract' };
   if (source !== 'header' && source !== 'message-id') throw new ConfigError(`--key-from ${source}: one of body, header, message-id (both read Nats-Msg-Id on NATS).`);
