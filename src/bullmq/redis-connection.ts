@@ -53,6 +53,14 @@ export function openRedisConnection(settings: RedisConnectionSettings): RedisCon
       },
       // Keep retrying the whole cluster (capped at 2 s), as a single-server client reconnects forever.
       clusterRetryStrategy: (times) => Math.min(100 * times, 2_000),
+      // A failover takes the cluster's node timeout and more. ioredis's defaults give up on a
+      // command after 16 redirections at 100 ms (CLUSTERDOWN) or none (MOVED): under 2 s, so
+      // BullMQ's completion of a job whose effect had committed failed with "Too many Cluster
+      // redirections" and the job was marked failed. These ride out a failover of about 30 s.
+      maxRedirections: 100,
+      retryDelayOnClusterDown: 300,
+      retryDelayOnMoved: 100,
+      retryDelayOnTryAgain: 300,
     },
   );
   // Errors reach the queues and workers that use the client; this keeps an idle one from throwing.
