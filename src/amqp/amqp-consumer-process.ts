@@ -2,12 +2,9 @@ import { pino, type Logger } from 'pino';
 import type { EnvConfig } from '../config/env-config.js';
 import type { FaultHook } from '../fault-hook.js';
 import { instrumentWorker } from '../metrics/worker-metrics.js';
-import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
-import { waitForStore } from '../runtime/wait-for-store.js';
-import { createPostgresDb } from '../store/create-postgres-db.js';
-import { migrate } from '../store/migrate.js';
-import { pingDatabase } from '../store/sql/ping.js';
 import { createAmqpConsumer, type AmqpConsumer, type AmqpJobHandler } from './amqp-consumer.js';
 import type { AmqpIdentityOptions } from './amqp-identity.js';
 
@@ -45,21 +42,8 @@ export async function startAmqpConsumerProcess<P, R>(options: AmqpConsumerProces
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
   const queue = options.queue ?? config.QUEUE;
   const concurrency = options.concurrency ?? config.CONCURRENCY;
-  const db = createPostgresDb(
-    { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? concurrency + 2, applicationName: `idempotent-jobs:amqp:${queue}` },
-    (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
-  );
-  try {
-    await waitForStore<unknown>(() => (config.MIGRATE ? migrate(db, { schema: config.SCHEMA }) : pingDatabase(db)), {
-      what: 'Postgres',
-      deadline: Date.now() + config.STARTUP_WAIT_MS,
-      logger,
-    });
-  } catch (error) {
-    await db.destroy();
-    throw error;
-  }
-  const keys = new IdempotencyKeys({ db, schema: config.SCHEMA, leaseMs: config.LEASE_MS, retentionMs: config.RETENTION_MS });
+  const store = await openKeyStoreFromEnv(config, { logger, applicationName: `idempotent-jobs:amqp:${queue}`, concurrency });
+  const { keys } = store;
   const consumer = createAmqpConsumer<P, R>({
     url: options.url ?? process.env.AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
     queue,
@@ -67,14 +51,7 @@ export async function startAmqpConsumerProcess<P, R>(options: AmqpConsumerProces
     handler: options.handler,
     concurrency,
     identity: options.identity,
-    leaseMs: config.LEASE_MS,
-    heartbeatMs: config.HEARTBEAT_MS,
-    deferMaxMs: config.DEFER_MAX_MS,
-    shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
-    storeRetryMinMs: config.STORE_RETRY_MIN_MS,
-    storeRetryMaxMs: config.STORE_RETRY_MAX_MS,
-    fastPath: config.FAST_PATH,
-    storePayload: config.STORE_PAYLOAD,
+    ...runnerSettingsFromEnv(config),
     logger,
     faultHook: options.faultHook,
   });
@@ -86,7 +63,7 @@ export async function startAmqpConsumerProcess<P, R>(options: AmqpConsumerProces
     (stopped ??= (async () => {
       await consumer.close();
       uninstrument();
-      await db.destroy();
+      await store.destroy();
     })());
   if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
   return { consumer, keys, logger, stop };

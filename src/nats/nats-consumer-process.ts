@@ -3,12 +3,9 @@ import { pino, type Logger } from 'pino';
 import type { EnvConfig } from '../config/env-config.js';
 import type { FaultHook } from '../fault-hook.js';
 import { instrumentWorker } from '../metrics/worker-metrics.js';
-import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
-import { waitForStore } from '../runtime/wait-for-store.js';
-import { createPostgresDb } from '../store/create-postgres-db.js';
-import { migrate } from '../store/migrate.js';
-import { pingDatabase } from '../store/sql/ping.js';
 import { createIdempotentNatsConsumer, type IdempotentNatsConsumer, type NatsJobHandler } from './idempotent-nats-consumer.js';
 import { ensureJetStreamConsumer } from './jetstream-setup.js';
 import type { NatsKeySource } from './nats-message-identity.js';
@@ -58,16 +55,9 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
   const servers = options.servers ?? process.env.NATS_URL ?? '127.0.0.1:4222';
   const concurrency = options.concurrency ?? config.CONCURRENCY;
   const deadLetterSubject = options.deadLetterSubject ?? `dead-letters.${options.stream}.${options.consumer}`;
-  const db = createPostgresDb(
-    { connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? concurrency + 2, applicationName: `idempotent-jobs:nats:${options.stream}` },
-    (error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it'),
-  );
+  const store = await openKeyStoreFromEnv(config, { logger, applicationName: `idempotent-jobs:nats:${options.stream}`, concurrency });
+  const { keys } = store;
   try {
-    await waitForStore<unknown>(() => (config.MIGRATE ? migrate(db, { schema: config.SCHEMA }) : pingDatabase(db)), {
-      what: 'Postgres',
-      deadline: Date.now() + config.STARTUP_WAIT_MS,
-      logger,
-    });
     const setupConnection = await connect({ servers });
     try {
       await ensureJetStreamConsumer(setupConnection, {
@@ -81,10 +71,9 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
       await setupConnection.close();
     }
   } catch (error) {
-    await db.destroy();
+    await store.destroy();
     throw error;
   }
-  const keys = new IdempotencyKeys({ db, schema: config.SCHEMA, leaseMs: config.LEASE_MS, retentionMs: config.RETENTION_MS });
   const consumer = createIdempotentNatsConsumer<P, R>({
     servers,
     stream: options.stream,
@@ -95,14 +84,7 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
     concurrency,
     keyFrom: options.keyFrom,
     scope: options.scope,
-    leaseMs: config.LEASE_MS,
-    heartbeatMs: config.HEARTBEAT_MS,
-    deferMaxMs: config.DEFER_MAX_MS,
-    shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
-    storeRetryMinMs: config.STORE_RETRY_MIN_MS,
-    storeRetryMaxMs: config.STORE_RETRY_MAX_MS,
-    fastPath: config.FAST_PATH,
-    storePayload: config.STORE_PAYLOAD,
+    ...runnerSettingsFromEnv(config),
     logger,
     faultHook: options.faultHook,
   });
@@ -112,7 +94,7 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
   } catch (error) {
     uninstrument();
     await consumer.close({ force: true });
-    await db.destroy();
+    await store.destroy();
     throw error;
   }
   logger.info({ pid: process.pid, stream: options.stream, consumer: options.consumer, concurrency, leaseMs: config.LEASE_MS }, 'nats consumer ready');
@@ -122,7 +104,7 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
     stopped ??= (async () => {
       await consumer.close();
       uninstrument();
-      await db.destroy();
+      await store.destroy();
     })();
     return stopped;
   };
