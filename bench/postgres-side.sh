@@ -34,7 +34,8 @@ header='\set r random(1, 1000000000000)'
 # One job per transaction: the baseline's transaction; with a second row like the effect's; with
 # the key's row inserted by a bare statement (the least any key row costs); the fast path as the
 # worker sends it for a new key (claim_new_key, the effect, the result with the COMMIT), without
-# and with a result; and with claim_key, which the fast path used for every key before.
+# and with a result; and with claim_key, the general claim, which the fast path sends only for
+# a key that already has a row.
 cat > "$scripts/baseline.sql" <<EOF
 $header
 begin;

@@ -6,8 +6,11 @@
  * process, rates from the effects' timestamps: the README's headline), throughput (in-process,
  * for profiling: baselines, leased, fast path, duplicate loads, claim latency, round trips),
  * steps (a 3-step job against the same work without steps, in-process), producer, processes,
- * rss, recovery, peers. Prints tables, writes `bench/results/<name>.json`
- * and `.svg`, the name being the date and `-<tag>`, `-quick` or (with --only) the sections.
+ * rss, recovery, peers. Prints tables and writes `bench/results/<YYYY-MM-DD>-<commit>-<what>.json`
+ * and `.svg` (the chart): the date the run started (UTC), the commit measured
+ * (`git rev-parse --short HEAD`; the document also says whether tracked files had uncommitted
+ * changes), and `<what>` = the `--tag`, else `quick`, else (with --only) the sections joined by
+ * `-`, else `full-run`.
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
@@ -66,6 +69,9 @@ if (wants('peers') && !existsSync(fileURLToPath(new URL(`../${NODE_22}`, import.
   );
 }
 
+// Looked up before anything runs: a results file is named after the commit it measured.
+const commit = measuredCommit();
+
 const counter = new RoundTripCounter();
 counter.install();
 const env = await createBenchEnv();
@@ -100,18 +106,20 @@ const chart = results.chartData
   : undefined;
 const finishedAt = new Date();
 const date = startedAt.toISOString().slice(0, 10);
-// A partial run (--only) is named after its sections, so that it never overwrites the day's full run.
-const suffix = args.tag ?? (args.quick ? 'quick' : args.only ? [...args.only].join('-') : undefined);
-const name = `${date}${suffix ? `-${suffix}` : ''}`;
+// A partial run (--only) is named after its sections, so that it never overwrites a full run.
+const what = args.tag ?? (args.quick ? 'quick' : args.only ? [...args.only].join('-') : 'full-run');
+const name = `${date}-${commit.hash}-${what}`;
 const dir = fileURLToPath(new URL('./results/', import.meta.url));
 mkdirSync(dir, { recursive: true });
 const document = {
   startedAt: startedAt.toISOString(),
   finishedAt: finishedAt.toISOString(),
   command: `npm run bench -- ${process.argv.slice(2).join(' ')}`.trim(),
+  commit: commit.hash,
+  uncommittedChanges: commit.uncommittedChanges,
   settings: { n: args.n, reps: args.reps, concurrency: CONCURRENCY, quick: args.quick, ablation: args.ablation },
   notes: [
-    'The machine was shared while measuring: other agents ran test suites on the same 2 cores, Postgres and Redis. Compare ratios within this run, not absolute numbers across runs.',
+    'The machine may be shared while measuring (other processes on the same cores, Postgres and Redis): compare ratios within this run, not absolute numbers across runs.',
     'Round trips are counted by wrapping pg.Client#query in the benchmark process (pg_stat_statements is not installed on this server).',
   ],
   ...results,
@@ -540,6 +548,23 @@ async function describeMachine(bench: BenchEnv) {
     redis: /redis_version:(\S+)/.exec(info)?.[1],
     platform: `${os.type()} ${os.release()}`,
   };
+}
+
+/**
+ * The commit this checkout is at (`git rev-parse --short HEAD`), which names the results file,
+ * and whether tracked files differ from it (then the file names the commit the changes sit on).
+ */
+function measuredCommit(): { hash: string; uncommittedChanges: boolean } {
+  const repository = fileURLToPath(new URL('..', import.meta.url));
+  const git = (...gitArgs: string[]) => execFileSync('git', gitArgs, { cwd: repository, encoding: 'utf8' }).trim();
+  try {
+    return { hash: git('rev-parse', '--short', 'HEAD'), uncommittedChanges: git('status', '--porcelain', '--untracked-files=no') !== '' };
+  } catch (error) {
+    throw new Error(
+      `bench/results files are named after the commit measured, and \`git rev-parse --short HEAD\` failed in ${repository}: run the benchmark from a git checkout of this repository.`,
+      { cause: error },
+    );
+  }
 }
 
 function table(title: string, header: string[], rows: string[][]): string {

@@ -28,7 +28,8 @@ export class TimedKeyStore implements KeyStore {
 
   /**
    * `oneTripCommit: false` hides the store's one-round-trip commit, so the protocol falls back
-   * to a separate completion and COMMIT (the design before it; kept for the ablation runs).
+   * to a separate completion and COMMIT, two round trips (the ablation runs measure the
+   * difference).
    */
   constructor(inner: KeyStore, options: { oneTripCommit?: boolean } = {}) {
     this.#inner = inner;
