@@ -131,8 +131,9 @@ key_row() { echo "('s', $(key_of "$1"), 'fp', 'completed', $(owner_of "$1"), 1, 
 } > "$scripts/optimistic-group-of-$batch.sql"
 
 # The leased path with group commit, BATCH jobs: claims batched and committed (as above), then
-# one transaction for the effects. With a savepoint per job (as group commit runs today), and
-# optimistic (no savepoints: every fenced completion rides with the COMMIT).
+# one transaction for the effects. With a savepoint per job (a careful group, which group commit
+# runs when an optimistic group failed), and optimistic (no savepoints: every fenced completion
+# rides with the COMMIT).
 claims="select * from $schema.claim_keys($(column value "'s'"), $(column key_of), $(column value "'fp'"), $(column owner_of), $(column value 30000), $(column value 86400000::bigint), $(column value 2000), false, $(column value null)::text[], $(column value null)::text[], $(column value null)::text[], $(column value null)::jsonb[], 'c');"
 completion() { echo "select $schema.complete_key('s', $(key_of "$1"), $(owner_of "$1"), 1, '{\"n\":1}', 86400000, 'c')"; }
 {
