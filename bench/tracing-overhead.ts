@@ -9,7 +9,7 @@
  *    `IdempotencyKeys.claim` + `commitEffect` (concurrency 8), rounds alternating A and B so
  *    that the machine's load falls on both alike; the ratio of the median rates.
  *
- *   npx tsx bench/tracing-overhead.ts [--baseline-src ../main/src] [--rounds 8] [--keys 2000]
+ *   npx tsx bench/tracing-overhead.ts [--baseline-src ../main/src] [--rounds 8] [--keys 2000] [--micro-jobs 500000]
  */
 import { randomUUID } from 'node:crypto';
 import { resolve } from 'node:path';
