@@ -203,16 +203,6 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     this.#fastPath = options.fastPath ?? this.#databaseOnly;
   }
 
-  /** True when jobs run on the single-transaction fast path (see {@link KeyedJobRunnerOptions.fastPath}). */
-  get fastPath(): boolean {
-    return this.#fastPath;
-  }
-
-  /** True when the handler is a database-only one (`{ transaction }`). */
-  get databaseOnly(): boolean {
-    return this.#databaseOnly;
-  }
-
   /** Deliveries being run now. */
   get activeCount(): number {
     return this.#active.size;

@@ -101,7 +101,7 @@ export class IdempotencyKeys {
    * Set when group commit may group effects (see `group-commit.ts`): every effect, or only
    * database-only ones (`effects`).
    */
-  readonly #group: { committer: GroupCommitter; statements: GroupStatements; effects: GroupedEffects } | undefined;
+  readonly #group: (GroupOfEffects & { readonly effects: GroupedEffects }) | undefined;
 
   constructor(options: IdempotencyOptions, store?: KeyStore) {
     this.#options = resolveIdempotencyOptions(options);
