@@ -9,7 +9,8 @@
  * Specs (`--specs`, or the SPECS environment variable), separated by `|`:
  *   `lean <concurrency> [VAR=value …]`                       the lean baseline process
  *   `<old|now> <contender> <concurrency> [VAR=value …]`      `idempotent-jobs worker` of that checkout
- * with contenders leased, fast-path, leased-group, fast-path-group, and extra environment for
+ * with contenders leased, fast-path, leased-group, fast-path-group, database-only (the `{ transaction }`
+ * handler form, bench/support/deployed-database-only-handler.ts, with its defaults), and extra environment for
  * that drain, e.g. `"lean 64|old fast-path-group 64|now fast-path-group 64 GROUP_COMMIT_GROUPS=2"`.
  *
  * Only the worker binary (`bin/idempotent-jobs.js` and what it loads) comes from the other

@@ -21,7 +21,7 @@ import { sql } from 'kysely';
 import { createBenchEnv, RoundTripCounter, type BenchEnv } from './support/bench-env.js';
 import { renderChart } from './support/chart.js';
 import { startChild } from './support/child-process.js';
-import { CLI_WORKER_SETTINGS, runDeployedDrain, type DeployedContender, type DeployedRun } from './support/deployed.js';
+import { describeContender, runDeployedDrain, type DeployedContender, type DeployedRun } from './support/deployed.js';
 import { runProcesses, runRecovery, runRss, type ProcessesRun, type RecoveryRun, type RssRun } from './support/processes.js';
 import { runProducer, type ProducerRun } from './support/producer.js';
 import { formatSpread, spread, type Spread } from './support/stats.js';
@@ -143,6 +143,7 @@ async function deployedSection(): Promise<void> {
   const combos: Array<{ contender: DeployedContender; concurrency: number }> = [
     { contender: 'lean', concurrency: 32 },
     { contender: 'leased', concurrency: 32 },
+    { contender: 'database-only', concurrency: 32 },
     { contender: 'lean', concurrency: HIGH_CONCURRENCY },
     { contender: 'fast-path-group', concurrency: HIGH_CONCURRENCY },
     { contender: 'leased-group', concurrency: HIGH_CONCURRENCY },
@@ -175,7 +176,8 @@ async function deployedSection(): Promise<void> {
     reps: args.reps,
     method:
       'Each contender is its own process: lean = bench/support/lean-baseline-worker.ts (BullMQ Worker + pg.Pool, BEGIN/insert/COMMIT); ' +
-      'the others = `node bin/idempotent-jobs.js worker --handler bench/support/deployed-handler.ts` with MIGRATE=false, LOG_LEVEL=warn and the contender\'s FAST_PATH/GROUP_COMMIT. ' +
+      'the others = `node bin/idempotent-jobs.js worker --handler bench/support/deployed-handler.ts` with MIGRATE=false, LOG_LEVEL=warn and the contender\'s FAST_PATH/GROUP_COMMIT ' +
+      '(database-only: --handler bench/support/deployed-database-only-handler.ts, the { transaction } form, neither variable set). ' +
       'One drain of N unique jobs each, alternating; rate = (rows - 1) / (max - min created_at) of the effect rows (clock_timestamp at insert).',
     summary,
     runs,
@@ -186,7 +188,7 @@ async function deployedSection(): Promise<void> {
       ['contender', 'worker environment', 'conc', 'N', 'reps', 'jobs/s', 'x lean'],
       summary.map((s) => [
         s.contender,
-        s.contender === 'lean' ? '(plain BullMQ + pg)' : Object.entries(CLI_WORKER_SETTINGS[s.contender]).map(([k, v]) => `${k}=${v}`).join(' ') || '(defaults)',
+        describeContender(s.contender),
         String(s.concurrency),
         String(s.n),
         String(s.reps),

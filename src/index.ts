@@ -7,7 +7,7 @@
 export * from './errors.js';
 export type { Fingerprinter } from './fingerprint.js';
 export { sha256Fingerprint } from './fingerprint.js';
-export type { IdempotencyOptions, ResolvedIdempotencyOptions } from './config/idempotency-options.js';
+export type { GroupedEffects, IdempotencyGroupCommitOptions, IdempotencyOptions, ResolvedIdempotencyOptions } from './config/idempotency-options.js';
 export { resolveIdempotencyOptions } from './config/idempotency-options.js';
 export type { Claim, ClaimOutcome, HeldClaim } from './store/claim-outcome.js';
 export { isHeld } from './store/claim-outcome.js';
@@ -23,6 +23,8 @@ export type {
   ClaimOptions,
   Effect,
   EffectFailureAction,
+  EffectOptions,
+  ExecuteOnceOptions,
   ExecuteOnceOutcome,
   RunEffectOptions,
 } from './protocol/idempotency-keys.js';
@@ -45,14 +47,16 @@ export { identityFromWireContract, jobIdFor, toWireJobData } from './bullmq/job-
 export type { StepEventKind, WorkerEvent, WorkerEventKind } from './consumer/worker-event.js';
 export type { Delivery, ErrorDisposition, KeyedJobContext, KeyedJobRunnerOptions, RunOutcome } from './consumer/keyed-job-runner.js';
 export { KeyedJobRunner, defaultErrorDisposition } from './consumer/keyed-job-runner.js';
-export type { IdempotentWorkerOptions, JobContext, JobHandler } from './bullmq/idempotent-worker.js';
+export type { DatabaseOnlyContext, DatabaseOnlyHandler, KeyedJobHandler } from './consumer/database-only-handler.js';
+export { databaseOnly, isDatabaseOnlyHandler } from './consumer/database-only-handler.js';
+export type { DatabaseOnlyJobContext, DatabaseOnlyJobHandler, IdempotentWorkerOptions, JobContext, JobHandler } from './bullmq/idempotent-worker.js';
 export { IdempotentWorker, createIdempotentWorker } from './bullmq/idempotent-worker.js';
 export type { EnqueueRequest, EnqueueResult, IdempotentProducerOptions } from './bullmq/idempotent-producer.js';
 export { IdempotentProducer } from './bullmq/idempotent-producer.js';
 export type { OutboxRelayOptions } from './bullmq/outbox-relay.js';
 export { OutboxRelay } from './bullmq/outbox-relay.js';
 export type { EnvConfig } from './config/env-config.js';
-export { directDatabaseUrl, loadEnvConfig } from './config/env-config.js';
+export { directDatabaseUrl, groupCommitFromEnv, loadEnvConfig } from './config/env-config.js';
 export type { ClusterNode } from './config/redis-cluster.js';
 export { assertClusterHashTag, hashTagOf, parseClusterNodes } from './config/redis-cluster.js';
 export type { RedisConnection, RedisConnectionSettings } from './bullmq/redis-connection.js';
@@ -61,6 +65,7 @@ export type { WorkerProcess, WorkerProcessOptions } from './runtime/worker-proce
 export { startWorkerProcess } from './runtime/worker-process.js';
 export { onShutdownSignals } from './runtime/shutdown-signals.js';
 export { runMain, startupFailureExitCode } from './runtime/run-main.js';
+export { loadHandlerModule } from './runtime/handler-module.js';
 export type { HttpApiOptions, ResolvedHttpApiOptions, HttpEnvConfig } from './config/http-options.js';
 export { ANONYMOUS_TENANT, assertBindAllowed, isLoopbackHost, loadHttpEnvConfig, parseAdminTokens, parseTokens, resolveHttpApiOptions } from './config/http-options.js';
 export { HttpApi, createHttpApi } from './http/http-api.js';

@@ -18,7 +18,7 @@ import {
   type AmqpConsumerOptions,
   type AmqpJobHandler,
 } from '../src/amqp/index.js';
-import { IdempotencyKeys, createPostgresDb, type WorkerEvent } from '../src/index.js';
+import { IdempotencyKeys, ValidationError, createPostgresDb, type WorkerEvent } from '../src/index.js';
 import { createAmqpTestEnv, type AmqpTestEnv, AMQP_URL } from './support/amqp-test-env.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -47,7 +47,7 @@ interface Consumer {
   readonly queue: string;
 }
 
-async function startConsumer(queue: string, handler: AmqpJobHandler<any>, options: Partial<AmqpConsumerOptions<any>> = {}): Promise<Consumer> {
+async function startConsumer(queue: string, handler: AmqpConsumerOptions<any>['handler'], options: Partial<AmqpConsumerOptions<any>> = {}): Promise<Consumer> {
   const consumer = createAmqpConsumer<any>({
     url: AMQP_URL,
     queue,
@@ -272,6 +272,45 @@ describe('AMQP fast path', () => {
     expect(await ledgerRows('k-fast')).toBe(1);
     expect(dead!.properties.headers?.[REASON_HEADER]).toBe('failed');
     expect(String(dead!.properties.headers?.[ERROR_HEADER])).toContain('fast path');
+  });
+});
+
+describe('AMQP database-only handler', () => {
+  it('{ transaction } runs on the fast path in groups by default: each effect once, its result stored; a duplicate replays; a failure is dead-lettered', async () => {
+    const queue = amqp.queueName('database-only');
+    const contexts = new Set<string>();
+    const { events } = await startConsumer(
+      queue,
+      {
+        transaction: async (tx, ctx) => {
+          contexts.add(Object.keys(ctx).sort().join(' '));
+          if (ctx.data.refuse) throw new ValidationError('INVALID_JOB_DATA', 'payload.refuse', 'refused for good');
+          await tx.insertInto(`${env.schema}.ledger`).values({ key: ctx.key, amount: ctx.data.amount }).execute();
+          return { booked: ctx.data.amount };
+        },
+      },
+      { concurrency: 8 },
+    );
+    const dbKeys = Array.from({ length: 12 }, (_, i) => `k-db-${String(i).padStart(2, '0')}`);
+    dbKeys.forEach((key, i) => amqp.publish(queue, { idempotencyKey: key, scope: 'amqp', payload: { amount: i } }));
+    // A duplicate while its key may still be in a group: it replays, never a second effect.
+    amqp.publish(queue, { idempotencyKey: dbKeys[0], scope: 'amqp', payload: { amount: 0 } });
+    amqp.publish(queue, { idempotencyKey: 'k-db-refused', scope: 'amqp', payload: { amount: 1, refuse: true } });
+    await until('completions', () => count(events, 'completed') === dbKeys.length || undefined);
+    await until('the replay', () => count(events, 'replayed') === 1 || undefined);
+    const [dead] = await deadLetters(queue, 1);
+    expect(dead!.properties.headers?.[REASON_HEADER]).toBe('failed');
+    expect(String(dead!.properties.headers?.[ERROR_HEADER])).toContain('refused for good');
+    expect(contexts).toEqual(new Set(['attempt data fence key message scope signal']));
+    const { rows } = await sql<{ key: string; xid: string; claimed_with_effect: boolean; result: unknown }>`
+      select l.key, l.xmin::text as xid, k.created_at = k.completed_at as claimed_with_effect, k.result
+        from ${sql.table(`${env.schema}.ledger`)} l
+        join ${sql.table(`${env.schema}.idempotency_keys`)} k on k.scope = 'amqp' and k.key = l.key
+       where l.key like 'k-db-%' order by l.key`.execute(env.db);
+    expect(rows.map((row) => [row.key, row.claimed_with_effect, row.result])).toEqual(dbKeys.map((key, i) => [key, true, { booked: i }]));
+    // Group commit: some of the effects shared a transaction (xmin: the inserting transaction).
+    expect(new Set(rows.map((row) => row.xid)).size).toBeLessThan(dbKeys.length);
+    expect(await keys.get('amqp', 'k-db-refused')).toMatchObject({ status: 'failed' });
   });
 });
 

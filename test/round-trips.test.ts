@@ -3,7 +3,7 @@ import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, createIdempotentWorker, isHeld, type JobHandler } from '../src/index.js';
+import { IdempotencyKeys, createIdempotentWorker, isHeld, type DatabaseOnlyJobHandler, type JobHandler } from '../src/index.js';
 import { createCountingDb } from './support/counting-db.js';
 import { createEffectsTable, insertEffect } from './support/protocol-fixtures.js';
 import { waitForJobState } from './support/queue-helpers.js';
@@ -136,6 +136,41 @@ describe('round trips of a worker job (claim to completion)', () => {
   });
 });
 
+describe('round trips of a database-only handler\'s job ({ transaction })', () => {
+  const handler: DatabaseOnlyJobHandler = {
+    transaction: async (tx, ctx) => (await insertEffect(tx, env.schema, { scope, key: ctx.key, fence: ctx.fence, worker: 'w' }), 'ok'),
+  };
+
+  it('by default, the fast path in a group: BEGIN with the effect, then the key written completed with the COMMIT; no claim, no lease', async () => {
+    const job = withoutProbes(await countJob('d1', handler));
+    expect(job).toHaveLength(2);
+    expect(job[0]).toMatch(/^begin isolation level read committed;\ninsert into /);
+    expect(job[1]).toMatch(/^set local lock_timeout = 2000;\ninsert into "[a-z_0-9]+"\.idempotency_keys .* values \(.*'d1'.*\);\ncommit$/s);
+    expect(job.join('\n')).not.toMatch(/claim_(new_)?keys?"?\(|complete_key|savepoint/);
+  });
+
+  it('groupCommit: false: the fast path in a transaction of its own (claimed completed, the effect, the result with the COMMIT)', async () => {
+    const job = withoutProbes(await countJob('d2', handler, {}, { groupCommit: false }));
+    expect(job).toHaveLength(3);
+    expect(job[0]).toMatch(/^begin isolation level read committed;\s*select .*claim_new_key"\(/s);
+    expect(job[1]).toMatch(/^insert into /);
+    expect(job[2]).toMatch(/^select .*store_fast_path_result\(.*;\s*commit$/s);
+  });
+
+  it('fastPath: false: a leased claim, then the effect and the fenced completion', async () => {
+    const job = await countJob('d3', handler, {}, { groupCommit: false }, { fastPath: false });
+    expect(briefOf(job.statements)).toEqual(['claim_key', 'begin', 'complete_key commit']);
+  });
+});
+
+/**
+ * A job's statements without the fast path's settled-key probe, which only some jobs make (it
+ * is adaptive: one job in 16 while few keys are found settled).
+ */
+function withoutProbes(job: { statements: string[] }): string[] {
+  return job.statements.filter((s) => !/^select k\.scope, k\.key, k\.status/.test(s));
+}
+
 /**
  * Each round trip in brief: its transaction control and the step and key functions it calls,
  * in order (`begin record_step commit begin` is a record committing on its own ahead of a
@@ -150,13 +185,30 @@ function briefOf(statements: readonly string[]): string[] {
   );
 }
 
-/** Runs one job through a worker over the counting instance and counts its round trips, from the add to the completion. */
-async function countJob(key: string, handler: JobHandler, opts: { attempts?: number } = {}) {
+/**
+ * Runs one job through a worker over the counting instance and counts its round trips, from the
+ * add to the completion. `keyOptions` and `workerOptions` add to the keys' and the worker's.
+ */
+async function countJob(
+  key: string,
+  handler: JobHandler | DatabaseOnlyJobHandler,
+  opts: { attempts?: number } = {},
+  keyOptions: { groupCommit?: false } = {},
+  workerOptions: { fastPath?: boolean } = {},
+) {
   const connection = { url: env.redisUrl };
   const queue = new Queue('round-trips', { connection, prefix: env.redisPrefix });
   // A long lease: no heartbeat during the count.
-  const workerKeys = new IdempotencyKeys({ db: counting.db, schema: env.schema, leaseMs: 120_000 });
-  const worker = createIdempotentWorker({ queue: 'round-trips', connection, prefix: env.redisPrefix, keys: workerKeys, handler, logger: pino({ level: 'silent' }) });
+  const workerKeys = new IdempotencyKeys({ db: counting.db, schema: env.schema, leaseMs: 120_000, ...keyOptions });
+  const worker = createIdempotentWorker({
+    queue: 'round-trips',
+    connection,
+    prefix: env.redisPrefix,
+    keys: workerKeys,
+    handler,
+    logger: pino({ level: 'silent' }),
+    ...workerOptions,
+  });
   try {
     await worker.waitUntilReady();
     const counted = await counting.count(async () => {

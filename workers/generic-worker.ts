@@ -1,12 +1,12 @@
 /**
  * Runs a user's handler module as an idempotent worker:
  *   npx idempotent-jobs worker --queue <name> --handler <module> [--concurrency N]
- * The module's default export is the handler `async (ctx) => result`. Everything else comes
- * from the environment (see the README's configuration table).
+ * The module's default export is the handler: `async (ctx) => result`, or a database-only
+ * handler `{ transaction: async (tx, ctx) => result }` (fast path and group commit unless
+ * FAST_PATH or GROUP_COMMIT is false). Everything else comes from the environment (see the
+ * README's configuration table).
  */
-import { pathToFileURL } from 'node:url';
-import { resolve } from 'node:path';
-import { ConfigError, loadEnvConfig, startWorkerProcess, type JobHandler } from '../src/index.js';
+import { loadEnvConfig, loadHandlerModule, startWorkerProcess } from '../src/index.js';
 import { startTracingFromEnv } from '../src/otel/index.js';
 
 export interface GenericWorkerArgs {
@@ -21,11 +21,7 @@ export async function runGenericWorker(args: GenericWorkerArgs): Promise<void> {
     ...(args.queue ? { QUEUE: args.queue } : {}),
     ...(args.concurrency ? { CONCURRENCY: String(args.concurrency) } : {}),
   });
-  const module = await import(pathToFileURL(resolve(args.handler)).href);
-  const handler = module.default as JobHandler | undefined;
-  if (typeof handler !== 'function') {
-    throw new ConfigError(`--handler ${args.handler}: the module has no default export function (async (ctx) => result).`);
-  }
+  const handler = await loadHandlerModule(args.handler);
   await startTracingFromEnv({ serviceName: `idempotent-jobs-worker-${config.QUEUE}` });
   await startWorkerProcess({ config, handler });
 }

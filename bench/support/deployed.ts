@@ -10,7 +10,9 @@
  *
  * Contenders: `lean` is lean-baseline-worker.ts (plain BullMQ + node-postgres, BEGIN/insert/
  * COMMIT); the others are `node bin/idempotent-jobs.js worker --handler deployed-handler.ts`
- * with the environment a user would set, from this checkout or another one (for A/B runs).
+ * with the environment a user would set, from this checkout or another one (for A/B runs), and
+ * `database-only` the same worker with deployed-database-only-handler.ts (the `{ transaction }`
+ * form) and no environment: its defaults.
  */
 import { randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
@@ -29,7 +31,21 @@ export const CLI_WORKER_SETTINGS = {
   'fast-path': { FAST_PATH: 'true' },
   'leased-group': { GROUP_COMMIT: 'true' },
   'fast-path-group': { FAST_PATH: 'true', GROUP_COMMIT: 'true' },
+  /** The database-only handler (`{ transaction }`) with its defaults: the fast path with group commit. */
+  'database-only': {},
 } as const satisfies Record<string, Record<string, string>>;
+
+/** The handler module each CLI contender's worker loads: the function form, except `database-only`. */
+export function handlerModuleOf(contender: keyof typeof CLI_WORKER_SETTINGS): string {
+  return contender === 'database-only' ? DATABASE_ONLY_HANDLER_MODULE : HANDLER_MODULE;
+}
+
+/** How a contender's worker is set up, for tables: its environment, and its handler's form when not a function. */
+export function describeContender(contender: DeployedContender): string {
+  if (contender === 'lean') return '(plain BullMQ + pg)';
+  const settings = Object.entries(CLI_WORKER_SETTINGS[contender]).map(([k, v]) => `${k}=${v}`).join(' ') || '(defaults)';
+  return contender === 'database-only' ? `${settings}, handler { transaction }` : settings;
+}
 
 /** Who drains the queue: the lean baseline, or the CLI worker in one of its configurations. */
 export type DeployedContender = 'lean' | keyof typeof CLI_WORKER_SETTINGS;
@@ -81,6 +97,7 @@ export interface DeployedRun {
 /** This checkout's root. */
 export const THIS_CHECKOUT = fileURLToPath(new URL('../../', import.meta.url)).replace(/\/$/, '');
 const HANDLER_MODULE = fileURLToPath(new URL('./deployed-handler.ts', import.meta.url));
+const DATABASE_ONLY_HANDLER_MODULE = fileURLToPath(new URL('./deployed-database-only-handler.ts', import.meta.url));
 const DRAIN_TIMEOUT_MS = 15 * 60_000;
 const STARTUP_TIMEOUT_MS = 60_000;
 const POLL_MS = 50;
@@ -155,7 +172,7 @@ function startContender(env: BenchEnv, queueName: string, spec: DeployedSpec & {
     ...spec.extraEnv,
   };
   const bin = resolve(spec.workerCheckout, 'bin/idempotent-jobs.js');
-  const args = ['worker', '--handler', HANDLER_MODULE, '--queue', queueName, '--concurrency', String(spec.concurrency)];
+  const args = ['worker', '--handler', handlerModuleOf(spec.contender), '--queue', queueName, '--concurrency', String(spec.concurrency)];
   return startBinScript(bin, args, cliEnv, spec.workerCheckout);
 }
 

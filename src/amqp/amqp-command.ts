@@ -1,12 +1,13 @@
+import type { ConsumeMessage } from 'amqplib';
 import type { ConsumeArgs } from '../cli/consume-command.js';
+import type { KeyedJobHandler } from '../consumer/database-only-handler.js';
 import type { EnvConfig } from '../config/env-config.js';
 import { ConfigError } from '../errors.js';
-import type { AmqpJobHandler } from './amqp-consumer.js';
 import { startAmqpConsumerProcess } from './amqp-consumer-process.js';
 import type { AmqpIdentityOptions } from './amqp-identity.js';
 
 /** `idempotent-jobs consume --broker amqp …`: the consumer process until a signal stops it. */
-export async function runAmqpConsumer(args: ConsumeArgs, handler: AmqpJobHandler, config: EnvConfig): Promise<void> {
+export async function runAmqpConsumer(args: ConsumeArgs, handler: KeyedJobHandler<unknown, unknown, ConsumeMessage>, config: EnvConfig): Promise<void> {
   await startAmqpConsumerProcess({ config, handler, url: args.url, queue: args.queue, concurrency: args.concurrency, identity: identityOf(args) });
 }
 

@@ -5,14 +5,17 @@ import { instrumentWorker } from '../metrics/worker-metrics.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
-import { createAmqpConsumer, type AmqpConsumer, type AmqpJobHandler } from './amqp-consumer.js';
+import type { ConsumeMessage } from 'amqplib';
+import type { KeyedJobHandler } from '../consumer/database-only-handler.js';
+import { createAmqpConsumer, type AmqpConsumer } from './amqp-consumer.js';
 import type { AmqpIdentityOptions } from './amqp-identity.js';
 
 /** What {@link startAmqpConsumerProcess} needs besides the environment. */
 export interface AmqpConsumerProcessOptions<P, R> {
   /** Postgres, schema, lease and shutdown settings (`QUEUE` and `CONCURRENCY` too, unless given here). */
   readonly config: EnvConfig;
-  readonly handler: AmqpJobHandler<P, R>;
+  /** A function, or a database-only handler (`{ transaction }`: fast path and group commit unless `FAST_PATH` / `GROUP_COMMIT` are false). */
+  readonly handler: KeyedJobHandler<P, R, ConsumeMessage>;
   /** @defaultValue `$AMQP_URL` or `'amqp://guest:guest@127.0.0.1:5672'` */
   readonly url?: string;
   readonly queue?: string;

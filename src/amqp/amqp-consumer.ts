@@ -12,6 +12,7 @@ import {
   type RunOutcome,
 } from '../consumer/keyed-job-runner.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
+import type { KeyedJobHandler } from '../consumer/database-only-handler.js';
 import { ValidationError } from '../errors.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
@@ -47,7 +48,12 @@ export interface AmqpConsumerOptions<P = unknown, R = unknown> extends Omit<Work
   /** Prefix of the delay queues (see `amqp-topology.ts`). @defaultValue `'<queue>.delay'` */
   readonly delayQueuePrefix?: string;
   readonly keys: IdempotencyKeys;
-  readonly handler: AmqpJobHandler<P, R>;
+  /**
+   * The message's job: a function (an {@link AmqpJobHandler}), or a database-only handler
+   * `{ transaction: async (tx, ctx) => result }` (see `DatabaseOnlyHandler`: fast path and group
+   * commit unless turned off).
+   */
+  readonly handler: KeyedJobHandler<P, R, ConsumeMessage>;
   /** Messages run at once (the channel's prefetch). @defaultValue `1` */
   readonly concurrency?: number;
   /** Where the key comes from: the body (wire contract), a header or the message id. @defaultValue `{ source: 'body' }` */
@@ -60,7 +66,7 @@ export interface AmqpConsumerOptions<P = unknown, R = unknown> extends Omit<Work
   readonly retryDelayMs?: number;
   /** Which handler errors are stored at once. @defaultValue validation and unstorable-result errors */
   readonly errorDisposition?: (error: unknown, message: ConsumeMessage) => ErrorDisposition;
-  /** See `IdempotentWorkerOptions.fastPath`. @defaultValue `false` */
+  /** See `IdempotentWorkerOptions.fastPath`. @defaultValue `true` for a database-only handler, `false` for a function */
   readonly fastPath?: boolean;
   readonly listener?: KeySettledListener;
   readonly storePayload?: boolean;

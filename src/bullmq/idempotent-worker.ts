@@ -10,6 +10,7 @@ import {
   type KeyedJobContext,
 } from '../consumer/keyed-job-runner.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
+import { handlerForm, type DatabaseOnlyHandler } from '../consumer/database-only-handler.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
@@ -28,6 +29,12 @@ export interface JobContext<P = unknown> extends KeyedJobContext<P, Job> {
 /** The user's job handler. Its return value is stored (when it never calls `ctx.transaction`). */
 export type JobHandler<P = unknown, R = unknown> = (ctx: JobContext<P>) => Promise<R>;
 
+/** What a database-only handler's transaction receives: {@link JobContext} without `transaction` and `step`. */
+export type DatabaseOnlyJobContext<P = unknown> = Omit<JobContext<P>, 'transaction' | 'step'>;
+
+/** A database-only handler for the BullMQ worker (see {@link DatabaseOnlyHandler}). */
+export type DatabaseOnlyJobHandler<P = unknown, R = unknown> = DatabaseOnlyHandler<P, R, DatabaseOnlyJobContext<P>>;
+
 export type { ErrorDisposition } from '../consumer/keyed-job-runner.js';
 
 /** Options of {@link createIdempotentWorker}. */
@@ -40,12 +47,18 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
   readonly prefix?: string;
   /** The claim protocol (its Kysely instance is where transactional effects run). */
   readonly keys: IdempotencyKeys;
-  readonly handler: JobHandler<P, R>;
+  /**
+   * The job: a function `async (ctx) => result`, or a database-only handler
+   * `{ transaction: async (tx, ctx) => result }` (see {@link DatabaseOnlyHandler}: it runs on the
+   * fast path and with group commit unless they are turned off).
+   */
+  readonly handler: JobHandler<P, R> | DatabaseOnlyJobHandler<P, R>;
   /** Jobs run at once by this worker. @defaultValue `1` */
   readonly concurrency?: number;
   /**
    * Single-transaction fast path for handlers whose effects only touch this database: claim,
-   * effect and completion commit once. No lease, no heartbeat. @defaultValue `false`
+   * effect and completion commit once. No lease, no heartbeat.
+   * @defaultValue `true` for a database-only handler, `false` for a function
    */
   readonly fastPath?: boolean;
   /** Needed for `waitMs > 0`: wakes a waiting duplicate when the owner finishes. */
@@ -83,6 +96,18 @@ export type { StepEventKind, WorkerEvent, WorkerEventKind } from '../consumer/wo
  *   keys: new IdempotencyKeys({ db }),
  *   handler: async (ctx) => ctx.transaction((tx) => tx.insertInto('ledger').values(ctx.data).execute()),
  * });
+ * // A job that only writes to this database: fast path and group commit by default.
+ * const ledger = createIdempotentWorker<{ amount: number }>({
+ *   queue: 'ledger',
+ *   connection: { host: '127.0.0.1', port: 6379 },
+ *   keys: new IdempotencyKeys({ db }),
+ *   handler: {
+ *     transaction: async (tx, ctx) => {
+ *       await tx.insertInto('ledger').values({ key: ctx.key, amount: ctx.data.amount }).execute();
+ *       return { booked: ctx.data.amount };
+ *     },
+ *   },
+ * });
  * ```
  */
 export function createIdempotentWorker<P = unknown, R = unknown>(options: IdempotentWorkerOptions<P, R>): IdempotentWorker<P, R> {
@@ -111,7 +136,10 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
     this.#runner = new KeyedJobRunner<P, R, Job>({
       keys: options.keys,
       timing: this.#timing,
-      handler: (ctx) => handler({ ...ctx, job: ctx.message }),
+      handler:
+        handlerForm(handler) === 'database-only'
+          ? { transaction: (tx, ctx) => (handler as DatabaseOnlyJobHandler<P, R>).transaction(tx, { ...ctx, job: ctx.message }) }
+          : (ctx) => (handler as JobHandler<P, R>)({ ...ctx, job: ctx.message }),
       identityOf: options.keyOf ?? (identityFromWireContract as (job: Job) => JobIdentity<P>),
       errorDisposition: options.errorDisposition ?? bullmqErrorDisposition,
       fastPath: options.fastPath,

@@ -1,8 +1,8 @@
-import { pathToFileURL } from 'node:url';
-import { resolve } from 'node:path';
 import type { Command } from 'commander';
 import { loadEnvConfig, type EnvConfig } from '../config/env-config.js';
+import type { KeyedJobHandler } from '../consumer/database-only-handler.js';
 import { ConfigError } from '../errors.js';
+import { loadHandlerModule } from '../runtime/handler-module.js';
 
 /** What `consume` was given, for every broker. */
 export interface ConsumeArgs {
@@ -19,7 +19,7 @@ export interface ConsumeArgs {
 }
 
 /** Starts one broker's consumer with a loaded handler; each broker adds one entry. */
-type BrokerConsumer = (args: ConsumeArgs, handler: (ctx: any) => Promise<unknown>, config: EnvConfig) => Promise<unknown>;
+type BrokerConsumer = (args: ConsumeArgs, handler: KeyedJobHandler<unknown, unknown, any>, config: EnvConfig) => Promise<unknown>;
 
 const BROKERS: Record<string, () => Promise<BrokerConsumer>> = {
   amqp: async () => (await import('../amqp/amqp-command.js')).runAmqpConsumer,
@@ -30,7 +30,7 @@ const BROKERS: Record<string, () => Promise<BrokerConsumer>> = {
 export function registerConsumeCommand(program: Command): void {
   program
     .command('consume')
-    .description('consume a broker queue with your handler module (its default export: async (ctx) => result), once per idempotency key')
+    .description('consume a broker queue with your handler module (its default export: async (ctx) => result, or { transaction: async (tx, ctx) => result }), once per idempotency key')
     .requiredOption('--broker <name>', `the broker: ${Object.keys(BROKERS).join(' | ')}`)
     .requiredOption('--handler <module>', 'path to the handler module')
     .option('--queue <name>', 'queue to consume (default: $QUEUE or "payments"); NATS: <stream>/<durable consumer>')
@@ -42,11 +42,7 @@ export function registerConsumeCommand(program: Command): void {
       const load = BROKERS[args.broker];
       if (!load) throw new ConfigError(`--broker ${args.broker}: unknown broker; one of ${Object.keys(BROKERS).join(', ')}.`);
       const config = loadEnvConfig(process.env);
-      const module = await import(pathToFileURL(resolve(args.handler)).href);
-      const handler = module.default as ((ctx: unknown) => Promise<unknown>) | undefined;
-      if (typeof handler !== 'function') {
-        throw new ConfigError(`--handler ${args.handler}: the module has no default export function (async (ctx) => result).`);
-      }
+      const handler = await loadHandlerModule(args.handler);
       await (await load())(args, handler, config);
     });
 }

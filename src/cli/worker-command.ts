@@ -4,7 +4,7 @@ import type { Command } from 'commander';
 export function registerWorkerCommand(program: Command): void {
   program
     .command('worker')
-    .description("run an idempotent worker with your handler module (its default export: async (ctx) => result)")
+    .description('run an idempotent worker with your handler module (its default export: async (ctx) => result, or { transaction: async (tx, ctx) => result })')
     .requiredOption('--handler <module>', 'path to the handler module')
     .option('--queue <name>', 'BullMQ queue (default: $QUEUE or "payments")')
     .option('--concurrency <n>', 'jobs at once (default: $CONCURRENCY or 8)', (v) => Number.parseInt(v, 10))

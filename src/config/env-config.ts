@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { ConfigError } from '../errors.js';
 import { GROUP_COMMIT_DEFAULTS } from '../protocol/group-commit.js';
+import type { IdempotencyGroupCommitOptions } from './idempotency-options.js';
 import { assertClusterHashTag, parseClusterNodes } from './redis-cluster.js';
 
 const int = (min: number) => z.coerce.number().int().min(min);
@@ -45,9 +46,16 @@ const envSchema = z.object({
   STORE_RETRY_MIN_MS: int(1).optional(),
   STORE_RETRY_MAX_MS: int(1).optional(),
   RETENTION_MS: int(1).default(86_400_000),
-  FAST_PATH: bool.default(false),
-  /** Group commit: concurrent jobs' effects share transactions (see IdempotencyOptions.groupCommit). */
-  GROUP_COMMIT: bool.default(false),
+  /**
+   * The single-transaction fast path. Unset: on for a database-only handler (`{ transaction }`),
+   * off for a function handler; `true` or `false`: for both.
+   */
+  FAST_PATH: bool.optional(),
+  /**
+   * Group commit: concurrent jobs' effects share transactions (see IdempotencyOptions.groupCommit).
+   * Unset: a database-only handler's jobs only; `true`: every job's; `false`: none.
+   */
+  GROUP_COMMIT: bool.optional(),
   /** Most jobs in one group transaction (1-63). */
   GROUP_COMMIT_MAX_JOBS: int(1).max(63).default(GROUP_COMMIT_DEFAULTS.maxJobs),
   /** Group transactions open at once, each on its own connection. */
@@ -98,6 +106,24 @@ export type EnvConfig = z.infer<typeof envSchema>;
  */
 export function directDatabaseUrl(config: Pick<EnvConfig, 'DATABASE_URL' | 'DATABASE_DIRECT_URL'>): string {
   return config.DATABASE_DIRECT_URL ?? config.DATABASE_URL;
+}
+
+/**
+ * `IdempotencyOptions.groupCommit` from `GROUP_COMMIT` and its settings (`GROUP_COMMIT_MAX_JOBS`,
+ * `GROUP_COMMIT_GROUPS`, `GROUP_COMMIT_OPTIMISTIC`): every effect grouped when `true`, none when
+ * `false`, and when unset only database-only ones (a database-only handler's), with those
+ * settings either way.
+ */
+export function groupCommitFromEnv(
+  config: Pick<EnvConfig, 'GROUP_COMMIT' | 'GROUP_COMMIT_MAX_JOBS' | 'GROUP_COMMIT_GROUPS' | 'GROUP_COMMIT_OPTIMISTIC'>,
+): IdempotencyGroupCommitOptions | false {
+  if (config.GROUP_COMMIT === false) return false;
+  return {
+    maxJobs: config.GROUP_COMMIT_MAX_JOBS,
+    maxGroups: config.GROUP_COMMIT_GROUPS,
+    optimistic: config.GROUP_COMMIT_OPTIMISTIC,
+    effects: config.GROUP_COMMIT === true ? 'all' : 'database-only',
+  };
 }
 
 /**

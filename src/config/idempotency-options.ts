@@ -58,10 +58,32 @@ export interface IdempotencyOptions {
    * may therefore run more than once, only one run committing: keep what it does outside its
    * transaction to nothing. The price: a group's effects run one after another
    * on its connection and it holds all their row locks until it commits, so it suits short
-   * effects that only touch this database. `true` takes the defaults. See `src/protocol/group-commit.ts`.
-   * @defaultValue `false`
+   * effects that only touch this database. See `src/protocol/group-commit.ts`.
+   *
+   * - unset: only database-only effects are grouped (those marked `EffectOptions.databaseOnly`:
+   *   the workers' database-only handlers), with the default settings; every other effect runs
+   *   in a transaction of its own. A store without group statements runs them alone too.
+   * - `true`, or settings: every effect is grouped (settings with `effects: 'database-only'`:
+   *   only database-only ones, with these settings).
+   * - `false`: no effect is grouped, database-only ones included.
+   *
+   * @defaultValue unset: database-only effects only, with {@link GROUP_COMMIT_DEFAULTS}
    */
-  readonly groupCommit?: boolean | GroupCommitOptions;
+  readonly groupCommit?: boolean | IdempotencyGroupCommitOptions;
+}
+
+/** Which effects group commit groups: every effect, or only those marked database-only. */
+export type GroupedEffects = 'all' | 'database-only';
+
+/** {@link IdempotencyOptions.groupCommit}'s settings: the groups' own, and which effects share them. */
+export interface IdempotencyGroupCommitOptions extends GroupCommitOptions {
+  /**
+   * `'all'`: every effect shares group transactions. `'database-only'`: only the effects their
+   * caller marks database-only (`EffectOptions.databaseOnly`), which may run again after a
+   * group rolled back without anyone outside the database noticing.
+   * @defaultValue `'all'`
+   */
+  readonly effects?: GroupedEffects;
 }
 
 /** {@link IdempotencyOptions} with every default applied and every value checked. */
@@ -74,8 +96,8 @@ export interface ResolvedIdempotencyOptions {
   readonly claimLockTimeoutMs: number;
   readonly claimSynchronousCommit: boolean;
   readonly fingerprint: Fingerprinter;
-  /** Group commit's settings, or false when it is off. */
-  readonly groupCommit: Required<GroupCommitOptions> | false;
+  /** Group commit's settings and the effects it groups, or false when no effect is grouped. */
+  readonly groupCommit: Required<IdempotencyGroupCommitOptions> | false;
 }
 
 const positiveMs = z.number().int().positive();
@@ -92,15 +114,17 @@ const optionsSchema = z.object({
   claimSynchronousCommit: z.boolean().default(true),
   groupCommit: z
     .union([
-      z.boolean().transform((on) => (on ? GROUP_COMMIT_DEFAULTS : false)),
+      z.boolean().transform((on) => (on ? ({ ...GROUP_COMMIT_DEFAULTS, effects: 'all' } as const) : false)),
       z.object({
         // Postgres caches 64 subtransactions per transaction; more spill to pg_subtrans and slow every session.
         maxJobs: z.number().int().min(1).max(63).default(GROUP_COMMIT_DEFAULTS.maxJobs),
         maxGroups: z.number().int().min(1).max(64).default(GROUP_COMMIT_DEFAULTS.maxGroups),
         optimistic: z.boolean().default(GROUP_COMMIT_DEFAULTS.optimistic),
+        effects: z.enum(['all', 'database-only']).default('all'),
       }),
     ])
-    .default(false),
+    // Unset: database-only effects may share transactions (they are safe to run again); no other.
+    .default({ ...GROUP_COMMIT_DEFAULTS, effects: 'database-only' }),
 });
 
 /** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */

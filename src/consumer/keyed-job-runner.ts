@@ -23,6 +23,7 @@ import type { KeySettledListener } from '../store/key-settled-listener.js';
 import type { JobIdentity } from '../bullmq/job-identity.js';
 import { JobLogger } from '../bullmq/job-logger.js';
 import type { WorkerEvent, WorkerEventKind } from './worker-event.js';
+import { handlerForm, type DatabaseOnlyContext, type DatabaseOnlyHandler, type KeyedJobHandler } from './database-only-handler.js';
 
 /**
  * What a handler receives for one message whose key this consumer holds, on any broker. The
@@ -124,12 +125,16 @@ export type RunOutcome =
 export interface KeyedJobRunnerOptions<P, R, M> {
   readonly keys: IdempotencyKeys;
   readonly timing: ResolvedWorkerTiming;
-  readonly handler: (ctx: KeyedJobContext<P, M>) => Promise<R>;
+  /** A function, or a database-only handler (`{ transaction }`, see {@link DatabaseOnlyHandler}). */
+  readonly handler: KeyedJobHandler<P, R, M>;
   /** Reads key, scope and payload from a message; throws for a message that cannot be read. */
   readonly identityOf: (message: M) => JobIdentity<P>;
   /** Which handler errors are stored for good. @defaultValue {@link defaultErrorDisposition} */
   readonly errorDisposition?: (error: unknown, message: M) => ErrorDisposition;
-  /** See `IdempotentWorkerOptions.fastPath`. @defaultValue `false` */
+  /**
+   * See `IdempotentWorkerOptions.fastPath`.
+   * @defaultValue `true` for a database-only handler, `false` for a function
+   */
   readonly fastPath?: boolean;
   /** Needed for `timing.waitMs > 0`. */
   readonly listener?: KeySettledListener;
@@ -174,6 +179,11 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   readonly #timing: ResolvedWorkerTiming;
   readonly #log: Logger;
   readonly #active = new Set<ActiveRun<M>>();
+  /** The handler as a function of the full context (a database-only one wrapped in `ctx.transaction`). */
+  readonly #handler: (ctx: KeyedJobContext<P, M>) => Promise<unknown>;
+  /** A database-only handler: its transaction may share a group's (see `EffectOptions.databaseOnly`). */
+  readonly #databaseOnly: boolean;
+  readonly #fastPath: boolean;
 
   constructor(options: KeyedJobRunnerOptions<P, R, M>) {
     this.#options = Object.freeze({ ...options });
@@ -183,6 +193,14 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     if (this.#timing.waitMs > 0 && !options.listener) {
       throw new ValidationError('INVALID_OPTIONS', 'listener', 'waitMs > 0 needs a KeySettledListener (option listener).');
     }
+    const handler = options.handler;
+    this.#databaseOnly = handlerForm(handler) === 'database-only';
+    this.#handler = this.#databaseOnly
+      ? runsInOneTransaction(handler as DatabaseOnlyHandler<P, R, DatabaseOnlyContext<P, M>>)
+      : (handler as (ctx: KeyedJobContext<P, M>) => Promise<R>);
+    // A database-only handler is one transaction: nothing of a run that rolled back is seen
+    // outside it, so the single-transaction path is safe for it by construction.
+    this.#fastPath = options.fastPath ?? this.#databaseOnly;
   }
 
   /** Deliveries being run now. */
@@ -240,7 +258,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     };
     const run = { delivery, identity, log };
 
-    if (this.#options.fastPath) return this.#runFastPath(run, fingerprint, claimOptions);
+    if (this.#fastPath) return this.#runFastPath(run, fingerprint, claimOptions);
 
     let outcome: ClaimOutcome;
     try {
@@ -349,7 +367,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     const commit = async (effect: (tx: Transaction<any>) => Promise<unknown>) => {
       if (controller.signal.aborted) throw controller.signal.reason;
       // A step record still held back commits ahead of the completion, in its first round trip.
-      const complete = (record?: LeadingStatements) => this.#keys.commitEffect(claim, effect, () => this.#fault('before-commit', identity), record);
+      const complete = (record?: LeadingStatements) =>
+        this.#keys.commitEffect(claim, effect, () => this.#fault('before-commit', identity), record, { databaseOnly: this.#databaseOnly });
       const result = steps ? await steps.complete(complete) : await complete();
       committed = { result };
       // The key is completed: an extension would find no lease and report it lost.
@@ -379,7 +398,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       },
     );
     try {
-      const returned = await this.#options.handler(ctx);
+      const returned = await this.#handler(ctx);
       // An external-effect handler: its return value is the result, stored now, fenced.
       if (!committed) await commit(async () => returned);
       await this.#fault('after-commit', identity);
@@ -442,11 +461,11 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
               );
             },
           );
-          const returned = await this.#options.handler(ctx);
+          const returned = await this.#handler(ctx);
           await this.#fault('before-commit', identity);
           return transactionResult ? transactionResult.value : returned;
         },
-        claimOptions,
+        { ...claimOptions, databaseOnly: this.#databaseOnly },
       );
     } catch (error) {
       return await this.#settleFastPathFailure(run, fingerprint, claimOptions, error);
@@ -614,6 +633,19 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       return undefined;
     }
   }
+}
+
+/**
+ * A database-only handler as a function of the full context: its transaction is the job's one
+ * `ctx.transaction`, and it sees the context without `transaction` and `step`, at run time as in
+ * its type.
+ */
+function runsInOneTransaction<P, R, M>(handler: DatabaseOnlyHandler<P, R, DatabaseOnlyContext<P, M>>) {
+  return (ctx: KeyedJobContext<P, M>): Promise<R> => {
+    const { data, key, scope, fence, attempt, message, signal } = ctx;
+    const narrowed: DatabaseOnlyContext<P, M> = { data, key, scope, fence, attempt, message, signal };
+    return ctx.transaction((tx) => handler.transaction(tx, narrowed));
+  };
 }
 
 interface Run<P, M> {

@@ -10,6 +10,7 @@ import type { FaultHook } from '../fault-hook.js';
 import type { JobIdentity } from '../bullmq/job-identity.js';
 import { KeyedJobRunner, type Delivery, type ErrorDisposition, type KeyedJobContext, type RunOutcome } from '../consumer/keyed-job-runner.js';
 import type { WorkerEvent, WorkerEventKind } from '../consumer/worker-event.js';
+import { handlerForm, type DatabaseOnlyContext, type DatabaseOnlyHandler, type KeyedJobHandler } from '../consumer/database-only-handler.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { publishDeadLetter, type DeadLetterReason } from './dead-letter.js';
 import { identityFromNatsMessage, type NatsKeySource } from './nats-message-identity.js';
@@ -38,7 +39,12 @@ export interface IdempotentNatsConsumerOptions<P = unknown, R = unknown> extends
   readonly deadLetterSubject?: string;
   /** The claim protocol (its Kysely instance is where transactional effects run). */
   readonly keys: IdempotencyKeys;
-  readonly handler: NatsJobHandler<P, R>;
+  /**
+   * The message's job: a function (a {@link NatsJobHandler}), or a database-only handler
+   * `{ transaction: async (tx, ctx) => result }` (see `DatabaseOnlyHandler`: fast path and group
+   * commit unless turned off).
+   */
+  readonly handler: KeyedJobHandler<P, R, JsMsg>;
   /** Where the key comes from: the wire-contract body, or the `Nats-Msg-Id` header. @defaultValue `'wire-contract'` */
   readonly keyFrom?: NatsKeySource;
   /** The scope of keys read from `Nats-Msg-Id`. @defaultValue `'default'` */
@@ -63,7 +69,8 @@ export interface IdempotentNatsConsumerOptions<P = unknown, R = unknown> extends
   readonly errorDisposition?: (error: unknown, message: JsMsg) => ErrorDisposition;
   /**
    * Single-transaction fast path for handlers whose effects only touch this database: claim,
-   * effect and completion commit once; no lease, no heartbeat. @defaultValue `false`
+   * effect and completion commit once; no lease, no heartbeat.
+   * @defaultValue `true` for a database-only handler, `false` for a function
    */
   readonly fastPath?: boolean;
   /** Keep each message's payload on its key. @defaultValue `false` */
@@ -92,6 +99,24 @@ const PULL_EXPIRES_MS = 5_000;
 
 /** The claim count of each message's last run (its `ctx.attempt`), read by `Delivery.lastAttempt`. */
 const attemptOf = new WeakMap<JsMsg, number>();
+
+/** The handler, in its own form, recording each run's `ctx.attempt` first. */
+function recordingAttempts<P, R>(handler: KeyedJobHandler<P, R, JsMsg>): KeyedJobHandler<P, R, JsMsg> {
+  if (handlerForm(handler) === 'function') {
+    const run = handler as (ctx: NatsJobContext<P>) => Promise<R>;
+    return (ctx) => {
+      attemptOf.set(ctx.message, ctx.attempt);
+      return run(ctx);
+    };
+  }
+  const databaseOnly = handler as DatabaseOnlyHandler<P, R, DatabaseOnlyContext<P, JsMsg>>;
+  return {
+    transaction: (tx, ctx) => {
+      attemptOf.set(ctx.message, ctx.attempt);
+      return databaseOnly.transaction(tx, ctx);
+    },
+  };
+}
 
 /**
  * A JetStream pull consumer that makes each message's effect happen once per idempotency key.
@@ -152,13 +177,10 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
     this.#runner = new KeyedJobRunner<P, R, JsMsg>({
       keys: options.keys,
       timing: this.#timing,
-      handler: (ctx) => {
-        attemptOf.set(ctx.message, ctx.attempt);
-        return options.handler(ctx);
-      },
+      handler: recordingAttempts(options.handler),
       identityOf,
       errorDisposition: options.errorDisposition,
-      fastPath: options.fastPath ?? false,
+      fastPath: options.fastPath,
       storePayload: options.storePayload ?? false,
       logger: this.#log,
       faultHook: options.faultHook,

@@ -1,7 +1,8 @@
+import type { JsMsg } from '@nats-io/jetstream';
 import type { ConsumeArgs } from '../cli/consume-command.js';
+import type { KeyedJobHandler } from '../consumer/database-only-handler.js';
 import type { EnvConfig } from '../config/env-config.js';
 import { ConfigError } from '../errors.js';
-import type { NatsJobHandler } from './idempotent-nats-consumer.js';
 import { startNatsConsumerProcess } from './nats-consumer-process.js';
 import type { NatsKeySource } from './nats-message-identity.js';
 
@@ -11,7 +12,7 @@ import type { NatsKeySource } from './nats-message-identity.js';
  * when missing); `--url` the NATS servers (default `$NATS_URL` or `127.0.0.1:4222`); `--key-from`
  * `body` (the wire contract) or `header` / `message-id` (both: the `Nats-Msg-Id` header).
  */
-export async function runNatsConsumer(args: ConsumeArgs, handler: NatsJobHandler, config: EnvConfig): Promise<void> {
+export async function runNatsConsumer(args: ConsumeArgs, handler: KeyedJobHandler<unknown, unknown, JsMsg>, config: EnvConfig): Promise<void> {
   const { stream, consumer } = streamAndConsumer(args.queue ?? process.env.QUEUE);
   await startNatsConsumerProcess({
     config,

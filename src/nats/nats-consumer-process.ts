@@ -6,7 +6,9 @@ import { instrumentWorker } from '../metrics/worker-metrics.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
-import { createIdempotentNatsConsumer, type IdempotentNatsConsumer, type NatsJobHandler } from './idempotent-nats-consumer.js';
+import type { JsMsg } from '@nats-io/jetstream';
+import type { KeyedJobHandler } from '../consumer/database-only-handler.js';
+import { createIdempotentNatsConsumer, type IdempotentNatsConsumer } from './idempotent-nats-consumer.js';
 import { ensureJetStreamConsumer } from './jetstream-setup.js';
 import type { NatsKeySource } from './nats-message-identity.js';
 
@@ -14,7 +16,8 @@ import type { NatsKeySource } from './nats-message-identity.js';
 export interface NatsConsumerProcessOptions<P, R> {
   /** Postgres, schema, lease and shutdown settings (`CONCURRENCY` too, unless given here). */
   readonly config: EnvConfig;
-  readonly handler: NatsJobHandler<P, R>;
+  /** A function, or a database-only handler (`{ transaction }`: fast path and group commit unless `FAST_PATH` / `GROUP_COMMIT` are false). */
+  readonly handler: KeyedJobHandler<P, R, JsMsg>;
   /** @defaultValue `$NATS_URL` or `'127.0.0.1:4222'` */
   readonly servers?: string;
   /** The stream (it must exist) and the durable consumer (created when missing). */

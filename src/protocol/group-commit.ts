@@ -117,8 +117,10 @@ interface Waiting {
  * not commit (or could not tell whether it did), so that nothing is reported done that did
  * not commit. A job is never failed for a group-mate's error.
  *
- * The price, and why it is opt-in: a group's jobs run one after another on its connection, and
- * the group holds every job's row locks until it commits, so a slow job holds up its group.
+ * The price: a group's jobs run one after another on its connection, and the group holds every
+ * job's row locks until it commits, so a slow job holds up its group. And a job may run more
+ * than once: which is why, by default, `IdempotencyKeys` groups only database-only effects
+ * (whose every run but the committed one leaves no trace), and every effect only when asked.
  */
 export class GroupCommitter {
   readonly #db: Kysely<any>;

@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import type { Kysely, Transaction } from 'kysely';
 import {
   resolveIdempotencyOptions,
+  type GroupedEffects,
   type IdempotencyOptions,
   type ResolvedIdempotencyOptions,
 } from '../config/idempotency-options.js';
@@ -37,11 +38,27 @@ export interface ClaimOptions {
   readonly payload?: unknown;
 }
 
+/** How an effect may be run: options of {@link IdempotencyKeys.commitEffect}, `runEffect` and `executeOnce`. */
+export interface EffectOptions {
+  /**
+   * The effect only touches this database, through its `tx`, and does nothing else (no call to
+   * another system, no queue publish): it may share a group transaction with other effects and
+   * run again after its group rolled back, one run committing, without anyone outside the
+   * database noticing. Such effects are grouped unless `groupCommit` is false; other effects
+   * only when `groupCommit` groups every effect (see {@link IdempotencyOptions.groupCommit}).
+   * @defaultValue `false`
+   */
+  readonly databaseOnly?: boolean;
+}
+
+/** Per-call options of {@link IdempotencyKeys.executeOnce}: what is kept on the key, and how the effect may run. */
+export interface ExecuteOnceOptions extends Omit<ClaimOptions, 'leaseMs'>, EffectOptions {}
+
 /** What to do with the key when an effect throws: make it claimable again, or fail it for good. */
 export type EffectFailureAction = 'release' | 'fail';
 
 /** Options of {@link IdempotencyKeys.runEffect}. */
-export interface RunEffectOptions {
+export interface RunEffectOptions extends EffectOptions {
   /**
    * Decides what a thrown error does to the key. `LeaseLostError` never reaches it (the key is
    * someone else's), nor does {@link StoreUnavailableError} (a store fault: the key is released).
@@ -80,8 +97,11 @@ export type Effect<T> = (tx: Transaction<any>) => Promise<T>;
 export class IdempotencyKeys {
   readonly #options: ResolvedIdempotencyOptions;
   readonly #store: KeyStore;
-  /** Set when group commit is on: effects then share transactions (see `group-commit.ts`). */
-  readonly #group: { committer: GroupCommitter; statements: GroupStatements } | undefined;
+  /**
+   * Set when group commit may group effects (see `group-commit.ts`): every effect, or only
+   * database-only ones (`effects`).
+   */
+  readonly #group: (GroupOfEffects & { readonly effects: GroupedEffects }) | undefined;
 
   constructor(options: IdempotencyOptions, store?: KeyStore) {
     this.#options = resolveIdempotencyOptions(options);
@@ -89,15 +109,17 @@ export class IdempotencyKeys {
     const { groupCommit } = this.#options;
     if (groupCommit) {
       const statements = this.#store.groupStatements;
-      if (!statements) {
+      if (statements) {
+        const insertCompletedKeys = statements.insertCompletedKeys;
+        const committer = new GroupCommitter(this.#options.db, groupCommit, {
+          batchedStep: claimNewKeysStep(statements),
+          insertCompletedKeys: insertCompletedKeys && ((rows) => insertCompletedKeys(rows, this.#options.claimLockTimeoutMs)),
+        });
+        this.#group = { committer, statements, effects: groupCommit.effects };
+      } else if (options.groupCommit !== undefined) {
+        // Asked for: refuse. By default (database-only effects), such a store runs them alone.
         throw new ValidationError('INVALID_OPTIONS', 'groupCommit', 'groupCommit needs a store that offers groupStatements (PostgresKeyStore does).');
       }
-      const insertCompletedKeys = statements.insertCompletedKeys;
-      const committer = new GroupCommitter(this.#options.db, groupCommit, {
-        batchedStep: claimNewKeysStep(statements),
-        insertCompletedKeys: insertCompletedKeys && ((rows) => insertCompletedKeys(rows, this.#options.claimLockTimeoutMs)),
-      });
-      this.#group = { committer, statements };
     }
   }
 
@@ -147,7 +169,7 @@ export class IdempotencyKeys {
    */
   async runEffect<T>(claim: Claim, effect: Effect<T>, options: RunEffectOptions = {}): Promise<T> {
     try {
-      return await this.commitEffect(claim, effect);
+      return await this.commitEffect(claim, effect, undefined, undefined, options);
     } catch (error) {
       if (!(error instanceof LeaseLostError)) {
         // A store fault says nothing about the effect: never a stored failure.
@@ -174,8 +196,16 @@ export class IdempotencyKeys {
    * before the transaction, in the round trip of its first statement (under group commit, on
    * its own first). Refused, it throws {@link LeaseLostError} and nothing else runs; its state
    * tells the caller whether it went.
+   *
+   * `options.databaseOnly` says the effect may share a group transaction (see {@link EffectOptions}).
    */
-  async commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void, lead?: LeadingStatements): Promise<T> {
+  async commitEffect<T>(
+    claim: Claim,
+    effect: Effect<T>,
+    beforeCommit?: () => Promise<void> | void,
+    lead?: LeadingStatements,
+    options: EffectOptions = {},
+  ): Promise<T> {
     const effectErrors = new WeakSet<object>();
     const runEffect = async (tx: Transaction<any>): Promise<T> => {
       try {
@@ -184,9 +214,10 @@ export class IdempotencyKeys {
         throw markEffectError(effectErrors, effectFault(claim, error));
       }
     };
-    return traceEffectTransaction(claim, this.#group !== undefined, async () => {
+    const group = this.#groupFor(options);
+    return traceEffectTransaction(claim, group !== undefined, async () => {
       try {
-        return await this.#commitEffect(claim, runEffect, beforeCommit, lead);
+        return await this.#commitEffect(group, claim, runEffect, beforeCommit, lead);
       } catch (error) {
         if (lead?.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
         if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
@@ -198,8 +229,13 @@ export class IdempotencyKeys {
     });
   }
 
-  async #commitEffect<T>(claim: Claim, effect: Effect<T>, beforeCommit?: () => Promise<void> | void, lead?: LeadingStatements): Promise<T> {
-    const group = this.#group;
+  async #commitEffect<T>(
+    group: GroupOfEffects | undefined,
+    claim: Claim,
+    effect: Effect<T>,
+    beforeCommit?: () => Promise<void> | void,
+    lead?: LeadingStatements,
+  ): Promise<T> {
     if (group) {
       // A shared transaction has no front to ride in: the held record goes alone first.
       if (lead) await this.sendStepRecord(claim, lead);
@@ -277,13 +313,15 @@ export class IdempotencyKeys {
    * Transient store faults throw {@link StoreUnavailableError} as in {@link commitEffect}; a
    * COMMIT cut off in flight is resolved by reading the key (completed under this claim's owner
    * token and fence: `executed`, with the stored result).
+   *
+   * `options.databaseOnly` says the effect may share a group transaction (see {@link EffectOptions}).
    */
   async executeOnce<T>(
     scope: string,
     key: string,
     fingerprint: string,
     effect: (tx: Transaction<any>, claim: Claim) => Promise<T>,
-    options: Omit<ClaimOptions, 'leaseMs'> = {},
+    options: ExecuteOnceOptions = {},
   ): Promise<ExecuteOnceOutcome<T>> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
@@ -297,9 +335,10 @@ export class IdempotencyKeys {
         throw markEffectError(effectErrors, effectFault(claim, error));
       }
     };
-    return traceExecuteOnce(scope, key, options.queue, this.#group !== undefined, async (): Promise<ExecuteOnceOutcome<T>> => {
+    const group = this.#groupFor(options);
+    return traceExecuteOnce(scope, key, options.queue, group !== undefined, async (): Promise<ExecuteOnceOutcome<T>> => {
       try {
-        return await this.#executeOnce(scope, key, fingerprint, runEffect, options);
+        return await this.#executeOnce(group, scope, key, fingerprint, runEffect, options);
       } catch (error) {
         if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
         if (!held) throw new StoreUnavailableError(scope, key, 'claim', { cause: error });
@@ -310,18 +349,18 @@ export class IdempotencyKeys {
   }
 
   async #executeOnce<T>(
+    group: GroupOfEffects | undefined,
     scope: string,
     key: string,
     fingerprint: string,
     effect: (tx: Transaction<any>, claim: Claim) => Promise<T>,
-    options: Omit<ClaimOptions, 'leaseMs'>,
+    options: ExecuteOnceOptions,
   ): Promise<ExecuteOnceOutcome<T>> {
     const store = this.#store;
     const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
     // A settled key (a duplicate) replays from one read, without a transaction.
     const settled = await store.findSettled?.(scope, key, fingerprint);
     if (settled) return settled as ExecuteOnceOutcome<T>;
-    const group = this.#group;
     if (group) {
       // The same steps inside the job's savepoint of a shared transaction. A new key may have
       // been claimed already, with the keys of the jobs grouped with this one (one statement).
@@ -531,6 +570,13 @@ export class IdempotencyKeys {
     return storeCall(scope, key, 'read of its steps', () => steps.load(scope, key));
   }
 
+  /** The group an effect joins: any effect when every effect is grouped, else only a database-only one. */
+  #groupFor(options: EffectOptions): GroupOfEffects | undefined {
+    const group = this.#group;
+    if (group === undefined) return undefined;
+    return group.effects === 'all' || options.databaseOnly === true ? group : undefined;
+  }
+
   /**
    * What became of a transaction whose end met a transient fault: the COMMIT may have been
    * applied with its reply lost. The key tells: completed under this claim's owner token and
@@ -620,6 +666,12 @@ function claimNewKeysStep(statements: GroupStatements): BatchedStep | undefined 
       return { value: claim, undo: claims.undo(claim) };
     });
   };
+}
+
+/** The committer that groups effects, and the store's statements its jobs end with. */
+interface GroupOfEffects {
+  readonly committer: GroupCommitter;
+  readonly statements: GroupStatements;
 }
 
 /** A key's identity as one string (scope and key cannot contain NUL). */

@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { directDatabaseUrl, type EnvConfig } from '../config/env-config.js';
+import { directDatabaseUrl, groupCommitFromEnv, type EnvConfig } from '../config/env-config.js';
 import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { migrate } from '../store/migrate.js';
@@ -39,11 +39,7 @@ export async function openKeyStoreFromEnv(config: EnvConfig, options: { logger: 
     schema: config.SCHEMA,
     leaseMs: config.LEASE_MS,
     retentionMs: config.RETENTION_MS,
-    groupCommit: config.GROUP_COMMIT && {
-      maxJobs: config.GROUP_COMMIT_MAX_JOBS,
-      maxGroups: config.GROUP_COMMIT_GROUPS,
-      optimistic: config.GROUP_COMMIT_OPTIMISTIC,
-    },
+    groupCommit: groupCommitFromEnv(config),
   });
   return { keys, destroy: () => db.destroy() };
 }

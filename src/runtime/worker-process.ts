@@ -1,7 +1,7 @@
 import { pino, type Logger } from 'pino';
-import { directDatabaseUrl, type EnvConfig } from '../config/env-config.js';
+import { directDatabaseUrl, groupCommitFromEnv, type EnvConfig } from '../config/env-config.js';
 import type { FaultHook } from '../fault-hook.js';
-import { createIdempotentWorker, type IdempotentWorker, type JobHandler } from '../bullmq/idempotent-worker.js';
+import { createIdempotentWorker, type DatabaseOnlyJobHandler, type IdempotentWorker, type JobHandler } from '../bullmq/idempotent-worker.js';
 import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { KeySettledListener } from '../store/key-settled-listener.js';
@@ -20,7 +20,8 @@ import { isTransientStoreError } from '../store/pg-errors.js';
 /** What {@link startWorkerProcess} needs besides the environment. */
 export interface WorkerProcessOptions<P, R> {
   readonly config: EnvConfig;
-  readonly handler: JobHandler<P, R>;
+  /** A function, or a database-only handler (`{ transaction }`: fast path and group commit unless `FAST_PATH` / `GROUP_COMMIT` are false). */
+  readonly handler: JobHandler<P, R> | DatabaseOnlyJobHandler<P, R>;
   /** Overrides `FAST_PATH`. */
   readonly fastPath?: boolean;
   readonly logger?: Logger;
@@ -80,11 +81,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     schema: config.SCHEMA,
     leaseMs: config.LEASE_MS,
     retentionMs: config.RETENTION_MS,
-    groupCommit: config.GROUP_COMMIT && {
-      maxJobs: config.GROUP_COMMIT_MAX_JOBS,
-      maxGroups: config.GROUP_COMMIT_GROUPS,
-      optimistic: config.GROUP_COMMIT_OPTIMISTIC,
-    },
+    groupCommit: groupCommitFromEnv(config),
   });
   const listener =
     config.WAIT_MS > 0

@@ -13,14 +13,16 @@
  * - `step_effects` (the multi-step handler only): one row per execution of a database step,
  *   written inside the step's transaction, so it commits with the step's record or not at all.
  *
- * {@link chaosHandler} makes one external call, then the effect. {@link chaosStepsHandler}
+ * {@link chaosHandler} makes one external call, then the effect. {@link databaseOnlyChaosHandler}
+ * (`--database-only`) is the database-only form: the work and the effect in its one
+ * transaction, no external call. {@link chaosStepsHandler}
  * (`--steps`) runs three steps, then the completion: `reserve` (database), `charge` (external:
  * its call is the `external_calls` row), `ledger` (database), and crashes at the step points of
  * its {@link Crasher} when they are armed.
  */
 import { randomUUID } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
-import type { JobContext } from '../../src/index.js';
+import type { DatabaseOnlyJobHandler, JobContext } from '../../src/index.js';
 import type { Crasher } from './fault-injection.js';
 
 /** What the producer puts in each job. */
@@ -93,6 +95,22 @@ export function chaosHandler(schema: string, db: Promise<Kysely<any>>) {
                 values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, ${process.pid})`.execute(tx);
       return { n: ctx.data.n, fence: ctx.fence };
     });
+  };
+}
+
+/**
+ * The database-only chaos handler (`--database-only`): `{ transaction }`, so the workers run it
+ * on the fast path with group commit by default. The simulated work, then the effect row, both
+ * inside its transaction (there is no outside): nothing but the database, as the form requires.
+ */
+export function databaseOnlyChaosHandler(schema: string): DatabaseOnlyJobHandler<ChaosPayload, unknown> {
+  return {
+    transaction: async (tx, ctx) => {
+      if (ctx.data.workMs > 0) await new Promise((resolve) => setTimeout(resolve, ctx.data.workMs));
+      await sql`insert into ${sql.id(schema, 'effects')} (scope, key, fence, worker_pid)
+                values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, ${process.pid})`.execute(tx);
+      return { n: ctx.data.n, fence: ctx.fence };
+    },
   };
 }
 

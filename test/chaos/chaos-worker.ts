@@ -3,13 +3,14 @@
  * the environment like any worker) with the chaos handler and a fault hook that crashes this
  * process at protocol points. Extra environment:
  * - `CHAOS_STEPS`: `true` runs the multi-step handler (`--steps`), with its own crash points;
+ * - `CHAOS_DATABASE_ONLY`: `true` runs the database-only handler (`--database-only`);
  * - `FAULT_POINTS`: crash probabilities, e.g. `after-claim:0.02,before-commit:0.02` (default none);
  * - `FAULT_SEED`: seed of those random crashes (default 1).
  * The harness also arms single crashes over IPC: `{ arm: 'before-commit' }`.
  */
 import type { Kysely } from 'kysely';
 import { loadEnvConfig, startWorkerProcess } from '../../src/index.js';
-import { chaosHandler, chaosStepsHandler, type ChaosPayload } from './chaos-handler.js';
+import { chaosHandler, chaosStepsHandler, databaseOnlyChaosHandler, type ChaosPayload } from './chaos-handler.js';
 import { ArmedFaults, CRASH_POINTS, crasher, crashingFaultHook, parseFaultPoints, type CrashPoint } from './fault-injection.js';
 
 const config = loadEnvConfig();
@@ -26,7 +27,12 @@ let resolveDb!: (db: Kysely<any>) => void;
 const db = new Promise<Kysely<any>>((resolve) => (resolveDb = resolve));
 const worker = await startWorkerProcess<ChaosPayload, unknown>({
   config,
-  handler: process.env.CHAOS_STEPS === 'true' ? chaosStepsHandler(config.SCHEMA, db, crash) : chaosHandler(config.SCHEMA, db),
+  handler:
+    process.env.CHAOS_STEPS === 'true'
+      ? chaosStepsHandler(config.SCHEMA, db, crash)
+      : process.env.CHAOS_DATABASE_ONLY === 'true'
+        ? databaseOnlyChaosHandler(config.SCHEMA)
+        : chaosHandler(config.SCHEMA, db),
   faultHook: crashingFaultHook(crash),
 });
 resolveDb(worker.keys.db);

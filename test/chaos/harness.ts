@@ -47,6 +47,11 @@ export interface ChaosOptions {
    */
   readonly steps: boolean;
   /**
+   * Workers run the database-only handler (`{ transaction }`, `CHAOS_DATABASE_ONLY=true`) with
+   * neither `FAST_PATH` nor `GROUP_COMMIT` set: its defaults, the fast path with group commit.
+   */
+  readonly databaseOnly?: boolean;
+  /**
    * Workers reach Postgres through a PgBouncer in transaction mode (`DATABASE_URL`), and the
    * private cluster itself for what needs a session (`DATABASE_DIRECT_URL`). The harness and
    * the nemesis use the cluster directly; PgBouncer stays up through every Postgres fault.
@@ -150,9 +155,11 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         MIGRATE: 'true',
         FAULT_POINTS: options.faultPoints,
         FAULT_SEED: String(options.seed),
-        FAST_PATH: String(options.fastPath),
-        GROUP_COMMIT: String(options.groupCommit),
+        // Empty is unset (loadEnvConfig): also over a value in the harness's own environment.
+        FAST_PATH: options.databaseOnly ? '' : String(options.fastPath),
+        GROUP_COMMIT: options.databaseOnly ? '' : String(options.groupCommit),
         CHAOS_STEPS: String(options.steps),
+        CHAOS_DATABASE_ONLY: String(options.databaseOnly ?? false),
       },
     });
     await fleet.start();
@@ -257,7 +264,8 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         stoppedAt,
         pending,
         failedJobs,
-        fastPath: options.fastPath,
+        // A database-only handler runs on the fast path by default.
+        fastPath: options.fastPath || (options.databaseOnly ?? false),
       });
       return {
         options,

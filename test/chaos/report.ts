@@ -18,6 +18,8 @@ export interface ChaosSummary {
   readonly groupCommit: boolean;
   /** The multi-step profile (`--steps`). */
   readonly steps: boolean;
+  /** The database-only handler with its defaults (`--database-only`): fast path and group commit. */
+  readonly databaseOnly: boolean;
   /** The workers reached Postgres through PgBouncer in transaction mode. */
   readonly pgBouncer: boolean;
   /** Redis was a private Redis Cluster (`--redis-cluster`). */
@@ -103,6 +105,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
     fastPath: options.fastPath,
     groupCommit: options.groupCommit,
     steps: options.steps,
+    databaseOnly: options.databaseOnly ?? false,
     pgBouncer: options.pgBouncer ?? false,
     redisCluster: options.redisCluster ?? false,
     chaosSeconds: Math.round(run.timings.chaosMs / 1000),
@@ -172,6 +175,12 @@ export function summarize(run: ChaosRun): ChaosSummary {
   };
 }
 
+/** How the workers ran their jobs, e.g. `fast path, group commit`. */
+function paths(s: ChaosSummary): string {
+  if (s.databaseOnly) return 'database-only handler with its defaults: fast path, group commit';
+  return `${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}`;
+}
+
 /** The summary as a two-column table (Markdown, so it pastes into the README as is). */
 export function formatTable(summary: ChaosSummary): string {
   const s = summary;
@@ -180,7 +189,7 @@ export function formatTable(summary: ChaosSummary): string {
   const rows: Array<[string, string]> = [
     ['verdict', s.verdict],
     ['seed', String(s.seed)],
-    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}${s.steps ? ', steps' : ''}${s.pgBouncer ? ', through PgBouncer' : ''}${s.redisCluster ? ', on Redis Cluster' : ''})`],
+    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${paths(s)}${s.steps ? ', steps' : ''}${s.pgBouncer ? ', through PgBouncer' : ''}${s.redisCluster ? ', on Redis Cluster' : ''})`],
     ['chaos phase', `${s.chaosSeconds} s (drain ${s.drainSeconds} s, total ${s.totalSeconds} s)`],
     ['jobs (acknowledged adds)', `${s.jobs} (new ${s.requests.new}, repeated ${s.requests.repeat}, foreign ${s.requests.foreign}, concurrent ${s.requests.concurrent})`],
     ['unique keys (acknowledged)', `${s.uniqueKeys} (${s.acknowledgedKeys})`],
@@ -205,7 +214,7 @@ export function formatTable(summary: ChaosSummary): string {
     ['recovery after a kill p50 / p99 / max', `${ms(s.recoveryAfterKillMs.p50)} / ${ms(s.recoveryAfterKillMs.p99)} / ${ms(s.recoveryAfterKillMs.max)} (${s.recoveryAfterKillMs.samples} keys)`],
     [
       'external calls (keys called > once, extra calls)',
-      `${s.externalCalls.total} (${s.externalCalls.keysCalledMoreThanOnce}, ${s.externalCalls.extraCalls}; ${s.fastPath ? 'fast path: after rolled-back attempts' : 'all after takeovers'})`,
+      `${s.externalCalls.total} (${s.externalCalls.keysCalledMoreThanOnce}, ${s.externalCalls.extraCalls}; ${s.fastPath || s.databaseOnly ? 'fast path: after rolled-back attempts' : 'all after takeovers'})`,
     ],
     ['lease overlaps (zombie still running, fenced)', String(s.leaseOverlaps)],
     ['**lost**', s.unfinished > 0 ? `${s.lost} (and ${s.unfinished} not finished: still queued when the drain timed out)` : String(s.lost)],
@@ -215,7 +224,7 @@ export function formatTable(summary: ChaosSummary): string {
     ['**unexpected**', String(s.unexpected)],
     ['**committed overlaps**', String(s.committedOverlaps)],
     [
-      s.fastPath ? '**fence mismatches** / external calls repeated under one fence (fast path: reported only)' : '**fence mismatches / external calls repeated within a lease**',
+      s.fastPath || s.databaseOnly ? '**fence mismatches** / external calls repeated under one fence (fast path: reported only)' : '**fence mismatches / external calls repeated within a lease**',
       `${s.fenceMismatches} / ${s.externalCallsRepeatedWithinLease}`,
     ],
     ...stepRows(s),

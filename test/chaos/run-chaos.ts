@@ -5,6 +5,7 @@
  *   npm run chaos -- --profile long                                # long profile (about 2 hours; docs/chaos.md)
  *   npm run chaos -- --seed 1234                                   # the same fault schedule again
  *   npm run chaos -- --steps                                       # multi-step jobs (ctx.step), crashes inside and between steps
+ *   npm run chaos -- --database-only                               # the { transaction } handler form with its defaults
  *   npm run chaos -- --redis-cluster                               # on a private Redis Cluster, with failovers of the queue's shard
  *   npm run chaos -- --broker nats                                 # NATS JetStream consumers (run-nats-chaos.ts)
  *
@@ -44,6 +45,10 @@ const USAGE = `Usage: npm run chaos -- [flags]
   --report-dir DIR       where report-<seed>.json goes (default .chaos)
   --fast-path            workers use the single-transaction fast path (FAST_PATH=true)
   --group-commit         workers share transactions between concurrent jobs (GROUP_COMMIT=true)
+  --database-only        workers run a database-only handler ({ transaction }: the work and the
+                         effect in one transaction, no external call) with FAST_PATH and
+                         GROUP_COMMIT unset, so its defaults run: the fast path with group commit
+                         (not with --fast-path, --group-commit or --steps)
   --steps                multi-step jobs: a database step, an external step, a database step,
                          then the completion; crashes also inside and between steps, and the
                          checker adds the step checks (not with --fast-path, which refuses steps)
@@ -85,6 +90,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
       'keep-data': { type: 'boolean' },
       'fast-path': { type: 'boolean' },
       'group-commit': { type: 'boolean' },
+      'database-only': { type: 'boolean' },
       steps: { type: 'boolean' },
       pgbouncer: { type: 'boolean' },
       'redis-cluster': { type: 'boolean' },
@@ -112,6 +118,11 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
   }
   const leaseMs = number('lease-ms', 3_000, 500, 60_000);
   if (values.steps && values['fast-path']) throw new UsageError('--steps: the fast path refuses steps (the whole handler is one transaction there); drop --fast-path');
+  for (const flag of ['fast-path', 'group-commit', 'steps'] as const) {
+    if (values['database-only'] && values[flag]) {
+      throw new UsageError(`--database-only: it runs the database-only handler's defaults (FAST_PATH and GROUP_COMMIT unset, no steps); drop --${flag}`);
+    }
+  }
   return {
     profile: profile as Profile,
     seed: number('seed', randomInt(1, 2 ** 31 - 1), 0, 2 ** 31 - 1),
@@ -130,6 +141,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
     fastPath: values['fast-path'] ?? false,
     groupCommit: values['group-commit'] ?? false,
     steps: values.steps ?? false,
+    databaseOnly: values['database-only'] ?? false,
     pgBouncer: values.pgbouncer ?? false,
     redisCluster: values['redis-cluster'] ?? false,
     reportDir: values['report-dir'] ?? '.chaos',
@@ -160,7 +172,7 @@ async function main(argv: string[]): Promise<number> {
   process.on('SIGTERM', onSignal);
 
   options.log(
-    `${options.profile} profile${options.steps ? ' with steps' : ''}${options.redisCluster ? ' on Redis Cluster' : ''}, seed ${options.seed} (reproduce with --seed ${options.seed}); ${options.jobs} jobs, ${options.workers} workers × ${options.concurrency}; ` +
+    `${options.profile} profile${options.steps ? ' with steps' : ''}${options.databaseOnly ? ' with the database-only handler' : ''}${options.redisCluster ? ' on Redis Cluster' : ''}, seed ${options.seed} (reproduce with --seed ${options.seed}); ${options.jobs} jobs, ${options.workers} workers × ${options.concurrency}; ` +
       `at most ${Math.round((options.durationMs + options.drainTimeoutMs) / 60_000)} minutes of chaos and drain`,
   );
   let run;
