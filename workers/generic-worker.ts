@@ -2,7 +2,7 @@
  * Runs a user's handler module as an idempotent worker:
  *   npx idempotent-jobs worker --queue <name> --handler <module> [--concurrency N]
  * The module's default export is the handler `async (ctx) => result`. Everything else comes
- * from the environment (see the README's configuration table).
+ * from the environment (see docs/configuration.md).
  */
 import { pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';

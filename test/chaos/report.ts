@@ -172,7 +172,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
   };
 }
 
-/** The summary as a two-column table (Markdown, so it pastes into the README as is). */
+/** The summary as a two-column table (Markdown, so it pastes into docs/chaos.md as is). */
 export function formatTable(summary: ChaosSummary): string {
   const s = summary;
   const ms = (v: number | null) => (v === null ? 'n/a' : `${(v / 1000).toFixed(2)} s`);
