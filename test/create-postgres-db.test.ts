@@ -1,8 +1,8 @@
 /**
  * A Postgres connection that dies while it is lent out (its backend terminated in the middle of
- * a transaction) must fail that transaction, not the process. Found by the chaos suite:
- * `pg_terminate_backend` between two statements of a transaction emitted 'error' on a pg
- * Client nobody listened to, and the worker process crashed.
+ * a transaction) must fail that transaction, not the process: `pg_terminate_backend` between
+ * two statements of a transaction makes node-postgres emit 'error' on a Client, and one nobody
+ * listens to crashes the worker process (the chaos suite's `pg-terminate` fault, docs/chaos.md).
  */
 import { sql, type Kysely } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

@@ -34,7 +34,7 @@ function isValidKeyPart(value: string): boolean {
 const keyPart = fc.string({ unit: 'binary', minLength: 1, maxLength: 40 }).filter(isValidKeyPart);
 
 describe('the Python producer example computes the job id jobIdFor does', () => {
-  it('for the keys the README names: non-ASCII, quotes, backslashes, control characters, emoji', () => {
+  it('for the keys the example README names: non-ASCII, quotes, backslashes, control characters, emoji', () => {
     const pairs = [
       ['acme', 'bestellung-ü-42'],
       ['acme', 'order-42'],

@@ -646,8 +646,8 @@ describe('HTTP API', () => {
     expect(read.body.state).toBe('queued');
   });
 
-  it('5. the README curl examples get the statuses they name, against the runnable server with a worker running', async () => {
-    const examples = readmeCurlExamples(readFileSync(new URL('../README.md', import.meta.url), 'utf8'));
+  it('5. the curl examples of docs/http-api.md get the statuses they name, against the runnable server with a worker running', async () => {
+    const examples = documentedCurlExamples(readFileSync(new URL('../docs/http-api.md', import.meta.url), 'utf8'));
     expect(examples.map((e) => e.status)).toEqual([202, 200, 200, 422, 400, 400, 401, 404, 404, 413, 415]);
     const server = await startHttpServerChild({
       DATABASE_URL: env.databaseUrl,
@@ -664,7 +664,7 @@ describe('HTTP API', () => {
     children.push(server);
     for (const [index, example] of examples.entries()) {
       // The worker starts after the first example: a job it finished before the POST's answer
-      // was read would make that answer 200 (completed) instead of the 202 the README shows.
+      // was read would make that answer 200 (completed) instead of the 202 the example shows.
       if (index === 1) startWorker('payments');
       const { stdout } = await promisify(execFile)('bash', ['-c', example.command], {
         env: { ...process.env, API: server.url, TOKEN: ACME },
@@ -689,9 +689,9 @@ describe('HTTP API', () => {
   });
 });
 
-/** The annotated examples of the README's "HTTP API" section: `# → NNN [problem-kind]…` then the command. */
-function readmeCurlExamples(readme: string) {
-  const section = readme.split(/^## HTTP API$/m)[1]!.split(/^## /m)[0]!;
+/** The annotated examples of docs/http-api.md's "Examples" section: `# → NNN [problem-kind]…` then the command. */
+function documentedCurlExamples(doc: string) {
+  const section = doc.split(/^## Examples$/m)[1]!.split(/^## /m)[0]!;
   const blocks = [...section.matchAll(/^```sh\n([\s\S]*?)^```$/gm)].map((m) => m[1]!);
   const examples: Array<{ status: number; problem?: string; comment: string; command: string }> = [];
   for (const block of blocks) {

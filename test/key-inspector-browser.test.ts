@@ -2,7 +2,7 @@
  * The key inspector in a real browser: Debian's headless Chromium (`/usr/bin/chromium`, or
  * `CHROMIUM_PATH`) driven by playwright-core, which downloads no browser. One browser for the
  * file, a fresh context (so a fresh sessionStorage) per test. `INSPECTOR_SCREENSHOT=<file.png>`
- * also saves the key page as shown (the README's picture).
+ * also saves the key page as shown (the picture in docs/observability.md).
  */
 import { Queue } from 'bullmq';
 import { sql } from 'kysely';

@@ -130,7 +130,7 @@ describe('worker metrics and health', () => {
     expect(values.get(`idempotent_jobs_claim_outcomes_total{${q},outcome="taken-over"}`)).toBe(0);
     expect(values.get(`idempotent_jobs_claim_outcomes_total{${q},outcome="deferred"}`)).toBe(0);
     // Present from the start. (Not asserted 0: a heartbeat in flight when a job completes can
-    // report its key as no longer held; see the report on IdempotentWorker's heartbeat.)
+    // report its key as no longer held.)
     expect(values.get(`idempotent_jobs_claim_outcomes_total{${q},outcome="lease-lost"}`)).toBeGreaterThanOrEqual(0);
     expect(values.get(`idempotent_jobs_job_results_total{${q},result="completed"}`)).toBe(3);
     expect(values.get(`idempotent_jobs_fenced_commits_total{${q}}`)).toBe(0);

@@ -3,8 +3,8 @@
  *   npx idempotent-jobs worker --queue <name> --handler <module> [--concurrency N]
  * The module's default export is the handler: `async (ctx) => result`, or a database-only
  * handler `{ transaction: async (tx, ctx) => result }` (fast path and group commit unless
- * FAST_PATH or GROUP_COMMIT is false). Everything else comes from the environment (see the
- * README's configuration table).
+ * FAST_PATH or GROUP_COMMIT is false). Everything else comes from the environment (see
+ * docs/configuration.md).
  */
 import { loadEnvConfig, loadHandlerModule, startWorkerProcess } from '../src/index.js';
 import { startTracingFromEnv } from '../src/otel/index.js';

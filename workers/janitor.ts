@@ -1,7 +1,7 @@
 /**
  * The standalone maintenance process: the janitor (expired keys, old outbox rows) and the
  * sweeper (lost jobs), for deployments that run them apart from the workers. Configured by
- * the environment (README, "Configuration"); /metrics and /healthz on METRICS_PORT when set.
+ * the environment (docs/configuration.md); /metrics and /healthz on METRICS_PORT when set.
  * Safe beside workers that run maintenance too: one process at a time runs each task.
  *
  *   node --import tsx workers/janitor.ts

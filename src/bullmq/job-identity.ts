@@ -111,7 +111,7 @@ function malformed(field: string, problem: string): ValidationError {
     'INVALID_JOB_DATA',
     field,
     `Malformed job data: ${problem}. Expected { idempotencyKey: string, scope?: string, payload: JSON } ` +
-      '(see "Wire contract" in the README).',
+      '(see "The wire contract" in docs/guide.md).',
   );
 }
 

@@ -10,8 +10,9 @@ const bool = z
   .transform((v) => v === 'true' || v === '1' || v === 'yes');
 
 /**
- * Environment variables read by the runnable processes. Each is documented in the README's
- * configuration table; names and defaults here are the source of truth.
+ * Environment variables read by the runnable processes. Each is documented in
+ * docs/configuration.md (test/configuration-doc.test.ts checks that every one is there, with
+ * its default); names and defaults here are the source of truth.
  */
 const envSchema = z.object({
   DATABASE_URL: z.string().url('must be a postgres:// URL').default('postgres://postgres@127.0.0.1:5432/postgres'),
@@ -95,6 +96,9 @@ const envSchema = z.object({
   JOB_BACKOFF_MS: int(0).default(0),
   JOB_BACKOFF_TYPE: z.enum(['fixed', 'exponential']).default('fixed'),
 });
+
+/** The names of the variables {@link loadEnvConfig} reads, in the schema's order. */
+export const ENV_VARIABLES: readonly (keyof EnvConfig)[] = Object.freeze(Object.keys(envSchema.shape) as (keyof EnvConfig)[]);
 
 /** The validated process configuration. */
 export type EnvConfig = z.infer<typeof envSchema>;

@@ -244,6 +244,12 @@ const httpEnvSchema = z.object({
   HTTP_RELAY: bool.default(true),
 });
 
+/**
+ * The names of the variables {@link loadHttpEnvConfig} reads beyond `ENV_VARIABLES` (env-config.ts):
+ * the schema's, and the two token lists parsed on their own.
+ */
+export const HTTP_ENV_VARIABLES: readonly string[] = Object.freeze([...Object.keys(httpEnvSchema.shape), 'HTTP_TOKENS', 'ADMIN_TOKENS']);
+
 /** The HTTP server process's configuration: the common variables plus the `HTTP_*` ones. */
 export interface HttpEnvConfig extends EnvConfig {
   readonly HTTP_HOST: string;
@@ -260,7 +266,7 @@ export interface HttpEnvConfig extends EnvConfig {
 }
 
 /**
- * Reads and validates the HTTP server's environment (see "HTTP API" in the README). Throws a
+ * Reads and validates the HTTP server's environment (see docs/configuration.md). Throws a
  * {@link ConfigError} naming each wrong variable, and refuses a non-loopback `HTTP_HOST`
  * without `HTTP_TOKENS`.
  */

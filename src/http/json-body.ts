@@ -15,7 +15,7 @@ import { HttpProblem } from './problems.js';
  *   and NUL characters (Postgres `jsonb` cannot store them).
  *
  * Parsing itself stays Fastify's (secure-json-parse, which refuses `__proto__` and
- * `constructor.prototype` keys). The body limit applies as before (413 above it).
+ * `constructor.prototype` keys). Fastify's body limit applies too (413 above it).
  */
 export function installJsonBodyParser(app: FastifyInstance): void {
   const parseJson = app.getDefaultJsonParser('error', 'error');

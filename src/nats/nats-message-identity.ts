@@ -10,7 +10,7 @@ export const NATS_MSG_ID_HEADER = 'Nats-Msg-Id';
 /**
  * Where a message's idempotency key comes from:
  * - `'wire-contract'`: the body is the wire contract's JSON
- *   (`{ "idempotencyKey", "scope"?, "payload" }`, see the README), scope and key read from it;
+ *   (`{ "idempotencyKey", "scope"?, "payload" }`, see the wire contract in docs/guide.md), scope and key read from it;
  * - `'nats-msg-id'`: the key is the `Nats-Msg-Id` header, the scope is the consumer's `scope`
  *   option, and the whole body, as JSON, is the payload. For publishers that already set
  *   `Nats-Msg-Id` for JetStream's publish deduplication: the same id then also guards the

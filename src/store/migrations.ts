@@ -100,7 +100,7 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
     // Several leased claims in one statement and one commit (the claim batcher).
     '004_claim_keys_function': installing(claimKeysFunctionDdl),
     '005_notify_only_waiters': {
-      // NOTIFY at commit takes a database-wide lock and halves commit throughput; a key now
+      // NOTIFY at commit takes a database-wide lock and halves commit throughput, so a key
       // notifies only when a waiter asked for it (see key-settled-listener.ts).
       async up(db: Kysely<any>) {
         await sql`alter table ${t('idempotency_keys')} add column has_waiters boolean not null default false`.execute(db);
@@ -126,7 +126,7 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
     },
     // Group commit's fast path claims all of a group's new keys in one statement.
     '008_claim_new_keys_function': installing(claimNewKeysFunctionDdl),
-    // store_fast_path_result was `language sql`, whose body Postgres plans again on every call.
+    // store_fast_path_result in PL/pgSQL: Postgres plans a `language sql` body (as migration 007 installed it) again on every call.
     '009_fast_path_result_in_plpgsql': installing(storeFastPathResultFunctionDdl),
     // claim_keys inserts a batch's new keys in one statement instead of one claim_key call each.
     '010_claim_keys_set_based': installing(claimKeysFunctionDdl),

@@ -181,7 +181,7 @@ function paths(s: ChaosSummary): string {
   return `${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}`;
 }
 
-/** The summary as a two-column table (Markdown, so it pastes into the README as is). */
+/** The summary as a two-column table (Markdown, so it pastes into docs/chaos.md as is). */
 export function formatTable(summary: ChaosSummary): string {
   const s = summary;
   const ms = (v: number | null) => (v === null ? 'n/a' : `${(v / 1000).toFixed(2)} s`);

@@ -56,8 +56,8 @@ const MAX_STATEMENTS = 5;
  * The claim: one statement, one round trip in every uncontended case. The statement calls the
  * `claim_key` function that {@link claimKeyFunctionDdl} defines (migration
  * `003_claim_key_function`): a PL/pgSQL function keeps its plans per session, so the claim is
- * parsed and planned once per connection instead of once per job (the single-statement CTE this
- * replaced spent more time in the planner than in execution), and its text on the wire is short.
+ * parsed and planned once per connection instead of once per job (a single-statement CTE doing
+ * the same spends more time in the planner than in execution), and its text on the wire is short.
  *
  * Inside the function:
  * 1. `INSERT … ON CONFLICT DO NOTHING`; the primary key (scope, key) is the arbiter, never a
