@@ -114,6 +114,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{ event
   #session: Session | undefined;
   #connecting: Promise<void> | undefined;
   #closing: Promise<void> | undefined;
+  #started = false;
   #closed = false;
 
   constructor(options: AmqpConsumerOptions<P, R>) {
@@ -161,11 +162,17 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{ event
     return this.#session !== undefined;
   }
 
+  /** True from {@link start} until {@link close}: consuming, or connecting to consume. */
+  get isRunning(): boolean {
+    return this.#started && !this.#closed;
+  }
+
   /**
    * Connects, declares the queues and starts consuming. Resolves once consuming; while the
    * broker is unreachable it keeps trying (with a warning per try) until {@link close}.
    */
   start(): Promise<void> {
+    this.#started = true;
     this.#connecting ??= this.#connectUntilConsuming().finally(() => {
       this.#connecting = undefined;
     });

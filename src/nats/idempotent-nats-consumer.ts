@@ -132,7 +132,11 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
   #readyResolve!: () => void;
   #readyReject!: (error: unknown) => void;
   #connection: NatsConnection | undefined;
+  /** False from a `disconnect` of the connection until its `reconnect`. */
+  #connected = false;
   #messages: ConsumerMessages | undefined;
+  /** True while the pull loop iterates a `consume()`. */
+  #pulling = false;
   #closingRequested = false;
   #closing: Promise<void> | undefined;
   readonly #loop: Promise<void>;
@@ -182,6 +186,19 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
     return this.#options.keys.db;
   }
 
+  /** True until {@link close} (or a JetStream consumer it cannot use) stops it. */
+  get isRunning(): boolean {
+    return !this.#closingRequested;
+  }
+
+  /**
+   * True while messages can arrive: the connection is open and connected (not waiting to
+   * reconnect) and the pull loop iterates its `consume()`.
+   */
+  get isConsuming(): boolean {
+    return this.#pulling && this.#connected && this.#connection !== undefined && !this.#connection.isClosed();
+  }
+
   /**
    * Resolves once the consumer is pulling messages; rejects when the JetStream consumer cannot
    * be used as configured (not explicit acks, an AckWait the heartbeat cannot keep at bay).
@@ -227,16 +244,21 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
         // by missed idle heartbeats (half of expires) and pulled again within seconds.
         const messages = await consumer.consume({ max_messages: this.#options.prefetch ?? Math.max(10, 2 * this.#concurrency), expires: PULL_EXPIRES_MS });
         this.#messages = messages;
+        this.#pulling = true;
         this.#readyResolve();
-        for await (const message of messages) {
-          if (this.#closingRequested) {
-            message.nak();
-            continue;
+        try {
+          for await (const message of messages) {
+            if (this.#closingRequested) {
+              message.nak();
+              continue;
+            }
+            await this.#freeSlot();
+            const handled = this.#handle(js, message).catch((error) => this.#log.error({ err: error }, 'message handling failed'));
+            this.#inFlight.add(handled);
+            void handled.finally(() => this.#inFlight.delete(handled));
           }
-          await this.#freeSlot();
-          const handled = this.#handle(js, message).catch((error) => this.#log.error({ err: error }, 'message handling failed'));
-          this.#inFlight.add(handled);
-          void handled.finally(() => this.#inFlight.delete(handled));
+        } finally {
+          this.#pulling = false;
         }
         if (!this.#closingRequested) this.#log.warn('the consumer stopped delivering; subscribing again');
       } catch (error) {
@@ -254,13 +276,34 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
   /** The consumer's connection: the same one while nats.js reconnects it, a new one once it closed. */
   async #connect(): Promise<NatsConnection> {
     if (this.#connection && !this.#connection.isClosed()) return this.#connection;
-    this.#connection = await connect({
+    const connection = await connect({
       ...this.#options.connectionOptions,
       servers: this.#options.servers,
       maxReconnectAttempts: -1,
       reconnectTimeWait: this.#options.connectionOptions?.reconnectTimeWait ?? 250,
     });
-    return this.#connection;
+    this.#connection = connection;
+    this.#connected = true;
+    void this.#followStatus(connection);
+    return connection;
+  }
+
+  /** Keeps {@link isConsuming} told of the connection's disconnections and reconnections, until it closes. */
+  async #followStatus(connection: NatsConnection): Promise<void> {
+    try {
+      for await (const status of connection.status()) {
+        if (connection !== this.#connection) return;
+        if (status.type === 'disconnect') {
+          this.#connected = false;
+          if (!this.#closingRequested) this.#log.warn({ server: status.server }, 'NATS connection lost; reconnecting');
+        } else if (status.type === 'reconnect') {
+          this.#connected = true;
+          this.#log.info({ server: status.server }, 'NATS connection restored');
+        }
+      }
+    } catch {
+      // The iterator ends (or fails) with the connection; a new connection gets its own.
+    }
   }
 
   /** Refuses a JetStream consumer this one cannot run correctly; warns of a delivery limit. */
