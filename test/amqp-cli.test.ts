@@ -3,7 +3,9 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys } from '../src/index.js';
+import { startAmqpConsumerProcess } from '../src/amqp/amqp-consumer-process.js';
+import { IdempotencyKeys, loadEnvConfig } from '../src/index.js';
+import { freePort } from './chaos/private-redis.js';
 import { createAmqpTestEnv, type AmqpTestEnv, AMQP_URL } from './support/amqp-test-env.js';
 import { operationsEnv, scrapeMetrics, seedMaintenanceKeys } from './support/consumer-operations.js';
 import { waitFor } from './support/queue-helpers.js';
@@ -103,6 +105,46 @@ describe('idempotent-jobs consume --broker amqp', () => {
       expect((await exited).code).toBe(0);
     } finally {
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    }
+  });
+
+  it('answers /healthz with 503 and the broker check failing while RabbitMQ is unreachable', async () => {
+    const [metricsPort, closedPort] = [await freePort(), await freePort()];
+    const { child } = runCli(['consume', '--broker', 'amqp', '--queue', amqp.queueName('unreachable'), '--handler', 'test/support/echo-handler.mjs'], {
+      ...operationsEnv(env),
+      METRICS_PORT: String(metricsPort),
+      AMQP_URL: `amqp://guest:guest@127.0.0.1:${closedPort}`,
+    });
+    try {
+      const health = await waitFor('/healthz to answer', () => fetch(`http://127.0.0.1:${metricsPort}/healthz`).catch(() => undefined), 30_000);
+      expect(health.status).toBe(503);
+      const report = (await health.json()) as { checks: Record<string, { ok: boolean }> };
+      expect(report.checks).toMatchObject({ postgres: { ok: true }, broker: { ok: false }, consumer: { ok: true } });
+    } finally {
+      child.kill('SIGKILL');
+      await once(child, 'exit');
+    }
+  });
+
+  it('turns /healthz to 503 with the consumer check failing once the consumer closes, then closes the server', async () => {
+    const started = await startAmqpConsumerProcess({
+      config: loadEnvConfig({ DATABASE_URL: env.databaseUrl, SCHEMA: env.schema, ...operationsEnv(env), LOG_LEVEL: 'silent' }),
+      handler: async (ctx) => ctx.data,
+      url: AMQP_URL,
+      queue: amqp.queueName('closing'),
+      handleSignals: false,
+    });
+    try {
+      const url = started.metricsServer!.url;
+      expect((await fetch(`${url}/healthz`)).status).toBe(200);
+      await started.consumer.close();
+      const health = await fetch(`${url}/healthz`);
+      expect(health.status).toBe(503);
+      expect(((await health.json()) as { checks: Record<string, unknown> }).checks.consumer).toEqual({ ok: false, error: 'the consumer is not running (closing or closed)' });
+      await started.stop();
+      await expect(fetch(`${url}/healthz`)).rejects.toThrow();
+    } finally {
+      await started.stop();
     }
   });
 
