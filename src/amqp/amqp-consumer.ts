@@ -2,6 +2,7 @@ import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { connect, type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Options } from 'amqplib';
 import { pino, type Logger } from 'pino';
+import { positiveIntegerOption } from '../config/consumer-options.js';
 import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../config/worker-timing.js';
 import {
   KeyedJobRunner,
@@ -12,7 +13,6 @@ import {
   type RunOutcome,
 } from '../consumer/keyed-job-runner.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
-import { ValidationError } from '../errors.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
@@ -121,10 +121,9 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{ event
     super();
     this.#options = Object.freeze({ ...options });
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
-    this.#maxAttempts = options.maxAttempts ?? 3;
-    if (!Number.isInteger(this.#maxAttempts) || this.#maxAttempts < 1) {
-      throw new ValidationError('INVALID_OPTIONS', 'maxAttempts', `maxAttempts must be a positive integer, got ${options.maxAttempts}.`);
-    }
+    this.#maxAttempts = positiveIntegerOption('maxAttempts', options.maxAttempts ?? 3);
+    positiveIntegerOption('concurrency', options.concurrency ?? 1);
+    positiveIntegerOption('retryDelayMs', options.retryDelayMs ?? 1_000);
     this.#log = (options.logger ?? pino()).child({ queue: options.queue });
     this.#topology = amqpTopology(options.queue, options);
     this.#runner = new KeyedJobRunner<P, R, ConsumeMessage>({

@@ -4,6 +4,7 @@ import { AckPolicy, jetstream, type ConsumerMessages, type JetStreamClient, type
 import { connect, millis, type NatsConnection, type NodeConnectionOptions } from '@nats-io/transport-node';
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
+import { positiveIntegerOption } from '../config/consumer-options.js';
 import { resolveWorkerTiming, storeRetryDelayMs, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../config/worker-timing.js';
 import { ValidationError } from '../errors.js';
 import type { FaultHook } from '../fault-hook.js';
@@ -145,10 +146,10 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
     super();
     this.#options = Object.freeze({ ...options });
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
-    this.#concurrency = positiveInteger('concurrency', options.concurrency ?? 1);
-    this.#maxAttempts = positiveInteger('maxAttempts', options.maxAttempts ?? 5);
-    this.#retryDelayMs = positiveInteger('retryDelayMs', options.retryDelayMs ?? 1_000);
-    this.#retryDelayMaxMs = positiveInteger('retryDelayMaxMs', options.retryDelayMaxMs ?? 60_000);
+    this.#concurrency = positiveIntegerOption('concurrency', options.concurrency ?? 1);
+    this.#maxAttempts = positiveIntegerOption('maxAttempts', options.maxAttempts ?? 5);
+    this.#retryDelayMs = positiveIntegerOption('retryDelayMs', options.retryDelayMs ?? 1_000);
+    this.#retryDelayMaxMs = positiveIntegerOption('retryDelayMaxMs', options.retryDelayMaxMs ?? 60_000);
     this.#log = (options.logger ?? pino()).child({ stream: options.stream, consumer: options.consumer });
     const keyFrom = options.keyFrom ?? 'wire-contract';
     const scope = options.scope;
@@ -416,9 +417,4 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
     if (this.listenerCount('event') > 0) this.emit('event', { kind: 'dead-lettered', jobId: String(message.seq), reason });
     this.#log.warn({ message: label, reason }, 'message dead-lettered and terminated');
   }
-}
-
-function positiveInteger(field: string, value: number): number {
-  if (!Number.isInteger(value) || value < 1) throw new ValidationError('INVALID_OPTIONS', field, `Invalid consumer option ${field}: expected a positive integer, got ${value}.`);
-  return value;
 }
