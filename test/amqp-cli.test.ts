@@ -3,7 +3,7 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startAmqpConsumerProcess } from '../src/amqp/amqp-consumer-process.js';
+import { startAmqpConsumerProcess } from '../src/amqp/index.js';
 import { IdempotencyKeys, loadEnvConfig } from '../src/index.js';
 import { freePort } from './chaos/private-redis.js';
 import { createAmqpTestEnv, type AmqpTestEnv, AMQP_URL } from './support/amqp-test-env.js';
