@@ -257,6 +257,17 @@ describe('AMQP consumer outcomes', () => {
   });
 });
 
+describe('AMQP consumer options', () => {
+  it('refuses a count or delay that is not a positive integer, naming the option', () => {
+    const base = { url: AMQP_URL, queue: 'never-consumed', keys, handler: async () => null };
+    for (const [field, value] of [['concurrency', 0], ['maxAttempts', 1.5], ['retryDelayMs', -1]] as const) {
+      expect(() => createAmqpConsumer({ ...base, [field]: value }), field).toThrow(
+        expect.objectContaining({ name: 'ValidationError', field, message: `Invalid consumer option ${field}: expected a positive integer, got ${value}.` }),
+      );
+    }
+  });
+});
+
 describe('AMQP fast path', () => {
   it('fastPath: claim, effect and completion in one transaction; a duplicate replays; steps are refused with a clear error', async () => {
     const queue = amqp.queueName('fast-path');

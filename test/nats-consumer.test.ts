@@ -2,7 +2,7 @@ import { AckPolicy, type StoredMsg } from '@nats-io/jetstream';
 import { nanos } from '@nats-io/transport-node';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, createPostgresDb, toWireJobData, ValidationError } from '../src/index.js';
+import { IdempotencyKeys, createPostgresDb, loadEnvConfig, toWireJobData, ValidationError } from '../src/index.js';
 import {
   DEAD_LETTER_ERROR_HEADER,
   DEAD_LETTER_REASON_HEADER,
@@ -13,6 +13,7 @@ import {
   type IdempotentNatsConsumerOptions,
   type NatsConsumerEvent,
   type NatsJobHandler,
+  startNatsConsumerProcess,
 } from '../src/nats/index.js';
 import { createEffectsTable, createGate, effectsOf, insertEffect } from './support/protocol-fixtures.js';
 import { createNatsTestEnv, type NatsTestEnv } from './support/nats-env.js';
@@ -379,5 +380,38 @@ describe('IdempotentNatsConsumer connection recovery', () => {
     await waitFor('second completed', async () => kinds(events, 'after').includes('completed'), 30_000);
     expect(await effectsOf(env.db, env.schema, 'recovery', 'before')).toHaveLength(1);
     expect(await effectsOf(env.db, env.schema, 'recovery', 'after')).toHaveLength(1);
+  });
+
+  it("a consumer process's /healthz fails the broker check while the server is away, passes once it is back, and fails the consumer check once it closes", async () => {
+    const stream = privateNats.name('health');
+    await privateNats.jsm.streams.add({ name: stream, subjects: [`${stream}.>`] });
+    const started = await startNatsConsumerProcess({
+      config: loadEnvConfig({ DATABASE_URL: env.databaseUrl, DATABASE_DIRECT_URL: env.databaseDirectUrl, SCHEMA: env.schema, MIGRATE: 'false', METRICS_PORT: '0' }),
+      handler: async (ctx) => ctx.data,
+      servers: server.url,
+      stream,
+      consumer: 'payments',
+      logger: silent,
+      handleSignals: false,
+    });
+    const health = async () => {
+      const response = await fetch(`${started.metricsServer!.url}/healthz`);
+      return { status: response.status, checks: ((await response.json()) as { checks: Record<string, { ok: boolean; error?: string }> }).checks };
+    };
+    try {
+      expect(await health()).toEqual({ status: 200, checks: { postgres: { ok: true }, broker: { ok: true }, consumer: { ok: true } } });
+      await server.crash();
+      const down = await waitFor('the broker check to fail', async () => {
+        const report = await health();
+        return report.status === 503 ? report : undefined;
+      });
+      expect(down.checks).toMatchObject({ postgres: { ok: true }, broker: { ok: false }, consumer: { ok: true } });
+      await server.restart(0);
+      await waitFor('the broker check to pass again', async () => (await health()).status === 200, 30_000, 200);
+      await started.consumer.close();
+      expect(await health()).toMatchObject({ status: 503, checks: { consumer: { ok: false, error: 'the consumer is not running (closing or closed)' } } });
+    } finally {
+      await started.stop();
+    }
   });
 });

@@ -1,8 +1,12 @@
 import { pino, type Logger } from 'pino';
 import type { EnvConfig } from '../config/env-config.js';
 import type { FaultHook } from '../fault-hook.js';
+import type { MetricsServer } from '../metrics/metrics-server.js';
 import { instrumentWorker } from '../metrics/worker-metrics.js';
+import type { Maintenance } from '../ops/maintenance.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from '../runtime/close-within.js';
+import { startConsumerOperations, type ConsumerOperations } from '../runtime/consumer-operations.js';
 import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
 import type { ConsumeMessage } from 'amqplib';
@@ -32,13 +36,20 @@ export interface AmqpConsumerProcess<P, R> {
   readonly consumer: AmqpConsumer<P, R>;
   readonly keys: IdempotencyKeys;
   readonly logger: Logger;
+  /** `/metrics` and `/healthz` (checks `postgres`, `broker`, `consumer`), when `METRICS_PORT` is set. */
+  readonly metricsServer?: MetricsServer;
+  /** The janitor and the key statistics (one process at a time runs each), unless turned off; never the sweeper. */
+  readonly maintenance?: Maintenance;
+  /** Graceful close, then maintenance, the metrics server and the pools. */
   stop(): Promise<void>;
 }
 
 /**
- * Builds and starts a RabbitMQ consumer process: the Postgres pool (waited for up to
- * STARTUP_WAIT_MS, migrated when MIGRATE), the claim protocol, the consumer, metrics events and
- * signal handling (SIGTERM/SIGINT: graceful close within SHUTDOWN_TIMEOUT_MS).
+ * Builds and starts a RabbitMQ consumer process: the Postgres pools (waited for up to
+ * STARTUP_WAIT_MS, migrated when MIGRATE), the claim protocol, the consumer, metrics events,
+ * `/metrics` and `/healthz` on METRICS_PORT, maintenance as the worker process runs it (without
+ * the sweeper: see `startConsumerOperations`), and signal handling (SIGTERM/SIGINT: graceful
+ * close within SHUTDOWN_TIMEOUT_MS).
  */
 export async function startAmqpConsumerProcess<P, R>(options: AmqpConsumerProcessOptions<P, R>): Promise<AmqpConsumerProcess<P, R>> {
   const { config } = options;
@@ -47,27 +58,55 @@ export async function startAmqpConsumerProcess<P, R>(options: AmqpConsumerProces
   const concurrency = options.concurrency ?? config.CONCURRENCY;
   const store = await openKeyStoreFromEnv(config, { logger, applicationName: `idempotent-jobs:amqp:${queue}`, concurrency });
   const { keys } = store;
-  const consumer = createAmqpConsumer<P, R>({
-    url: options.url ?? process.env.AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
-    queue,
-    keys,
-    handler: options.handler,
-    concurrency,
-    identity: options.identity,
-    ...runnerSettingsFromEnv(config),
-    logger,
-    faultHook: options.faultHook,
-  });
+  let consumer: AmqpConsumer<P, R>;
+  try {
+    consumer = createAmqpConsumer<P, R>({
+      url: options.url ?? process.env.AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
+      queue,
+      keys,
+      handler: options.handler,
+      concurrency,
+      identity: options.identity,
+      ...runnerSettingsFromEnv(config),
+      logger,
+      faultHook: options.faultHook,
+    });
+  } catch (error) {
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, store.destroy());
+    throw error;
+  }
   const uninstrument = instrumentWorker(consumer, queue);
-  await consumer.start();
-  logger.info({ pid: process.pid, queue, concurrency, leaseMs: config.LEASE_MS }, 'amqp consumer ready');
+  let operations: ConsumerOperations | undefined;
+  try {
+    operations = await startConsumerOperations(config, store, {
+      logger,
+      component: 'amqp-consumer',
+      checks: {
+        broker: () => {
+          if (!consumer.isConsuming) throw new Error('no open RabbitMQ channel (connecting or reconnecting)');
+        },
+        consumer: () => {
+          if (!consumer.isRunning) throw new Error('the consumer is not running (closing or closed)');
+        },
+      },
+    });
+    await consumer.start();
+    operations.startMaintenance();
+  } catch (error) {
+    uninstrument();
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, consumer.close(), operations?.stop(), store.destroy());
+    throw error;
+  }
+  const { metricsServer, maintenance } = operations;
+  logger.info({ pid: process.pid, queue, concurrency, leaseMs: config.LEASE_MS, metricsPort: metricsServer?.port }, 'amqp consumer ready');
   let stopped: Promise<void> | undefined;
   const stop = () =>
     (stopped ??= (async () => {
       await consumer.close();
+      await operations.stop();
       uninstrument();
       await store.destroy();
     })());
   if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
-  return { consumer, keys, logger, stop };
+  return { consumer, keys, logger, stop, metricsServer, maintenance };
 }

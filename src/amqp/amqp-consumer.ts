@@ -2,6 +2,7 @@ import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { connect, type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Options } from 'amqplib';
 import { pino, type Logger } from 'pino';
+import { positiveIntegerOption } from '../config/consumer-options.js';
 import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../config/worker-timing.js';
 import {
   KeyedJobRunner,
@@ -13,7 +14,6 @@ import {
 } from '../consumer/keyed-job-runner.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
 import type { KeyedJobHandler } from '../consumer/database-only-handler.js';
-import { ValidationError } from '../errors.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
@@ -120,16 +120,16 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{ event
   #session: Session | undefined;
   #connecting: Promise<void> | undefined;
   #closing: Promise<void> | undefined;
+  #started = false;
   #closed = false;
 
   constructor(options: AmqpConsumerOptions<P, R>) {
     super();
     this.#options = Object.freeze({ ...options });
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
-    this.#maxAttempts = options.maxAttempts ?? 3;
-    if (!Number.isInteger(this.#maxAttempts) || this.#maxAttempts < 1) {
-      throw new ValidationError('INVALID_OPTIONS', 'maxAttempts', `maxAttempts must be a positive integer, got ${options.maxAttempts}.`);
-    }
+    this.#maxAttempts = positiveIntegerOption('maxAttempts', options.maxAttempts ?? 3);
+    positiveIntegerOption('concurrency', options.concurrency ?? 1);
+    positiveIntegerOption('retryDelayMs', options.retryDelayMs ?? 1_000);
     this.#log = (options.logger ?? pino()).child({ queue: options.queue });
     this.#topology = amqpTopology(options.queue, options);
     this.#runner = new KeyedJobRunner<P, R, ConsumeMessage>({
@@ -167,11 +167,17 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{ event
     return this.#session !== undefined;
   }
 
+  /** True from {@link start} until {@link close}: consuming, or connecting to consume. */
+  get isRunning(): boolean {
+    return this.#started && !this.#closed;
+  }
+
   /**
    * Connects, declares the queues and starts consuming. Resolves once consuming; while the
    * broker is unreachable it keeps trying (with a warning per try) until {@link close}.
    */
   start(): Promise<void> {
+    this.#started = true;
     this.#connecting ??= this.#connectUntilConsuming().finally(() => {
       this.#connecting = undefined;
     });

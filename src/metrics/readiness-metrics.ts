@@ -19,7 +19,7 @@ const sources = new Set<ReadinessSource>();
  * Exports `idempotent_jobs_ready{component,check}`: 1 when the check passed, 0 when it failed,
  * measured when Prometheus scrapes (the probe runs then, so the value is never older than the
  * scrape, and a process that cannot answer the scrape shows as `up == 0` instead). The checks
- * are those of `/healthz` (worker, maintenance) and `/readyz` (HTTP API). Several sources of
+ * are those of `/healthz` (worker, broker consumers, maintenance) and `/readyz` (HTTP API). Several sources of
  * one component in a process (tests) report the worst of them. Returns a function that stops
  * exporting the source.
  */
@@ -38,7 +38,7 @@ function readinessGauge(): Gauge<'component' | 'check'> {
   if (existing) return existing as Gauge<'component' | 'check'>;
   return new Gauge({
     name: READY_METRIC,
-    help: 'Readiness checks at scrape time, by component (worker, http, maintenance) and check (postgres, redis, worker): 1 passed, 0 failed.',
+    help: 'Readiness checks at scrape time, by component (worker, amqp-consumer, nats-consumer, http, maintenance) and check (postgres, redis, worker; broker, consumer): 1 passed, 0 failed.',
     labelNames: ['component', 'check'],
     async collect() {
       const reports = await Promise.all([...sources].map(async (source) => ({ component: source.component, report: await source.probe() })));

@@ -4,6 +4,7 @@ import { AckPolicy, jetstream, type ConsumerMessages, type JetStreamClient, type
 import { connect, millis, type NatsConnection, type NodeConnectionOptions } from '@nats-io/transport-node';
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
+import { positiveIntegerOption } from '../config/consumer-options.js';
 import { resolveWorkerTiming, storeRetryDelayMs, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../config/worker-timing.js';
 import { ValidationError } from '../errors.js';
 import type { FaultHook } from '../fault-hook.js';
@@ -157,7 +158,11 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
   #readyResolve!: () => void;
   #readyReject!: (error: unknown) => void;
   #connection: NatsConnection | undefined;
+  /** False from a `disconnect` of the connection until its `reconnect`. */
+  #connected = false;
   #messages: ConsumerMessages | undefined;
+  /** True while the pull loop iterates a `consume()`. */
+  #pulling = false;
   #closingRequested = false;
   #closing: Promise<void> | undefined;
   readonly #loop: Promise<void>;
@@ -166,10 +171,10 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
     super();
     this.#options = Object.freeze({ ...options });
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
-    this.#concurrency = positiveInteger('concurrency', options.concurrency ?? 1);
-    this.#maxAttempts = positiveInteger('maxAttempts', options.maxAttempts ?? 5);
-    this.#retryDelayMs = positiveInteger('retryDelayMs', options.retryDelayMs ?? 1_000);
-    this.#retryDelayMaxMs = positiveInteger('retryDelayMaxMs', options.retryDelayMaxMs ?? 60_000);
+    this.#concurrency = positiveIntegerOption('concurrency', options.concurrency ?? 1);
+    this.#maxAttempts = positiveIntegerOption('maxAttempts', options.maxAttempts ?? 5);
+    this.#retryDelayMs = positiveIntegerOption('retryDelayMs', options.retryDelayMs ?? 1_000);
+    this.#retryDelayMaxMs = positiveIntegerOption('retryDelayMaxMs', options.retryDelayMaxMs ?? 60_000);
     this.#log = (options.logger ?? pino()).child({ stream: options.stream, consumer: options.consumer });
     const keyFrom = options.keyFrom ?? 'wire-contract';
     const scope = options.scope;
@@ -202,6 +207,19 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
   /** The Kysely instance effects run on. */
   get db(): Kysely<any> {
     return this.#options.keys.db;
+  }
+
+  /** True until {@link close} (or a JetStream consumer it cannot use) stops it. */
+  get isRunning(): boolean {
+    return !this.#closingRequested;
+  }
+
+  /**
+   * True while messages can arrive: the connection is open and connected (not waiting to
+   * reconnect) and the pull loop iterates its `consume()`.
+   */
+  get isConsuming(): boolean {
+    return this.#pulling && this.#connected && this.#connection !== undefined && !this.#connection.isClosed();
   }
 
   /**
@@ -249,16 +267,21 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
         // by missed idle heartbeats (half of expires) and pulled again within seconds.
         const messages = await consumer.consume({ max_messages: this.#options.prefetch ?? Math.max(10, 2 * this.#concurrency), expires: PULL_EXPIRES_MS });
         this.#messages = messages;
+        this.#pulling = true;
         this.#readyResolve();
-        for await (const message of messages) {
-          if (this.#closingRequested) {
-            message.nak();
-            continue;
+        try {
+          for await (const message of messages) {
+            if (this.#closingRequested) {
+              message.nak();
+              continue;
+            }
+            await this.#freeSlot();
+            const handled = this.#handle(js, message).catch((error) => this.#log.error({ err: error }, 'message handling failed'));
+            this.#inFlight.add(handled);
+            void handled.finally(() => this.#inFlight.delete(handled));
           }
-          await this.#freeSlot();
-          const handled = this.#handle(js, message).catch((error) => this.#log.error({ err: error }, 'message handling failed'));
-          this.#inFlight.add(handled);
-          void handled.finally(() => this.#inFlight.delete(handled));
+        } finally {
+          this.#pulling = false;
         }
         if (!this.#closingRequested) this.#log.warn('the consumer stopped delivering; subscribing again');
       } catch (error) {
@@ -276,13 +299,34 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
   /** The consumer's connection: the same one while nats.js reconnects it, a new one once it closed. */
   async #connect(): Promise<NatsConnection> {
     if (this.#connection && !this.#connection.isClosed()) return this.#connection;
-    this.#connection = await connect({
+    const connection = await connect({
       ...this.#options.connectionOptions,
       servers: this.#options.servers,
       maxReconnectAttempts: -1,
       reconnectTimeWait: this.#options.connectionOptions?.reconnectTimeWait ?? 250,
     });
-    return this.#connection;
+    this.#connection = connection;
+    this.#connected = true;
+    void this.#followStatus(connection);
+    return connection;
+  }
+
+  /** Keeps {@link isConsuming} told of the connection's disconnections and reconnections, until it closes. */
+  async #followStatus(connection: NatsConnection): Promise<void> {
+    try {
+      for await (const status of connection.status()) {
+        if (connection !== this.#connection) return;
+        if (status.type === 'disconnect') {
+          this.#connected = false;
+          if (!this.#closingRequested) this.#log.warn({ server: status.server }, 'NATS connection lost; reconnecting');
+        } else if (status.type === 'reconnect') {
+          this.#connected = true;
+          this.#log.info({ server: status.server }, 'NATS connection restored');
+        }
+      }
+    } catch {
+      // The iterator ends (or fails) with the connection; a new connection gets its own.
+    }
   }
 
   /** Refuses a JetStream consumer this one cannot run correctly; warns of a delivery limit. */
@@ -395,9 +439,4 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
     if (this.listenerCount('event') > 0) this.emit('event', { kind: 'dead-lettered', jobId: String(message.seq), reason });
     this.#log.warn({ message: label, reason }, 'message dead-lettered and terminated');
   }
-}
-
-function positiveInteger(field: string, value: number): number {
-  if (!Number.isInteger(value) || value < 1) throw new ValidationError('INVALID_OPTIONS', field, `Invalid consumer option ${field}: expected a positive integer, got ${value}.`);
-  return value;
 }

@@ -2,8 +2,12 @@ import { connect } from '@nats-io/transport-node';
 import { pino, type Logger } from 'pino';
 import type { EnvConfig } from '../config/env-config.js';
 import type { FaultHook } from '../fault-hook.js';
+import type { MetricsServer } from '../metrics/metrics-server.js';
 import { instrumentWorker } from '../metrics/worker-metrics.js';
+import type { Maintenance } from '../ops/maintenance.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from '../runtime/close-within.js';
+import { startConsumerOperations, type ConsumerOperations } from '../runtime/consumer-operations.js';
 import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
 import type { JsMsg } from '@nats-io/jetstream';
@@ -42,15 +46,21 @@ export interface NatsConsumerProcess<P, R> {
   readonly consumer: IdempotentNatsConsumer<P, R>;
   readonly keys: IdempotencyKeys;
   readonly logger: Logger;
+  /** `/metrics` and `/healthz` (checks `postgres`, `broker`, `consumer`), when `METRICS_PORT` is set. */
+  readonly metricsServer?: MetricsServer;
+  /** The janitor and the key statistics (one process at a time runs each), unless turned off; never the sweeper. */
+  readonly maintenance?: Maintenance;
   /** Graceful stop (force: release unfinished messages' keys at once), then close every connection. */
   stop(options?: { force?: boolean }): Promise<void>;
 }
 
 /**
- * Builds and starts a JetStream consumer process: the Postgres pool (waited for up to
+ * Builds and starts a JetStream consumer process: the Postgres pools (waited for up to
  * STARTUP_WAIT_MS, migrated when MIGRATE), the durable consumer and dead-letter stream when
- * missing, the claim protocol, the consumer, metrics events and signal handling (first
- * SIGTERM/SIGINT: graceful close within SHUTDOWN_TIMEOUT_MS; second: force).
+ * missing, the claim protocol, the consumer, metrics events, `/metrics` and `/healthz` on
+ * METRICS_PORT, maintenance as the worker process runs it (without the sweeper: see
+ * `startConsumerOperations`), and signal handling (first SIGTERM/SIGINT: graceful close within
+ * SHUTDOWN_TIMEOUT_MS; second: force).
  */
 export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProcessOptions<P, R>): Promise<NatsConsumerProcess<P, R>> {
   const { config } = options;
@@ -60,6 +70,7 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
   const deadLetterSubject = options.deadLetterSubject ?? `dead-letters.${options.stream}.${options.consumer}`;
   const store = await openKeyStoreFromEnv(config, { logger, applicationName: `idempotent-jobs:nats:${options.stream}`, concurrency });
   const { keys } = store;
+  let consumer: IdempotentNatsConsumer<P, R>;
   try {
     const setupConnection = await connect({ servers });
     try {
@@ -73,44 +84,62 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
     } finally {
       await setupConnection.close();
     }
+    consumer = createIdempotentNatsConsumer<P, R>({
+      servers,
+      stream: options.stream,
+      consumer: options.consumer,
+      deadLetterSubject,
+      keys,
+      handler: options.handler,
+      concurrency,
+      keyFrom: options.keyFrom,
+      scope: options.scope,
+      ...runnerSettingsFromEnv(config),
+      logger,
+      faultHook: options.faultHook,
+    });
   } catch (error) {
-    await store.destroy();
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, store.destroy());
     throw error;
   }
-  const consumer = createIdempotentNatsConsumer<P, R>({
-    servers,
-    stream: options.stream,
-    consumer: options.consumer,
-    deadLetterSubject,
-    keys,
-    handler: options.handler,
-    concurrency,
-    keyFrom: options.keyFrom,
-    scope: options.scope,
-    ...runnerSettingsFromEnv(config),
-    logger,
-    faultHook: options.faultHook,
-  });
   const uninstrument = instrumentWorker(consumer, `${options.stream}/${options.consumer}`);
+  let operations: ConsumerOperations | undefined;
   try {
+    operations = await startConsumerOperations(config, store, {
+      logger,
+      component: 'nats-consumer',
+      checks: {
+        broker: () => {
+          if (!consumer.isConsuming) throw new Error('not pulling from JetStream (the NATS connection is closed or reconnecting, or the pull is being made again)');
+        },
+        consumer: () => {
+          if (!consumer.isRunning) throw new Error('the consumer is not running (closing or closed)');
+        },
+      },
+    });
     await consumer.waitUntilReady();
+    operations.startMaintenance();
   } catch (error) {
     uninstrument();
-    await consumer.close({ force: true });
-    await store.destroy();
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, consumer.close({ force: true }), operations?.stop(), store.destroy());
     throw error;
   }
-  logger.info({ pid: process.pid, stream: options.stream, consumer: options.consumer, concurrency, leaseMs: config.LEASE_MS }, 'nats consumer ready');
+  const { metricsServer, maintenance } = operations;
+  logger.info(
+    { pid: process.pid, stream: options.stream, consumer: options.consumer, concurrency, leaseMs: config.LEASE_MS, metricsPort: metricsServer?.port },
+    'nats consumer ready',
+  );
   let stopped: Promise<void> | undefined;
   const stop = (stopOptions: { force?: boolean } = {}) => {
     if (stopOptions.force) return consumer.close({ force: true });
     stopped ??= (async () => {
       await consumer.close();
+      await operations.stop();
       uninstrument();
       await store.destroy();
     })();
     return stopped;
   };
   if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
-  return { consumer, keys, logger, stop };
+  return { consumer, keys, logger, stop, metricsServer, maintenance };
 }

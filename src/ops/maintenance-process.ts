@@ -49,21 +49,23 @@ export function sweeperQueuesFromConfig(config: EnvConfig): readonly string[] | 
 /**
  * Builds the janitor, the sweeper and the statistics refresh as the environment says
  * (`JANITOR_*`, `SWEEPER_*`, `SWEEP_AFTER_MS`, `STATS_INTERVAL_MS`, `RETENTION_MS`, `JOB_*`),
- * instrumented for metrics. Returns undefined when everything is turned off. Not started.
+ * instrumented for metrics. `stats: false` or `sweeper: false` turns that task off whatever the
+ * environment says. Returns undefined when everything is turned off. Not started.
  */
 export function createMaintenanceFromConfig(
   config: EnvConfig,
   db: Kysely<any>,
   logger: Logger,
-  options: { readonly stats?: boolean } = {},
+  options: { readonly stats?: boolean; readonly sweeper?: boolean } = {},
 ): ConfiguredMaintenance | undefined {
   const statsIntervalMs = options.stats === false ? 0 : config.STATS_INTERVAL_MS;
-  if (!config.JANITOR_ENABLED && !config.SWEEPER_ENABLED && statsIntervalMs === 0) return undefined;
+  const sweeperEnabled = options.sweeper !== false && config.SWEEPER_ENABLED;
+  if (!config.JANITOR_ENABLED && !sweeperEnabled && statsIntervalMs === 0) return undefined;
   const retryPolicies = retryPolicyFromConfig(config);
   const janitor = config.JANITOR_ENABLED
     ? new Janitor({ db, schema: config.SCHEMA, batchSize: config.JANITOR_BATCH_SIZE, retentionMs: config.RETENTION_MS, retryPolicies, logger })
     : undefined;
-  const redis = config.SWEEPER_ENABLED ? openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES }) : undefined;
+  const redis = sweeperEnabled ? openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES }) : undefined;
   const jobs = redis ? new BullmqJobLookup({ connection: redis.connection, prefix: config.REDIS_PREFIX }) : undefined;
   const sweeper = jobs
     ? new Sweeper({

@@ -1,61 +1,113 @@
+import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
 import { directDatabaseUrl, groupCommitFromEnv, type EnvConfig } from '../config/env-config.js';
 import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { migrate } from '../store/migrate.js';
 import { pingDatabase } from '../store/sql/ping.js';
+import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from './close-within.js';
 import { waitForStore } from './wait-for-store.js';
 
-/** The Postgres side of a consumer process, opened from the environment. */
+/** The Postgres side of a worker or consumer process, opened from the environment. */
 export interface KeyStoreFromEnv {
   readonly keys: IdempotencyKeys;
-  /** Closes the pools. */
+  /** The pool on `DATABASE_URL` that claims and effects run on. */
+  readonly db: Kysely<any>;
+  /**
+   * Sessions on Postgres itself (`DATABASE_DIRECT_URL`) for what holds a session advisory lock:
+   * migrations and maintenance. The same pool as {@link db} when `DATABASE_DIRECT_URL` is unset.
+   */
+  readonly sessionDb: Kysely<any>;
+  /** Where a part that needs a connection of its own connects (the listener's LISTEN): `DATABASE_DIRECT_URL`, else `DATABASE_URL`. */
+  readonly directUrl: string;
+  /** Closes both pools. */
   destroy(): Promise<void>;
 }
 
+/** What {@link openKeyStoreFromEnv} needs besides the environment. */
+export interface KeyStoreFromEnvOptions {
+  readonly logger: Logger;
+  /** Shown in `pg_stat_activity.application_name`, e.g. `idempotent-jobs:worker:payments`. */
+  readonly applicationName: string;
+  /** Jobs run at once: the pool holds this many connections plus two, unless `PG_POOL_SIZE` is set. */
+  readonly concurrency: number;
+  /**
+   * When the start stops waiting for Postgres, in `Date.now()` time: a process that waits for
+   * other servers after Postgres shares one deadline between them.
+   * @defaultValue now + `STARTUP_WAIT_MS`
+   */
+  readonly startupDeadline?: number;
+}
+
 /**
- * Opens what every broker consumer process needs from Postgres, the way the BullMQ worker
- * process does: the pool (`PG_POOL_SIZE`, or the concurrency plus two), migrations with the
- * keys table's layout (`KEYS_PARTITIONS`) over `DATABASE_DIRECT_URL` (they hold a session
- * advisory lock, which a transaction-mode pooler cannot), waited for up to `STARTUP_WAIT_MS`,
- * and the claim protocol with the lease, retention and group commit settings.
+ * Opens what every worker and consumer process needs from Postgres: the pool (`PG_POOL_SIZE`,
+ * or the concurrency plus two), a small session pool over `DATABASE_DIRECT_URL` for migrations
+ * and maintenance (they hold session advisory locks, which a transaction-mode pooler cannot),
+ * migrations with the keys table's layout (`KEYS_PARTITIONS`) when `MIGRATE`, else a ping of
+ * each pool, and the claim protocol with the lease, retention and group commit settings.
+ * Postgres down at start (refused, starting up, …) is waited for, with a warning per try, until
+ * the start's deadline; then it rejects with a `StoreUnreachableAtStartError` having closed
+ * the pools (waiting at most {@link CLOSE_AFTER_FAILED_START_MS} for them). Other errors (a
+ * wrong password, a missing database) reject at once, the pools closed the same way.
  */
-export async function openKeyStoreFromEnv(config: EnvConfig, options: { logger: Logger; applicationName: string; concurrency: number }): Promise<KeyStoreFromEnv> {
-  const onPoolError = (error: Error) => options.logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it');
-  const poolSize = config.PG_POOL_SIZE ?? options.concurrency + 2;
-  const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: poolSize, applicationName: options.applicationName }, onPoolError);
+export async function openKeyStoreFromEnv(config: EnvConfig, options: KeyStoreFromEnvOptions): Promise<KeyStoreFromEnv> {
+  const { logger, applicationName } = options;
+  const onPoolError = (error: Error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it');
+  const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? options.concurrency + 2, applicationName }, onPoolError);
+  // Idle connections close after node-postgres's 10 s: between maintenance runs it holds none.
   const directUrl = directDatabaseUrl(config);
+  const sessionDb =
+    directUrl === config.DATABASE_URL ? db : createPostgresDb({ connectionString: directUrl, maxConnections: SESSION_POOL_SIZE, applicationName }, onPoolError);
+  const destroy = async () => {
+    await Promise.all([db.destroy(), sessionDb === db ? undefined : sessionDb.destroy()]);
+  };
   try {
+    // Without migrations a ping stands in for them: the process is not "ready" before Postgres is.
     await waitForStore<unknown>(
-      () => (config.MIGRATE ? migrateOver(directUrl, config, options.applicationName, onPoolError) : pingDatabase(db)),
-      { what: 'Postgres', deadline: Date.now() + config.STARTUP_WAIT_MS, logger: options.logger },
+      () =>
+        config.MIGRATE
+          ? migrate(sessionDb, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS })
+          : Promise.all([pingDatabase(db), sessionDb === db ? undefined : pingDatabase(sessionDb)]),
+      {
+        what: `Postgres (${config.MIGRATE ? 'migrations' : 'first connection'})`,
+        deadline: options.startupDeadline ?? Date.now() + config.STARTUP_WAIT_MS,
+        logger,
+      },
     );
+    const keys = new IdempotencyKeys({
+      db,
+      schema: config.SCHEMA,
+      leaseMs: config.LEASE_MS,
+      retentionMs: config.RETENTION_MS,
+      groupCommit: commitPathFromEnv(config).groupCommit,
+    });
+    return { keys, db, sessionDb, directUrl, destroy };
   } catch (error) {
-    await db.destroy();
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, destroy());
     throw error;
   }
-  const keys = new IdempotencyKeys({
-    db,
-    schema: config.SCHEMA,
-    leaseMs: config.LEASE_MS,
-    retentionMs: config.RETENTION_MS,
+}
+
+/**
+ * Group commit (`GROUP_COMMIT`, `GROUP_COMMIT_MAX_JOBS`, `GROUP_COMMIT_GROUPS`,
+ * `GROUP_COMMIT_OPTIMISTIC`) and the fast path (`FAST_PATH`, unless the caller gives `fastPath`)
+ * from the environment: the one place every process reads how its jobs commit.
+ */
+export function commitPathFromEnv(
+  config: EnvConfig,
+  overrides: { readonly fastPath?: boolean } = {},
+): { readonly groupCommit: ReturnType<typeof groupCommitFromEnv>; readonly fastPath: boolean | undefined } {
+  return {
     groupCommit: groupCommitFromEnv(config),
-  });
-  return { keys, destroy: () => db.destroy() };
+    fastPath: overrides.fastPath ?? config.FAST_PATH,
+  };
 }
 
-/** Migrates over a session of its own on Postgres itself, closed after. */
-async function migrateOver(directUrl: string, config: EnvConfig, applicationName: string, onPoolError: (error: Error) => void): Promise<void> {
-  const sessionDb = createPostgresDb({ connectionString: directUrl, maxConnections: 1, applicationName }, onPoolError);
-  try {
-    await migrate(sessionDb, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
-  } finally {
-    await sessionDb.destroy();
-  }
-}
-
-/** The runner's timing and path settings from the environment, the same for every consumer. */
-export function runnerSettingsFromEnv(config: EnvConfig) {
+/**
+ * The runner's timing and path settings from the environment, the same for the BullMQ worker
+ * and every broker consumer; `fastPath` given by the caller overrides `FAST_PATH`.
+ */
+export function runnerSettingsFromEnv(config: EnvConfig, overrides: { readonly fastPath?: boolean } = {}) {
   return {
     leaseMs: config.LEASE_MS,
     heartbeatMs: config.HEARTBEAT_MS,
@@ -63,7 +115,13 @@ export function runnerSettingsFromEnv(config: EnvConfig) {
     shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
     storeRetryMinMs: config.STORE_RETRY_MIN_MS,
     storeRetryMaxMs: config.STORE_RETRY_MAX_MS,
-    fastPath: config.FAST_PATH,
+    fastPath: commitPathFromEnv(config, overrides).fastPath,
     storePayload: config.STORE_PAYLOAD,
   } as const;
 }
+
+/**
+ * Connections to Postgres itself when `DATABASE_DIRECT_URL` is set: one per maintenance task
+ * (janitor, sweeper, statistics), each held for one run.
+ */
+const SESSION_POOL_SIZE = 3;

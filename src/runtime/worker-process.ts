@@ -1,11 +1,9 @@
 import { pino, type Logger } from 'pino';
-import { directDatabaseUrl, groupCommitFromEnv, type EnvConfig } from '../config/env-config.js';
+import type { EnvConfig } from '../config/env-config.js';
 import type { FaultHook } from '../fault-hook.js';
 import { createIdempotentWorker, type DatabaseOnlyJobHandler, type IdempotentWorker, type JobHandler } from '../bullmq/idempotent-worker.js';
-import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
-import { createPostgresDb } from '../store/create-postgres-db.js';
+import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { KeySettledListener } from '../store/key-settled-listener.js';
-import { migrate } from '../store/migrate.js';
 import { startMetricsServer, type MetricsServer } from '../metrics/metrics-server.js';
 import { instrumentWorker } from '../metrics/worker-metrics.js';
 import { pingBullWorker } from '../bullmq/job-lookup.js';
@@ -13,6 +11,8 @@ import { openRedisConnection } from '../bullmq/redis-connection.js';
 import type { Maintenance } from '../ops/maintenance.js';
 import { createMaintenanceFromConfig } from '../ops/maintenance-process.js';
 import { pingDatabase } from '../store/sql/ping.js';
+import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from './close-within.js';
+import { openKeyStoreFromEnv, runnerSettingsFromEnv } from './key-store-from-env.js';
 import { onShutdownSignals } from './shutdown-signals.js';
 import { NotReadyYetError, readyWithin, waitForStore } from './wait-for-store.js';
 import { isTransientStoreError } from '../store/pg-errors.js';
@@ -55,37 +55,17 @@ export interface WorkerProcess<P, R> {
 export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, R>): Promise<WorkerProcess<P, R>> {
   const { config } = options;
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
-  const applicationName = `idempotent-jobs:worker:${config.QUEUE}`;
-  const onPoolError = (error: Error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it');
-  const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? config.CONCURRENCY + 2, applicationName }, onPoolError);
-  // Migrations and maintenance hold session advisory locks: behind a transaction-mode pooler
-  // they need Postgres itself (DATABASE_DIRECT_URL). A small pool whose idle connections close
-  // after node-postgres's 10 s: between maintenance runs it holds none.
-  const directUrl = directDatabaseUrl(config);
-  const sessionDb =
-    directUrl === config.DATABASE_URL ? db : createPostgresDb({ connectionString: directUrl, maxConnections: SESSION_POOL_SIZE, applicationName }, onPoolError);
-  const destroyPools = () => Promise.all([db.destroy(), sessionDb === db ? undefined : sessionDb.destroy()]);
   const startupDeadline = Date.now() + config.STARTUP_WAIT_MS;
-  try {
-    // Without migrations a ping stands in for them: the worker is not "ready" before Postgres is.
-    await waitForStore<unknown>(
-      () => (config.MIGRATE ? migrate(sessionDb, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS }) : Promise.all([pingDatabase(db), sessionDb === db ? undefined : pingDatabase(sessionDb)])),
-      { what: `Postgres (${config.MIGRATE ? 'migrations' : 'first connection'})`, deadline: startupDeadline, logger },
-    );
-  } catch (error) {
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, destroyPools());
-    throw error;
-  }
-  const keys = new IdempotencyKeys({
-    db,
-    schema: config.SCHEMA,
-    leaseMs: config.LEASE_MS,
-    retentionMs: config.RETENTION_MS,
-    groupCommit: groupCommitFromEnv(config),
+  const store = await openKeyStoreFromEnv(config, {
+    logger,
+    applicationName: `idempotent-jobs:worker:${config.QUEUE}`,
+    concurrency: config.CONCURRENCY,
+    startupDeadline,
   });
+  const { keys, db, sessionDb } = store;
   const listener =
     config.WAIT_MS > 0
-      ? new KeySettledListener({ connectionString: directUrl, schema: config.SCHEMA, onError: (e) => logger.warn({ err: e }, 'listener error') })
+      ? new KeySettledListener({ connectionString: store.directUrl, schema: config.SCHEMA, onError: (e) => logger.warn({ err: e }, 'listener error') })
       : undefined;
   // Janitor, sweeper, statistics; built before the worker so bad options stop the start early.
   // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
@@ -98,17 +78,10 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     keys,
     handler: options.handler,
     concurrency: config.CONCURRENCY,
-    leaseMs: config.LEASE_MS,
-    heartbeatMs: config.HEARTBEAT_MS,
+    ...runnerSettingsFromEnv(config, { fastPath: options.fastPath }),
     lockDurationMs: config.LOCK_DURATION_MS,
     stalledIntervalMs: config.STALLED_INTERVAL_MS,
-    deferMaxMs: config.DEFER_MAX_MS,
     waitMs: config.WAIT_MS,
-    shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
-    storeRetryMinMs: config.STORE_RETRY_MIN_MS,
-    storeRetryMaxMs: config.STORE_RETRY_MAX_MS,
-    fastPath: options.fastPath ?? config.FAST_PATH,
-    storePayload: config.STORE_PAYLOAD,
     listener,
     logger,
     faultHook: options.faultHook,
@@ -118,7 +91,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     await waitForRedis(worker, startupDeadline, logger);
   } catch (error) {
     uninstrument();
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }).then(() => redis.close()), listener?.close(), maintenance?.stop(), destroyPools());
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }).then(() => redis.close()), listener?.close(), maintenance?.stop(), store.destroy());
     throw error;
   }
   maintenance?.maintenance.start();
@@ -148,7 +121,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
       await maintenance?.stop();
       await metricsServer?.close();
       uninstrument();
-      await destroyPools();
+      await store.destroy();
     })();
     return stopped;
   };
@@ -178,30 +151,4 @@ async function waitForRedis(worker: IdempotentWorker<any, any>, deadline: number
   } finally {
     worker.bullWorker.off('error', remember);
   }
-}
-
-/**
- * Connections to Postgres itself when `DATABASE_DIRECT_URL` is set: one per maintenance task
- * (janitor, sweeper, statistics), each held for one run.
- */
-const SESSION_POOL_SIZE = 3;
-
-/** How long a start that failed waits for its connections to close before it reports the failure anyway. */
-const CLOSE_AFTER_FAILED_START_MS = 2_000;
-
-/**
- * Waits for `closings` (their errors ignored) for at most `ms`: after a failed start a
- * connection may still hang on a server that never answers, and the caller must learn why the
- * start failed rather than wait on it.
- */
-async function closeWithin(ms: number, ...closings: Array<Promise<unknown> | undefined>): Promise<void> {
-  let timer: NodeJS.Timeout | undefined;
-  await Promise.race([
-    Promise.allSettled(closings),
-    new Promise((resolve) => {
-      timer = setTimeout(resolve, ms);
-      timer.unref();
-    }),
-  ]);
-  clearTimeout(timer);
 }
