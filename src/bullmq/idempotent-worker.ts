@@ -22,6 +22,7 @@ import { assertKeysFitConnection } from './redis-connection.js';
  * context ({@link KeyedJobContext}, where `message` is the job too) and the BullMQ job.
  */
 export interface JobContext<P = unknown> extends KeyedJobContext<P, Job> {
+  /** The BullMQ job being run (the same object as `message`). */
   readonly job: Job;
 }
 
@@ -40,6 +41,11 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
   readonly prefix?: string;
   /** The claim protocol (its Kysely instance is where transactional effects run). */
   readonly keys: IdempotencyKeys;
+  /**
+   * Runs one job once its key is held. Its effects belong in `ctx.transaction` (they commit with
+   * the key's completion) or in `ctx.step` calls; what it returns is stored and replayed to
+   * duplicates.
+   */
   readonly handler: JobHandler<P, R>;
   /** Jobs run at once by this worker. @defaultValue `1` */
   readonly concurrency?: number;
@@ -48,7 +54,7 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
    * effect and completion commit once. No lease, no heartbeat. @defaultValue `false`
    */
   readonly fastPath?: boolean;
-  /** Needed for `waitMs > 0`: wakes a waiting duplicate when the owner finishes. */
+  /** Needed for `waitMs > 0`: wakes a waiting duplicate when the owner finishes. @defaultValue unset (a duplicate defers at once) */
   readonly listener?: KeySettledListener;
   /** Reads key, scope and payload from a job. @defaultValue the wire contract ({@link identityFromWireContract}) */
   readonly keyOf?: (job: Job) => JobIdentity<P>;
@@ -66,7 +72,7 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
   readonly logger?: Logger;
   /** Chaos testing only: called at named protocol points. @defaultValue unset */
   readonly faultHook?: FaultHook;
-  /** Further BullMQ worker options (not those set above). */
+  /** Further BullMQ worker options (not those set above). @defaultValue none */
   readonly workerOptions?: Omit<WorkerOptions, 'connection' | 'prefix' | 'concurrency' | 'lockDuration' | 'stalledInterval' | 'maxStalledCount' | 'autorun'>;
 }
 
@@ -89,8 +95,43 @@ export function createIdempotentWorker<P = unknown, R = unknown>(options: Idempo
   return new IdempotentWorker(options);
 }
 
-/** See {@link createIdempotentWorker}. Emits `'event'` ({@link WorkerEvent}) for every outcome. */
-export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ event: [WorkerEvent] }> {
+/**
+ * A BullMQ worker whose jobs take effect once per idempotency key: what
+ * {@link createIdempotentWorker} returns. It starts taking jobs when constructed.
+ *
+ * Each job's key is claimed in Postgres before the handler runs; a duplicate replays the stored
+ * result (or error) instead of running, or is delayed while another worker holds the key,
+ * without using an attempt. Emits `'event'` ({@link WorkerEvent}) for every outcome.
+ *
+ * @example
+ * ```ts
+ * import { IdempotencyKeys, createIdempotentWorker, createPostgresDb, type WorkerEvent } from 'idempotent-jobs';
+ *
+ * const db = createPostgresDb({ connectionString: 'postgres://postgres@127.0.0.1:5432/postgres' });
+ * const worker = createIdempotentWorker<{ orderId: string; amount: number }, { charged: number }>({
+ *   queue: 'payments',
+ *   connection: { host: '127.0.0.1', port: 6379 },
+ *   keys: new IdempotencyKeys({ db }),
+ *   concurrency: 8,
+ *   handler: (ctx) =>
+ *     ctx.transaction(async (tx) => {
+ *       await tx.insertInto('ledger').values({ order_id: ctx.data.orderId, amount: ctx.data.amount }).execute();
+ *       return { charged: ctx.data.amount };
+ *     }),
+ * });
+ * worker.on('event', (event: WorkerEvent) => {
+ *   if (event.kind === 'replayed') console.log(`job ${event.jobId}: key ${event.key} was done already`);
+ * });
+ * await worker.waitUntilReady();
+ * process.once('SIGTERM', () => {
+ *   void worker.close().then(() => db.destroy());
+ * });
+ * ```
+ */
+export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
+  /** Every outcome of every job: claims, completions, replays, deferrals, failures, steps. */
+  event: [WorkerEvent];
+}> {
   readonly #options: IdempotentWorkerOptions<P, R>;
   readonly #timing: ResolvedWorkerTiming;
   readonly #log: Logger;
@@ -153,6 +194,8 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
    * Graceful shutdown: stop taking jobs, let active ones finish within `shutdownTimeoutMs`;
    * then abort the rest (their `ctx.signal` fires), release their keys so another worker takes
    * them over at once, and close. Does not close the IdempotencyKeys' database.
+   *
+   * @param options.force - skip the wait: abort and release active jobs at once
    */
   close(options: { force?: boolean } = {}): Promise<void> {
     if (options.force) return this.#forceClose();

@@ -14,6 +14,7 @@ export interface RedisConnectionSettings {
 export interface RedisConnection {
   /** What to pass as BullMQ's `connection` (or this library's `connection` option). */
   readonly connection: ConnectionOptions;
+  /** True when `connection` is a Redis Cluster client (then every queue's prefix needs a hash tag). */
   readonly isCluster: boolean;
   /** Closes the cluster client; BullMQ's own connections are closed by their queues and workers. */
   close(): Promise<void>;

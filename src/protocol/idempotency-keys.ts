@@ -26,8 +26,9 @@ export interface ClaimOptions {
   readonly leaseMs?: number;
   /** BullMQ job id that made the claim, kept on the row for operators. */
   readonly jobId?: string;
-  /** Queue and job name, kept on the row for operators and the sweeper. */
+  /** Queue of the job, kept on the row for operators; the sweeper asks this queue about the job. */
   readonly queue?: string;
+  /** Name of the job, kept on the row for operators (a re-enqueued job gets it). */
   readonly jobName?: string;
   /**
    * Payload to keep with the key so the sweeper can re-enqueue a lost job. Omitted: not stored.
@@ -53,7 +54,14 @@ export interface RunEffectOptions {
 
 /** Outcome of the fast path: the effect ran and committed, or the claim outcome that stopped it. */
 export type ExecuteOnceOutcome<T> =
-  | { readonly kind: 'executed'; readonly result: T; readonly claim: Claim }
+  | {
+      /** The effect ran and committed together with the key's completion. */
+      readonly kind: 'executed';
+      /** The effect's return value (as stored, when a COMMIT cut off in flight was resolved by reading the key). */
+      readonly result: T;
+      /** The claim the effect ran under. */
+      readonly claim: Claim;
+    }
   | Exclude<ClaimOutcome, { kind: 'claimed' | 'taken-over' }>;
 
 /** A transactional effect: runs on the transaction that also completes the key. */
@@ -431,7 +439,18 @@ export class IdempotencyKeys {
    * will be stored. Undefined when the store cannot hold records (no `KeyStore.steps.recordText`):
    * record it with {@link IdempotencyKeys.recordStep}. Throws {@link ResultNotStorableError}.
    */
-  holdStepRecord(claim: Claim, step: StepPlace, result: unknown): { readonly value: unknown; readonly record: LeadingStatements } | undefined {
+  holdStepRecord(
+    claim: Claim,
+    step: StepPlace,
+    result: unknown,
+  ):
+    | {
+        /** The result as it will be stored (its JSON form), which the step returns. */
+        readonly value: unknown;
+        /** The held record, for the run's next round trip to carry. */
+        readonly record: LeadingStatements;
+      }
+    | undefined {
     const steps = this.#stepStore(claim);
     if (!steps.recordText) return undefined;
     const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
