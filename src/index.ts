@@ -3,6 +3,7 @@
  * fenced lease; the effect and the key's completion commit in one transaction.
  *
  * @packageDocumentation
+ * @module idempotent-jobs
  */
 export * from './errors.js';
 export type { Fingerprinter } from './fingerprint.js';

@@ -66,13 +66,21 @@ export interface IdempotencyOptions {
 
 /** {@link IdempotencyOptions} with every default applied and every value checked. */
 export interface ResolvedIdempotencyOptions {
+  /** See {@link IdempotencyOptions.db}. */
   readonly db: Kysely<any>;
+  /** See {@link IdempotencyOptions.schema}. */
   readonly schema: string;
+  /** See {@link IdempotencyOptions.leaseMs}. */
   readonly leaseMs: number;
+  /** See {@link IdempotencyOptions.retentionMs}. */
   readonly retentionMs: number;
+  /** See {@link IdempotencyOptions.maxResultBytes}. */
   readonly maxResultBytes: number;
+  /** See {@link IdempotencyOptions.claimLockTimeoutMs}. */
   readonly claimLockTimeoutMs: number;
+  /** See {@link IdempotencyOptions.claimSynchronousCommit}. */
   readonly claimSynchronousCommit: boolean;
+  /** See {@link IdempotencyOptions.fingerprint}. */
   readonly fingerprint: Fingerprinter;
   /** Group commit's settings, or false when it is off. */
   readonly groupCommit: Required<GroupCommitOptions> | false;

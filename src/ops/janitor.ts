@@ -22,9 +22,13 @@ export interface JanitorReport {
 
 /** One queue whose retries can outlive the keys that deduplicate them. */
 export interface RetentionWarning {
+  /** The queue whose retry policy is at fault. */
   readonly queue: string;
+  /** How long its jobs can keep being retried ({@link retryHorizonMs} of its policy). */
   readonly retryHorizonMs: number;
+  /** The retention it exceeds. */
   readonly retentionMs: number;
+  /** The warning as logged: what can go wrong and what to change. */
   readonly message: string;
 }
 

@@ -24,16 +24,17 @@ import { assertValidKeyPart, serializePayload, serializeResult, toStoredError, t
 export interface ClaimOptions {
   /** Lease length for this claim. @defaultValue the instance's `leaseMs` */
   readonly leaseMs?: number;
-  /** BullMQ job id that made the claim, kept on the row for operators. */
+  /** BullMQ job id that made the claim, kept on the row for operators. @defaultValue unset (a takeover keeps the row's) */
   readonly jobId?: string;
-  /** Queue of the job, kept on the row for operators; the sweeper asks this queue about the job. */
+  /** Queue of the job, kept on the row for operators; the sweeper asks this queue about the job. @defaultValue unset */
   readonly queue?: string;
-  /** Name of the job, kept on the row for operators (a re-enqueued job gets it). */
+  /** Name of the job, kept on the row for operators (a re-enqueued job gets it). @defaultValue unset */
   readonly jobName?: string;
   /**
-   * Payload to keep with the key so the sweeper can re-enqueue a lost job. Omitted: not stored.
+   * Payload to keep with the key so the sweeper can re-enqueue a lost job.
    * It must be JSON that Postgres `jsonb` can store (no NUL, no lone surrogate); otherwise the
    * claim throws a `ValidationError` (`INVALID_JOB_DATA`) before sending anything.
+   * @defaultValue unset (not stored)
    */
   readonly payload?: unknown;
 }
@@ -62,7 +63,13 @@ export type ExecuteOnceOutcome<T> =
       /** The claim the effect ran under. */
       readonly claim: Claim;
     }
-  | Exclude<ClaimOutcome, { kind: 'claimed' | 'taken-over' }>;
+  | Exclude<
+      ClaimOutcome,
+      {
+        /** The outcomes that would have held the key (the effect ran under them instead). */
+        kind: 'claimed' | 'taken-over';
+      }
+    >;
 
 /** A transactional effect: runs on the transaction that also completes the key. */
 export type Effect<T> = (tx: Transaction<any>) => Promise<T>;

@@ -11,6 +11,7 @@ import { traceStep } from '../telemetry/claim-tracing.js';
 
 /** What a step's function receives. */
 export interface StepContext {
+  /** The step's name, as the handler called it. */
   readonly name: string;
   /** 1-based position of the step in its key's sequence. */
   readonly position: number;
@@ -37,6 +38,10 @@ export type ExternalStep<T> = (step: ExternalStepContext) => Promise<T>;
 
 /** A database step: `transaction(tx)` runs in a transaction that records the step with its COMMIT. */
 export interface DatabaseStep<T> {
+  /**
+   * The step's writes, on `tx`; what it returns is the step's result, recorded in the same
+   * transaction (so the writes and the record commit together, or neither does).
+   */
   readonly transaction: (tx: Transaction<any>, step: StepContext) => Promise<T>;
 }
 
@@ -58,8 +63,11 @@ export type StepOutcome = 'ran' | 'replayed' | 'lease-lost' | 'failed';
 
 /** What {@link JobSteps} reports for each call of a step with a valid name. */
 export interface StepReport {
+  /** The step's name. */
   readonly name: string;
+  /** 1-based position of the step in its key's sequence. */
   readonly position: number;
+  /** How the call ended. */
   readonly outcome: StepOutcome;
   /** Time the call took, replays included (they read the step records once per run). */
   readonly durationMs: number;
@@ -75,10 +83,15 @@ export function stepResultBytes(step: StepRecord): number | null {
 
 /** A step record as operators see it (CLI, HTTP): times in ISO 8601, the result's size instead of the result. */
 export interface StepSummary {
+  /** The step's name. */
   readonly name: string;
+  /** 1-based position in the key's step sequence. */
   readonly position: number;
+  /** How many times the step started (external steps; a database step records with 1). */
   readonly starts: number;
+  /** The claim that last started or recorded the step. */
   readonly fence: number;
+  /** When the step last started, or was recorded (ISO 8601). */
   readonly startedAt: string;
   /** Null while the step has started and not been recorded. */
   readonly recordedAt: string | null;

@@ -19,12 +19,15 @@ import { isTransientStoreError } from '../store/pg-errors.js';
 
 /** What {@link startWorkerProcess} needs besides the environment. */
 export interface WorkerProcessOptions<P, R> {
+  /** The validated environment ({@link loadEnvConfig}). */
   readonly config: EnvConfig;
+  /** The job handler (see {@link IdempotentWorkerOptions.handler}). */
   readonly handler: JobHandler<P, R>;
-  /** Overrides `FAST_PATH`. */
+  /** Overrides `FAST_PATH`. @defaultValue `config.FAST_PATH` */
   readonly fastPath?: boolean;
+  /** Structured logger. @defaultValue `pino()` at `LOG_LEVEL` */
   readonly logger?: Logger;
-  /** Chaos testing only. */
+  /** Chaos testing only. @defaultValue unset */
   readonly faultHook?: FaultHook;
   /** Install SIGTERM/SIGINT handlers that close gracefully and exit. @defaultValue `true` */
   readonly handleSignals?: boolean;
@@ -32,8 +35,11 @@ export interface WorkerProcessOptions<P, R> {
 
 /** A running worker process's parts. */
 export interface WorkerProcess<P, R> {
+  /** The BullMQ worker, taking jobs. */
   readonly worker: IdempotentWorker<P, R>;
+  /** The claim protocol, over the process's Postgres pool. */
   readonly keys: IdempotencyKeys;
+  /** The process's logger. */
   readonly logger: Logger;
   /** `/metrics` and `/healthz`, when `METRICS_PORT` is set. */
   readonly metricsServer?: MetricsServer;

@@ -71,8 +71,14 @@ export type ClaimOutcome =
       readonly key: string;
     };
 
-/** The outcomes in which this worker holds the key. */
-export type HeldClaim = Extract<ClaimOutcome, { kind: 'claimed' | 'taken-over' }>;
+/** The outcomes in which this worker holds the key: `claimed` and `taken-over`. */
+export type HeldClaim = Extract<
+  ClaimOutcome,
+  {
+    /** The outcomes that hold the key. */
+    kind: 'claimed' | 'taken-over';
+  }
+>;
 
 /** True when the outcome means this worker now owns the key and should run the effect. */
 export function isHeld(outcome: ClaimOutcome): outcome is HeldClaim {

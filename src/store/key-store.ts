@@ -11,7 +11,7 @@ import type { StepPlace } from './sql/start-step.js';
 /**
  * What {@link KeyStore.claim} needs; the schema is the store's own.
  *
- * @useDeclaredType
+ * @interface
  */
 export type ClaimInput = Omit<ClaimStatementInput, 'schema'>;
 

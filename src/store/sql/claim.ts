@@ -28,13 +28,13 @@ export interface ClaimStatementInput {
   readonly mode: 'lease' | 'complete';
   /** Used in `'complete'` mode: when the completed key expires. */
   readonly retentionMs: number;
-  /** Id of the job making the claim, kept on the row for operators and the sweeper. */
+  /** Id of the job making the claim, kept on the row for operators and the sweeper. @defaultValue `null` */
   readonly jobId?: string | null;
-  /** Queue of that job, kept on the row; the sweeper asks it about the job. */
+  /** Queue of that job, kept on the row; the sweeper asks it about the job. @defaultValue `null` */
   readonly queue?: string | null;
-  /** Name of that job, kept on the row (a re-enqueued job gets it). */
+  /** Name of that job, kept on the row (a re-enqueued job gets it). @defaultValue `null` */
   readonly jobName?: string | null;
-  /** JSON text of the payload to keep with the key (lets the sweeper re-enqueue), or null. */
+  /** JSON text of the payload to keep with the key (lets the sweeper re-enqueue). @defaultValue `null` (not kept) */
   readonly payloadJson?: string | null;
   /**
    * `false`: a `'lease'` claim commits with `synchronous_commit = off` (no wait for the WAL
