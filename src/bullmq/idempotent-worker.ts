@@ -79,15 +79,22 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
 export type { StepEventKind, WorkerEvent, WorkerEventKind } from '../consumer/worker-event.js';
 
 /**
- * A BullMQ worker that makes each job's effect happen once per idempotency key.
+ * A BullMQ worker that makes each job's effect happen once per idempotency key. Jobs follow
+ * the wire contract ({@link WireJobData}, as {@link IdempotentProducer} adds them) unless
+ * `keyOf` reads them otherwise. Throws a {@link ValidationError} (`INVALID_OPTIONS`) for
+ * timings that contradict each other, and refuses a Redis Cluster prefix without a hash tag.
  *
  * @example
  * ```ts
- * const worker = createIdempotentWorker({
+ * import { IdempotencyKeys, createIdempotentWorker } from 'idempotent-jobs';
+ *
+ * const worker = createIdempotentWorker<{ orderId: string; cents: number }>({
  *   queue: 'payments',
  *   connection: { host: '127.0.0.1', port: 6379 },
  *   keys: new IdempotencyKeys({ db }),
- *   handler: async (ctx) => ctx.transaction((tx) => tx.insertInto('ledger').values(ctx.data).execute()),
+ *   // The ledger row and the key's completion commit together: a redelivered job replays instead.
+ *   handler: (ctx) =>
+ *     ctx.transaction((tx) => tx.insertInto('ledger').values({ order_id: ctx.data.orderId, cents: ctx.data.cents }).execute()),
  * });
  * ```
  */

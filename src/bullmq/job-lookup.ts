@@ -33,12 +33,16 @@ export interface BullmqJobLookupOptions {
 
 /**
  * The sweeper's view of BullMQ: asks whether a key's job still exists and re-adds lost jobs.
- * Keeps one `Queue` per queue name it has been asked about; {@link close} closes them.
+ * Keeps one `Queue` per queue name it has been asked about; {@link BullmqJobLookup.close}
+ * closes them.
  *
  * @example
  * ```ts
+ * import { BullmqJobLookup, jobIdFor } from 'idempotent-jobs';
+ *
  * const lookup = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
- * const presence = await lookup.presence('payments', ['ij_0123']);
+ * const presence = await lookup.presence('payments', [jobIdFor('acme', 'order-42')]);
+ * console.log(presence); // 'pending', 'finished' or 'missing'
  * await lookup.close();
  * ```
  */

@@ -33,6 +33,8 @@ export interface RedisConnection {
  *
  * @example
  * ```ts
+ * import { IdempotentProducer, openRedisConnection } from 'idempotent-jobs';
+ *
  * const redis = openRedisConnection({ url: 'redis://127.0.0.1:6379', clusterNodes: '127.0.0.1:7000,127.0.0.1:7001' });
  * const producer = new IdempotentProducer({ queue: 'payments', connection: redis.connection, prefix: '{ij}' });
  * await producer.close();

@@ -241,8 +241,29 @@ class WorkerClosingError extends Error {
  *
  * @example
  * ```ts
- * const runner = new KeyedJobRunner({ keys, timing, handler, identityOf, logger });
- * const outcome = await runner.run({ message, id: '7', label: 'Message 7', queue: 'q', name: 'q', lastAttempt: false, deferrals: 0 });
+ * import { KeyedJobRunner, identityFromWireContract, resolveWorkerTiming, type JobIdentity } from 'idempotent-jobs';
+ * import { pino } from 'pino';
+ *
+ * // An adapter for another broker, whose messages carry the wire contract as their body.
+ * interface BrokerMessage {
+ *   readonly id: string;
+ *   readonly body: unknown;
+ * }
+ * const runner = new KeyedJobRunner<{ cents: number }, void, BrokerMessage>({
+ *   keys,
+ *   timing: resolveWorkerTiming({}, keys.options.leaseMs),
+ *   identityOf: (message) => identityFromWireContract({ id: message.id, name: 'orders', data: message.body }) as JobIdentity<{ cents: number }>,
+ *   handler: async (ctx) => {
+ *     await ctx.transaction((tx) => tx.insertInto('ledger').values({ order_id: ctx.key, cents: ctx.data.cents }).execute());
+ *   },
+ *   logger: pino(),
+ * });
+ *
+ * const message: BrokerMessage = { id: '7', body: { idempotencyKey: 'order-42', payload: { cents: 1999 } } };
+ * const outcome = await runner.run({ message, id: message.id, label: 'Message 7', queue: 'orders', name: 'orders', lastAttempt: false, deferrals: 0 });
+ * if (outcome.kind === 'deferred' || outcome.kind === 'store-unavailable') {
+ *   // deliver it again after outcome.retryAfterMs, without counting a failed delivery
+ * }
  * ```
  */
 export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {

@@ -136,8 +136,11 @@ export interface JobIngestionOptions {
  *
  * @example
  * ```ts
+ * import { JobIngestion } from 'idempotent-jobs';
+ *
  * const ingestion = new JobIngestion({ keys, producers: new Map([['payments', producer]]) });
- * const outcome = await ingestion.submit({ tenant: 'acme', queue: 'payments', key: 'order-42', name: 'charge', payload: {} });
+ * const outcome = await ingestion.submit({ tenant: 'acme', queue: 'payments', key: 'order-42', name: 'charge', payload: { cents: 1999 } });
+ * if (outcome.kind === 'created' || outcome.kind === 'replayed') console.log(outcome.view.state);
  * ```
  */
 export class JobIngestion {

@@ -73,6 +73,8 @@ export interface ProblemDetails {
  *
  * @example
  * ```ts
+ * import { HttpProblem } from 'idempotent-jobs';
+ *
  * throw new HttpProblem('request-in-progress', 'A request with this key is being handled.', { 'retry-after': '2' });
  * ```
  */

@@ -63,7 +63,19 @@ export interface MetricsServer {
  *
  * @example
  * ```ts
- * const server = await startMetricsServer({ port: 9464, checks: { postgres: () => pingDatabase(db) } });
+ * import { sql } from 'kysely';
+ * import { startMetricsServer } from 'idempotent-jobs';
+ *
+ * const server = await startMetricsServer({
+ *   port: 9464,
+ *   component: 'payments-worker',
+ *   checks: {
+ *     postgres: async () => {
+ *       await sql`select 1`.execute(db);
+ *     },
+ *   },
+ * });
+ * console.log(`${server.url}/metrics, ${server.url}/healthz`);
  * await server.close();
  * ```
  */

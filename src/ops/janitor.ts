@@ -41,8 +41,12 @@ export interface RetentionWarning {
  *
  * @example
  * ```ts
- * const janitor = new Janitor({ db, schema: 'idempotent_jobs' });
- * const { keysDeleted } = await janitor.runOnce();
+ * import { Janitor } from 'idempotent-jobs';
+ *
+ * const janitor = new Janitor({ db, schema: 'idempotent_jobs', retryPolicies: { payments: { attempts: 5, backoff: { type: 'exponential', delayMs: 1_000 } } } });
+ * janitor.checkRetention(); // warns when a queue's retries outlive its keys
+ * const { keysDeleted, more } = await janitor.runOnce();
+ * console.log(`${keysDeleted} expired keys deleted${more ? '; more remain for the next run' : ''}`);
  * ```
  */
 export class Janitor {

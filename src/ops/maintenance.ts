@@ -57,9 +57,20 @@ export interface MaintenanceEvents {
  *
  * @example
  * ```ts
- * const maintenance = new Maintenance({ db, janitor: new Janitor({ db }), janitorIntervalMs: 60_000 });
+ * import { BullmqJobLookup, Janitor, Maintenance, Sweeper } from 'idempotent-jobs';
+ *
+ * const jobs = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
+ * const maintenance = new Maintenance({
+ *   db,
+ *   janitor: new Janitor({ db }),
+ *   sweeper: new Sweeper({ db, jobs, queues: ['payments'] }),
+ *   janitorIntervalMs: 60_000,
+ * });
+ * maintenance.on('sweeper', (report) => console.log(`${report.recoveries.length} lost jobs recovered`));
  * maintenance.start();
+ * // … on shutdown: waits for runs in progress
  * await maintenance.stop();
+ * await jobs.close();
  * ```
  */
 export class Maintenance extends EventEmitter<MaintenanceEvents> {

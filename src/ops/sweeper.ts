@@ -57,9 +57,13 @@ export interface SweepReport {
  *
  * @example
  * ```ts
+ * import { BullmqJobLookup, Sweeper } from 'idempotent-jobs';
+ *
  * const jobs = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
- * const sweeper = new Sweeper({ db, jobs, action: 'reenqueue' });
+ * const sweeper = new Sweeper({ db, jobs, action: 'reenqueue', queues: ['payments'] });
  * const report = await sweeper.runOnce();
+ * for (const recovery of report.recoveries) console.log(`${recovery.key}: ${recovery.action} (job was ${recovery.jobWas})`);
+ * await jobs.close();
  * ```
  */
 export class Sweeper {

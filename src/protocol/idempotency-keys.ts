@@ -85,10 +85,24 @@ export type Effect<T> = (tx: Transaction<any>) => Promise<T>;
  *
  * @example
  * ```ts
- * const keys = new IdempotencyKeys({ db });
- * const outcome = await keys.claim('payments', 'order-42', keys.fingerprint({ amount: 100 }));
- * if (outcome.kind === 'claimed' || outcome.kind === 'taken-over') {
- *   await keys.runEffect(outcome, (tx) => tx.insertInto('ledger').values({ amount: 100 }).execute());
+ * import { IdempotencyKeys, isHeld } from 'idempotent-jobs';
+ *
+ * const keys = new IdempotencyKeys({ db, leaseMs: 30_000 });
+ * const request = { orderId: 'order-42', cents: 1999 };
+ * const outcome = await keys.claim('payments', request.orderId, keys.fingerprint(request));
+ * if (isHeld(outcome)) {
+ *   // The ledger row and the key's completion commit together, fenced by the claim.
+ *   const receipt = await keys.runEffect(outcome, async (tx) => {
+ *     await tx.insertInto('ledger').values({ order_id: request.orderId, cents: request.cents }).execute();
+ *     return { charged: request.cents };
+ *   });
+ *   console.log('charged', receipt);
+ * } else if (outcome.kind === 'completed') {
+ *   console.log('done before', outcome.result); // replay; nothing ran
+ * } else if (outcome.kind === 'in-progress') {
+ *   console.log(`another worker holds it; try again in ${outcome.retryAfterMs} ms`);
+ * } else {
+ *   console.log(outcome.kind); // 'failed' (replay the stored error) or 'key-reused' (never run)
  * }
  * ```
  */

@@ -155,18 +155,6 @@ interface HeldRecord {
  * recorded, runs the rest, and guards the sequence. The worker makes one per job; without
  * BullMQ, make one per claim and call {@link JobSteps.assertComplete} before completing.
  *
- * @example
- * ```ts
- * const claim = await keys.claim('shop', 'order-42', keys.fingerprint({ order: 42 }));
- * if (isHeld(claim)) {
- *   const steps = new JobSteps(keys, claim, new AbortController().signal);
- *   const hold = await steps.run('reserve', { transaction: (tx) => reserveStock(tx, 42) });
- *   const charge = await steps.run('charge', (step) => payments.charge({ order: 42, idempotencyKey: step.stepKey }));
- *   await steps.assertComplete();
- *   await keys.runEffect(claim, async () => ({ hold, charge }));
- * }
- * ```
- *
  * - The key's steps are read once, when the handler first calls a step (one statement), and
  *   not at all on the key's first claim (fence 1: nobody can have recorded a step).
  * - A step recorded at this position under this name returns its stored result without
@@ -184,6 +172,28 @@ interface HeldRecord {
  *
  * Steps run in the order they are called; positions are handed out at the call, before any
  * wait, so steps started together keep their call order.
+ *
+ * @example
+ * ```ts
+ * import { JobSteps, isHeld } from 'idempotent-jobs';
+ *
+ * const order = { orderId: 'order-42', cents: 1999 };
+ * const claim = await keys.claim('shop', order.orderId, keys.fingerprint(order));
+ * if (isHeld(claim)) {
+ *   const steps = new JobSteps(keys, claim, new AbortController().signal);
+ *   // A database step: its writes and its record commit together, exactly once.
+ *   const hold = await steps.run('reserve', {
+ *     transaction: async (tx) => {
+ *       await tx.insertInto('reservations').values({ order_id: order.orderId }).execute();
+ *       return { reserved: true };
+ *     },
+ *   });
+ *   // An external step: at most once per lease; the provider deduplicates a repeat by `stepKey`.
+ *   const charge = await steps.run('charge', (step) => payments.charge({ ...order, idempotencyKey: step.stepKey }));
+ *   await steps.assertComplete();
+ *   await keys.runEffect(claim, async () => ({ hold, charge }));
+ * }
+ * ```
  */
 export class JobSteps {
   readonly #keys: IdempotencyKeys;

@@ -47,6 +47,9 @@ function isOtherSchemaVanishing(error: unknown, schema: string): boolean {
  *
  * @example
  * ```ts
+ * import { migrate } from 'idempotent-jobs';
+ *
+ * // At start, on a connection to Postgres itself (the advisory lock needs a session).
  * await migrate(db, { schema: 'idempotent_jobs' });
  * ```
  */
