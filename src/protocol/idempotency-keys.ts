@@ -173,6 +173,12 @@ export class IdempotencyKeys {
    * same transaction with the effect's return value, and commits both or neither. If the
    * effect throws, nothing commits and the key is released (or failed, per `onError`) before
    * the error is rethrown. Returns the effect's value.
+   *
+   * Besides the effect's own errors it throws {@link LeaseLostError} when the claim was taken
+   * over (the effect rolled back; the key is the new owner's, so it is left alone),
+   * {@link StoreUnavailableError} on a transient store fault (the key is released: try again
+   * later) and {@link ResultNotStorableError} for a result that is not JSON or exceeds
+   * `maxResultBytes` (the key fails, unless `onError` says otherwise).
    */
   async runEffect<T>(claim: Claim, effect: Effect<T>, options: RunEffectOptions = {}): Promise<T> {
     try {
