@@ -43,7 +43,8 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
   readonly keys: IdempotencyKeys;
   /**
    * Runs one job once its key is held. Its effects belong in `ctx.transaction` (they commit with
-   * the key's completion) or in `ctx.step` calls; what it returns is stored and replayed to
+   * the key's completion) or in `ctx.step` calls. What `ctx.transaction`'s function returns (or,
+   * when the handler never calls it, what the handler returns) is stored and replayed to
    * duplicates.
    */
   readonly handler: JobHandler<P, R>;

@@ -115,8 +115,8 @@ const envSchema = z.object({
 });
 
 /**
- * The validated process configuration: one property per environment variable, defaults
- * applied (the README's configuration table lists them too).
+ * The validated process configuration: one property per environment variable, with its
+ * default applied.
  *
  * @useDeclaredType
  */

@@ -118,7 +118,7 @@ export type RunOutcome =
   | {
       /** The effect committed under this claim; acknowledge. */
       readonly kind: 'completed';
-      /** The handler's return value, as stored. */
+      /** What `ctx.transaction`'s function returned (or the handler, when it never called it): the key's stored result. */
       readonly result: unknown;
     }
   | {
