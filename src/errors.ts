@@ -71,7 +71,7 @@ export class IdempotencyError extends Error {
 
 /**
  * A key, scope, option or job field failed validation; `field` names which. Thrown before
- * anything is sent to Postgres or Redis.
+ * anything is written for the key.
  *
  * `code`: `'INVALID_KEY'` or `'INVALID_SCOPE'` (empty, longer than {@link MAX_KEY_LENGTH}, NUL or
  * a lone surrogate), `'INVALID_JOB_DATA'` (a job or message that does not follow the wire

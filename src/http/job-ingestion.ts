@@ -49,13 +49,13 @@ export interface JobView {
 /** What one POST did. */
 export type SubmitOutcome =
   | {
-      /** The job was written to the outbox with the request's record (202). */
+      /** The job was written to the outbox with the request's record (HTTP 202, or 200 once a `Prefer: wait` saw it finish). */
       readonly kind: 'created';
       /** The job as just accepted. */
       readonly view: JobView;
     }
   | {
-      /** The same request was accepted before: nothing new was enqueued (200, `Idempotent-Replayed`). */
+      /** The same request was accepted before: nothing new was enqueued (answered with `Idempotent-Replayed: true`). */
       readonly kind: 'replayed';
       /** The job the first request created, as it is now. */
       readonly view: JobView;

@@ -66,7 +66,7 @@ export type ExecuteOnceOutcome<T> =
   | Exclude<
       ClaimOutcome,
       {
-        /** The outcomes that would have held the key (the effect ran under them instead). */
+        /** Held outcomes are not returned: the effect ran under them, which is `executed`. */
         kind: 'claimed' | 'taken-over';
       }
     >;
@@ -176,8 +176,8 @@ export class IdempotencyKeys {
    *
    * Besides the effect's own errors it throws {@link LeaseLostError} when the claim was taken
    * over (the effect rolled back; the key is the new owner's, so it is left alone),
-   * {@link StoreUnavailableError} on a transient store fault (the key is released: try again
-   * later) and {@link ResultNotStorableError} for a result that is not JSON or exceeds
+   * {@link StoreUnavailableError} on a transient store fault (the key is released, or left to its
+   * lease when Postgres cannot be reached: try again later) and {@link ResultNotStorableError} for a result that is not JSON or exceeds
    * `maxResultBytes` (the key fails, unless `onError` says otherwise).
    */
   async runEffect<T>(claim: Claim, effect: Effect<T>, options: RunEffectOptions = {}): Promise<T> {
