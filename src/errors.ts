@@ -5,7 +5,22 @@
  * SQLSTATEs are mapped to these in `src/store/` only.
  */
 
-/** Stable machine-readable codes carried by every {@link IdempotencyError}. */
+/**
+ * Stable machine-readable codes carried by every {@link IdempotencyError}, and the class that
+ * carries each:
+ *
+ * - `INVALID_KEY`, `INVALID_SCOPE`, `INVALID_JOB_DATA`, `INVALID_OPTIONS`, `INVALID_STEP`:
+ *   {@link ValidationError}
+ * - `KEY_REUSED`: {@link KeyReusedError}
+ * - `KEY_FAILED`: {@link KeyFailedError}
+ * - `LEASE_LOST`: {@link LeaseLostError}
+ * - `RESULT_NOT_STORABLE`: {@link ResultNotStorableError}
+ * - `CLAIM_CONTENDED`: {@link ClaimContendedError}
+ * - `CONFIG_INVALID`: {@link ConfigError}
+ * - `STORE_UNAVAILABLE`: {@link StoreUnavailableError}
+ * - `STEP_MISMATCH`: {@link StepMismatchError}
+ * - `STEPS_UNSUPPORTED`: {@link StepsUnsupportedError}
+ */
 export type IdempotencyErrorCode =
   | 'INVALID_KEY'
   | 'INVALID_SCOPE'
@@ -22,7 +37,27 @@ export type IdempotencyErrorCode =
   | 'STEP_MISMATCH'
   | 'STEPS_UNSUPPORTED';
 
-/** Base class of every error this library throws on purpose. */
+/**
+ * Base class of every error this library throws on purpose. Branch on `code` (stable, also
+ * in stored errors that other languages read), not on the message, which says what happened
+ * and what to do next in prose. `name` is the subclass's name; `cause`, when set, is the
+ * underlying error (a driver's, say).
+ *
+ * @example
+ * ```ts
+ * import { IdempotencyError } from 'idempotent-jobs';
+ *
+ * try {
+ *   await producer.enqueue({ name: 'charge', key: 'order-42', data: { cents: 1999 } });
+ * } catch (error) {
+ *   if (error instanceof IdempotencyError && error.code === 'KEY_REUSED') {
+ *     // the same key was sent before with another payload: a client bug, answer 422
+ *   } else {
+ *     throw error;
+ *   }
+ * }
+ * ```
+ */
 export class IdempotencyError extends Error {
   /** Stable code; safe to persist and to compare. */
   readonly code: IdempotencyErrorCode;
@@ -34,7 +69,15 @@ export class IdempotencyError extends Error {
   }
 }
 
-/** A key, scope, option or job field failed validation; `field` names which. */
+/**
+ * A key, scope, option or job field failed validation; `field` names which. Thrown before
+ * anything is written for the key.
+ *
+ * `code`: `'INVALID_KEY'` or `'INVALID_SCOPE'` (empty, longer than {@link MAX_KEY_LENGTH}, NUL or
+ * a lone surrogate), `'INVALID_JOB_DATA'` (a job or message that does not follow the wire
+ * contract, or a payload Postgres cannot store), `'INVALID_OPTIONS'` (an option out of range
+ * or missing), `'INVALID_STEP'` (a step name or definition `ctx.step` cannot use).
+ */
 export class ValidationError extends IdempotencyError {
   /** The input field that was wrong, e.g. `'key'`, `'scope'`, `'job.data.payload'`. */
   readonly field: string;
@@ -49,10 +92,15 @@ export class ValidationError extends IdempotencyError {
   }
 }
 
-/** The key was used before with a different payload (its fingerprint differs). Never executed. */
+/**
+ * The key was used before with a different payload (its fingerprint differs). Never executed:
+ * a client sent two different requests under one key. `code`: `'KEY_REUSED'`.
+ */
 export class KeyReusedError extends IdempotencyError {
   constructor(
+    /** The key's scope. */
     readonly scope: string,
+    /** The reused key. */
     readonly key: string,
   ) {
     super(
@@ -63,10 +111,16 @@ export class KeyReusedError extends IdempotencyError {
   }
 }
 
-/** The key failed permanently earlier; its stored error is replayed. */
+/**
+ * The key failed permanently earlier; its stored error is replayed and nothing runs. An
+ * operator can release the key (`idempotent-jobs keys release`) to allow a new attempt.
+ * `code`: `'KEY_FAILED'`.
+ */
 export class KeyFailedError extends IdempotencyError {
   constructor(
+    /** The key's scope. */
     readonly scope: string,
+    /** The failed key. */
     readonly key: string,
     /** The error stored when the key failed. */
     readonly storedError: unknown,
@@ -81,12 +135,16 @@ export class KeyFailedError extends IdempotencyError {
 
 /**
  * The worker's claim on the key was taken over (or released/completed by someone else), so
- * this worker may not complete it. Thrown inside the effect transaction, which rolls back.
+ * this worker may not complete it. Thrown inside the effect transaction, which rolls back:
+ * the new owner finishes the key. `code`: `'LEASE_LOST'`.
  */
 export class LeaseLostError extends IdempotencyError {
   constructor(
+    /** The key's scope. */
     readonly scope: string,
+    /** The key whose lease was lost. */
     readonly key: string,
+    /** The fence of the claim that lost it (the new owner's is higher). */
     readonly fence: number,
   ) {
     super(
@@ -98,7 +156,11 @@ export class LeaseLostError extends IdempotencyError {
   }
 }
 
-/** The effect's result cannot be stored as JSON (not serialisable, too large, or has NUL bytes). */
+/**
+ * The effect's result cannot be stored as JSON (not serialisable, larger than `maxResultBytes`,
+ * or has NUL bytes). The effect was rolled back, and the key fails for good by default (the
+ * same effect would produce it again). `code`: `'RESULT_NOT_STORABLE'`.
+ */
 export class ResultNotStorableError extends IdempotencyError {
   constructor(scope: string, key: string, reason: string, options?: { cause?: unknown }) {
     super(
@@ -112,7 +174,8 @@ export class ResultNotStorableError extends IdempotencyError {
 
 /**
  * The claim statement kept racing concurrent writers and could not settle on an outcome.
- * Retryable; in practice it needs several concurrent writers per retry loop.
+ * Retryable; in practice it needs several concurrent writers per retry loop. Workers treat it
+ * as "in progress" and defer the job. `code`: `'CLAIM_CONTENDED'`.
  */
 export class ClaimContendedError extends IdempotencyError {
   constructor(scope: string, key: string, attempts: number) {
@@ -129,10 +192,13 @@ export class ClaimContendedError extends IdempotencyError {
  * out of connections or resources, a serialization failure or deadlock, a lock or statement
  * timeout. The same call may succeed later; `cause` is the driver's error. The worker defers
  * the job without using an attempt and stores nothing as the key's outcome.
+ * `code`: `'STORE_UNAVAILABLE'`.
  */
 export class StoreUnavailableError extends IdempotencyError {
   constructor(
+    /** The key's scope. */
     readonly scope: string,
+    /** The key whose statement failed. */
     readonly key: string,
     /** What the store was doing, e.g. `'claim'`, `'commit'`. */
     readonly operation: string,
@@ -166,11 +232,13 @@ export function findStoreUnavailable(error: unknown): StoreUnavailableError | un
  * differently at a position, a recorded step not called), or it called one step name twice in
  * a run. Running on would skip a step that took effect or run one a second time, so the job
  * fails for good whatever `errorDisposition` says. `calledName` is null when the run did not
- * call that position (it completed, or called the name elsewhere).
+ * call that position (it completed, or called the name elsewhere). `code`: `'STEP_MISMATCH'`.
  */
 export class StepMismatchError extends IdempotencyError {
   constructor(
+    /** The key's scope. */
     readonly scope: string,
+    /** The key whose steps do not match. */
     readonly key: string,
     /** 1-based position in the key's step sequence. */
     readonly position: number,
@@ -192,6 +260,7 @@ export class StepMismatchError extends IdempotencyError {
 /**
  * `ctx.step` was called where steps cannot be recorded apart from the completion: on the
  * fast path (the whole handler is one transaction), or over a store without step records.
+ * `code`: `'STEPS_UNSUPPORTED'`.
  */
 export class StepsUnsupportedError extends IdempotencyError {
   constructor(scope: string, key: string, reason: string) {
@@ -199,7 +268,10 @@ export class StepsUnsupportedError extends IdempotencyError {
   }
 }
 
-/** Process configuration (usually environment variables) is missing or wrong. */
+/**
+ * Process configuration (usually environment variables) is missing or wrong; the message names
+ * each wrong variable and why. `code`: `'CONFIG_INVALID'`.
+ */
 export class ConfigError extends IdempotencyError {
   constructor(message: string) {
     super('CONFIG_INVALID', message);

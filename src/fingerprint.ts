@@ -12,7 +12,7 @@ export type Fingerprinter = (identity: unknown) => string;
  * that implements RFC 8785.
  *
  * RFC 8785 has no spelling for a non-finite number or a lone surrogate, and the canonicaliser
- * recurses, so such values and ones nested deeper than {@link MAX_FINGERPRINT_DEPTH} are
+ * recurses, so such values and ones nested deeper than 128 levels are
  * refused first with a {@link ValidationError} saying what and where (the boundaries refuse
  * them earlier with the job's scope and key; this is the guard for every other caller).
  */

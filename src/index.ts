@@ -3,6 +3,7 @@
  * fenced lease; the effect and the key's completion commit in one transaction.
  *
  * @packageDocumentation
+ * @module idempotent-jobs
  */
 export * from './errors.js';
 export type { Fingerprinter } from './fingerprint.js';
@@ -12,7 +13,8 @@ export { resolveIdempotencyOptions } from './config/idempotency-options.js';
 export type { Claim, ClaimOutcome, HeldClaim } from './store/claim-outcome.js';
 export { isHeld } from './store/claim-outcome.js';
 export type { KeyRecord, KeyStatus } from './store/key-record.js';
-export type { KeyStore, ClaimInput, GroupStatements, StepStore } from './store/key-store.js';
+export type { KeyStore, ClaimInput, GroupStatements, NewKeyClaims, StepStore } from './store/key-store.js';
+export type { CompletedKeyRow } from './store/sql/insert-completed-keys.js';
 export type { LeaseExtension } from './store/sql/extend.js';
 export type { GroupCommitOptions } from './protocol/group-commit.js';
 export type { PostgresKeyStoreOptions } from './store/postgres-key-store.js';

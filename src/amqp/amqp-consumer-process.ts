@@ -20,12 +20,17 @@ export interface AmqpConsumerProcessOptions<P, R> {
   readonly config: EnvConfig;
   /** A function, or a database-only handler (`{ transaction }`: fast path and group commit unless `FAST_PATH` / `GROUP_COMMIT` are false). */
   readonly handler: KeyedJobHandler<P, R, ConsumeMessage>;
-  /** @defaultValue `$AMQP_URL` or `'amqp://guest:guest@127.0.0.1:5672'` */
+  /** RabbitMQ's URL. @defaultValue `$AMQP_URL` or `'amqp://guest:guest@127.0.0.1:5672'` */
   readonly url?: string;
+  /** The queue to consume. @defaultValue `config.QUEUE` */
   readonly queue?: string;
+  /** Messages run at once (the channel's prefetch). @defaultValue `config.CONCURRENCY` */
   readonly concurrency?: number;
+  /** Where the key comes from: the body (wire contract), a header or the message id. @defaultValue `{ source: 'body' }` */
   readonly identity?: AmqpIdentityOptions;
+  /** Structured logger. @defaultValue `pino()` at `LOG_LEVEL` */
   readonly logger?: Logger;
+  /** Chaos testing only. @defaultValue unset */
   readonly faultHook?: FaultHook;
   /** Install SIGTERM/SIGINT handlers that close gracefully and exit. @defaultValue `true` */
   readonly handleSignals?: boolean;
@@ -33,8 +38,11 @@ export interface AmqpConsumerProcessOptions<P, R> {
 
 /** A running consumer process's parts. */
 export interface AmqpConsumerProcess<P, R> {
+  /** The consumer, consuming. */
   readonly consumer: AmqpConsumer<P, R>;
+  /** The claim protocol, over the process's Postgres pool. */
   readonly keys: IdempotencyKeys;
+  /** The process's logger. */
   readonly logger: Logger;
   /** `/metrics` and `/healthz` (checks `postgres`, `broker`, `consumer`), when `METRICS_PORT` is set. */
   readonly metricsServer?: MetricsServer;

@@ -35,6 +35,7 @@ export type DeadLetterReason = 'invalid-message' | 'key-reused' | 'failed' | 're
 
 /** What an AMQP handler receives: the same `ctx` as the BullMQ worker's, with the AMQP message. */
 export type AmqpJobContext<P = unknown> = KeyedJobContext<P, ConsumeMessage>;
+/** The user's message handler. Its return value is stored (when it never calls `ctx.transaction`) and replayed to duplicates. */
 export type AmqpJobHandler<P = unknown, R = unknown> = (ctx: AmqpJobContext<P>) => Promise<R>;
 
 /** Options of {@link createAmqpConsumer}. */
@@ -47,6 +48,7 @@ export interface AmqpConsumerOptions<P = unknown, R = unknown> extends Omit<Work
   readonly deadLetterQueue?: string;
   /** Prefix of the delay queues (see `amqp-topology.ts`). @defaultValue `'<queue>.delay'` */
   readonly delayQueuePrefix?: string;
+  /** The claim protocol (its Kysely instance is where transactional effects run). */
   readonly keys: IdempotencyKeys;
   /**
    * The message's job: a function (an {@link AmqpJobHandler}), or a database-only handler
@@ -58,7 +60,7 @@ export interface AmqpConsumerOptions<P = unknown, R = unknown> extends Omit<Work
   readonly concurrency?: number;
   /** Where the key comes from: the body (wire contract), a header or the message id. @defaultValue `{ source: 'body' }` */
   readonly identity?: AmqpIdentityOptions;
-  /** Reads the identity yourself (overrides `identity`). */
+  /** Reads the identity yourself (overrides `identity`). @defaultValue unset (`identity` decides) */
   readonly identityOf?: (message: ConsumeMessage) => JobIdentity<P>;
   /** Deliveries a message may fail (handler errors) before its error is stored. @defaultValue `3` */
   readonly maxAttempts?: number;
@@ -68,12 +70,15 @@ export interface AmqpConsumerOptions<P = unknown, R = unknown> extends Omit<Work
   readonly errorDisposition?: (error: unknown, message: ConsumeMessage) => ErrorDisposition;
   /** See `IdempotentWorkerOptions.fastPath`. @defaultValue `true` for a database-only handler, `false` for a function */
   readonly fastPath?: boolean;
+  /** Needed for `waitMs > 0`: wakes a waiting duplicate when the owner finishes. @defaultValue unset (a duplicate is delayed at once) */
   readonly listener?: KeySettledListener;
+  /** Keep each message's payload on its key. @defaultValue `false` */
   readonly storePayload?: boolean;
   /** First wait before reconnecting after the connection or channel closed; doubles up to 5 s. @defaultValue `100` */
   readonly reconnectMinMs?: number;
+  /** Structured logger. @defaultValue `pino()` at level info */
   readonly logger?: Logger;
-  /** Chaos testing only. */
+  /** Chaos testing only. @defaultValue unset */
   readonly faultHook?: FaultHook;
 }
 
@@ -95,11 +100,15 @@ interface Session {
  *
  * @example
  * ```ts
- * const consumer = createAmqpConsumer({
+ * import { IdempotencyKeys } from 'idempotent-jobs';
+ * import { createAmqpConsumer } from 'idempotent-jobs/amqp';
+ *
+ * const consumer = createAmqpConsumer<{ orderId: string; amount: number }>({
  *   url: 'amqp://guest:guest@127.0.0.1:5672',
  *   queue: 'payments',
  *   keys: new IdempotencyKeys({ db }),
- *   handler: async (ctx) => ctx.transaction((tx) => tx.insertInto('ledger').values(ctx.data).execute()),
+ *   handler: (ctx) =>
+ *     ctx.transaction((tx) => tx.insertInto('ledger').values({ order_id: ctx.data.orderId, amount: ctx.data.amount }).execute()),
  * });
  * await consumer.start();
  * ```
@@ -108,8 +117,41 @@ export function createAmqpConsumer<P = unknown, R = unknown>(options: AmqpConsum
   return new AmqpConsumer(options);
 }
 
-/** See {@link createAmqpConsumer}. Emits `'event'` ({@link WorkerEvent}) for every outcome. */
-export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{ event: [WorkerEvent] }> {
+/**
+ * A RabbitMQ consumer whose messages take effect once per idempotency key: what
+ * {@link createAmqpConsumer} returns (see there for what it does with each message). Call
+ * {@link AmqpConsumer.start} to consume and {@link AmqpConsumer.close} to stop. Emits `'event'`
+ * ({@link WorkerEvent}) for every outcome.
+ *
+ * @example
+ * ```ts
+ * import { IdempotencyKeys } from 'idempotent-jobs';
+ * import { AmqpConsumer, REASON_HEADER } from 'idempotent-jobs/amqp';
+ *
+ * // Foreign publishers: the key in a header, the whole JSON body as the payload.
+ * const consumer = new AmqpConsumer<{ email: string }>({
+ *   queue: 'emails',
+ *   keys: new IdempotencyKeys({ db }),
+ *   identity: { source: 'header', scope: 'emails' },
+ *   maxAttempts: 5,
+ *   handler: async (ctx) => {
+ *     const sent = await ctx.step('send', (step) => mailer.send({ to: ctx.data.email, idempotencyKey: step.stepKey }));
+ *     return ctx.transaction((tx) => tx.insertInto('sent_emails').values({ message_id: sent.id }).execute());
+ *   },
+ * });
+ * consumer.on('event', (event) => {
+ *   if (event.kind === 'failed') console.warn(`key ${event.key} failed; the message is dead-lettered with ${REASON_HEADER}`);
+ * });
+ * await consumer.start();
+ * process.once('SIGTERM', () => {
+ *   void consumer.close();
+ * });
+ * ```
+ */
+export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
+  /** Every outcome of every message: claims, completions, replays, deferrals, failures, steps. */
+  event: [WorkerEvent];
+}> {
   readonly #options: AmqpConsumerOptions<P, R>;
   readonly #timing: ResolvedWorkerTiming;
   readonly #log: Logger;

@@ -19,9 +19,24 @@ import { assertValidKeyPart } from '../protocol/validate.js';
  * payload: the same key with another body is refused as reused.
  */
 export type AmqpIdentityOptions =
-  | { readonly source: 'body' }
-  | { readonly source: 'header'; readonly scope: string; /** @defaultValue `'Idempotency-Key'` */ readonly header?: string }
-  | { readonly source: 'message-id'; readonly scope: string };
+  | {
+      /** The body is the wire contract as JSON. */
+      readonly source: 'body';
+    }
+  | {
+      /** The key is a header; the whole body is the payload. */
+      readonly source: 'header';
+      /** The scope of every key this consumer reads. */
+      readonly scope: string;
+      /** The header holding the key. @defaultValue `'Idempotency-Key'` */
+      readonly header?: string;
+    }
+  | {
+      /** The key is the AMQP `message-id` property; the whole body is the payload. */
+      readonly source: 'message-id';
+      /** The scope of every key this consumer reads. */
+      readonly scope: string;
+    };
 
 /** Reads a message's identity as `options` say; throws a {@link ValidationError} saying what is wrong. */
 export function amqpIdentityReader<P>(options: AmqpIdentityOptions = { source: 'body' }): (message: ConsumeMessage) => JobIdentity<P> {

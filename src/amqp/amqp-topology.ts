@@ -17,10 +17,17 @@ import type { Channel } from 'amqplib';
  * server, and it keeps delayed messages on one node only; TTL and dead-lettering are core.
  */
 export interface AmqpTopology {
+  /** The queue publishers send to and the consumer reads. */
   readonly queue: string;
+  /** Where poison, key-reused and permanently failed messages go. */
   readonly deadLetterQueue: string;
   /** The delay queue for a delay of `delayMs`, and its TTL (`delayMs` rounded up to a tier). */
-  delayQueueFor(delayMs: number): { readonly name: string; readonly ttlMs: number };
+  delayQueueFor(delayMs: number): {
+    /** The delay queue's name, `<prefix>.<ttlMs>`. */
+    readonly name: string;
+    /** Its messages' time to live: the tier's delay. */
+    readonly ttlMs: number;
+  };
   /** Every delay queue name, shortest first (for operators and cleanup). */
   readonly delayQueues: readonly string[];
 }

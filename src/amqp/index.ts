@@ -2,6 +2,7 @@
  * `idempotent-jobs/amqp`: the RabbitMQ consumer (needs the optional peer dependency `amqplib`).
  *
  * @packageDocumentation
+ * @module idempotent-jobs/amqp
  */
 export type { AmqpConsumerOptions, AmqpJobContext, AmqpJobHandler, DeadLetterReason } from './amqp-consumer.js';
 export { AmqpConsumer, ATTEMPTS_HEADER, DEFERRALS_HEADER, ERROR_HEADER, REASON_HEADER, createAmqpConsumer } from './amqp-consumer.js';

@@ -24,7 +24,7 @@ export interface IdempotentProducerOptions {
   readonly schema?: string;
   /** Must match the workers' fingerprinter. @defaultValue SHA-256 of canonical JSON */
   readonly fingerprint?: Fingerprinter;
-  /** Options for every job (attempts, backoff, removeOnComplete…). */
+  /** Options for every job (attempts, backoff, removeOnComplete…); a request's `opts` override them. @defaultValue none (BullMQ's defaults) */
   readonly defaultJobOptions?: Omit<JobsOptions, 'jobId'>;
 }
 
@@ -32,7 +32,9 @@ export interface IdempotentProducerOptions {
 export interface EnqueueRequest<P = unknown> {
   /** Job name; part of the fingerprint. */
   readonly name: string;
+  /** Namespace of the key. @defaultValue the producer's `defaultScope` */
   readonly scope?: string;
+  /** The idempotency key: 1–255 characters; the same key is the same job. */
   readonly key: string;
   /** The payload the handler receives. */
   readonly data: P;
@@ -42,8 +44,11 @@ export interface EnqueueRequest<P = unknown> {
 
 /** What happened to one enqueue. */
 export interface EnqueueResult {
+  /** The BullMQ job id, derived from scope and key ({@link jobIdFor}). */
   readonly jobId: string;
+  /** The key's scope (the producer's `defaultScope` when the request named none). */
   readonly scope: string;
+  /** The idempotency key. */
   readonly key: string;
   /**
    * `added`: a new job (replacing, if need be, a finished job of an earlier request with
@@ -64,8 +69,23 @@ export interface EnqueueResult {
  *
  * @example
  * ```ts
+ * import { IdempotentProducer, KeyReusedError } from 'idempotent-jobs';
+ *
  * const producer = new IdempotentProducer({ queue: 'payments', connection: { host: '127.0.0.1' } });
- * await producer.enqueue({ name: 'charge', scope: 'acme', key: 'order-42', data: { cents: 1999 } });
+ * try {
+ *   const { jobId, status } = await producer.enqueue({ name: 'charge', scope: 'acme', key: 'order-42', data: { cents: 1999 } });
+ *   console.log(jobId, status); // 'added' the first time, 'duplicate' when sent again
+ * } catch (error) {
+ *   if (error instanceof KeyReusedError) console.error('order-42 was already sent with another payload');
+ *   else throw error;
+ * }
+ *
+ * // Transactional: the job is enqueued if and only if the order commits (the OutboxRelay delivers it).
+ * await db.transaction().execute(async (tx) => {
+ *   await tx.insertInto('orders').values({ id: 43, cents: 500 }).execute();
+ *   await producer.enqueue({ name: 'charge', key: 'order-43', data: { cents: 500 } }, { tx });
+ * });
+ * await producer.close();
  * ```
  */
 export class IdempotentProducer {
@@ -85,13 +105,23 @@ export class IdempotentProducer {
     return this.#queue;
   }
 
-  /** Enqueues one job; with `tx`, into the outbox within that transaction. */
+  /**
+   * Enqueues one job; with `tx`, into the outbox within that transaction (the
+   * {@link OutboxRelay} adds it to the queue once the transaction commits).
+   *
+   * Throws {@link KeyReusedError} when the key's job is still waiting, delayed or running with
+   * another payload or job name, and a {@link ValidationError} for a key, scope or payload the
+   * workers would refuse.
+   */
   async enqueue<P>(request: EnqueueRequest<P>, options: { tx?: Kysely<any> } = {}): Promise<EnqueueResult> {
     const [result] = await this.enqueueBulk([request], options);
     return result!;
   }
 
-  /** Enqueues several jobs (one BullMQ round trip, or one outbox insert with `tx`). */
+  /**
+   * Enqueues several jobs (one BullMQ round trip, or one outbox insert with `tx`), with the
+   * results in request order. Throws as {@link IdempotentProducer.enqueue} does.
+   */
   async enqueueBulk<P>(requests: readonly EnqueueRequest<P>[], options: { tx?: Kysely<any> } = {}): Promise<EnqueueResult[]> {
     const jobs = requests.map((request) => this.#toJob(request));
     const queue = this.#options.queue;

@@ -23,6 +23,7 @@ import { assertKeysFitConnection } from './redis-connection.js';
  * context ({@link KeyedJobContext}, where `message` is the job too) and the BullMQ job.
  */
 export interface JobContext<P = unknown> extends KeyedJobContext<P, Job> {
+  /** The BullMQ job being run (the same object as `message`). */
   readonly job: Job;
 }
 
@@ -61,7 +62,7 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
    * @defaultValue `true` for a database-only handler, `false` for a function
    */
   readonly fastPath?: boolean;
-  /** Needed for `waitMs > 0`: wakes a waiting duplicate when the owner finishes. */
+  /** Needed for `waitMs > 0`: wakes a waiting duplicate when the owner finishes. @defaultValue unset (a duplicate defers at once) */
   readonly listener?: KeySettledListener;
   /** Reads key, scope and payload from a job. @defaultValue the wire contract ({@link identityFromWireContract}) */
   readonly keyOf?: (job: Job) => JobIdentity<P>;
@@ -79,22 +80,29 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
   readonly logger?: Logger;
   /** Chaos testing only: called at named protocol points. @defaultValue unset */
   readonly faultHook?: FaultHook;
-  /** Further BullMQ worker options (not those set above). */
+  /** Further BullMQ worker options (not those set above). @defaultValue none */
   readonly workerOptions?: Omit<WorkerOptions, 'connection' | 'prefix' | 'concurrency' | 'lockDuration' | 'stalledInterval' | 'maxStalledCount' | 'autorun'>;
 }
 
 export type { StepEventKind, WorkerEvent, WorkerEventKind } from '../consumer/worker-event.js';
 
 /**
- * A BullMQ worker that makes each job's effect happen once per idempotency key.
+ * A BullMQ worker that makes each job's effect happen once per idempotency key. Jobs follow
+ * the wire contract ({@link WireJobData}, as {@link IdempotentProducer} adds them) unless
+ * `keyOf` reads them otherwise. Throws a {@link ValidationError} (`INVALID_OPTIONS`) for
+ * timings that contradict each other, and refuses a Redis Cluster prefix without a hash tag.
  *
  * @example
  * ```ts
- * const worker = createIdempotentWorker({
+ * import { IdempotencyKeys, createIdempotentWorker } from 'idempotent-jobs';
+ *
+ * const worker = createIdempotentWorker<{ orderId: string; cents: number }>({
  *   queue: 'payments',
  *   connection: { host: '127.0.0.1', port: 6379 },
  *   keys: new IdempotencyKeys({ db }),
- *   handler: async (ctx) => ctx.transaction((tx) => tx.insertInto('ledger').values(ctx.data).execute()),
+ *   // The ledger row and the key's completion commit together: a redelivered job replays instead.
+ *   handler: (ctx) =>
+ *     ctx.transaction((tx) => tx.insertInto('ledger').values({ order_id: ctx.data.orderId, cents: ctx.data.cents }).execute()),
  * });
  * // A job that only writes to this database: fast path and group commit by default.
  * const ledger = createIdempotentWorker<{ amount: number }>({
@@ -114,8 +122,43 @@ export function createIdempotentWorker<P = unknown, R = unknown>(options: Idempo
   return new IdempotentWorker(options);
 }
 
-/** See {@link createIdempotentWorker}. Emits `'event'` ({@link WorkerEvent}) for every outcome. */
-export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ event: [WorkerEvent] }> {
+/**
+ * A BullMQ worker whose jobs take effect once per idempotency key: what
+ * {@link createIdempotentWorker} returns. It starts taking jobs when constructed.
+ *
+ * Each job's key is claimed in Postgres before the handler runs; a duplicate replays the stored
+ * result (or error) instead of running, or is delayed while another worker holds the key,
+ * without using an attempt. Emits `'event'` ({@link WorkerEvent}) for every outcome.
+ *
+ * @example
+ * ```ts
+ * import { IdempotencyKeys, createIdempotentWorker, createPostgresDb, type WorkerEvent } from 'idempotent-jobs';
+ *
+ * const db = createPostgresDb({ connectionString: 'postgres://postgres@127.0.0.1:5432/postgres' });
+ * const worker = createIdempotentWorker<{ orderId: string; amount: number }, { charged: number }>({
+ *   queue: 'payments',
+ *   connection: { host: '127.0.0.1', port: 6379 },
+ *   keys: new IdempotencyKeys({ db }),
+ *   concurrency: 8,
+ *   handler: (ctx) =>
+ *     ctx.transaction(async (tx) => {
+ *       await tx.insertInto('ledger').values({ order_id: ctx.data.orderId, amount: ctx.data.amount }).execute();
+ *       return { charged: ctx.data.amount };
+ *     }),
+ * });
+ * worker.on('event', (event: WorkerEvent) => {
+ *   if (event.kind === 'replayed') console.log(`job ${event.jobId}: key ${event.key} was done already`);
+ * });
+ * await worker.waitUntilReady();
+ * process.once('SIGTERM', () => {
+ *   void worker.close().then(() => db.destroy());
+ * });
+ * ```
+ */
+export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
+  /** Every outcome of every job: claims, completions, replays, deferrals, failures, steps. */
+  event: [WorkerEvent];
+}> {
   readonly #options: IdempotentWorkerOptions<P, R>;
   readonly #timing: ResolvedWorkerTiming;
   readonly #log: Logger;
@@ -181,6 +224,8 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{ e
    * Graceful shutdown: stop taking jobs, let active ones finish within `shutdownTimeoutMs`;
    * then abort the rest (their `ctx.signal` fires), release their keys so another worker takes
    * them over at once, and close. Does not close the IdempotencyKeys' database.
+   *
+   * @param options.force - skip the wait: abort and release active jobs at once
    */
   close(options: { force?: boolean } = {}): Promise<void> {
     if (options.force) return this.#forceClose();

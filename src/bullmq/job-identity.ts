@@ -20,17 +20,25 @@ import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
  * worker's spans join that trace (a malformed value is ignored, never a reason to refuse).
  */
 export interface WireJobData<P = unknown> {
+  /** The idempotency key: 1–255 characters. */
   readonly idempotencyKey: string;
+  /** Namespace of the key. @defaultValue `"default"` ({@link DEFAULT_SCOPE}) */
   readonly scope?: string;
+  /** What the handler receives as `ctx.data`; any JSON, fingerprinted with the job name. */
   readonly payload: P;
+  /** W3C `traceparent` of the producer's span; the worker's spans join its trace. @defaultValue unset (a new trace) */
   readonly traceparent?: string;
+  /** W3C `tracestate` that goes with `traceparent`. @defaultValue unset */
   readonly tracestate?: string;
 }
 
 /** What a job is, for the claim: its key, scope, payload, and what its fingerprint covers. */
 export interface JobIdentity<P = unknown> {
+  /** The key's scope. */
   readonly scope: string;
+  /** The idempotency key. */
   readonly key: string;
+  /** What the handler receives as `ctx.data`. */
   readonly payload: P;
   /** The value fingerprinted; same key + different identity = key reused. */
   readonly fingerprintOf: unknown;
@@ -38,8 +46,11 @@ export interface JobIdentity<P = unknown> {
 
 /** The parts of a BullMQ job that identify it. */
 export interface JobLike {
+  /** The job's id. */
   readonly id?: string;
+  /** The job's name (covered by the fingerprint under the wire contract). */
   readonly name: string;
+  /** The job's data: {@link WireJobData} under the wire contract. */
   readonly data: unknown;
 }
 

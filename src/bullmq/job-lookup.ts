@@ -11,16 +11,21 @@ export type JobPresence = 'pending' | 'finished' | 'missing';
 
 /** A job the sweeper puts back, under the wire contract. */
 export interface ReenqueueRequest {
+  /** The queue the key's row names. */
   readonly queue: string;
   /** The deterministic id (`jobIdFor(scope, key)`). */
   readonly jobId: string;
+  /** The job name the key's row names. */
   readonly name: string;
+  /** The job's data under the wire contract, with the payload kept on the key. */
   readonly data: unknown;
+  /** BullMQ options of the new job (attempts and backoff of the queue's retry policy). @defaultValue none */
   readonly opts?: Omit<JobsOptions, 'jobId'>;
 }
 
 /** Options of {@link BullmqJobLookup}. */
 export interface BullmqJobLookupOptions {
+  /** BullMQ connection (ioredis options or instance) of the queues to look in. */
   readonly connection: ConnectionOptions;
   /** BullMQ key prefix. @defaultValue `'bull'` */
   readonly prefix?: string;
@@ -28,12 +33,16 @@ export interface BullmqJobLookupOptions {
 
 /**
  * The sweeper's view of BullMQ: asks whether a key's job still exists and re-adds lost jobs.
- * Keeps one `Queue` per queue name it has been asked about; {@link close} closes them.
+ * Keeps one `Queue` per queue name it has been asked about; {@link BullmqJobLookup.close}
+ * closes them.
  *
  * @example
  * ```ts
+ * import { BullmqJobLookup, jobIdFor } from 'idempotent-jobs';
+ *
  * const lookup = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
- * const presence = await lookup.presence('payments', ['ij_0123']);
+ * const presence = await lookup.presence('payments', [jobIdFor('acme', 'order-42')]);
+ * console.log(presence); // 'pending', 'finished' or 'missing'
  * await lookup.close();
  * ```
  */
@@ -56,8 +65,8 @@ export class BullmqJobLookup {
    * Adds the job under its deterministic id. A finished job with that id is removed first
    * (BullMQ ignores an add whose id exists in any state); a pending one is left alone and
    * `'exists'` is returned, as it will run anyway. The removal takes only the finished job
-   * that was read ({@link removeFinishedJob}): should a producer or relay replace it at the
-   * same moment, their new job is never removed, and this add is then ignored in its favour.
+   * that was read: should a producer or relay replace it at the same moment, their new job is
+   * never removed, and this add is then ignored in its favour.
    */
   async reenqueue(request: ReenqueueRequest): Promise<'added' | 'exists'> {
     const queue = this.#queues.get(request.queue);

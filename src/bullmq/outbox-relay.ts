@@ -15,7 +15,7 @@ import { QueuesByName } from './queues-by-name.js';
 export interface OutboxRelayOptions {
   /** Database holding the outbox. */
   readonly db: Kysely<any>;
-  /** @defaultValue `'idempotent_jobs'` */
+  /** Postgres schema of the outbox table. @defaultValue `'idempotent_jobs'` */
   readonly schema?: string;
   /** BullMQ connection for the queues the rows name. */
   readonly connection: ConnectionOptions;
@@ -30,6 +30,7 @@ export interface OutboxRelayOptions {
    * tried again (meanwhile the relay moves the rows behind it). @defaultValue `1_000`
    */
   readonly heldRowRetryMs?: number;
+  /** Structured logger (batch errors, held rows). @defaultValue `pino()` at level info */
   readonly logger?: Logger;
   /** Chaos testing only. @defaultValue unset */
   readonly faultHook?: FaultHook;
@@ -45,15 +46,21 @@ export interface OutboxRelayOptions {
  * No row is marked sent unless BullMQ holds its job or one with the same fingerprint (job name
  * and payload). A job id depends on scope and key only, so it may still hold the finished job
  * of an earlier request with the same key and another payload (its key record expired since):
- * that job is removed and the row's added ({@link addOrReplaceFinished}). If the id holds a
- * pending job with another payload, the row stays unsent and is tried again after
- * `heldRowRetryMs`, until that job has finished. A failed batch (database or Redis
- * unreachable, a connection cut) is rolled back, logged, and retried at the next poll.
+ * that job is removed and the row's added. If the id holds a pending job with another
+ * payload, the row stays unsent and is tried again after `heldRowRetryMs`, until that job has
+ * finished. A failed batch (database or Redis unreachable, a connection cut) is rolled back,
+ * logged, and retried at the next poll.
  *
  * @example
  * ```ts
- * const relay = new OutboxRelay({ db, connection: { host: '127.0.0.1' } });
+ * import { OutboxRelay } from 'idempotent-jobs';
+ *
+ * // One or more per deployment: relays lock their rows with SKIP LOCKED, so they can run side by side.
+ * const relay = new OutboxRelay({ db, connection: { host: '127.0.0.1', port: 6379 }, batchSize: 500 });
  * relay.start();
+ * process.once('SIGTERM', () => {
+ *   void relay.stop();
+ * });
  * ```
  */
 export class OutboxRelay {
@@ -79,7 +86,11 @@ export class OutboxRelay {
     relayMetrics().errors.inc({ schema }, 0);
   }
 
-  /** Relays one batch; returns how many rows were delivered. */
+  /**
+   * Relays one batch; returns how many rows were delivered. Throws what failed the batch (it
+   * was rolled back, and its rows stay unsent); {@link OutboxRelay.start}'s loop logs that and
+   * tries again instead.
+   */
   async relayOnce(): Promise<number> {
     const schema = this.#options.schema ?? 'idempotent_jobs';
     const now = Date.now();

@@ -14,6 +14,7 @@ export interface RedisConnectionSettings {
 export interface RedisConnection {
   /** What to pass as BullMQ's `connection` (or this library's `connection` option). */
   readonly connection: ConnectionOptions;
+  /** True when `connection` is a Redis Cluster client (then every queue's prefix needs a hash tag). */
   readonly isCluster: boolean;
   /** Closes the cluster client; BullMQ's own connections are closed by their queues and workers. */
   close(): Promise<void>;
@@ -32,6 +33,8 @@ export interface RedisConnection {
  *
  * @example
  * ```ts
+ * import { IdempotentProducer, openRedisConnection } from 'idempotent-jobs';
+ *
  * const redis = openRedisConnection({ url: 'redis://127.0.0.1:6379', clusterNodes: '127.0.0.1:7000,127.0.0.1:7001' });
  * const producer = new IdempotentProducer({ queue: 'payments', connection: redis.connection, prefix: '{ij}' });
  * await producer.close();

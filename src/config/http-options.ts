@@ -51,8 +51,8 @@ export interface HttpApiOptions {
    */
   readonly adminTokens?: Readonly<Record<string, string>>;
   /**
-   * Wakes `Prefer: wait=N` requests when their job settles. Omitted: `Prefer: wait` is not
-   * applied (and no `Preference-Applied` is sent).
+   * Wakes `Prefer: wait=N` requests when their job settles.
+   * @defaultValue unset: `Prefer: wait` is not applied (and no `Preference-Applied` is sent)
    */
   readonly listener?: KeySettledListener;
   /** Upper bound of `Prefer: wait=N`, in seconds. @defaultValue `30` */
@@ -74,20 +74,31 @@ export interface HttpApiOptions {
 
 /** {@link HttpApiOptions} with defaults applied and every value checked. */
 export interface ResolvedHttpApiOptions {
+  /** See {@link HttpApiOptions.keys}. */
   readonly keys: IdempotencyKeys;
+  /** See {@link HttpApiOptions.connection}. */
   readonly connection: IdempotentProducerOptions['connection'];
+  /** See {@link HttpApiOptions.prefix}. */
   readonly prefix: string;
+  /** See {@link HttpApiOptions.queues}. */
   readonly queues: readonly string[];
   /** Token → tenant; empty means authentication is off. */
   readonly tokens: ReadonlyMap<string, string>;
   /** Admin token → operator name; empty means the inspector serves loopback only. */
   readonly adminTokens: ReadonlyMap<string, string>;
+  /** See {@link HttpApiOptions.listener}; undefined: `Prefer: wait` is not applied. */
   readonly listener: KeySettledListener | undefined;
+  /** See {@link HttpApiOptions.maxWaitSeconds}. */
   readonly maxWaitSeconds: number;
+  /** See {@link HttpApiOptions.bodyLimitBytes}. */
   readonly bodyLimitBytes: number;
+  /** See {@link HttpApiOptions.jobOptions}. */
   readonly jobOptions: NonNullable<IdempotentProducerOptions['defaultJobOptions']>;
+  /** See {@link HttpApiOptions.relay}. */
   readonly relay: boolean;
+  /** See {@link HttpApiOptions.relayPollIntervalMs}. */
   readonly relayPollIntervalMs: number;
+  /** See {@link HttpApiOptions.logger}; undefined: `pino()` at level info. */
   readonly logger: Logger | undefined;
 }
 
@@ -252,16 +263,23 @@ export const HTTP_ENV_VARIABLES: readonly string[] = Object.freeze([...Object.ke
 
 /** The HTTP server process's configuration: the common variables plus the `HTTP_*` ones. */
 export interface HttpEnvConfig extends EnvConfig {
+  /** Address to listen on; anything but loopback needs `HTTP_TOKENS`. @defaultValue `'127.0.0.1'` */
   readonly HTTP_HOST: string;
+  /** Port to listen on; 0 picks a free one. @defaultValue `3000` */
   readonly HTTP_PORT: number;
+  /** Queues accepting jobs, from the comma-separated `HTTP_QUEUES`; others are answered 404. @defaultValue `[QUEUE]` */
   readonly HTTP_QUEUES: readonly string[];
   /** Token → tenant, from `HTTP_TOKENS`. */
   readonly HTTP_TOKENS: ReadonlyMap<string, string>;
   /** Admin token → operator name, from `ADMIN_TOKENS` (the key inspector at `/ui`). */
   readonly ADMIN_TOKENS: ReadonlyMap<string, string>;
+  /** Cap of `Prefer: wait`, in seconds; 0 disables waiting. @defaultValue `30` */
   readonly HTTP_MAX_WAIT_SECONDS: number;
+  /** Largest request body, in bytes (413 above). @defaultValue `1_048_576` */
   readonly HTTP_BODY_LIMIT_BYTES: number;
+  /** BullMQ attempts per job (exponential backoff from 1 s). @defaultValue `3` */
   readonly HTTP_JOB_ATTEMPTS: number;
+  /** Run the outbox relay inside the server. @defaultValue `true` */
   readonly HTTP_RELAY: boolean;
 }
 

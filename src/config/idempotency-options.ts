@@ -67,7 +67,7 @@ export interface IdempotencyOptions {
    *   only database-only ones, with these settings).
    * - `false`: no effect is grouped, database-only ones included.
    *
-   * @defaultValue unset: database-only effects only, with {@link GROUP_COMMIT_DEFAULTS}
+   * @defaultValue unset: database-only effects only, with the default settings (`maxJobs` 16, `maxGroups` 2, `optimistic` true)
    */
   readonly groupCommit?: boolean | IdempotencyGroupCommitOptions;
 }
@@ -88,13 +88,21 @@ export interface IdempotencyGroupCommitOptions extends GroupCommitOptions {
 
 /** {@link IdempotencyOptions} with every default applied and every value checked. */
 export interface ResolvedIdempotencyOptions {
+  /** See {@link IdempotencyOptions.db}. */
   readonly db: Kysely<any>;
+  /** See {@link IdempotencyOptions.schema}. */
   readonly schema: string;
+  /** See {@link IdempotencyOptions.leaseMs}. */
   readonly leaseMs: number;
+  /** See {@link IdempotencyOptions.retentionMs}. */
   readonly retentionMs: number;
+  /** See {@link IdempotencyOptions.maxResultBytes}. */
   readonly maxResultBytes: number;
+  /** See {@link IdempotencyOptions.claimLockTimeoutMs}. */
   readonly claimLockTimeoutMs: number;
+  /** See {@link IdempotencyOptions.claimSynchronousCommit}. */
   readonly claimSynchronousCommit: boolean;
+  /** See {@link IdempotencyOptions.fingerprint}. */
   readonly fingerprint: Fingerprinter;
   /** Group commit's settings and the effects it groups, or false when no effect is grouped. */
   readonly groupCommit: Required<IdempotencyGroupCommitOptions> | false;

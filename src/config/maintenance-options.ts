@@ -12,13 +12,19 @@ export interface RetryPolicy {
   /** BullMQ `attempts`. @defaultValue `1` */
   readonly attempts?: number;
   /** BullMQ `backoff`. @defaultValue none (retries at once) */
-  readonly backoff?: { readonly type: 'fixed' | 'exponential'; readonly delayMs: number };
+  readonly backoff?: {
+    /** BullMQ backoff type: the same delay each time, or doubling from it. */
+    readonly type: 'fixed' | 'exponential';
+    /** The (first) delay between attempts. */
+    readonly delayMs: number;
+  };
 }
 
 /** Options of `Janitor`: deleting expired keys and old outbox rows. */
 export interface JanitorOptions {
+  /** The database holding the keys and outbox tables. */
   readonly db: Kysely<any>;
-  /** @defaultValue `'idempotent_jobs'` */
+  /** Postgres schema of the tables. @defaultValue `'idempotent_jobs'` */
   readonly schema?: string;
   /** Rows deleted per statement (one short transaction each). @defaultValue `1_000` */
   readonly batchSize?: number;
@@ -33,18 +39,25 @@ export interface JanitorOptions {
   readonly retentionMs?: number;
   /** Retry policy per queue, for the retention warning. @defaultValue `{}` */
   readonly retryPolicies?: Readonly<Record<string, RetryPolicy>>;
-  /** @defaultValue `pino()` */
+  /** Structured logger (each run's counts, retention warnings). @defaultValue `pino()` */
   readonly logger?: Logger;
 }
 
 /** {@link JanitorOptions} with defaults applied. */
 export interface ResolvedJanitorOptions {
+  /** See {@link JanitorOptions.db}. */
   readonly db: Kysely<any>;
+  /** See {@link JanitorOptions.schema}. */
   readonly schema: string;
+  /** See {@link JanitorOptions.batchSize}. */
   readonly batchSize: number;
+  /** See {@link JanitorOptions.maxBatchesPerRun}. */
   readonly maxBatchesPerRun: number;
+  /** See {@link JanitorOptions.retentionMs}. */
   readonly retentionMs: number;
+  /** See {@link JanitorOptions.retryPolicies}. */
   readonly retryPolicies: Readonly<Record<string, RetryPolicy>>;
+  /** See {@link JanitorOptions.logger}; undefined: `pino()`. */
   readonly logger: Logger | undefined;
 }
 
@@ -56,7 +69,9 @@ export type SweeperAction = 'reenqueue' | 'abandon';
  * exists, and re-adding a lost one.
  */
 export interface SweeperJobQueues {
+  /** Whether `queue` still has one of `jobIds`: see {@link JobPresence}. */
   presence(queue: string, jobIds: readonly string[]): Promise<'pending' | 'finished' | 'missing'>;
+  /** Adds a lost job again under its id; `'exists'` when a pending job already holds the id. See {@link BullmqJobLookup.reenqueue}. */
   reenqueue(request: {
     queue: string;
     jobId: string;
@@ -68,8 +83,9 @@ export interface SweeperJobQueues {
 
 /** Options of `Sweeper`: finding keys left `processing` whose job is gone. */
 export interface SweeperOptions {
+  /** The database holding the keys table. */
   readonly db: Kysely<any>;
-  /** @defaultValue `'idempotent_jobs'` */
+  /** Postgres schema of the keys table. @defaultValue `'idempotent_jobs'` */
   readonly schema?: string;
   /** BullMQ access. */
   readonly jobs: SweeperJobQueues;
@@ -86,7 +102,7 @@ export interface SweeperOptions {
    * @defaultValue `'reenqueue'`
    */
   readonly action?: SweeperAction;
-  /** Per-queue override of {@link action}. @defaultValue `{}` */
+  /** Per-queue override of {@link SweeperOptions.action}. @defaultValue `{}` */
   readonly queueActions?: Readonly<Record<string, SweeperAction>>;
   /**
    * Which queues' keys to sweep: a list, or `'*'` for every key in the schema. The sweeper asks
@@ -104,23 +120,35 @@ export interface SweeperOptions {
   readonly batchSize?: number;
   /** Most keys examined in one run; the next run continues. @defaultValue `1_000` */
   readonly maxKeysPerRun?: number;
-  /** @defaultValue `pino()` */
+  /** Structured logger (each recovery, each run's report). @defaultValue `pino()` */
   readonly logger?: Logger;
 }
 
 /** {@link SweeperOptions} with defaults applied. */
 export interface ResolvedSweeperOptions {
+  /** See {@link SweeperOptions.db}. */
   readonly db: Kysely<any>;
+  /** See {@link SweeperOptions.schema}. */
   readonly schema: string;
+  /** See {@link SweeperOptions.jobs}. */
   readonly jobs: SweeperJobQueues;
+  /** See {@link SweeperOptions.sweepAfterMs}. */
   readonly sweepAfterMs: number;
+  /** See {@link SweeperOptions.action}. */
   readonly action: SweeperAction;
+  /** See {@link SweeperOptions.queueActions}. */
   readonly queueActions: Readonly<Record<string, SweeperAction>>;
+  /** See {@link SweeperOptions.queues}. */
   readonly queues: readonly string[] | '*';
+  /** See {@link SweeperOptions.retentionMs}. */
   readonly retentionMs: number;
+  /** See {@link SweeperOptions.retryPolicies}. */
   readonly retryPolicies: Readonly<Record<string, RetryPolicy>>;
+  /** See {@link SweeperOptions.batchSize}. */
   readonly batchSize: number;
+  /** See {@link SweeperOptions.maxKeysPerRun}. */
   readonly maxKeysPerRun: number;
+  /** See {@link SweeperOptions.logger}; undefined: `pino()`. */
   readonly logger: Logger | undefined;
 }
 
@@ -188,8 +216,11 @@ export function resolveSweeperOptions(options: SweeperOptions): ResolvedSweeperO
 
 /** Periods of the maintenance tasks, in milliseconds (`stats: 0` turns the refresh off). */
 export interface MaintenanceIntervals {
+  /** Period of the janitor's runs. */
   readonly janitor: number;
+  /** Period of the sweeper's runs. */
   readonly sweeper: number;
+  /** Period of the key statistics refresh; 0: off. */
   readonly stats: number;
 }
 

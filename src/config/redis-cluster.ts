@@ -2,9 +2,13 @@ import { ConfigError } from '../errors.js';
 
 /** One startup node of a Redis Cluster, with the credentials its entry named (if any). */
 export interface ClusterNode {
+  /** Host name or address of the node. */
   readonly host: string;
+  /** Port of the node. */
   readonly port: number;
+  /** Redis ACL user of the `redis://user:password@…` entry. @defaultValue unset (no user) */
   readonly username?: string;
+  /** Password of the `redis://user:password@…` entry. @defaultValue unset (no password) */
   readonly password?: string;
 }
 

@@ -49,7 +49,6 @@ export interface WorkerTimingOptions {
    * every deferral the job has had, up to `storeRetryMaxMs`, plus jitter (`deferJitterRatio`).
    * Such a deferral uses none of the job's attempts.
    * @defaultValue `250`
-   * @see {@link storeRetryDelayMs}
    */
   readonly storeRetryMinMs?: number;
   /** Longest deferral after a transient store fault, before jitter. @defaultValue `15_000` */

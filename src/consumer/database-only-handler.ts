@@ -31,6 +31,8 @@ export type DatabaseOnlyContext<P = unknown, M = unknown> = Omit<KeyedJobContext
  *
  * @example
  * ```ts
+ * import { databaseOnly } from 'idempotent-jobs';
+ *
  * const handler = databaseOnly<{ amount: number }>(async (tx, ctx) => {
  *   await tx.insertInto('ledger').values({ key: ctx.key, amount: ctx.data.amount }).execute();
  *   return { booked: ctx.data.amount };

@@ -32,7 +32,9 @@ import { handlerForm, type DatabaseOnlyContext, type DatabaseOnlyHandler, type K
 export interface KeyedJobContext<P = unknown, M = unknown> {
   /** The payload (`payload` under the wire contract). */
   readonly data: P;
+  /** The message's idempotency key, which this consumer holds under a lease (or, on the fast path, inside the open transaction). */
   readonly key: string;
+  /** The key's scope. */
   readonly scope: string;
   /** The claim's fence; pass it downstream if the downstream can fence too. */
   readonly fence: number;
@@ -48,24 +50,27 @@ export interface KeyedJobContext<P = unknown, M = unknown> {
    */
   transaction<T>(fn: (tx: Transaction<any>) => Promise<T>): Promise<T>;
   /**
-   * A step of a multi-step job, recorded under the key and `name` when it succeeds, so that a
-   * later run of the key (a retry, a takeover) returns the recorded result without running it
-   * and goes on at the first step not recorded. Call steps before `ctx.transaction` (which
-   * stays the completion), in the same order with the same names on every run; names are
-   * unique within a run. Resolves to the result as stored (its JSON form), on the first run as
-   * on replays.
+   * An external step of a multi-step job (a call to another system), `ctx.step(name, async
+   * (step) => …)`: recorded under the key and `name` when it succeeds, so that a later run of
+   * the key (a retry, a takeover) returns the recorded result without running it and goes on
+   * at the first step not recorded. At most once per lease: it runs again only under a new
+   * claim, when the last one died before recording it. Pass `step.stepKey` downstream;
+   * `step.starts` counts its starts. Its record rides with the run's next round trip (the next
+   * step, or the completion), which makes it durable before anything after it runs.
    *
-   * - `ctx.step(name, async (step) => …)`: an external step (a call to another system), at
-   *   most once per lease: it runs again only under a new claim, when the last one died before
-   *   recording it. Pass `step.stepKey` downstream; `step.starts` counts its starts. Its
-   *   record rides with the run's next round trip (the next step, or the completion), which
-   *   makes it durable before anything after it runs.
-   * - `ctx.step(name, { transaction: async (tx, step) => … })`: a database step, exactly once:
-   *   its writes and its record commit together.
-   *
-   * Not available on the fast path (throws `StepsUnsupportedError`).
+   * Call steps before `ctx.transaction` (which stays the completion), in the same order with
+   * the same names on every run; names are unique within a run (else `StepMismatchError`).
+   * Resolves to the result as stored (its JSON form), on the first run as on replays. Not
+   * available on the fast path (throws `StepsUnsupportedError`).
    */
   step<T>(name: string, run: ExternalStep<T>): Promise<T>;
+  /**
+   * A database step of a multi-step job, `ctx.step(name, { transaction: async (tx, step) =>
+   * … })`: exactly once, since its writes and its record commit together in one transaction. A
+   * later run of the key returns the recorded result without running it. The same rules as an
+   * external step: before `ctx.transaction`, the same order and names on every run, not on the
+   * fast path.
+   */
   step<T>(name: string, database: DatabaseStep<T>): Promise<T>;
 }
 
@@ -82,6 +87,7 @@ export interface Delivery<M> {
   readonly label: string;
   /** The queue (or stream, subject) and the message's name, kept on the key's row for operators. */
   readonly queue: string;
+  /** The message's name (a BullMQ job name; broker consumers use the queue's or subject's name). */
   readonly name: string;
   /** True when a retryable error must be stored anyway: the broker will not deliver it again. */
   readonly lastAttempt: boolean;
@@ -110,20 +116,80 @@ export interface Delivery<M> {
  *   message back to the broker at once.
  */
 export type RunOutcome =
-  | { readonly kind: 'completed'; readonly result: unknown }
-  | { readonly kind: 'replayed'; readonly result: unknown }
-  | { readonly kind: 'replayed-failure'; readonly error: KeyFailedError }
-  | { readonly kind: 'key-reused'; readonly error: KeyReusedError }
-  | { readonly kind: 'invalid-message'; readonly reason: string; readonly error: unknown }
-  | { readonly kind: 'deferred'; readonly retryAfterMs: number; readonly reason: 'in-progress' | 'contended' | 'fenced' }
-  | { readonly kind: 'store-unavailable'; readonly retryAfterMs: number; readonly error: StoreUnavailableError }
-  | { readonly kind: 'failed-permanently'; readonly error: unknown; readonly description: string }
-  | { readonly kind: 'retry'; readonly error: unknown }
-  | { readonly kind: 'abandoned'; readonly error: unknown };
+  | {
+      /** The effect committed under this claim; acknowledge. */
+      readonly kind: 'completed';
+      /** What `ctx.transaction`'s function returned (or the handler, when it never called it): the key's stored result. */
+      readonly result: unknown;
+    }
+  | {
+      /** The key was completed before; nothing ran; acknowledge. */
+      readonly kind: 'replayed';
+      /** The stored result of the run that completed the key. */
+      readonly result: unknown;
+    }
+  | {
+      /** The key failed permanently before; nothing ran. */
+      readonly kind: 'replayed-failure';
+      /** Carries the stored error. */
+      readonly error: KeyFailedError;
+    }
+  | {
+      /** The key was used with another payload; never run. */
+      readonly kind: 'key-reused';
+      /** Names the key and scope. */
+      readonly error: KeyReusedError;
+    }
+  | {
+      /** The message cannot be read (no key, bad JSON…); no delivery can do better. */
+      readonly kind: 'invalid-message';
+      /** What is wrong with the message, for logs and dead-letter headers. */
+      readonly reason: string;
+      /** The error that reading it threw. */
+      readonly error: unknown;
+    }
+  | {
+      /** Another consumer holds the key (or this one was fenced out, or the claim kept racing): deliver again later, without counting a failed delivery. */
+      readonly kind: 'deferred';
+      /** When to deliver the message again. */
+      readonly retryAfterMs: number;
+      /** Why: another owner's live lease, a contended claim, or this run's claim fenced out. */
+      readonly reason: 'in-progress' | 'contended' | 'fenced';
+    }
+  | {
+      /** Postgres failed, not the handler: deliver again later, without counting a failed delivery. */
+      readonly kind: 'store-unavailable';
+      /** When to deliver the message again (the store-fault backoff). */
+      readonly retryAfterMs: number;
+      /** The store's fault. */
+      readonly error: StoreUnavailableError;
+    }
+  | {
+      /** The handler's error is stored under the key for good. */
+      readonly kind: 'failed-permanently';
+      /** The handler's error. */
+      readonly error: unknown;
+      /** Says what was stored and why, for logs. */
+      readonly description: string;
+    }
+  | {
+      /** The handler threw a retryable error; the key is released for a redelivery. */
+      readonly kind: 'retry';
+      /** The handler's error. */
+      readonly error: unknown;
+    }
+  | {
+      /** The consumer is closing past its deadline; the key was released; give the message back to the broker at once. */
+      readonly kind: 'abandoned';
+      /** Why the run was cut short. */
+      readonly error: unknown;
+    };
 
 /** Options of {@link KeyedJobRunner}; each adapter builds them from its own options. */
 export interface KeyedJobRunnerOptions<P, R, M> {
+  /** The claim protocol (its Kysely instance is where transactional effects run). */
   readonly keys: IdempotencyKeys;
+  /** Lease, heartbeat and deferral timings, resolved ({@link resolveWorkerTiming}). */
   readonly timing: ResolvedWorkerTiming;
   /** A function, or a database-only handler (`{ transaction }`, see {@link DatabaseOnlyHandler}). */
   readonly handler: KeyedJobHandler<P, R, M>;
@@ -136,16 +202,26 @@ export interface KeyedJobRunnerOptions<P, R, M> {
    * @defaultValue `true` for a database-only handler, `false` for a function
    */
   readonly fastPath?: boolean;
-  /** Needed for `timing.waitMs > 0`. */
+  /** Needed for `timing.waitMs > 0`: wakes a waiting duplicate when the owner finishes. @defaultValue unset (no waiting) */
   readonly listener?: KeySettledListener;
   /** Keep each payload on its key. @defaultValue `false` */
   readonly storePayload?: boolean;
+  /** Where the runner logs each outcome (the adapter's logger, with its queue bound). */
   readonly logger: Logger;
+  /** Chaos testing only: called at named protocol points. @defaultValue unset */
   readonly faultHook?: FaultHook;
-  /** Receives every {@link WorkerEvent}; `wanted()` false skips building them. */
-  readonly events?: { wanted(): boolean; emit(event: WorkerEvent): void };
-  /** Told every event with the message it concerns, so the adapter's span for that message can record it (see `telemetry/job-tracing.ts`). */
-  readonly tracing?: { record(kind: WorkerEventKind, message: object, claim?: Claim, step?: StepReport): void };
+  /** Receives every {@link WorkerEvent}; `wanted()` false skips building them. @defaultValue unset (no events) */
+  readonly events?: {
+    /** Whether anyone listens now; false skips building the events. */
+    wanted(): boolean;
+    /** Receives one event. */
+    emit(event: WorkerEvent): void;
+  };
+  /** Told every event with the message it concerns, so the adapter's span for that message can record it. @defaultValue unset (no tracing) */
+  readonly tracing?: {
+    /** Records one event on the span of `message`. */
+    record(kind: WorkerEventKind, message: object, claim?: Claim, step?: StepReport): void;
+  };
 }
 
 interface ActiveRun<M> {
@@ -169,8 +245,29 @@ class WorkerClosingError extends Error {
  *
  * @example
  * ```ts
- * const runner = new KeyedJobRunner({ keys, timing, handler, identityOf, logger });
- * const outcome = await runner.run({ message, id: '7', label: 'Message 7', queue: 'q', name: 'q', lastAttempt: false, deferrals: 0 });
+ * import { KeyedJobRunner, identityFromWireContract, resolveWorkerTiming, type JobIdentity } from 'idempotent-jobs';
+ * import { pino } from 'pino';
+ *
+ * // An adapter for another broker, whose messages carry the wire contract as their body.
+ * interface BrokerMessage {
+ *   readonly id: string;
+ *   readonly body: unknown;
+ * }
+ * const runner = new KeyedJobRunner<{ cents: number }, void, BrokerMessage>({
+ *   keys,
+ *   timing: resolveWorkerTiming({}, keys.options.leaseMs),
+ *   identityOf: (message) => identityFromWireContract({ id: message.id, name: 'orders', data: message.body }) as JobIdentity<{ cents: number }>,
+ *   handler: async (ctx) => {
+ *     await ctx.transaction((tx) => tx.insertInto('ledger').values({ order_id: ctx.key, cents: ctx.data.cents }).execute());
+ *   },
+ *   logger: pino(),
+ * });
+ *
+ * const message: BrokerMessage = { id: '7', body: { idempotencyKey: 'order-42', payload: { cents: 1999 } } };
+ * const outcome = await runner.run({ message, id: message.id, label: 'Message 7', queue: 'orders', name: 'orders', lastAttempt: false, deferrals: 0 });
+ * if (outcome.kind === 'deferred' || outcome.kind === 'store-unavailable') {
+ *   // deliver it again after outcome.retryAfterMs, without counting a failed delivery
+ * }
  * ```
  */
 export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {

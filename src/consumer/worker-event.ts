@@ -26,11 +26,15 @@ export type StepEventKind = 'step-ran' | 'step-replayed' | 'step-lease-lost' | '
 
 /** One thing that happened to a job (a message), emitted as `'event'` by every worker and consumer. */
 export interface WorkerEvent {
+  /** What happened: see {@link WorkerEventKind}. */
   readonly kind: WorkerEventKind;
   /** The BullMQ job id, or the broker's message id. */
   readonly jobId?: string;
+  /** The key's scope, once the message's identity was read. */
   readonly scope?: string;
+  /** The message's idempotency key, once read. */
   readonly key?: string;
+  /** The claim's fence, on events of a held claim. */
   readonly fence?: number;
   /** Handler run time, on `completed`. */
   readonly durationMs?: number;

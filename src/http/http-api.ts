@@ -45,10 +45,22 @@ interface KeyParams extends JobParams {
  *
  * @example
  * ```ts
- * const api = await createHttpApi({ keys, connection: { url: 'redis://127.0.0.1:6379' }, queues: ['payments'], listener });
- * const url = await api.listen({ host: '127.0.0.1', port: 3000 });
- * // … later
+ * import { KeySettledListener, createHttpApi } from 'idempotent-jobs';
+ *
+ * // Wakes `Prefer: wait=N` requests when their job finishes (LISTEN: Postgres itself, not a pooler).
+ * const listener = new KeySettledListener({ connectionString: 'postgres://app@127.0.0.1:5432/app', schema: 'idempotent_jobs' });
+ * const api = await createHttpApi({
+ *   keys,
+ *   connection: { url: 'redis://127.0.0.1:6379' },
+ *   queues: ['payments'],
+ *   tokens: { 'tok_billing_0123456789abcdef': 'billing' }, // bearer token → tenant
+ *   listener,
+ * });
+ * const url = await api.listen({ host: '0.0.0.0', port: 3000 });
+ * console.log(`POST ${url}/v1/queues/payments/jobs with an Idempotency-Key header`);
+ * // … on shutdown: in-flight requests finish first
  * await api.close();
+ * await listener.close();
  * ```
  */
 export class HttpApi {

@@ -12,7 +12,9 @@ import { createHttpApi, type HttpApi } from './http-api.js';
 
 /** What {@link startHttpServerProcess} needs besides the environment. */
 export interface HttpServerProcessOptions {
+  /** The validated environment ({@link loadHttpEnvConfig}). */
   readonly config: HttpEnvConfig;
+  /** Structured logger. @defaultValue `pino()` at `LOG_LEVEL` */
   readonly logger?: Logger;
   /** Install SIGTERM/SIGINT handlers that close gracefully and exit. @defaultValue `true` */
   readonly handleSignals?: boolean;
@@ -20,9 +22,11 @@ export interface HttpServerProcessOptions {
 
 /** A running HTTP server process's parts. */
 export interface HttpServerProcess {
+  /** The API, listening. */
   readonly api: HttpApi;
   /** Base URL, e.g. `http://127.0.0.1:3000`. */
   readonly url: string;
+  /** The process's logger. */
   readonly logger: Logger;
   /** Graceful stop: in-flight requests finish, then every connection closes. */
   stop(): Promise<void>;

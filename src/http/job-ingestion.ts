@@ -11,6 +11,7 @@ import type { KeySettledListener } from '../store/key-settled-listener.js';
 
 /** One step of a multi-step job (`ctx.step`), as the HTTP API reports it: its summary and its stored result (null until recorded). */
 export interface StepView extends StepSummary {
+  /** The step's stored result; null until recorded. */
   readonly result: unknown;
 }
 
@@ -19,6 +20,7 @@ export type JobState = 'queued' | 'processing' | 'completed' | 'failed';
 
 /** What the API answers about one accepted request (POST and GET alike). */
 export interface JobView {
+  /** The queue the job was submitted to. */
   readonly queue: string;
   /** The Idempotency-Key; the job's key in scope `<tenant>`. */
   readonly key: string;
@@ -26,6 +28,7 @@ export interface JobView {
   readonly name: string;
   /** BullMQ job id (deterministic from tenant and key). */
   readonly jobId: string;
+  /** Where the job is: `queued` until a worker claims its key, then `processing`, `completed` or `failed`. */
   readonly state: JobState;
   /** The handler's stored result, when `completed`. */
   readonly result?: unknown;
@@ -45,17 +48,40 @@ export interface JobView {
 
 /** What one POST did. */
 export type SubmitOutcome =
-  | { readonly kind: 'created'; readonly view: JobView }
-  | { readonly kind: 'replayed'; readonly view: JobView }
-  | { readonly kind: 'key-reused' }
-  | { readonly kind: 'in-progress'; readonly retryAfterMs: number };
+  | {
+      /** The job was written to the outbox with the request's record (HTTP 202, or 200 once a `Prefer: wait` saw it finish). */
+      readonly kind: 'created';
+      /** The job as just accepted. */
+      readonly view: JobView;
+    }
+  | {
+      /** The same request was accepted before: nothing new was enqueued (answered with `Idempotent-Replayed: true`). */
+      readonly kind: 'replayed';
+      /** The job the first request created, as it is now. */
+      readonly view: JobView;
+    }
+  | {
+      /** The key was used before with another queue, job name or payload: nothing was enqueued (422). */
+      readonly kind: 'key-reused';
+    }
+  | {
+      /** A concurrent request with the same key is being handled (409). */
+      readonly kind: 'in-progress';
+      /** When to try again. */
+      readonly retryAfterMs: number;
+    };
 
 /** One POST's contents, after authentication and validation. */
 export interface SubmitRequest {
+  /** The caller's tenant: the job's key lives in scope `<tenant>`, the request record in `http:<tenant>`. */
   readonly tenant: string;
+  /** The queue to enqueue into; it must have a producer. */
   readonly queue: string;
+  /** The `Idempotency-Key`. */
   readonly key: string;
+  /** The job name. */
   readonly name: string;
+  /** The job payload (the request body). */
   readonly payload: unknown;
 }
 
@@ -78,11 +104,13 @@ export const requestScopeFor = (tenant: string): string => `http:${tenant}`;
 
 /** Options of {@link JobIngestion}. */
 export interface JobIngestionOptions {
+  /** The claim protocol: its database holds the request records, the jobs' keys and the outbox. */
   readonly keys: IdempotencyKeys;
   /** One producer per accepted queue, by queue name. */
   readonly producers: ReadonlyMap<string, IdempotentProducer>;
+  /** Wakes {@link JobIngestion.waitForSettled} when a job's key settles. @defaultValue unset (no waiting) */
   readonly listener?: KeySettledListener;
-  /** Called after a request committed its job to the outbox (the server nudges its relay). */
+  /** Called after a request committed its job to the outbox (the server nudges its relay). @defaultValue unset */
   readonly onCreated?: () => void;
   /**
    * How long to wait for BullMQ when reading a job's state. Past it (Redis down) the job is
@@ -90,7 +118,7 @@ export interface JobIngestionOptions {
    * @defaultValue `2_000`
    */
   readonly queueReadTimeoutMs?: number;
-  /** Told when a BullMQ read timed out or failed. */
+  /** Told when a BullMQ read timed out or failed. @defaultValue unset (ignored) */
   readonly onQueueReadError?: (error: unknown) => void;
 }
 
@@ -108,8 +136,11 @@ export interface JobIngestionOptions {
  *
  * @example
  * ```ts
+ * import { JobIngestion } from 'idempotent-jobs';
+ *
  * const ingestion = new JobIngestion({ keys, producers: new Map([['payments', producer]]) });
- * const outcome = await ingestion.submit({ tenant: 'acme', queue: 'payments', key: 'order-42', name: 'charge', payload: {} });
+ * const outcome = await ingestion.submit({ tenant: 'acme', queue: 'payments', key: 'order-42', name: 'charge', payload: { cents: 1999 } });
+ * if (outcome.kind === 'created' || outcome.kind === 'replayed') console.log(outcome.view.state);
  * ```
  */
 export class JobIngestion {

@@ -60,7 +60,15 @@ declare module 'fastify' {
  *
  * @example
  * ```ts
- * app.register(keyInspectorRoutes({ keys, producers, adminTokens: new Map([['adm_0123456789abcdef', 'alice']]) }), { prefix: '/ui' });
+ * import Fastify from 'fastify';
+ * import { keyInspectorRoutes } from './key-inspector.js';
+ *
+ * // As HttpApi mounts it:
+ * const app = Fastify();
+ * await app.register(
+ *   keyInspectorRoutes({ keys, producers: new Map([['payments', producer]]), adminTokens: new Map([['adm_0123456789abcdef', 'alice']]) }),
+ *   { prefix: '/ui' },
+ * );
  * ```
  */
 export function keyInspectorRoutes(options: KeyInspectorOptions): FastifyPluginAsync {

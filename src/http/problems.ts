@@ -5,24 +5,44 @@ import { isTransientDependencyError } from './dependency-errors.js';
 /** Prefix of every problem `type` this API answers with (RFC 9457); a URN, so nobody tries to dereference it. */
 export const PROBLEM_TYPE_PREFIX = 'urn:idempotent-jobs:problem:';
 
-/** The problem cases, with their HTTP status and title. Their `type` URIs are stable: clients branch on them. */
+/**
+ * The problem cases, each with the HTTP `status` and the `title` its answers carry. Their
+ * `type` URIs ({@link problemType}) are stable: clients branch on them.
+ */
 export const PROBLEMS = {
+  /** A POST without an `Idempotency-Key` header. */
   'missing-idempotency-key': { status: 400, title: 'Idempotency-Key header missing' },
+  /** An `Idempotency-Key` that is empty, longer than 255 characters, badly quoted, or sent twice. */
   'invalid-idempotency-key': { status: 400, title: 'Idempotency-Key invalid' },
+  /** A body that is not JSON, or that the job's limits refuse (nesting, a lone surrogate…). */
   'invalid-request': { status: 400, title: 'Request invalid' },
+  /** Bytes that are not well-formed HTTP/1.1; nothing was done. */
   'malformed-http': { status: 400, title: 'Malformed HTTP request' },
+  /** No bearer token, or an unknown one (with `WWW-Authenticate`). */
   unauthorized: { status: 401, title: 'Unauthorized' },
+  /** The key inspector refuses this caller (no admin tokens configured, and not on loopback). */
   forbidden: { status: 403, title: 'Forbidden' },
+  /** A queue not in the server's list of queues. */
   'unknown-queue': { status: 404, title: 'Unknown queue' },
+  /** No such route, or no request with this key for this tenant (or it has expired). */
   'not-found': { status: 404, title: 'Not found' },
+  /** The same key is being handled by a concurrent request: retry after `Retry-After`. */
   'request-in-progress': { status: 409, title: 'A request with this Idempotency-Key is in progress' },
+  /** The request did not arrive in time. */
   'request-timeout': { status: 408, title: 'Request timeout' },
+  /** A body over the size limit. */
   'payload-too-large': { status: 413, title: 'Payload too large' },
+  /** A POST whose body is not `application/json`. */
   'unsupported-media-type': { status: 415, title: 'Unsupported media type' },
+  /** The key was used before with another body: nothing is enqueued. */
   'idempotency-key-reused': { status: 422, title: 'Idempotency-Key reused with a different request' },
+  /** Request headers over Node's limit. */
   'headers-too-large': { status: 431, title: 'Request header fields too large' },
+  /** Anything unexpected; the detail names the request id, the cause is logged. */
   'internal-error': { status: 500, title: 'Internal server error' },
+  /** `/readyz`: Postgres or Redis does not answer. */
   'not-ready': { status: 503, title: 'Not ready' },
+  /** Postgres or Redis could not serve this request right now: retry with the same key after `Retry-After`. */
   'temporarily-unavailable': { status: 503, title: 'Temporarily unavailable' },
 } as const satisfies Record<string, { status: number; title: string }>;
 
@@ -34,9 +54,13 @@ export const problemType = (kind: ProblemKind): string => `${PROBLEM_TYPE_PREFIX
 
 /** An RFC 9457 problem details object as this API sends it. */
 export interface ProblemDetails {
+  /** The case's stable URI, `urn:idempotent-jobs:problem:<kind>`: what clients branch on. */
   readonly type: string;
+  /** The case's short title (the same for every answer of a case). */
   readonly title: string;
+  /** The HTTP status, as in the response's status line. */
   readonly status: number;
+  /** What went wrong with this request, and what to do. */
   readonly detail: string;
   /** The request's path. */
   readonly instance: string;
@@ -49,10 +73,13 @@ export interface ProblemDetails {
  *
  * @example
  * ```ts
+ * import { HttpProblem } from 'idempotent-jobs';
+ *
  * throw new HttpProblem('request-in-progress', 'A request with this key is being handled.', { 'retry-after': '2' });
  * ```
  */
 export class HttpProblem extends Error {
+  /** Which problem case: decides the status, title and `type` URI. */
   readonly kind: ProblemKind;
   /** Extra response headers, e.g. `Retry-After`, `WWW-Authenticate`. */
   readonly headers: Readonly<Record<string, string>>;

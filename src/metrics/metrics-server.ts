@@ -9,15 +9,27 @@ export type HealthCheck = () => Promise<void> | void;
 
 /** What `/healthz` answers. */
 export interface HealthReport {
+  /** `ok` when every check passed (HTTP 200), else `unhealthy` (503). */
   readonly status: 'ok' | 'unhealthy';
-  readonly checks: Readonly<Record<string, { readonly ok: boolean; readonly error?: string }>>;
+  /** Each check's result, by name. */
+  readonly checks: Readonly<
+    Record<
+      string,
+      {
+        /** Whether the check passed within the timeout. */
+        readonly ok: boolean;
+        /** Why it failed (its error's message, or the timeout). @defaultValue absent when `ok` */
+        readonly error?: string;
+      }
+    >
+  >;
 }
 
 /** Options of {@link startMetricsServer}. */
 export interface MetricsServerOptions {
   /** TCP port; `0` picks a free one (see {@link MetricsServer.port}). */
   readonly port: number;
-  /** @defaultValue all interfaces */
+  /** Address to listen on. @defaultValue all interfaces */
   readonly host?: string;
   /** Checks behind `/healthz`, by name (e.g. `postgres`, `redis`, `worker`). @defaultValue `{}` */
   readonly checks?: Readonly<Record<string, HealthCheck>>;
@@ -39,6 +51,7 @@ export interface MetricsServer {
   readonly port: number;
   /** `http://127.0.0.1:<port>`, for tests and local scraping. */
   readonly url: string;
+  /** Stops listening and stops exporting the readiness gauge; resolves once the server closed. */
   close(): Promise<void>;
 }
 
@@ -50,7 +63,19 @@ export interface MetricsServer {
  *
  * @example
  * ```ts
- * const server = await startMetricsServer({ port: 9464, checks: { postgres: () => pingDatabase(db) } });
+ * import { sql } from 'kysely';
+ * import { startMetricsServer } from 'idempotent-jobs';
+ *
+ * const server = await startMetricsServer({
+ *   port: 9464,
+ *   component: 'payments-worker',
+ *   checks: {
+ *     postgres: async () => {
+ *       await sql`select 1`.execute(db);
+ *     },
+ *   },
+ * });
+ * console.log(`${server.url}/metrics, ${server.url}/healthz`);
  * await server.close();
  * ```
  */

@@ -83,7 +83,19 @@ function workerMetrics() {
  *
  * @example
  * ```ts
+ * import { IdempotencyKeys, createIdempotentWorker, instrumentWorker, startMetricsServer } from 'idempotent-jobs';
+ *
+ * const worker = createIdempotentWorker({
+ *   queue: 'payments',
+ *   connection: { host: '127.0.0.1', port: 6379 },
+ *   keys: new IdempotencyKeys({ db }),
+ *   handler: (ctx) => ctx.transaction((tx) => tx.insertInto('ledger').values({ order_id: ctx.key }).execute()),
+ * });
  * const stop = instrumentWorker(worker, 'payments');
+ * const metrics = await startMetricsServer({ port: 9464 }); // GET /metrics
+ * // … on shutdown
+ * stop();
+ * await metrics.close();
  * ```
  */
 export function instrumentWorker(worker: Pick<EventEmitter<{ event: [WorkerEvent] }>, 'on' | 'off'>, queue: string): () => void {

@@ -5,9 +5,11 @@ import { headers } from '@nats-io/transport-node';
 export const DEAD_LETTER_REASON_HEADER = 'Idempotent-Jobs-Reason';
 /** Header of a dead-lettered message: what was wrong, for a person (one line, at most 1,024 characters). */
 export const DEAD_LETTER_ERROR_HEADER = 'Idempotent-Jobs-Error';
-/** Headers naming where the original message was: its stream, stream sequence and subject. */
+/** Header of a dead-lettered message: the stream the original message was in. */
 export const DEAD_LETTER_STREAM_HEADER = 'Idempotent-Jobs-Stream';
+/** Header of a dead-lettered message: the original message's stream sequence. */
 export const DEAD_LETTER_SEQUENCE_HEADER = 'Idempotent-Jobs-Stream-Seq';
+/** Header of a dead-lettered message: the subject the original message was published to. */
 export const DEAD_LETTER_SUBJECT_HEADER = 'Idempotent-Jobs-Subject';
 
 /** The reasons a message is dead-lettered. */

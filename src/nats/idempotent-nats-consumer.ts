@@ -26,10 +26,11 @@ export type NatsJobHandler<P = unknown, R = unknown> = (ctx: NatsJobContext<P>) 
 export interface IdempotentNatsConsumerOptions<P = unknown, R = unknown> extends Omit<WorkerTimingOptions, 'lockDurationMs' | 'stalledIntervalMs' | 'maxStalledCount' | 'waitMs'> {
   /** NATS servers, e.g. `'127.0.0.1:4222'`. The consumer opens (and reopens) its own connection. */
   readonly servers: string | string[];
-  /** Further connection options (credentials, TLS, name). Reconnection is always on. */
+  /** Further connection options (credentials, TLS, name). Reconnection is always on. @defaultValue none */
   readonly connectionOptions?: Omit<NodeConnectionOptions, 'servers' | 'maxReconnectAttempts'>;
   /** The stream, and its durable pull consumer with explicit acks (see `ensureJetStreamConsumer`). */
   readonly stream: string;
+  /** The durable pull consumer's name on `stream`; it must acknowledge explicitly. */
   readonly consumer: string;
   /**
    * Subject that invalid, key-reused and failed messages are copied to (with a reason header)
@@ -90,6 +91,7 @@ export type NatsConsumerEventKind = WorkerEventKind | 'dead-lettered';
  * the message's stream sequence as `jobId`), and `dead-lettered` with its `reason`.
  */
 export interface NatsConsumerEvent extends Omit<WorkerEvent, 'kind'> {
+  /** What happened: see {@link NatsConsumerEventKind}. */
   readonly kind: NatsConsumerEventKind;
   /** On `dead-lettered`. */
   readonly reason?: DeadLetterReason;
@@ -128,13 +130,17 @@ function recordingAttempts<P, R>(handler: KeyedJobHandler<P, R, JsMsg>): KeyedJo
  *
  * @example
  * ```ts
- * const consumer = createIdempotentNatsConsumer({
+ * import { IdempotencyKeys } from 'idempotent-jobs';
+ * import { createIdempotentNatsConsumer } from 'idempotent-jobs/nats';
+ *
+ * const consumer = createIdempotentNatsConsumer<{ orderId: string; amount: number }>({
  *   servers: '127.0.0.1:4222',
  *   stream: 'ORDERS',
  *   consumer: 'payments',
  *   deadLetterSubject: 'orders.dead',
  *   keys: new IdempotencyKeys({ db }),
- *   handler: async (ctx) => ctx.transaction((tx) => tx.insertInto('ledger').values(ctx.data).execute()),
+ *   handler: (ctx) =>
+ *     ctx.transaction((tx) => tx.insertInto('ledger').values({ order_id: ctx.data.orderId, amount: ctx.data.amount }).execute()),
  * });
  * await consumer.waitUntilReady();
  * ```
@@ -143,8 +149,54 @@ export function createIdempotentNatsConsumer<P = unknown, R = unknown>(options: 
   return new IdempotentNatsConsumer(options);
 }
 
-/** See {@link createIdempotentNatsConsumer}. Emits `'event'` ({@link NatsConsumerEvent}) for every outcome. */
-export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitter<{ event: [NatsConsumerEvent] }> {
+/**
+ * A JetStream pull consumer whose messages take effect once per idempotency key: what
+ * {@link createIdempotentNatsConsumer} returns (see there for what it does with each message).
+ * It connects and starts pulling when constructed; {@link IdempotentNatsConsumer.waitUntilReady}
+ * says when it is, and rejects when the JetStream consumer cannot be used as configured. Emits
+ * `'event'` ({@link NatsConsumerEvent}) for every outcome.
+ *
+ * @example
+ * ```ts
+ * import { IdempotencyKeys } from 'idempotent-jobs';
+ * import { IdempotentNatsConsumer, ensureJetStreamConsumer } from 'idempotent-jobs/nats';
+ * import { connect } from '@nats-io/transport-node';
+ *
+ * // Once, at deploy time: the stream, a dead-letter stream, and a durable consumer with explicit acks.
+ * const admin = await connect({ servers: '127.0.0.1:4222' });
+ * await ensureJetStreamConsumer(admin, {
+ *   stream: 'ORDERS',
+ *   subjects: ['orders.>'],
+ *   consumer: 'payments',
+ *   deadLetter: { stream: 'ORDERS_DEAD', subject: 'orders.dead' },
+ * });
+ * await admin.close();
+ *
+ * // Producers set Nats-Msg-Id; it is the key here, and JetStream's own dedup id too.
+ * const consumer = new IdempotentNatsConsumer<{ orderId: string }>({
+ *   servers: '127.0.0.1:4222',
+ *   stream: 'ORDERS',
+ *   consumer: 'payments',
+ *   deadLetterSubject: 'orders.dead',
+ *   keyFrom: 'nats-msg-id',
+ *   scope: 'orders',
+ *   concurrency: 4,
+ *   keys: new IdempotencyKeys({ db }),
+ *   handler: (ctx) => ctx.transaction((tx) => tx.insertInto('shipments').values({ order_id: ctx.data.orderId }).execute()),
+ * });
+ * consumer.on('event', (event) => {
+ *   if (event.kind === 'dead-lettered') console.warn(`message ${event.jobId} dead-lettered: ${event.reason}`);
+ * });
+ * await consumer.waitUntilReady();
+ * process.once('SIGTERM', () => {
+ *   void consumer.close();
+ * });
+ * ```
+ */
+export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitter<{
+  /** Every outcome of every message: claims, completions, replays, deferrals, dead letters, steps. */
+  event: [NatsConsumerEvent];
+}> {
   readonly #options: IdempotentNatsConsumerOptions<P, R>;
   readonly #timing: ResolvedWorkerTiming;
   readonly #log: Logger;

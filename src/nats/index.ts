@@ -3,6 +3,7 @@
  * dependencies `@nats-io/jetstream` and `@nats-io/transport-node`.
  *
  * @packageDocumentation
+ * @module idempotent-jobs/nats
  */
 export type { IdempotentNatsConsumerOptions, NatsConsumerEvent, NatsConsumerEventKind, NatsJobContext, NatsJobHandler } from './idempotent-nats-consumer.js';
 export { IdempotentNatsConsumer, createIdempotentNatsConsumer } from './idempotent-nats-consumer.js';

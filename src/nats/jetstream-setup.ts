@@ -5,23 +5,28 @@ import { nanos, type NatsConnection } from '@nats-io/transport-node';
 export interface JetStreamConsumerSetup {
   /** The stream the messages are in. */
   readonly stream: string;
-  /** Its subjects, to create the stream when it is missing. Unset: the stream must exist. */
+  /** Its subjects, to create the stream when it is missing. @defaultValue unset: the stream must exist */
   readonly subjects?: readonly string[];
   /** The durable pull consumer's name. */
   readonly consumer: string;
   /** JetStream's redelivery timer; the consumer's heartbeat must beat well within it. @defaultValue `30_000` */
   readonly ackWaitMs?: number;
   /** Where dead letters go, and the stream that keeps them (created when missing). @defaultValue unset: none */
-  readonly deadLetter?: { readonly stream: string; readonly subject: string };
-  /** Further stream settings for a stream created here. */
+  readonly deadLetter?: {
+    /** The stream that keeps dead letters (created, capturing `subject`, when missing). */
+    readonly stream: string;
+    /** The subject dead letters are published to (the consumer's `deadLetterSubject`). */
+    readonly subject: string;
+  };
+  /** Further stream settings for a stream created here. @defaultValue none (JetStream's defaults) */
   readonly streamConfig?: Partial<StreamConfig>;
-  /** Further consumer settings. */
+  /** Further consumer settings. @defaultValue none (explicit acks, no delivery limit, AckWait `ackWaitMs`) */
   readonly consumerConfig?: Partial<ConsumerConfig>;
 }
 
 /**
- * Creates the stream (when `subjects` are given), the dead-letter stream and the durable pull consumer unless they exist
- * (an existing one is left as it is). The consumer acknowledges explicitly and has no
+ * Creates the stream (when `subjects` are given), the dead-letter stream and the durable pull
+ * consumer unless they exist (an existing one is left as it is). The consumer acknowledges explicitly and has no
  * `max_deliver` limit: JetStream counts a delayed `nak` as a delivery, and a message deferred
  * while its key is in progress elsewhere must not run out of deliveries; the consumer counts
  * failed runs itself (`maxAttempts`, by the key's claims).

@@ -22,20 +22,26 @@ export interface NatsConsumerProcessOptions<P, R> {
   readonly config: EnvConfig;
   /** A function, or a database-only handler (`{ transaction }`: fast path and group commit unless `FAST_PATH` / `GROUP_COMMIT` are false). */
   readonly handler: KeyedJobHandler<P, R, JsMsg>;
-  /** @defaultValue `$NATS_URL` or `'127.0.0.1:4222'` */
+  /** NATS servers. @defaultValue `$NATS_URL` or `'127.0.0.1:4222'` */
   readonly servers?: string;
-  /** The stream (it must exist) and the durable consumer (created when missing). */
+  /** The stream the messages are in (it must exist). */
   readonly stream: string;
+  /** The durable pull consumer's name (created when missing). */
   readonly consumer: string;
   /**
    * Where dead letters go; a stream `<stream>_DEAD_LETTERS` capturing it is created when missing.
    * @defaultValue `dead-letters.<stream>.<consumer>`
    */
   readonly deadLetterSubject?: string;
+  /** Messages run at once. @defaultValue `config.CONCURRENCY` */
   readonly concurrency?: number;
+  /** Where the key comes from. @defaultValue `'wire-contract'` */
   readonly keyFrom?: NatsKeySource;
+  /** The scope of keys read from `Nats-Msg-Id`. @defaultValue `'default'` */
   readonly scope?: string;
+  /** Structured logger. @defaultValue `pino()` at `LOG_LEVEL` */
   readonly logger?: Logger;
+  /** Chaos testing only. @defaultValue unset */
   readonly faultHook?: FaultHook;
   /** Install SIGTERM/SIGINT handlers that close gracefully and exit. @defaultValue `true` */
   readonly handleSignals?: boolean;
@@ -43,8 +49,11 @@ export interface NatsConsumerProcessOptions<P, R> {
 
 /** A running consumer process's parts. */
 export interface NatsConsumerProcess<P, R> {
+  /** The consumer, pulling messages. */
   readonly consumer: IdempotentNatsConsumer<P, R>;
+  /** The claim protocol, over the process's Postgres pool. */
   readonly keys: IdempotencyKeys;
+  /** The process's logger. */
   readonly logger: Logger;
   /** `/metrics` and `/healthz` (checks `postgres`, `broker`, `consumer`), when `METRICS_PORT` is set. */
   readonly metricsServer?: MetricsServer;

@@ -22,9 +22,13 @@ export interface JanitorReport {
 
 /** One queue whose retries can outlive the keys that deduplicate them. */
 export interface RetentionWarning {
+  /** The queue whose retry policy is at fault. */
   readonly queue: string;
+  /** How long its jobs can keep being retried ({@link retryHorizonMs} of its policy). */
   readonly retryHorizonMs: number;
+  /** The retention it exceeds. */
   readonly retentionMs: number;
+  /** The warning as logged: what can go wrong and what to change. */
   readonly message: string;
 }
 
@@ -37,8 +41,12 @@ export interface RetentionWarning {
  *
  * @example
  * ```ts
- * const janitor = new Janitor({ db, schema: 'idempotent_jobs' });
- * const { keysDeleted } = await janitor.runOnce();
+ * import { Janitor } from 'idempotent-jobs';
+ *
+ * const janitor = new Janitor({ db, schema: 'idempotent_jobs', retryPolicies: { payments: { attempts: 5, backoff: { type: 'exponential', delayMs: 1_000 } } } });
+ * janitor.checkRetention(); // warns when a queue's retries outlive its keys
+ * const { keysDeleted, more } = await janitor.runOnce();
+ * console.log(`${keysDeleted} expired keys deleted${more ? '; more remain for the next run' : ''}`);
  * ```
  */
 export class Janitor {

@@ -16,6 +16,7 @@ import { Sweeper } from './sweeper.js';
 
 /** Maintenance built from the environment, with what it opened. */
 export interface ConfiguredMaintenance {
+  /** The tasks, built and instrumented; not started. */
   readonly maintenance: Maintenance;
   /** Stops the tasks, then closes the sweeper's BullMQ connections. Does not close `db`. */
   stop(): Promise<void>;
@@ -109,7 +110,9 @@ export function createMaintenanceFromConfig(
 
 /** What {@link startMaintenanceProcess} needs. */
 export interface MaintenanceProcessOptions {
+  /** The validated environment ({@link loadEnvConfig}). */
   readonly config: EnvConfig;
+  /** Structured logger. @defaultValue `pino()` at `LOG_LEVEL` */
   readonly logger?: Logger;
   /** Install SIGTERM/SIGINT handlers that stop and exit. @defaultValue `true` */
   readonly handleSignals?: boolean;
@@ -117,9 +120,13 @@ export interface MaintenanceProcessOptions {
 
 /** A running standalone maintenance process. */
 export interface MaintenanceProcess {
+  /** The running tasks; undefined when the environment turned every one off. */
   readonly maintenance: Maintenance | undefined;
+  /** `/metrics` and `/healthz`; undefined without `METRICS_PORT`. */
   readonly metricsServer: MetricsServer | undefined;
+  /** The process's logger. */
   readonly logger: Logger;
+  /** Stops the tasks (waiting for runs in progress), the metrics server and the pool. */
   stop(): Promise<void>;
 }
 

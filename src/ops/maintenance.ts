@@ -10,16 +10,17 @@ import type { SweepReport, Sweeper } from './sweeper.js';
 
 /** Options of {@link Maintenance}. */
 export interface MaintenanceOptions {
+  /** The database holding the keys table; its advisory locks let one process at a time run each task. */
   readonly db: Kysely<any>;
-  /** @defaultValue `'idempotent_jobs'` */
+  /** Postgres schema of the tables (the locks and statistics are per schema). @defaultValue `'idempotent_jobs'` */
   readonly schema?: string;
   /** Run this janitor periodically. @defaultValue none */
   readonly janitor?: Janitor;
   /** Run this sweeper periodically. @defaultValue none */
   readonly sweeper?: Sweeper;
-  /** @defaultValue `60_000` */
+  /** Period of the janitor's runs. @defaultValue `60_000` */
   readonly janitorIntervalMs?: number;
-  /** @defaultValue `60_000` */
+  /** Period of the sweeper's runs. @defaultValue `60_000` */
   readonly sweeperIntervalMs?: number;
   /**
    * Refresh key statistics (for the `idempotent_jobs_keys` gauges) this often; `0` never.
@@ -31,7 +32,7 @@ export interface MaintenanceOptions {
    * @defaultValue the sweeper's `sweepAfterMs`, else `900_000`
    */
   readonly sweepAfterMs?: number;
-  /** @defaultValue `pino()` */
+  /** Structured logger (failed runs; the tasks log through their own). @defaultValue `pino()` */
   readonly logger?: Logger;
 }
 
@@ -56,9 +57,20 @@ export interface MaintenanceEvents {
  *
  * @example
  * ```ts
- * const maintenance = new Maintenance({ db, janitor: new Janitor({ db }), janitorIntervalMs: 60_000 });
+ * import { BullmqJobLookup, Janitor, Maintenance, Sweeper } from 'idempotent-jobs';
+ *
+ * const jobs = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
+ * const maintenance = new Maintenance({
+ *   db,
+ *   janitor: new Janitor({ db }),
+ *   sweeper: new Sweeper({ db, jobs, queues: ['payments'] }),
+ *   janitorIntervalMs: 60_000,
+ * });
+ * maintenance.on('sweeper', (report) => console.log(`${report.recoveries.length} lost jobs recovered`));
  * maintenance.start();
+ * // … on shutdown: waits for runs in progress
  * await maintenance.stop();
+ * await jobs.close();
  * ```
  */
 export class Maintenance extends EventEmitter<MaintenanceEvents> {

@@ -13,9 +13,13 @@ import { findLostKeyCandidates, type LostKeyCandidate, type LostKeyCursor } from
 
 /** One lost job the sweeper dealt with. */
 export interface SweepRecovery {
+  /** The key's scope. */
   readonly scope: string;
+  /** The key of the lost job. */
   readonly key: string;
+  /** The key's fence when the sweeper acted (a re-enqueued job's claim takes it over). */
   readonly fence: number;
+  /** The queue the key's row names. */
   readonly queue: string;
   /** The job id stored on the key (the job that was lost). */
   readonly jobId: string;
@@ -31,6 +35,7 @@ export interface SweepReport {
   readonly examined: number;
   /** Of those, keys whose BullMQ job still exists and will run (left to BullMQ). */
   readonly alive: number;
+  /** The lost jobs re-enqueued or abandoned, one entry each. */
   readonly recoveries: readonly SweepRecovery[];
   /** Keys with no queue or job id recorded (claimed outside BullMQ): reported, never changed. */
   readonly unverifiable: number;
@@ -52,9 +57,13 @@ export interface SweepReport {
  *
  * @example
  * ```ts
+ * import { BullmqJobLookup, Sweeper } from 'idempotent-jobs';
+ *
  * const jobs = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
- * const sweeper = new Sweeper({ db, jobs, action: 'reenqueue' });
+ * const sweeper = new Sweeper({ db, jobs, action: 'reenqueue', queues: ['payments'] });
  * const report = await sweeper.runOnce();
+ * for (const recovery of report.recoveries) console.log(`${recovery.key}: ${recovery.action} (job was ${recovery.jobWas})`);
+ * await jobs.close();
  * ```
  */
 export class Sweeper {

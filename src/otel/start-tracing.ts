@@ -8,7 +8,7 @@ import { ConfigError } from '../errors.js';
 import { configureTracing } from '../telemetry/trace-attributes.js';
 import { addExitHook } from '../runtime/shutdown-signals.js';
 
-/** A started (or not started) SDK. */
+/** A started (or not started) SDK, as {@link startTracingFromEnv} returns it. */
 export interface Tracing {
   /** True when the SDK was started. */
   readonly enabled: boolean;
@@ -18,7 +18,7 @@ export interface Tracing {
 
 /** Options of {@link startTracingFromEnv}. */
 export interface StartTracingOptions {
-  /** `service.name` when `OTEL_SERVICE_NAME` is not set. */
+  /** `service.name` of the traces when `OTEL_SERVICE_NAME` is not set, e.g. `'payments-worker'`. */
   readonly serviceName: string;
 }
 
@@ -41,10 +41,26 @@ const NOT_STARTED: Tracing = { enabled: false, shutdown: async () => {} };
  * logs: those are Prometheus and pino's), exported as `OTEL_TRACES_EXPORTER` says (default
  * OTLP, `OTEL_EXPORTER_OTLP_PROTOCOL` default `http/protobuf`), W3C Trace Context propagation.
  * `TRACE_KEYS=true` puts idempotency keys on spans (otherwise a hash). Buffered spans are
- * exported when the process stops on SIGTERM/SIGINT ({@link onShutdownSignals}).
+ * exported when the process stops on SIGTERM/SIGINT through `onShutdownSignals`, or by
+ * {@link Tracing.shutdown}. Call it first thing, before the process opens connections, so
+ * that the SDK's instrumentations see them.
  *
  * Throws a {@link ConfigError} when tracing is requested but `@opentelemetry/sdk-node` is not
  * installed: a process asked to trace should not start silently without it.
+ *
+ * @example
+ * ```ts
+ * import { loadEnvConfig, startWorkerProcess } from 'idempotent-jobs';
+ * import { startTracingFromEnv } from 'idempotent-jobs/otel';
+ *
+ * // OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 turns it on; without OTEL_* it does nothing.
+ * const tracing = await startTracingFromEnv({ serviceName: 'payments-worker' });
+ * console.log(tracing.enabled ? 'exporting traces' : 'tracing off');
+ * await startWorkerProcess({
+ *   config: loadEnvConfig(),
+ *   handler: (ctx) => ctx.transaction((tx) => tx.insertInto('ledger').values({ order_id: ctx.key }).execute()),
+ * });
+ * ```
  */
 export async function startTracingFromEnv(options: StartTracingOptions): Promise<Tracing> {
   const env = process.env;

@@ -10,7 +10,7 @@ import { runOptimisticGroup, type InsertCompletedKeys, type OptimisticJob } from
  */
 const CACHED_SUBTRANSACTIONS = 64;
 
-/** Options of group commit (see {@link GroupCommitter}). */
+/** Options of group commit ({@link IdempotencyOptions.groupCommit}). */
 export interface GroupCommitOptions {
   /** Most jobs in one transaction. Keep it under 64: Postgres caches 64 subtransactions per transaction. @defaultValue `16` */
   readonly maxJobs?: number;

@@ -25,15 +25,17 @@ import { assertValidKeyPart, serializePayload, serializeResult, toStoredError, t
 export interface ClaimOptions {
   /** Lease length for this claim. @defaultValue the instance's `leaseMs` */
   readonly leaseMs?: number;
-  /** BullMQ job id that made the claim, kept on the row for operators. */
+  /** BullMQ job id that made the claim, kept on the row for operators. @defaultValue unset (a takeover keeps the row's) */
   readonly jobId?: string;
-  /** Queue and job name, kept on the row for operators and the sweeper. */
+  /** Queue of the job, kept on the row for operators; the sweeper asks this queue about the job. @defaultValue unset */
   readonly queue?: string;
+  /** Name of the job, kept on the row for operators (a re-enqueued job gets it). @defaultValue unset */
   readonly jobName?: string;
   /**
-   * Payload to keep with the key so the sweeper can re-enqueue a lost job. Omitted: not stored.
+   * Payload to keep with the key so the sweeper can re-enqueue a lost job.
    * It must be JSON that Postgres `jsonb` can store (no NUL, no lone surrogate); otherwise the
    * claim throws a `ValidationError` (`INVALID_JOB_DATA`) before sending anything.
+   * @defaultValue unset (not stored)
    */
   readonly payload?: unknown;
 }
@@ -70,8 +72,21 @@ export interface RunEffectOptions extends EffectOptions {
 
 /** Outcome of the fast path: the effect ran and committed, or the claim outcome that stopped it. */
 export type ExecuteOnceOutcome<T> =
-  | { readonly kind: 'executed'; readonly result: T; readonly claim: Claim }
-  | Exclude<ClaimOutcome, { kind: 'claimed' | 'taken-over' }>;
+  | {
+      /** The effect ran and committed together with the key's completion. */
+      readonly kind: 'executed';
+      /** The effect's return value (as stored, when a COMMIT cut off in flight was resolved by reading the key). */
+      readonly result: T;
+      /** The claim the effect ran under. */
+      readonly claim: Claim;
+    }
+  | Exclude<
+      ClaimOutcome,
+      {
+        /** Held outcomes are not returned: the effect ran under them, which is `executed`. */
+        kind: 'claimed' | 'taken-over';
+      }
+    >;
 
 /** A transactional effect: runs on the transaction that also completes the key. */
 export type Effect<T> = (tx: Transaction<any>) => Promise<T>;
@@ -87,10 +102,24 @@ export type Effect<T> = (tx: Transaction<any>) => Promise<T>;
  *
  * @example
  * ```ts
- * const keys = new IdempotencyKeys({ db });
- * const outcome = await keys.claim('payments', 'order-42', keys.fingerprint({ amount: 100 }));
- * if (outcome.kind === 'claimed' || outcome.kind === 'taken-over') {
- *   await keys.runEffect(outcome, (tx) => tx.insertInto('ledger').values({ amount: 100 }).execute());
+ * import { IdempotencyKeys, isHeld } from 'idempotent-jobs';
+ *
+ * const keys = new IdempotencyKeys({ db, leaseMs: 30_000 });
+ * const request = { orderId: 'order-42', cents: 1999 };
+ * const outcome = await keys.claim('payments', request.orderId, keys.fingerprint(request));
+ * if (isHeld(outcome)) {
+ *   // The ledger row and the key's completion commit together, fenced by the claim.
+ *   const receipt = await keys.runEffect(outcome, async (tx) => {
+ *     await tx.insertInto('ledger').values({ order_id: request.orderId, cents: request.cents }).execute();
+ *     return { charged: request.cents };
+ *   });
+ *   console.log('charged', receipt);
+ * } else if (outcome.kind === 'completed') {
+ *   console.log('done before', outcome.result); // replay; nothing ran
+ * } else if (outcome.kind === 'in-progress') {
+ *   console.log(`another worker holds it; try again in ${outcome.retryAfterMs} ms`);
+ * } else {
+ *   console.log(outcome.kind); // 'failed' (replay the stored error) or 'key-reused' (never run)
  * }
  * ```
  */
@@ -166,6 +195,12 @@ export class IdempotencyKeys {
    * same transaction with the effect's return value, and commits both or neither. If the
    * effect throws, nothing commits and the key is released (or failed, per `onError`) before
    * the error is rethrown. Returns the effect's value.
+   *
+   * Besides the effect's own errors it throws {@link LeaseLostError} when the claim was taken
+   * over (the effect rolled back; the key is the new owner's, so it is left alone),
+   * {@link StoreUnavailableError} on a transient store fault (the key is released, or left to its
+   * lease when Postgres cannot be reached: try again later) and {@link ResultNotStorableError} for a result that is not JSON or exceeds
+   * `maxResultBytes` (the key fails, unless `onError` says otherwise).
    */
   async runEffect<T>(claim: Claim, effect: Effect<T>, options: RunEffectOptions = {}): Promise<T> {
     try {
@@ -470,7 +505,18 @@ export class IdempotencyKeys {
    * will be stored. Undefined when the store cannot hold records (no `KeyStore.steps.recordText`):
    * record it with {@link IdempotencyKeys.recordStep}. Throws {@link ResultNotStorableError}.
    */
-  holdStepRecord(claim: Claim, step: StepPlace, result: unknown): { readonly value: unknown; readonly record: LeadingStatements } | undefined {
+  holdStepRecord(
+    claim: Claim,
+    step: StepPlace,
+    result: unknown,
+  ):
+    | {
+        /** The result as it will be stored (its JSON form), which the step returns. */
+        readonly value: unknown;
+        /** The held record, for the run's next round trip to carry. */
+        readonly record: LeadingStatements;
+      }
+    | undefined {
     const steps = this.#stepStore(claim);
     if (!steps.recordText) return undefined;
     const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);

@@ -11,6 +11,7 @@ import { traceStep } from '../telemetry/claim-tracing.js';
 
 /** What a step's function receives. */
 export interface StepContext {
+  /** The step's name, as the handler called it. */
   readonly name: string;
   /** 1-based position of the step in its key's sequence. */
   readonly position: number;
@@ -37,6 +38,10 @@ export type ExternalStep<T> = (step: ExternalStepContext) => Promise<T>;
 
 /** A database step: `transaction(tx)` runs in a transaction that records the step with its COMMIT. */
 export interface DatabaseStep<T> {
+  /**
+   * The step's writes, on `tx`; what it returns is the step's result, recorded in the same
+   * transaction (so the writes and the record commit together, or neither does).
+   */
   readonly transaction: (tx: Transaction<any>, step: StepContext) => Promise<T>;
 }
 
@@ -58,8 +63,11 @@ export type StepOutcome = 'ran' | 'replayed' | 'lease-lost' | 'failed';
 
 /** What {@link JobSteps} reports for each call of a step with a valid name. */
 export interface StepReport {
+  /** The step's name. */
   readonly name: string;
+  /** 1-based position of the step in its key's sequence. */
   readonly position: number;
+  /** How the call ended. */
   readonly outcome: StepOutcome;
   /** Time the call took, replays included (they read the step records once per run). */
   readonly durationMs: number;
@@ -75,10 +83,15 @@ export function stepResultBytes(step: StepRecord): number | null {
 
 /** A step record as operators see it (CLI, HTTP): times in ISO 8601, the result's size instead of the result. */
 export interface StepSummary {
+  /** The step's name. */
   readonly name: string;
+  /** 1-based position in the key's step sequence. */
   readonly position: number;
+  /** How many times the step started (external steps; a database step records with 1). */
   readonly starts: number;
+  /** The claim that last started or recorded the step. */
   readonly fence: number;
+  /** When the step last started, or was recorded (ISO 8601). */
   readonly startedAt: string;
   /** Null while the step has started and not been recorded. */
   readonly recordedAt: string | null;
@@ -142,18 +155,6 @@ interface HeldRecord {
  * recorded, runs the rest, and guards the sequence. The worker makes one per job; without
  * BullMQ, make one per claim and call {@link JobSteps.assertComplete} before completing.
  *
- * @example
- * ```ts
- * const claim = await keys.claim('shop', 'order-42', keys.fingerprint({ order: 42 }));
- * if (isHeld(claim)) {
- *   const steps = new JobSteps(keys, claim, new AbortController().signal);
- *   const hold = await steps.run('reserve', { transaction: (tx) => reserveStock(tx, 42) });
- *   const charge = await steps.run('charge', (step) => payments.charge({ order: 42, idempotencyKey: step.stepKey }));
- *   await steps.assertComplete();
- *   await keys.runEffect(claim, async () => ({ hold, charge }));
- * }
- * ```
- *
  * - The key's steps are read once, when the handler first calls a step (one statement), and
  *   not at all on the key's first claim (fence 1: nobody can have recorded a step).
  * - A step recorded at this position under this name returns its stored result without
@@ -171,6 +172,28 @@ interface HeldRecord {
  *
  * Steps run in the order they are called; positions are handed out at the call, before any
  * wait, so steps started together keep their call order.
+ *
+ * @example
+ * ```ts
+ * import { JobSteps, isHeld } from 'idempotent-jobs';
+ *
+ * const order = { orderId: 'order-42', cents: 1999 };
+ * const claim = await keys.claim('shop', order.orderId, keys.fingerprint(order));
+ * if (isHeld(claim)) {
+ *   const steps = new JobSteps(keys, claim, new AbortController().signal);
+ *   // A database step: its writes and its record commit together, exactly once.
+ *   const hold = await steps.run('reserve', {
+ *     transaction: async (tx) => {
+ *       await tx.insertInto('reservations').values({ order_id: order.orderId }).execute();
+ *       return { reserved: true };
+ *     },
+ *   });
+ *   // An external step: at most once per lease; the provider deduplicates a repeat by `stepKey`.
+ *   const charge = await steps.run('charge', (step) => payments.charge({ ...order, idempotencyKey: step.stepKey }));
+ *   await steps.assertComplete();
+ *   await keys.runEffect(claim, async () => ({ hold, charge }));
+ * }
+ * ```
  */
 export class JobSteps {
   readonly #keys: IdempotencyKeys;

@@ -120,8 +120,11 @@ export function serializePayload(scope: string, key: string, payload: unknown): 
 
 /** A plain JSON description of an error, for the `error` column and for replays. */
 export interface StoredError {
+  /** The error's `name` (`'Error'` for a thrown non-error). */
   readonly name: string;
+  /** The error's message (at most 8192 characters), or a description of the thrown value. */
   readonly message: string;
+  /** The error's own string `code`, when it has one (an {@link IdempotencyError}'s, a driver's). @defaultValue absent */
   readonly code?: string;
   /** The step (`ctx.step`) that threw it, when one did. */
   readonly step?: string;
@@ -129,6 +132,7 @@ export interface StoredError {
 
 /** Which step of a multi-step job an error came from. */
 export interface FailedStep {
+  /** The step's name. */
   readonly name: string;
   /** 1-based position in the key's step sequence. */
   readonly position: number;
@@ -147,7 +151,7 @@ const MAX_STORED_ERROR_NAME_LENGTH = 256;
 /**
  * Turns anything thrown into a {@link StoredError} that Postgres `jsonb` can always store: NUL
  * characters and lone surrogates become U+FFFD (`JSON.parse` of binary data, for one, quotes
- * a raw NUL in its message), the message is cut at {@link MAX_STORED_ERROR_MESSAGE_LENGTH}, and
+ * a raw NUL in its message), the message is cut at 8192 characters, and
  * it never throws, whatever was thrown (a getter that throws, a Proxy, a Symbol, an object
  * whose `toString` throws): a failure must always be recorded, or its key stays `processing`.
  */

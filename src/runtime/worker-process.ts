@@ -19,13 +19,15 @@ import { isTransientStoreError } from '../store/pg-errors.js';
 
 /** What {@link startWorkerProcess} needs besides the environment. */
 export interface WorkerProcessOptions<P, R> {
+  /** The validated environment ({@link loadEnvConfig}). */
   readonly config: EnvConfig;
   /** A function, or a database-only handler (`{ transaction }`: fast path and group commit unless `FAST_PATH` / `GROUP_COMMIT` are false). */
   readonly handler: JobHandler<P, R> | DatabaseOnlyJobHandler<P, R>;
-  /** Overrides `FAST_PATH`. */
+  /** Overrides `FAST_PATH`. @defaultValue `config.FAST_PATH` (unset: by the handler's kind) */
   readonly fastPath?: boolean;
+  /** Structured logger. @defaultValue `pino()` at `LOG_LEVEL` */
   readonly logger?: Logger;
-  /** Chaos testing only. */
+  /** Chaos testing only. @defaultValue unset */
   readonly faultHook?: FaultHook;
   /** Install SIGTERM/SIGINT handlers that close gracefully and exit. @defaultValue `true` */
   readonly handleSignals?: boolean;
@@ -33,8 +35,11 @@ export interface WorkerProcessOptions<P, R> {
 
 /** A running worker process's parts. */
 export interface WorkerProcess<P, R> {
+  /** The BullMQ worker, taking jobs. */
   readonly worker: IdempotentWorker<P, R>;
+  /** The claim protocol, over the process's Postgres pool. */
   readonly keys: IdempotencyKeys;
+  /** The process's logger. */
   readonly logger: Logger;
   /** `/metrics` and `/healthz`, when `METRICS_PORT` is set. */
   readonly metricsServer?: MetricsServer;

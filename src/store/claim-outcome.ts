@@ -1,6 +1,8 @@
 /** A claim this worker now holds: it may run the effect and must complete, release or fail it. */
 export interface Claim {
+  /** Namespace of the key (a queue, a tenant); keys are unique per scope. */
   readonly scope: string;
+  /** The idempotency key. */
   readonly key: string;
   /** Random token of this claim; completion, extension and release are conditioned on it. */
   readonly owner: string;
@@ -22,15 +24,61 @@ export interface Claim {
  * - `key-reused`: the key was used with a different fingerprint; never execute.
  */
 export type ClaimOutcome =
-  | ({ readonly kind: 'claimed' } & Claim)
-  | ({ readonly kind: 'taken-over' } & Claim)
-  | { readonly kind: 'completed'; readonly scope: string; readonly key: string; readonly result: unknown }
-  | { readonly kind: 'failed'; readonly scope: string; readonly key: string; readonly error: unknown }
-  | { readonly kind: 'in-progress'; readonly scope: string; readonly key: string; readonly retryAfterMs: number }
-  | { readonly kind: 'key-reused'; readonly scope: string; readonly key: string };
+  | ({
+      /** The key was new; this worker owns it. */
+      readonly kind: 'claimed';
+    } & Claim)
+  | ({
+      /** The key was processing under an expired (or released) lease; this worker owns it now. */
+      readonly kind: 'taken-over';
+    } & Claim)
+  | {
+      /** Done before: replay `result`, do not run the effect. */
+      readonly kind: 'completed';
+      /** Scope of the key. */
+      readonly scope: string;
+      /** The idempotency key. */
+      readonly key: string;
+      /** The stored result of the effect that completed the key. */
+      readonly result: unknown;
+    }
+  | {
+      /** Failed permanently before: replay `error`, do not run the effect. */
+      readonly kind: 'failed';
+      /** Scope of the key. */
+      readonly scope: string;
+      /** The idempotency key. */
+      readonly key: string;
+      /** The stored error (see {@link StoredError}) of the run that failed the key. */
+      readonly error: unknown;
+    }
+  | {
+      /** Another owner's lease is live: try again later. */
+      readonly kind: 'in-progress';
+      /** Scope of the key. */
+      readonly scope: string;
+      /** The idempotency key. */
+      readonly key: string;
+      /** Milliseconds until the owner's lease ends (or the claim's lock timeout, when it waited on an uncommitted insert of the key): when to try again. */
+      readonly retryAfterMs: number;
+    }
+  | {
+      /** The key was used with a different fingerprint (payload): never execute. */
+      readonly kind: 'key-reused';
+      /** Scope of the key. */
+      readonly scope: string;
+      /** The idempotency key. */
+      readonly key: string;
+    };
 
-/** The outcomes in which this worker holds the key. */
-export type HeldClaim = Extract<ClaimOutcome, { kind: 'claimed' | 'taken-over' }>;
+/** The outcomes in which this worker holds the key: `claimed` and `taken-over`. */
+export type HeldClaim = Extract<
+  ClaimOutcome,
+  {
+    /** The outcomes that hold the key. */
+    kind: 'claimed' | 'taken-over';
+  }
+>;
 
 /** True when the outcome means this worker now owns the key and should run the effect. */
 export function isHeld(outcome: ClaimOutcome): outcome is HeldClaim {

@@ -16,11 +16,28 @@ export interface PostgresDbOptions {
 }
 
 /**
- * A Kysely instance over a node-postgres pool whose sessions start at read committed (see
- * {@link READ_COMMITTED_SESSION}). Connection errors (a terminated backend, a
- * restarted server) never crash the process: on an idle connection they are logged by the
- * pool's owner; on a lent-out one they fail its statement. Either way the pool drops the
- * client and opens a new one on the next query.
+ * A Kysely instance over a node-postgres pool whose sessions start at read committed (a
+ * startup option sets `default_transaction_isolation`, outranking a stricter database or role
+ * default): the claim protocol relies on it, since a duplicate claim waits on the key's index
+ * entry and then sees the committed row, where serializable would fail it. Connection errors (a
+ * terminated backend, a restarted server) never crash the process: on an idle connection they
+ * go to `onPoolError`; on a lent-out one they fail its statement. Either way the pool drops the
+ * client and opens a new one on the next query. Close it with `db.destroy()`.
+ *
+ * @param onPoolError - told of errors on idle connections (log them); unset: they are dropped
+ *
+ * @example
+ * ```ts
+ * import { IdempotencyKeys, createPostgresDb } from 'idempotent-jobs';
+ *
+ * const db = createPostgresDb(
+ *   { connectionString: 'postgres://app@127.0.0.1:5432/app', maxConnections: 10, applicationName: 'payments-worker' },
+ *   (error) => console.warn('idle Postgres connection failed', error),
+ * );
+ * const keys = new IdempotencyKeys({ db });
+ * // … on shutdown
+ * await db.destroy();
+ * ```
  */
 export function createPostgresDb(options: PostgresDbOptions, onPoolError?: (error: Error) => void): Kysely<any> {
   const pool = new pg.Pool({

@@ -3,9 +3,13 @@ export type KeyStatus = 'processing' | 'completed' | 'failed';
 
 /** One row of `idempotency_keys`, as the library hands it out. */
 export interface KeyRecord {
+  /** Namespace of the key; keys are unique per scope. */
   readonly scope: string;
+  /** The idempotency key. */
   readonly key: string;
+  /** Fingerprint of the payload the key was first claimed with; a different one is refused as key reuse. */
   readonly fingerprint: string;
+  /** Where the key is in its life: `processing`, `completed` or `failed`. */
   readonly status: KeyStatus;
   /** Token of the current claim; `null` once released after a retryable failure. */
   readonly owner: string | null;
@@ -13,17 +17,27 @@ export interface KeyRecord {
   readonly fence: number;
   /** Number of claims (first claim and every takeover). */
   readonly attempts: number;
+  /** End of the current lease, by the database clock; `null` when no lease is held (completed, failed, or a fast-path claim). */
   readonly lockedUntil: Date | null;
+  /** The stored result of a `completed` key (replayed to duplicates); `null` otherwise. */
   readonly result: unknown;
+  /** The stored error ({@link StoredError}) of a `failed` key, or of the last retryable failure; `null` otherwise. */
   readonly error: unknown;
+  /** Id of the job that claimed the key last (BullMQ job id, broker message id), when the claim named one. */
   readonly jobId: string | null;
+  /** Queue of that job, when the claim named one; the sweeper asks this queue about the job. */
   readonly queue: string | null;
+  /** Name of that job, when the claim named one. */
   readonly jobName: string | null;
   /** The job payload, when the producer asked for it to be stored (lets the sweeper re-enqueue). */
   readonly payload: unknown;
+  /** When the key was first claimed (database clock). */
   readonly createdAt: Date;
+  /** When the row last changed: a claim, an extension, a step, the completion. */
   readonly updatedAt: Date;
+  /** When the key completed or failed; `null` while processing. */
   readonly completedAt: Date | null;
+  /** When the janitor may delete a settled key (completion plus the retention); `null` while processing. */
   readonly expiresAt: Date | null;
 }
 

@@ -24,6 +24,31 @@ const MAX_LOOK_INTERVAL_MS = 250;
  * It needs a session-level LISTEN, so point it at Postgres directly, not at a PgBouncer in
  * transaction mode (the worker and HTTP processes give it `DATABASE_DIRECT_URL` when set). Its
  * `has_waiters` updates are single statements and need no session, but they share its connection.
+ *
+ * It connects at the first wait; close it after the workers and servers that use it.
+ *
+ * @example
+ * ```ts
+ * import { IdempotencyKeys, KeySettledListener, createIdempotentWorker } from 'idempotent-jobs';
+ *
+ * const listener = new KeySettledListener({
+ *   connectionString: 'postgres://app@127.0.0.1:5432/app', // Postgres itself, not a transaction-mode pooler
+ *   schema: 'idempotent_jobs',
+ *   onError: (error) => console.warn('listener connection failed; it reconnects', error),
+ * });
+ * // A duplicate waits up to 5 s for the job holding its key, then replays its result.
+ * const worker = createIdempotentWorker({
+ *   queue: 'payments',
+ *   connection: { host: '127.0.0.1', port: 6379 },
+ *   keys: new IdempotencyKeys({ db }),
+ *   waitMs: 5_000,
+ *   listener,
+ *   handler: (ctx) => ctx.transaction((tx) => tx.insertInto('ledger').values({ order_id: ctx.key }).execute()),
+ * });
+ * // … on shutdown
+ * await worker.close();
+ * await listener.close();
+ * ```
  */
 export class KeySettledListener {
   readonly #connectionString: string;
@@ -35,6 +60,11 @@ export class KeySettledListener {
   #closed = false;
   #onError: (error: Error) => void;
 
+  /**
+   * @param options.connectionString - Postgres itself (`DATABASE_DIRECT_URL`), for the LISTEN session
+   * @param options.schema - schema of the keys table whose keys it waits for
+   * @param options.onError - told of connection errors (it reconnects at the next wait); unset: ignored
+   */
   constructor(options: { connectionString: string; schema: string; onError?: (error: Error) => void }) {
     this.#connectionString = options.connectionString;
     this.#channel = keySettledChannel(options.schema);

@@ -8,7 +8,11 @@ import type { CompletedKeyRow } from './sql/insert-completed-keys.js';
 import type { StepRecord } from './sql/load-steps.js';
 import type { StepPlace } from './sql/start-step.js';
 
-/** What {@link KeyStore.claim} needs; the schema is the store's own. */
+/**
+ * What {@link KeyStore.claim} needs; the schema is the store's own.
+ *
+ * @interface
+ */
 export type ClaimInput = Omit<ClaimStatementInput, 'schema'>;
 
 /**
@@ -107,7 +111,18 @@ export interface GroupStatements {
   /** Stores a fast-path result on a key claimed as completed in this transaction. */
   fastPathResult(claim: Claim, resultJson: string): string;
   /** What a failed closing statement means: the lease was lost, or an error to report as it is (mapped). */
-  explainFailure(error: unknown, claim: Claim): { readonly leaseLost: true } | { readonly error: unknown };
+  explainFailure(
+    error: unknown,
+    claim: Claim,
+  ):
+    | {
+        /** The claim no longer owns the key: the job's effect must not count. */
+        readonly leaseLost: true;
+      }
+    | {
+        /** Any other failure, mapped as the store maps its errors (a {@link StoreUnavailableError}, say). */
+        readonly error: unknown;
+      };
   /**
    * Optional, for optimistic groups: the fast path's keys of a whole group, inserted as
    * `completed` with their results, as literal SQL that rides with the COMMIT. It must fail

@@ -8,7 +8,17 @@ export type MaintenanceTask = 'janitor' | 'sweeper' | 'stats';
 const LOCK_CLASS: Record<MaintenanceTask, number> = { janitor: 0x696a6a61, sweeper: 0x696a7377, stats: 0x696a7374 };
 
 /** What {@link withMaintenanceLock} returns: the task's result, or that another process holds the lock. */
-export type LockedRun<T> = { readonly ran: true; readonly result: T } | { readonly ran: false };
+export type LockedRun<T> =
+  | {
+      /** This process held the lock and ran the task. */
+      readonly ran: true;
+      /** What the task returned. */
+      readonly result: T;
+    }
+  | {
+      /** Another process holds the lock: the task was skipped this round. */
+      readonly ran: false;
+    };
 
 /**
  * Runs `fn` only if no other process is running the same task on the same schema right now.

@@ -45,8 +45,15 @@ function isOtherSchemaVanishing(error: unknown, schema: string): boolean {
  * The lock is a session's, so `db` must reach Postgres itself, not a transaction-mode pooler
  * (the worker processes use `DATABASE_DIRECT_URL` for it).
  *
+ * Resolves to Kysely's result set (which migrations ran, none when up to date). Throws the
+ * error of a migration that failed, and a {@link ConfigError} for a `keysPartitions` out of
+ * range or different from an existing keys table's layout.
+ *
  * @example
  * ```ts
+ * import { migrate } from 'idempotent-jobs';
+ *
+ * // At start, on a connection to Postgres itself (the advisory lock needs a session).
  * await migrate(db, { schema: 'idempotent_jobs' });
  * ```
  */

@@ -21,8 +21,12 @@ export type LeadState = 'pending' | 'queued' | 'committed' | 'refused' | 'unknow
  * The round trip that carries it moves {@link LeadingStatements.state} on from `queued`.
  */
 export class LeadingStatements {
+  /** Where the statements are: see {@link LeadState}. Moved on by the round trip that carries them. */
   state: LeadState = 'pending';
-  constructor(readonly text: string) {}
+  constructor(
+    /** The literal SQL (a step's record), self-contained, that may ride ahead of a round trip's own statements. */
+    readonly text: string,
+  ) {}
 
   /** Takes the statements for a round trip; false when they are not `pending` (sent already, or on their way). */
   take(): boolean {

@@ -47,7 +47,21 @@ export interface PostgresKeyStoreOptions {
   readonly probeSettledKeys?: boolean;
 }
 
-/** {@link KeyStore} over Postgres: each method is one statement in `sql/`. */
+/**
+ * The {@link KeyStore} over Postgres that {@link IdempotencyKeys} uses unless given another:
+ * each operation is one statement (a claim, a fenced completion, a release…), and it offers
+ * every optional part (group commit, steps, the fast path's one-round-trip reads). Build one
+ * yourself only to change its {@link PostgresKeyStoreOptions}; its schema must be the keys'.
+ *
+ * @example
+ * ```ts
+ * import { IdempotencyKeys, PostgresKeyStore } from 'idempotent-jobs';
+ *
+ * // Every claim its own statement (no batching of concurrent claims), e.g. to measure one claim's latency.
+ * const store = new PostgresKeyStore(db, 'idempotent_jobs', { batchClaims: false });
+ * const keys = new IdempotencyKeys({ db, schema: 'idempotent_jobs' }, store);
+ * ```
+ */
 export class PostgresKeyStore implements KeyStore {
   readonly #db: Kysely<any>;
   readonly #batcher: ClaimBatcher | undefined;

@@ -6,7 +6,9 @@ import { otel, type Context, type Span } from './otel-api.js';
  * fields. Foreign producers set `traceparent` to join a job to their trace.
  */
 export interface TraceCarrier {
+  /** W3C `traceparent`: version, trace id, parent span id, flags. @defaultValue absent (no trace to join) */
   traceparent?: string;
+  /** W3C `tracestate`: vendor entries that go with `traceparent`. @defaultValue absent */
   tracestate?: string;
 }
 

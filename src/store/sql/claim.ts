@@ -6,13 +6,19 @@ import { isLockTimeout } from '../pg-errors.js';
 
 /** Everything one claim statement needs. */
 export interface ClaimStatementInput {
+  /** Postgres schema of the keys table. */
   readonly schema: string;
+  /** Namespace of the key; keys are unique per scope. */
   readonly scope: string;
+  /** The idempotency key. */
   readonly key: string;
+  /** Fingerprint of the payload; a key claimed before with another one is `key-reused`. */
   readonly fingerprint: string;
   /** Fresh random token for this claim. */
   readonly owner: string;
+  /** Length of the lease a `'lease'` claim takes, by the database clock. */
   readonly leaseMs: number;
+  /** Longest wait on the key's row lock (another transaction inserting or updating it) before the claim answers `in-progress`. */
   readonly lockTimeoutMs: number;
   /**
    * `'lease'`: claim as `processing` under a lease (the effect commits later, fenced).
@@ -22,10 +28,13 @@ export interface ClaimStatementInput {
   readonly mode: 'lease' | 'complete';
   /** Used in `'complete'` mode: when the completed key expires. */
   readonly retentionMs: number;
+  /** Id of the job making the claim, kept on the row for operators and the sweeper. @defaultValue `null` */
   readonly jobId?: string | null;
+  /** Queue of that job, kept on the row; the sweeper asks it about the job. @defaultValue `null` */
   readonly queue?: string | null;
+  /** Name of that job, kept on the row (a re-enqueued job gets it). @defaultValue `null` */
   readonly jobName?: string | null;
-  /** JSON text of the payload to keep with the key (lets the sweeper re-enqueue), or null. */
+  /** JSON text of the payload to keep with the key (lets the sweeper re-enqueue). @defaultValue `null` (not kept) */
   readonly payloadJson?: string | null;
   /**
    * `false`: a `'lease'` claim commits with `synchronous_commit = off` (no wait for the WAL

@@ -4,6 +4,7 @@ import { compareLockOrder } from '../lock-order.js';
 
 /** A key an optimistic group writes at its end: its claim input (`'complete'` mode) and the effect's result. */
 export interface CompletedKeyRow {
+  /** The key's claim input, in `'complete'` mode (its owner token becomes the row's). */
   readonly input: ClaimInput;
   /** JSON text of the result, or null when the effect returned nothing. */
   readonly resultJson: string | null;

@@ -2,8 +2,11 @@ import { sql, type Kysely } from 'kysely';
 
 /** A snapshot of the keys table (and the outbox) for `stats` and the gauges. */
 export interface KeyStats {
+  /** Keys being worked on (under a lease, or released for a retry). */
   readonly processing: number;
+  /** Keys completed, their results kept for replay until they expire. */
   readonly completed: number;
+  /** Keys failed for good, their errors kept for replay until they expire. */
   readonly failed: number;
   /** Processing keys whose lease has run out (crashed owners, released keys not yet reclaimed). */
   readonly expiredLeases: number;
@@ -16,7 +19,16 @@ export interface KeyStats {
   /** Completed or failed keys past `expires_at`, waiting for the janitor. */
   readonly expiredKeys: number;
   /** The processing key created longest ago, if any. */
-  readonly oldestProcessing: { readonly scope: string; readonly key: string; readonly createdAt: Date; readonly ageMs: number } | null;
+  readonly oldestProcessing: {
+    /** The key's scope. */
+    readonly scope: string;
+    /** The key. */
+    readonly key: string;
+    /** When it was first claimed. */
+    readonly createdAt: Date;
+    /** How long ago that was, by the database clock. */
+    readonly ageMs: number;
+  } | null;
   /** Outbox rows not yet relayed to BullMQ. */
   readonly outboxUnsent: number;
   /** Age of the oldest unsent outbox row, or null. */

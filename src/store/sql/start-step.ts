@@ -7,6 +7,7 @@ import { LEASE_LOST_STATE, isLeaseLost } from './complete-and-commit.js';
 
 /** A step's place in its key's sequence. */
 export interface StepPlace {
+  /** The step's name, unique within its key. */
   readonly name: string;
   /** 1-based position. */
   readonly position: number;
