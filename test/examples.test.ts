@@ -4,8 +4,14 @@
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { jetstreamManager } from '@nats-io/jetstream';
+import { connect as connectNats } from '@nats-io/transport-node';
+import { connect as connectAmqp } from 'amqplib';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { amqpTopology } from 'idempotent-jobs/amqp';
+import { AMQP_URL } from './support/amqp-test-env.js';
+import { sharedNatsUrl } from './support/nats-env.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -58,6 +64,52 @@ async function until<T>(read: () => Promise<T>, done: (value: T) => boolean): Pr
   }
 }
 
+/**
+ * The broker examples' output: one line per settled message, then the ledger's rows per key
+ * (log lines, JSON objects, left out).
+ */
+const EXPECTED_BROKER_EXAMPLE_OUTPUT = ['order-1: completed', 'order-1: replayed', 'order-2: completed', 'ledger rows per key: {"order-1":1,"order-2":1}'];
+const printedLines = (stdout: string) => stdout.split('\n').filter((line) => line !== '' && !line.startsWith('{'));
+
+/** Rows of a broker example's ledger per key, read from the database rather than from what it printed. */
+async function ledgerRows(table: string): Promise<Array<{ key: string; n: number }>> {
+  return (await sql<{ key: string; n: number }>`select key, count(*)::int as n from ${sql.id(env.schema, table)} group by key order by key`.execute(env.db)).rows;
+}
+
+/** Which of `queues` exist on the broker; then deletes them, so that a failed run leaves nothing behind either. */
+async function existingQueuesDeleted(queues: readonly string[]): Promise<string[]> {
+  const connection = await connectAmqp(AMQP_URL);
+  try {
+    const existing: string[] = [];
+    for (const queue of queues) {
+      // A channel per check: asking for a missing queue closes the channel it was asked on.
+      const channel = await connection.createChannel();
+      channel.on('error', () => {});
+      if (await channel.checkQueue(queue).then(() => true, () => false)) existing.push(queue);
+      await channel.close().catch(() => {});
+    }
+    const channel = await connection.createChannel();
+    for (const queue of existing) await channel.deleteQueue(queue);
+    return existing;
+  } finally {
+    await connection.close();
+  }
+}
+
+/** Which of `streams` exist on the NATS server; then deletes them. */
+async function existingStreamsDeleted(streams: readonly string[]): Promise<string[]> {
+  const connection = await connectNats({ servers: sharedNatsUrl() });
+  try {
+    const jsm = await jetstreamManager(connection);
+    const existing: string[] = [];
+    for (const stream of streams) if (await jsm.streams.info(stream).then(() => true, () => false)) existing.push(stream);
+    for (const stream of existing) await jsm.streams.delete(stream);
+    return existing;
+  } finally {
+    await connection.close();
+  }
+}
+
 const count = async (table: string) => Number((await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, table)}`.execute(env.db)).rows[0]!.n);
 
 describe('examples', () => {
@@ -107,5 +159,31 @@ describe('examples', () => {
       { worker: 'idempotent', n: String(jobs), keys: String(jobs) },
       { worker: 'plain', n: String(jobs), keys: String(jobs) },
     ]);
+  });
+
+  it('rabbitmq-consumer: a message published twice writes one ledger row; its queues are deleted', async () => {
+    const { queue, deadLetterQueue, delayQueues } = amqpTopology(`${env.schema}.example-payments`);
+    let left: string[];
+    try {
+      const printed = run(TSX, ['examples/rabbitmq-consumer/run.ts']);
+      expect(printedLines(printed)).toEqual(EXPECTED_BROKER_EXAMPLE_OUTPUT);
+      expect(await ledgerRows('rabbitmq_ledger')).toEqual([{ key: 'order-1', n: 1 }, { key: 'order-2', n: 1 }]);
+    } finally {
+      left = await existingQueuesDeleted([queue, deadLetterQueue, ...delayQueues]);
+    }
+    expect(left, 'left behind by the example').toEqual([]);
+  });
+
+  it('nats-consumer: a message published twice writes one ledger row; its streams are deleted', async () => {
+    const stream = `${env.schema}-example-orders`;
+    let left: string[];
+    try {
+      const printed = run(TSX, ['examples/nats-consumer/run.ts']);
+      expect(printedLines(printed)).toEqual(EXPECTED_BROKER_EXAMPLE_OUTPUT);
+      expect(await ledgerRows('nats_ledger')).toEqual([{ key: 'order-1', n: 1 }, { key: 'order-2', n: 1 }]);
+    } finally {
+      left = await existingStreamsDeleted([stream, `${stream}-dead-letters`]);
+    }
+    expect(left, 'left behind by the example').toEqual([]);
   });
 });
