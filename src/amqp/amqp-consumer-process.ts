@@ -2,11 +2,10 @@ import { pino, type Logger } from 'pino';
 import type { EnvConfig } from '../config/env-config.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { MetricsServer } from '../metrics/metrics-server.js';
-import { instrumentWorker } from '../metrics/worker-metrics.js';
 import type { Maintenance } from '../ops/maintenance.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from '../runtime/close-within.js';
-import { startConsumerOperations, type ConsumerOperations } from '../runtime/consumer-operations.js';
+import { operateConsumer } from '../runtime/consumer-operations.js';
 import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
 import type { ConsumeMessage } from 'amqplib';
@@ -56,7 +55,7 @@ export interface AmqpConsumerProcess<P, R> {
  * Builds and starts a RabbitMQ consumer process: the Postgres pools (waited for up to
  * STARTUP_WAIT_MS, migrated when MIGRATE), the claim protocol, the consumer, metrics events,
  * `/metrics` and `/healthz` on METRICS_PORT, maintenance as the worker process runs it (without
- * the sweeper: see `startConsumerOperations`), and signal handling (SIGTERM/SIGINT: graceful
+ * the sweeper: see `operateConsumer`), and signal handling (SIGTERM/SIGINT: graceful
  * close within SHUTDOWN_TIMEOUT_MS).
  */
 export async function startAmqpConsumerProcess<P, R>(options: AmqpConsumerProcessOptions<P, R>): Promise<AmqpConsumerProcess<P, R>> {
@@ -83,38 +82,14 @@ export async function startAmqpConsumerProcess<P, R>(options: AmqpConsumerProces
     await closeWithin(CLOSE_AFTER_FAILED_START_MS, store.destroy());
     throw error;
   }
-  const uninstrument = instrumentWorker(consumer, queue);
-  let operations: ConsumerOperations | undefined;
-  try {
-    operations = await startConsumerOperations(config, store, {
-      logger,
-      component: 'amqp-consumer',
-      checks: {
-        broker: () => {
-          if (!consumer.isConsuming) throw new Error('no open RabbitMQ channel (connecting or reconnecting)');
-        },
-        consumer: () => {
-          if (!consumer.isRunning) throw new Error('the consumer is not running (closing or closed)');
-        },
-      },
-    });
-    await consumer.start();
-    operations.startMaintenance();
-  } catch (error) {
-    uninstrument();
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, consumer.close(), operations?.stop(), store.destroy());
-    throw error;
-  }
-  const { metricsServer, maintenance } = operations;
+  const { metricsServer, maintenance, stop } = await operateConsumer(config, store, consumer, {
+    logger,
+    component: 'amqp-consumer',
+    queueLabel: queue,
+    notConsuming: 'no open RabbitMQ channel (connecting or reconnecting)',
+    start: () => consumer.start(),
+  });
   logger.info({ pid: process.pid, queue, concurrency, leaseMs: config.LEASE_MS, metricsPort: metricsServer?.port }, 'amqp consumer ready');
-  let stopped: Promise<void> | undefined;
-  const stop = () =>
-    (stopped ??= (async () => {
-      await consumer.close();
-      await operations.stop();
-      uninstrument();
-      await store.destroy();
-    })());
   if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
   return { consumer, keys, logger, stop, metricsServer, maintenance };
 }

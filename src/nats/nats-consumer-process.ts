@@ -3,11 +3,10 @@ import { pino, type Logger } from 'pino';
 import type { EnvConfig } from '../config/env-config.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { MetricsServer } from '../metrics/metrics-server.js';
-import { instrumentWorker } from '../metrics/worker-metrics.js';
 import type { Maintenance } from '../ops/maintenance.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from '../runtime/close-within.js';
-import { startConsumerOperations, type ConsumerOperations } from '../runtime/consumer-operations.js';
+import { operateConsumer } from '../runtime/consumer-operations.js';
 import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
 import type { JsMsg } from '@nats-io/jetstream';
@@ -68,7 +67,7 @@ export interface NatsConsumerProcess<P, R> {
  * STARTUP_WAIT_MS, migrated when MIGRATE), the durable consumer and dead-letter stream when
  * missing, the claim protocol, the consumer, metrics events, `/metrics` and `/healthz` on
  * METRICS_PORT, maintenance as the worker process runs it (without the sweeper: see
- * `startConsumerOperations`), and signal handling (first SIGTERM/SIGINT: graceful close within
+ * `operateConsumer`), and signal handling (first SIGTERM/SIGINT: graceful close within
  * SHUTDOWN_TIMEOUT_MS; second: force).
  */
 export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProcessOptions<P, R>): Promise<NatsConsumerProcess<P, R>> {
@@ -111,44 +110,19 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
     await closeWithin(CLOSE_AFTER_FAILED_START_MS, store.destroy());
     throw error;
   }
-  const uninstrument = instrumentWorker(consumer, `${options.stream}/${options.consumer}`);
-  let operations: ConsumerOperations | undefined;
-  try {
-    operations = await startConsumerOperations(config, store, {
-      logger,
-      component: 'nats-consumer',
-      checks: {
-        broker: () => {
-          if (!consumer.isConsuming) throw new Error('not pulling from JetStream (the NATS connection is closed or reconnecting, or the pull is being made again)');
-        },
-        consumer: () => {
-          if (!consumer.isRunning) throw new Error('the consumer is not running (closing or closed)');
-        },
-      },
-    });
-    await consumer.waitUntilReady();
-    operations.startMaintenance();
-  } catch (error) {
-    uninstrument();
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, consumer.close({ force: true }), operations?.stop(), store.destroy());
-    throw error;
-  }
-  const { metricsServer, maintenance } = operations;
+  const operated = await operateConsumer(config, store, consumer, {
+    logger,
+    component: 'nats-consumer',
+    queueLabel: `${options.stream}/${options.consumer}`,
+    notConsuming: 'not pulling from JetStream (the NATS connection is closed or reconnecting, or the pull is being made again)',
+    start: () => consumer.waitUntilReady(),
+  });
+  const { metricsServer, maintenance } = operated;
   logger.info(
     { pid: process.pid, stream: options.stream, consumer: options.consumer, concurrency, leaseMs: config.LEASE_MS, metricsPort: metricsServer?.port },
     'nats consumer ready',
   );
-  let stopped: Promise<void> | undefined;
-  const stop = (stopOptions: { force?: boolean } = {}) => {
-    if (stopOptions.force) return consumer.close({ force: true });
-    stopped ??= (async () => {
-      await consumer.close();
-      await operations.stop();
-      uninstrument();
-      await store.destroy();
-    })();
-    return stopped;
-  };
+  const stop = (stopOptions: { force?: boolean } = {}) => (stopOptions.force ? consumer.close({ force: true }) : operated.stop());
   if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
   return { consumer, keys, logger, stop, metricsServer, maintenance };
 }

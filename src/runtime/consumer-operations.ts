@@ -1,40 +1,57 @@
+import type { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 import type { EnvConfig } from '../config/env-config.js';
-import { startMetricsServer, type HealthCheck, type MetricsServer } from '../metrics/metrics-server.js';
+import { startMetricsServer, type MetricsServer } from '../metrics/metrics-server.js';
+import { instrumentWorker } from '../metrics/worker-metrics.js';
+import type { WorkerEvent } from '../consumer/worker-event.js';
 import type { Maintenance } from '../ops/maintenance.js';
 import { createMaintenanceFromConfig } from '../ops/maintenance-process.js';
 import { pingDatabase } from '../store/sql/ping.js';
+import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from './close-within.js';
 import type { KeyStoreFromEnv } from './key-store-from-env.js';
 
-/** What {@link startConsumerOperations} needs besides the environment and the key store. */
+/** What {@link operateConsumer} needs of a broker consumer. */
+export interface OperatedConsumer extends Pick<EventEmitter<{ event: [WorkerEvent] }>, 'on' | 'off'> {
+  /** Connected to its broker and taking messages: the `broker` check of `/healthz`. */
+  readonly isConsuming: boolean;
+  /** Started and not closing: the `consumer` check of `/healthz`. */
+  readonly isRunning: boolean;
+  /** Closes the consumer: gracefully, or at once with `force` (after a failed start). */
+  close(options?: { force?: boolean }): Promise<void>;
+}
+
+/** How {@link operateConsumer} runs one broker's consumer. */
 export interface ConsumerOperationsOptions {
   readonly logger: Logger;
   /** The `component` label of `idempotent_jobs_ready`, e.g. `'amqp-consumer'`. */
   readonly component: string;
-  /** The broker's checks behind `/healthz`, by name (`broker`, `consumer`); `postgres` is added. */
-  readonly checks: Readonly<Record<string, HealthCheck>>;
+  /** The `queue` label of its job metrics: the AMQP queue, `<stream>/<consumer>` on JetStream. */
+  readonly queueLabel: string;
+  /** Why the `broker` check fails while the consumer is not consuming, in the broker's words. */
+  readonly notConsuming: string;
+  /** Starts the consumer; resolves once it consumes. */
+  readonly start: () => Promise<void>;
 }
 
-/** A broker consumer process's operations: `/metrics`, `/healthz` and maintenance. */
-export interface ConsumerOperations {
+/** A started broker consumer with its operations. */
+export interface OperatedConsumerProcess {
   /** `/metrics` and `/healthz`, when `METRICS_PORT` is set. */
   readonly metricsServer: MetricsServer | undefined;
   /** The janitor and the key statistics (one process at a time runs each), unless both are off. */
   readonly maintenance: Maintenance | undefined;
-  /** Starts maintenance; call it once the consumer consumes, as the worker process does once it is ready. */
-  startMaintenance(): void;
-  /** Stops maintenance (a run in progress finishes) and closes the metrics server. */
+  /** Closes the consumer gracefully, then stops maintenance, the metrics server and the pools. */
   stop(): Promise<void>;
 }
 
 /**
- * Gives a broker consumer process the BullMQ worker process's tools, with the same environment:
- * `/metrics` and `/healthz` on `METRICS_PORT` (checks `postgres` plus the broker's), and
- * maintenance on the session pool (`JANITOR_*`, `STATS_INTERVAL_MS`, the statistics only where
- * metrics are served). The metrics server starts now, so that `/healthz` answers (503) while
- * the consumer still waits for its broker, and a port in use fails the start before a message
- * is taken. Maintenance is built now (bad options stop the start) and started by
- * {@link ConsumerOperations.startMaintenance}.
+ * Starts a broker consumer with the BullMQ worker process's tools, from the same environment:
+ * its events counted in the worker metrics, `/metrics` and `/healthz` on `METRICS_PORT` (checks
+ * `postgres`, `broker`, `consumer`), and maintenance on the session pool (`JANITOR_*`,
+ * `STATS_INTERVAL_MS`, the statistics only where metrics are served). The metrics server starts
+ * before the consumer, so that `/healthz` answers (503) while the consumer still waits for its
+ * broker, and a port in use fails the start before a message is taken; maintenance starts once
+ * the consumer consumes, as the worker process starts it once it is ready. A failed start
+ * closes everything it opened, the key store's pools included, and rethrows.
  *
  * The sweeper never runs here, whatever `SWEEPER_ENABLED` says. It looks a lost key's job up in
  * BullMQ (Redis) and re-enqueues or abandons it; a broker consumer's keys have no BullMQ job,
@@ -45,30 +62,52 @@ export interface ConsumerOperations {
  * no message to come back for it (a queue purged by hand) shows in the key statistics
  * (`idempotent_jobs_keys_past_sweep_horizon`); `idempotent-jobs keys release` frees it.
  */
-export async function startConsumerOperations(config: EnvConfig, store: KeyStoreFromEnv, options: ConsumerOperationsOptions): Promise<ConsumerOperations> {
-  // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
-  const maintenance = createMaintenanceFromConfig(config, store.sessionDb, options.logger, { stats: config.METRICS_PORT !== undefined, sweeper: false });
+export async function operateConsumer(
+  config: EnvConfig,
+  store: KeyStoreFromEnv,
+  consumer: OperatedConsumer,
+  options: ConsumerOperationsOptions,
+): Promise<OperatedConsumerProcess> {
+  const uninstrument = instrumentWorker(consumer, options.queueLabel);
+  let maintenance: ReturnType<typeof createMaintenanceFromConfig> | undefined;
   let metricsServer: MetricsServer | undefined;
   try {
+    // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
+    maintenance = createMaintenanceFromConfig(config, store.sessionDb, options.logger, { stats: config.METRICS_PORT !== undefined, sweeper: false });
     metricsServer =
       config.METRICS_PORT === undefined
         ? undefined
         : await startMetricsServer({
             port: config.METRICS_PORT,
             component: options.component,
-            checks: { postgres: () => pingDatabase(store.db), ...options.checks },
+            checks: {
+              postgres: () => pingDatabase(store.db),
+              broker: () => {
+                if (!consumer.isConsuming) throw new Error(options.notConsuming);
+              },
+              consumer: () => {
+                if (!consumer.isRunning) throw new Error('the consumer is not running (closing or closed)');
+              },
+            },
           });
+    await options.start();
+    maintenance?.maintenance.start();
   } catch (error) {
-    await maintenance?.stop();
+    uninstrument();
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, consumer.close({ force: true }), maintenance?.stop(), metricsServer?.close(), store.destroy());
     throw error;
   }
+  let stopped: Promise<void> | undefined;
   return {
     metricsServer,
     maintenance: maintenance?.maintenance,
-    startMaintenance: () => maintenance?.maintenance.start(),
-    async stop() {
-      await maintenance?.stop();
-      await metricsServer?.close();
-    },
+    stop: () =>
+      (stopped ??= (async () => {
+        await consumer.close();
+        await maintenance?.stop();
+        await metricsServer?.close();
+        uninstrument();
+        await store.destroy();
+      })()),
   };
 }
