@@ -24,6 +24,7 @@ import {
   type WorkerEvent,
 } from '../src/index.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
+import { brokerQueueName } from '../src/consumer/broker-queue-names.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
@@ -354,6 +355,20 @@ describe('Sweeper', () => {
     expect((await keys.get('acme', 'order-10'))!.status).toBe('processing');
     expect(await sweeper({ queues: [QUEUE, 'elsewhere'] }).runOnce()).toMatchObject({ examined: 1, unverifiable: 0, recoveries: [{ key: 'order-10' }] });
     expect(await sweeper({ queues: '*' }).runOnce()).toMatchObject({ examined: 1, unverifiable: 1 });
+  });
+
+  it("leaves broker consumers' keys to their broker when sweeping everything: unverifiable, never re-enqueued into BullMQ", async () => {
+    // As the RabbitMQ and JetStream consumers record them: a message id as the job id, the
+    // broker's queue name, the payload kept (STORE_PAYLOAD=true).
+    for (const [key, queueName] of [['from-rabbitmq', brokerQueueName('amqp', 'payments')], ['from-jetstream', brokerQueueName('nats', 'ORDERS/payments')]] as const) {
+      await keys.claim('brokers', key, keys.fingerprint({}), { jobId: `message-${key}`, queue: queueName, jobName: 'charge', payload: { cents: 1 } });
+    }
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 hour'
+               where scope = 'brokers'`.execute(env.db);
+    const report = await sweeper({ queues: '*', action: 'reenqueue' }).runOnce();
+    expect(report).toMatchObject({ examined: 2, unverifiable: 2, recoveries: [], changed: 0 });
+    expect((await keys.get('brokers', 'from-rabbitmq'))!.status).toBe('processing');
+    expect((await keys.get('brokers', 'from-jetstream'))!.status).toBe('processing');
   });
 
   it('runs one sweep at a time per queue list under the advisory lock; other queue lists are not blocked', async () => {

@@ -13,6 +13,7 @@ import {
   type RunOutcome,
 } from '../consumer/keyed-job-runner.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
+import { brokerQueueName } from '../consumer/broker-queue-names.js';
 import type { KeyedJobHandler } from '../consumer/database-only-handler.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
@@ -327,7 +328,8 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
       message,
       id: typeof message.properties.messageId === 'string' ? message.properties.messageId : undefined,
       label: `Message ${message.properties.messageId ?? `#${message.fields.deliveryTag}`} on queue "${this.#topology.queue}"`,
-      queue: this.#topology.queue,
+      // Marked as RabbitMQ's on the key's row, so that a sweeper does not take it for a BullMQ queue.
+      queue: brokerQueueName('amqp', this.#topology.queue),
       name: typeof message.properties.type === 'string' ? message.properties.type : '',
       lastAttempt: attempts + 1 >= this.#maxAttempts,
       deferrals: countHeader(headers[DEFERRALS_HEADER]),

@@ -11,6 +11,7 @@ import type { FaultHook } from '../fault-hook.js';
 import type { JobIdentity } from '../bullmq/job-identity.js';
 import { KeyedJobRunner, type Delivery, type ErrorDisposition, type KeyedJobContext, type RunOutcome } from '../consumer/keyed-job-runner.js';
 import type { WorkerEvent, WorkerEventKind } from '../consumer/worker-event.js';
+import { brokerQueueName } from '../consumer/broker-queue-names.js';
 import { handlerForm, type DatabaseOnlyContext, type DatabaseOnlyHandler, type KeyedJobHandler } from '../consumer/database-only-handler.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { publishDeadLetter, type DeadLetterReason } from './dead-letter.js';
@@ -419,7 +420,7 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
       message,
       id: String(message.seq),
       label: `Message ${message.seq} of stream "${this.#options.stream}"`,
-      queue: `nats:${this.#options.stream}/${this.#options.consumer}`,
+      queue: brokerQueueName('nats', `${this.#options.stream}/${this.#options.consumer}`),
       name: message.subject,
       // Read when the handler has thrown, once its claim's count is known: attempts are the key's
       // claims, so the redeliveries of a deferred duplicate use none (JetStream's delivery count

@@ -8,6 +8,7 @@ import {
 } from '../config/maintenance-options.js';
 import { jobIdFor, toWireJobData } from '../bullmq/job-identity.js';
 import type { JobPresence } from '../bullmq/job-lookup.js';
+import { isBrokerQueueName } from '../consumer/broker-queue-names.js';
 import { abandonKey } from '../store/sql/abandon-key.js';
 import { findLostKeyCandidates, type LostKeyCandidate, type LostKeyCursor } from '../store/sql/find-lost-keys.js';
 
@@ -145,11 +146,14 @@ export class Sweeper {
   ): Promise<SweepRecovery | 'alive' | 'unverifiable' | 'changed'> {
     const { scope, key, fence, queue, jobId } = candidate;
     const log = this.#log.child({ scope, key, fence, jobId, queue });
-    if (!queue || !jobId) {
+    if (!queue || !jobId || isBrokerQueueName(queue)) {
+      // A broker consumer's key (RabbitMQ, JetStream) has no BullMQ job: its broker redelivers
+      // the message, and BullMQ could not even be asked (it refuses the name's colon).
+      const recorded = queue && isBrokerQueueName(queue) ? `came from the broker consumer "${queue}", not from BullMQ` : 'has no BullMQ job recorded';
       log.warn(
         { lockedUntil: candidate.lockedUntil },
         `Key "${key}" in scope "${scope}" has been processing with an ended lease since ${candidate.lockedUntil.toISOString()} ` +
-          'and has no BullMQ job recorded, so the sweeper cannot tell whether it is lost. ' +
+          `and ${recorded}, so the sweeper cannot tell whether it is lost. ` +
           'Inspect it with `idempotent-jobs keys get` and release it with `keys release` if nothing will retry it.',
       );
       return 'unverifiable';
