@@ -5,31 +5,26 @@
  * directory, so clients must reconnect and nothing acknowledged may be lost. The shared Redis
  * is never touched.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
+import { RestartableServer, type ServerCommand } from '../support/restartable-server.js';
 
 /** A private redis-server process. */
-export class PrivateRedis {
-  readonly port: number;
-  readonly dir: string;
-  #process: ChildProcess | undefined;
-  #binary: string;
+export class PrivateRedis extends RestartableServer {
+  readonly #binary: string;
 
   private constructor(port: number, dir: string, binary: string) {
-    this.port = port;
-    this.dir = dir;
+    super(port, dir);
     this.#binary = binary;
   }
 
   /** Starts a server on a free port, in a fresh temporary directory. */
   static async start(binary = process.env.REDIS_SERVER ?? 'redis-server'): Promise<PrivateRedis> {
     const redis = new PrivateRedis(await freePort(), mkdtempSync(join(tmpdir(), 'ij-chaos-redis-')), binary);
-    await redis.#spawn();
+    await redis.spawnServer();
     return redis;
   }
 
@@ -38,43 +33,23 @@ export class PrivateRedis {
     return `redis://127.0.0.1:${this.port}`;
   }
 
-  /** Crashes the server (SIGKILL: no shutdown save; only the fsynced AOF remains). */
-  async crash(): Promise<void> {
-    const child = this.#process;
-    this.#process = undefined;
-    if (!child || child.exitCode !== null || child.signalCode !== null) return;
-    const exited = once(child, 'exit');
-    child.kill('SIGKILL');
-    await exited;
+  protected command(): ServerCommand {
+    const logFile = join(this.dir, 'redis.log');
+    return {
+      binary: this.#binary,
+      binaryVariable: 'REDIS_SERVER',
+      args: [
+        '--port', String(this.port), '--bind', '127.0.0.1', '--dir', this.dir,
+        '--appendonly', 'yes', '--appendfsync', 'always', '--save', '',
+        '--daemonize', 'no', '--logfile', logFile,
+      ],
+      logFile,
+    };
   }
 
-  /** Crashes the server, waits `downMs`, starts it again from its AOF. */
-  async restart(downMs: number): Promise<void> {
-    await this.crash();
-    await new Promise((resolve) => setTimeout(resolve, downMs));
-    await this.#spawn();
-  }
-
-  /** Stops the server and deletes its directory. */
-  async destroy(): Promise<void> {
-    await this.crash();
-    rmSync(this.dir, { recursive: true, force: true });
-  }
-
-  async #spawn(): Promise<void> {
-    const args = [
-      '--port', String(this.port), '--bind', '127.0.0.1', '--dir', this.dir,
-      '--appendonly', 'yes', '--appendfsync', 'always', '--save', '',
-      '--daemonize', 'no', '--logfile', join(this.dir, 'redis.log'),
-    ];
-    const child = spawn(this.#binary, args, { stdio: 'ignore' });
-    const failed = new Promise<never>((_, reject) => {
-      child.once('error', (error) => reject(new Error(`could not start ${this.#binary}: ${error.message} (set REDIS_SERVER to its path)`)));
-      child.once('exit', (code, signal) => reject(new Error(`${this.#binary} exited at start (${code ?? signal}); see ${this.dir}/redis.log`)));
-    });
-    failed.catch(() => {});
-    this.#process = child;
-    await Promise.race([waitForPing(this.port, 30_000), failed]);
+  /** Ready once it answers PING, after loading its AOF. */
+  protected waitUntilReady(timeoutMs: number): Promise<void> {
+    return waitForPing(this.port, timeoutMs);
   }
 }
 

@@ -5,28 +5,22 @@
  * again on the same port and store: streams, consumers and unacknowledged messages survive as
  * JetStream's file store kept them.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import { createConnection, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { RestartableServer, type ServerCommand } from './restartable-server.js';
 
 const PORT_RANGE = { first: 14200, last: 14299 } as const;
 
-export class PrivateNats {
-  readonly port: number;
-  readonly dir: string;
-  #process: ChildProcess | undefined;
-
+export class PrivateNats extends RestartableServer {
   private constructor(port: number, dir: string) {
-    this.port = port;
-    this.dir = dir;
+    super(port, dir);
   }
 
   static async start(): Promise<PrivateNats> {
     const server = new PrivateNats(await freePortInRange(), mkdtempSync(join(tmpdir(), 'ij-nats-')));
-    await server.#spawn();
+    await server.spawnServer();
     return server;
   }
 
@@ -35,39 +29,18 @@ export class PrivateNats {
     return `127.0.0.1:${this.port}`;
   }
 
-  /** Kills the server at once (no shutdown). */
-  async crash(): Promise<void> {
-    const child = this.#process;
-    this.#process = undefined;
-    if (!child || child.exitCode !== null || child.signalCode !== null) return;
-    const exited = once(child, 'exit');
-    child.kill('SIGKILL');
-    await exited;
+  protected command(): ServerCommand {
+    const logFile = join(this.dir, 'nats.log');
+    return {
+      binary: process.env.NATS_SERVER ?? 'nats-server',
+      binaryVariable: 'NATS_SERVER',
+      args: ['-js', '-a', '127.0.0.1', '-p', String(this.port), '-sd', this.dir, '-l', logFile],
+      logFile,
+    };
   }
 
-  /** Kills the server, waits `downMs`, starts it again on the same port and store. */
-  async restart(downMs: number): Promise<void> {
-    await this.crash();
-    await new Promise((resolve) => setTimeout(resolve, downMs));
-    await this.#spawn();
-  }
-
-  /** Stops the server and deletes its store. */
-  async destroy(): Promise<void> {
-    await this.crash();
-    rmSync(this.dir, { recursive: true, force: true });
-  }
-
-  async #spawn(): Promise<void> {
-    const binary = process.env.NATS_SERVER ?? 'nats-server';
-    const child = spawn(binary, ['-js', '-a', '127.0.0.1', '-p', String(this.port), '-sd', this.dir, '-l', join(this.dir, 'nats.log')], { stdio: 'ignore' });
-    const failed = new Promise<never>((_, reject) => {
-      child.once('error', (error) => reject(new Error(`could not start ${binary}: ${error.message} (set NATS_SERVER to its path)`)));
-      child.once('exit', (code, signal) => reject(new Error(`${binary} exited at start (${code ?? signal}); see ${this.dir}/nats.log`)));
-    });
-    failed.catch(() => {});
-    this.#process = child;
-    await Promise.race([waitForPort(this.port, 30_000), failed]);
+  protected waitUntilReady(timeoutMs: number): Promise<void> {
+    return waitForPort(this.port, timeoutMs);
   }
 }
 
