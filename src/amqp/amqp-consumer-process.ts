@@ -4,7 +4,6 @@ import type { FaultHook } from '../fault-hook.js';
 import type { MetricsServer } from '../metrics/metrics-server.js';
 import type { Maintenance } from '../ops/maintenance.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
-import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from '../runtime/close-within.js';
 import { operateConsumer } from '../runtime/consumer-operations.js';
 import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
@@ -65,30 +64,29 @@ export async function startAmqpConsumerProcess<P, R>(options: AmqpConsumerProces
   const concurrency = options.concurrency ?? config.CONCURRENCY;
   const store = await openKeyStoreFromEnv(config, { logger, applicationName: `idempotent-jobs:amqp:${queue}`, concurrency });
   const { keys } = store;
-  let consumer: AmqpConsumer<P, R>;
-  try {
-    consumer = createAmqpConsumer<P, R>({
-      url: options.url ?? process.env.AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
-      queue,
-      keys,
-      handler: options.handler,
-      concurrency,
-      identity: options.identity,
-      ...runnerSettingsFromEnv(config),
+  const { consumer, metricsServer, maintenance, stop } = await operateConsumer(
+    config,
+    store,
+    async () =>
+      createAmqpConsumer<P, R>({
+        url: options.url ?? process.env.AMQP_URL ?? 'amqp://guest:guest@127.0.0.1:5672',
+        queue,
+        keys,
+        handler: options.handler,
+        concurrency,
+        identity: options.identity,
+        ...runnerSettingsFromEnv(config),
+        logger,
+        faultHook: options.faultHook,
+      }),
+    {
       logger,
-      faultHook: options.faultHook,
-    });
-  } catch (error) {
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, store.destroy());
-    throw error;
-  }
-  const { metricsServer, maintenance, stop } = await operateConsumer(config, store, consumer, {
-    logger,
-    component: 'amqp-consumer',
-    queueLabel: queue,
-    notConsuming: 'no open RabbitMQ channel (connecting or reconnecting)',
-    start: () => consumer.start(),
-  });
+      component: 'amqp-consumer',
+      queueLabel: queue,
+      notConsuming: 'no open RabbitMQ channel (connecting or reconnecting)',
+      start: (started) => started.start(),
+    },
+  );
   logger.info({ pid: process.pid, queue, concurrency, leaseMs: config.LEASE_MS, metricsPort: metricsServer?.port }, 'amqp consumer ready');
   if (options.handleSignals ?? true) onShutdownSignals(logger, stop);
   return { consumer, keys, logger, stop, metricsServer, maintenance };

@@ -5,7 +5,6 @@ import type { FaultHook } from '../fault-hook.js';
 import type { MetricsServer } from '../metrics/metrics-server.js';
 import type { Maintenance } from '../ops/maintenance.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
-import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from '../runtime/close-within.js';
 import { operateConsumer } from '../runtime/consumer-operations.js';
 import { openKeyStoreFromEnv, runnerSettingsFromEnv } from '../runtime/key-store-from-env.js';
 import { onShutdownSignals } from '../runtime/shutdown-signals.js';
@@ -78,45 +77,46 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
   const deadLetterSubject = options.deadLetterSubject ?? `dead-letters.${options.stream}.${options.consumer}`;
   const store = await openKeyStoreFromEnv(config, { logger, applicationName: `idempotent-jobs:nats:${options.stream}`, concurrency });
   const { keys } = store;
-  let consumer: IdempotentNatsConsumer<P, R>;
-  try {
-    const setupConnection = await connect({ servers });
-    try {
-      await ensureJetStreamConsumer(setupConnection, {
+  const operated = await operateConsumer(
+    config,
+    store,
+    async () => {
+      const setupConnection = await connect({ servers });
+      try {
+        await ensureJetStreamConsumer(setupConnection, {
+          stream: options.stream,
+          consumer: options.consumer,
+          // Twice the lease: working() beats every heartbeat (a third of the lease), well inside it.
+          ackWaitMs: 2 * config.LEASE_MS,
+          deadLetter: { stream: `${options.stream}_DEAD_LETTERS`, subject: deadLetterSubject },
+        });
+      } finally {
+        await setupConnection.close();
+      }
+      return createIdempotentNatsConsumer<P, R>({
+        servers,
         stream: options.stream,
         consumer: options.consumer,
-        // Twice the lease: working() beats every heartbeat (a third of the lease), well inside it.
-        ackWaitMs: 2 * config.LEASE_MS,
-        deadLetter: { stream: `${options.stream}_DEAD_LETTERS`, subject: deadLetterSubject },
+        deadLetterSubject,
+        keys,
+        handler: options.handler,
+        concurrency,
+        keyFrom: options.keyFrom,
+        scope: options.scope,
+        ...runnerSettingsFromEnv(config),
+        logger,
+        faultHook: options.faultHook,
       });
-    } finally {
-      await setupConnection.close();
-    }
-    consumer = createIdempotentNatsConsumer<P, R>({
-      servers,
-      stream: options.stream,
-      consumer: options.consumer,
-      deadLetterSubject,
-      keys,
-      handler: options.handler,
-      concurrency,
-      keyFrom: options.keyFrom,
-      scope: options.scope,
-      ...runnerSettingsFromEnv(config),
+    },
+    {
       logger,
-      faultHook: options.faultHook,
-    });
-  } catch (error) {
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, store.destroy());
-    throw error;
-  }
-  const operated = await operateConsumer(config, store, consumer, {
-    logger,
-    component: 'nats-consumer',
-    queueLabel: `${options.stream}/${options.consumer}`,
-    notConsuming: 'not pulling from JetStream (the NATS connection is closed or reconnecting, or the pull is being made again)',
-    start: () => consumer.waitUntilReady(),
-  });
+      component: 'nats-consumer',
+      queueLabel: `${options.stream}/${options.consumer}`,
+      notConsuming: 'not pulling from JetStream (the NATS connection is closed or reconnecting, or the pull is being made again)',
+      start: (started) => started.waitUntilReady(),
+    },
+  );
+  const { consumer } = operated;
   const { metricsServer, maintenance } = operated;
   logger.info(
     { pid: process.pid, stream: options.stream, consumer: options.consumer, concurrency, leaseMs: config.LEASE_MS, metricsPort: metricsServer?.port },

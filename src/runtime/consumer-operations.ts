@@ -21,7 +21,7 @@ export interface OperatedConsumer extends Pick<EventEmitter<{ event: [WorkerEven
 }
 
 /** How {@link operateConsumer} runs one broker's consumer. */
-export interface ConsumerOperationsOptions {
+export interface ConsumerOperationsOptions<C extends OperatedConsumer> {
   readonly logger: Logger;
   /** The `component` label of `idempotent_jobs_ready`, e.g. `'amqp-consumer'`. */
   readonly component: string;
@@ -30,11 +30,13 @@ export interface ConsumerOperationsOptions {
   /** Why the `broker` check fails while the consumer is not consuming, in the broker's words. */
   readonly notConsuming: string;
   /** Starts the consumer; resolves once it consumes. */
-  readonly start: () => Promise<void>;
+  readonly start: (consumer: C) => Promise<void>;
 }
 
 /** A started broker consumer with its operations. */
-export interface OperatedConsumerProcess {
+export interface OperatedConsumerProcess<C extends OperatedConsumer> {
+  /** The consumer, consuming. */
+  readonly consumer: C;
   /** `/metrics` and `/healthz`, when `METRICS_PORT` is set. */
   readonly metricsServer: MetricsServer | undefined;
   /** The janitor and the key statistics (one process at a time runs each), unless both are off. */
@@ -50,8 +52,9 @@ export interface OperatedConsumerProcess {
  * `STATS_INTERVAL_MS`, the statistics only where metrics are served). The metrics server starts
  * before the consumer, so that `/healthz` answers (503) while the consumer still waits for its
  * broker, and a port in use fails the start before a message is taken; maintenance starts once
- * the consumer consumes, as the worker process starts it once it is ready. A failed start
- * closes everything it opened, the key store's pools included, and rethrows.
+ * the consumer consumes, as the worker process starts it once it is ready. `create` builds the
+ * consumer (and whatever the broker needs first); a failed start, there or later, closes
+ * everything opened, the key store's pools included, and rethrows.
  *
  * The sweeper never runs here, whatever `SWEEPER_ENABLED` says. It looks a lost key's job up in
  * BullMQ (Redis) and re-enqueues or abandons it; a broker consumer's keys have no BullMQ job,
@@ -62,12 +65,19 @@ export interface OperatedConsumerProcess {
  * no message to come back for it (a queue purged by hand) shows in the key statistics
  * (`idempotent_jobs_keys_past_sweep_horizon`); `idempotent-jobs keys release` frees it.
  */
-export async function operateConsumer(
+export async function operateConsumer<C extends OperatedConsumer>(
   config: EnvConfig,
   store: KeyStoreFromEnv,
-  consumer: OperatedConsumer,
-  options: ConsumerOperationsOptions,
-): Promise<OperatedConsumerProcess> {
+  create: () => Promise<C>,
+  options: ConsumerOperationsOptions<C>,
+): Promise<OperatedConsumerProcess<C>> {
+  let consumer: C;
+  try {
+    consumer = await create();
+  } catch (error) {
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, store.destroy());
+    throw error;
+  }
   const uninstrument = instrumentWorker(consumer, options.queueLabel);
   let maintenance: ReturnType<typeof createMaintenanceFromConfig> | undefined;
   let metricsServer: MetricsServer | undefined;
@@ -90,7 +100,7 @@ export async function operateConsumer(
               },
             },
           });
-    await options.start();
+    await options.start(consumer);
     maintenance?.maintenance.start();
   } catch (error) {
     uninstrument();
@@ -99,6 +109,7 @@ export async function operateConsumer(
   }
   let stopped: Promise<void> | undefined;
   return {
+    consumer,
     metricsServer,
     maintenance: maintenance?.maintenance,
     stop: () =>
