@@ -79,28 +79,13 @@ export async function openKeyStoreFromEnv(config: EnvConfig, options: KeyStoreFr
       schema: config.SCHEMA,
       leaseMs: config.LEASE_MS,
       retentionMs: config.RETENTION_MS,
-      groupCommit: commitPathFromEnv(config).groupCommit,
+      groupCommit: groupCommitFromEnv(config),
     });
     return { keys, db, sessionDb, directUrl, destroy };
   } catch (error) {
     await closeWithin(CLOSE_AFTER_FAILED_START_MS, destroy());
     throw error;
   }
-}
-
-/**
- * Group commit (`GROUP_COMMIT`, `GROUP_COMMIT_MAX_JOBS`, `GROUP_COMMIT_GROUPS`,
- * `GROUP_COMMIT_OPTIMISTIC`) and the fast path (`FAST_PATH`, unless the caller gives `fastPath`)
- * from the environment: the one place every process reads how its jobs commit.
- */
-export function commitPathFromEnv(
-  config: EnvConfig,
-  overrides: { readonly fastPath?: boolean } = {},
-): { readonly groupCommit: ReturnType<typeof groupCommitFromEnv>; readonly fastPath: boolean | undefined } {
-  return {
-    groupCommit: groupCommitFromEnv(config),
-    fastPath: overrides.fastPath ?? config.FAST_PATH,
-  };
 }
 
 /**
@@ -115,7 +100,8 @@ export function runnerSettingsFromEnv(config: EnvConfig, overrides: { readonly f
     shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
     storeRetryMinMs: config.STORE_RETRY_MIN_MS,
     storeRetryMaxMs: config.STORE_RETRY_MAX_MS,
-    fastPath: commitPathFromEnv(config, overrides).fastPath,
+    // Unset (no override, no FAST_PATH): the runner chooses by the handler's kind.
+    fastPath: overrides.fastPath ?? config.FAST_PATH,
     storePayload: config.STORE_PAYLOAD,
   } as const;
 }
