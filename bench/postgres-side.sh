@@ -159,8 +159,30 @@ completion() { echo "select $schema.complete_key('s', $(key_of "$1"), $(owner_of
   echo "${completions}commit;"
 } > "$scripts/optimistic-leased-group-of-$batch.sql"
 
+# The same two optimistic groups with their effects gathered (the jobs run at once, and the
+# statements they send in the same turn go out as one string): BEGIN and every job's effect in
+# one round trip, then the group's end (the keys' insert, or every fenced completion) with the
+# COMMIT in another.
+effects_of_batch() { local j out=""; for j in $(seq 1 $batch); do out+=" \\; insert into $schema.bench_effects (scope, key, worker) values ('s', $(key_of "$j"), 'w')"; done; echo "$out"; }
+{
+  echo "$header"
+  echo "begin$(effects_of_batch);"
+  rows=""
+  for j in $(seq 1 $batch); do rows+="$([ "$j" = 1 ] || echo ,) $(key_row "$j")"; done
+  echo "insert into $schema.idempotency_keys (scope, key, fingerprint, status, owner, fence, attempts, result, completed_at, expires_at) values$rows \; commit;"
+} > "$scripts/gathered-group-of-$batch.sql"
+{
+  echo "$header"
+  echo "$claims"
+  echo "begin$(effects_of_batch);"
+  completions=""
+  for j in $(seq 1 $batch); do completions+="$(completion "$j") \; "; done
+  echo "${completions}commit;"
+} > "$scripts/gathered-leased-group-of-$batch.sql"
+
 all_shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path fast-path-claim-key leased "leased-claims-by-$batch"
-  "fast-path-group-of-$batch" "optimistic-group-of-$batch" "leased-group-of-$batch" "optimistic-leased-group-of-$batch")
+  "fast-path-group-of-$batch" "optimistic-group-of-$batch" "leased-group-of-$batch" "optimistic-leased-group-of-$batch"
+  "gathered-group-of-$batch" "gathered-leased-group-of-$batch")
 # SHAPES (optional): the shapes to run, separated by spaces (the baseline always runs).
 if [ -n "${SHAPES:-}" ]; then read -r -a shapes <<< "baseline ${SHAPES}"; else shapes=("${all_shapes[@]}"); fi
 lines="$scripts/lines"

@@ -309,7 +309,7 @@ describe('optimistic groups', () => {
     return new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, ...options, groupCommit: { maxGroups: 1 } }, store);
   }
 
-  it('13. a group of 8 fast-path jobs costs 9 round trips and no savepoint: the keys are written with the COMMIT, completed with their results', async () => {
+  it('13. a group of 8 fast-path jobs costs 2 round trips and no savepoint: BEGIN with the 8 effects, then the keys written completed with their results, with the COMMIT', async () => {
     const keys = optimisticKeys();
     await sql`select 1`.execute(env.db); // a warm pool connection
     const { value: outcomes, statements: sent } = await recordStatements(() =>
@@ -317,9 +317,10 @@ describe('optimistic groups', () => {
     );
     expect(outcomes.map((o) => o.kind)).toEqual(Array(8).fill('executed'));
     expect(outcomes[3]).toMatchObject({ result: 3, claim: { fence: 1, attempts: 1 } });
-    expect(sent).toHaveLength(9);
+    expect(sent).toHaveLength(2);
     expect(sent[0]).toMatch(/^begin isolation level read committed;\ninsert into/);
-    expect(sent[8]).toMatch(/^set local lock_timeout = 2000;\ninsert into "[a-z_0-9]+"\.idempotency_keys .* values \(.*\);\ncommit$/s);
+    expect(sent[0]!.match(/insert into/g)).toHaveLength(8);
+    expect(sent[1]).toMatch(/^set local lock_timeout = 2000;\ninsert into "[a-z_0-9]+"\.idempotency_keys .* values \(.*\);\ncommit$/s);
     expect(sent.some((text) => /savepoint|claim_/.test(text))).toBe(false);
     expect(new Set((await effects('lean-')).map((r) => r.txid)).size).toBe(1);
     for (const [i, outcome] of outcomes.entries()) {
@@ -407,6 +408,87 @@ describe('optimistic groups', () => {
     expect(cut).toBe(1);
     expect(outcomes.map((o) => o.kind === 'executed' && o.result)).toEqual([0, 1, 2]);
     expect((await effects('cut-reply-')).map((r) => r.key)).toEqual(['cut-reply-0', 'cut-reply-1', 'cut-reply-2']);
+  });
+});
+
+describe('gathered groups (the jobs of an optimistic group run at once, their statements sent together)', () => {
+  function gatheredKeys() {
+    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
+    return new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1 } }, store);
+  }
+  const runEight = <T>(keys: IdempotencyKeys, prefix: string, effect: (tx: Kysely<any>, i: number) => Promise<T>) =>
+    Promise.all(Array.from({ length: 8 }, (_, i) => keys.executeOnce(scope, `${prefix}${i}`, fp(`${prefix}${i}`), (tx) => effect(tx, i))));
+
+  it('18. each job receives its own statement\'s result, whatever its position in the string', async () => {
+    const keys = gatheredKeys();
+    const { value: outcomes, statements: sent } = await recordStatements(() =>
+      runEight(keys, 'own-', async (tx, i) => {
+        const { rows } = await sql<{ key: string; n: number }>`
+          insert into ${sql.id(env.schema, 'group_effects')} (key) values (${`own-${i}`}) returning key, ${i}::int as n`.execute(tx);
+        return rows;
+      }),
+    );
+    expect(sent.filter((text) => /group_effects/.test(text))).toHaveLength(1);
+    expect(outcomes.map((o) => o.kind === 'executed' && o.result)).toEqual(Array.from({ length: 8 }, (_, i) => [{ key: `own-${i}`, n: i }]));
+  });
+
+  it('19. jobs of several statements each (read for update, then write what was read) lose no update: the group runs again one job after another', async () => {
+    const keys = gatheredKeys();
+    await sql`create table ${sql.id(env.schema, 'group_counter')} (id int primary key, n int not null)`.execute(env.db);
+    await sql`insert into ${sql.id(env.schema, 'group_counter')} values (1, 0)`.execute(env.db);
+    const counter = sql.id(env.schema, 'group_counter');
+    const runs = new Map<number, number>();
+    const increment = async (tx: Kysely<any>, i: number) => {
+      runs.set(i, (runs.get(i) ?? 0) + 1);
+      const { rows } = await sql<{ n: number }>`select n from ${counter} where id = 1 for update`.execute(tx);
+      await sql`update ${counter} set n = ${rows[0]!.n + 1} where id = 1`.execute(tx);
+      return rows[0]!.n + 1;
+    };
+    const first = await runEight(keys, 'counted-', increment);
+    expect(first.map((o) => o.kind)).toEqual(Array(8).fill('executed'));
+    expect((await sql<{ n: number }>`select n from ${counter}`.execute(env.db)).rows[0]!.n).toBe(8);
+    // Each job saw every earlier one's write, as one after another.
+    expect(first.map((o) => (o.kind === 'executed' ? o.result : 0)).sort((a, b) => a - b)).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
+    expect([...runs.values()].some((n) => n === 2)).toBe(true); // the gathered try, rolled back
+    // Later groups of this instance run one job after another from the start: no try lost.
+    runs.clear();
+    const { statements: sent } = await recordStatements(() => runEight(keys, 'counted-again-', increment));
+    expect([...runs.values()]).toEqual(Array(8).fill(1));
+    expect(sent.some((text) => /^rollback$/.test(text))).toBe(false);
+    expect((await sql<{ n: number }>`select n from ${counter}`.execute(env.db)).rows[0]!.n).toBe(16);
+  });
+
+  it('20. a statement Postgres refuses fails the gathered group; its jobs run again carefully, and only the failing one fails', async () => {
+    const keys = gatheredKeys();
+    const outcomes = await Promise.allSettled(
+      Array.from({ length: 4 }, (_, i) =>
+        keys.executeOnce(scope, `refused-${i}`, fp(`refused-${i}`), async (tx) => {
+          // Job 2's one statement breaks a not-null constraint: refused in the gathered string.
+          await sql`insert into ${sql.id(env.schema, 'group_effects')} (key) values (${i === 2 ? null : `refused-${i}`})`.execute(tx);
+          return i;
+        }),
+      ),
+    );
+    expect(outcomes.map((o) => o.status)).toEqual(['fulfilled', 'fulfilled', 'rejected', 'fulfilled']);
+    expect((await effects('refused-')).map((r) => r.key)).toEqual(['refused-0', 'refused-1', 'refused-3']);
+    expect(await plain.get(scope, 'refused-2')).toBeUndefined();
+  });
+
+  it('21. a statement with binary values goes alone, and a text of two statements fails the group rather than mix up results', async () => {
+    const keys = gatheredKeys();
+    const { value: outcomes, statements: sent } = await recordStatements(() =>
+      Promise.all([
+        keys.executeOnce(scope, 'binary-0', fp('binary-0'), async (tx) => (await sql<{ b: string }>`select encode(${Buffer.from('hi')}::bytea, 'hex') as b`.execute(tx)).rows[0]!.b),
+        keys.executeOnce(scope, 'binary-1', fp('binary-1'), async (tx) => (await insertEffect(tx, 'binary-1'), 1)),
+      ]),
+    );
+    expect(outcomes.map((o) => o.kind === 'executed' && o.result)).toEqual(['6869', 1]);
+    expect(sent.some((text) => /^select encode\(\$1::bytea/.test(text))).toBe(true);
+    const two = await Promise.all(
+      [0, 1].map((i) => keys.executeOnce(scope, `two-${i}`, fp(`two-${i}`), async (tx) => (await sql.raw<{ n: number }>(`select ${i} as n; select ${i + 10} as n`).execute(tx)).rows[0]!.n)),
+    );
+    // The careful run sends each text alone; Kysely reads the last statement's rows.
+    expect(two.map((o) => o.kind === 'executed' && o.result)).toEqual([10, 11]);
   });
 });
 

@@ -130,6 +130,12 @@ export class GroupCommitter {
   readonly #insertCompletedKeys: InsertCompletedKeys | undefined;
   readonly #waiting: Waiting[] = [];
   #open = 0;
+  /**
+   * Optimistic groups run their jobs at once, gathering their statements (see
+   * `runOptimisticGroup`), until a job sends a statement after a group-mate's: from then on,
+   * one after another. Only on connections that answer a string with every result.
+   */
+  #gather: boolean;
 
   constructor(db: Kysely<any>, options: GroupCommitOptions = {}, steps: GroupSteps = {}) {
     this.#db = db;
@@ -137,6 +143,7 @@ export class GroupCommitter {
     this.#maxGroups = options.maxGroups ?? GROUP_COMMIT_DEFAULTS.maxGroups;
     this.#batchedStep = steps.batchedStep;
     this.#insertCompletedKeys = (options.optimistic ?? GROUP_COMMIT_DEFAULTS.optimistic) ? steps.insertCompletedKeys : undefined;
+    this.#gather = returnsLastResult(db);
   }
 
   /**
@@ -202,12 +209,16 @@ export class GroupCommitter {
           members.push(...batch);
           return batch.map((member) => member.optimistic!);
         },
-        insertCompletedKeys,
-        returnsLastResult(this.#db),
+        { insertCompletedKeys, gather: this.#gather, everyResult: returnsLastResult(this.#db) },
       );
       if (verdict.kind === 'committed') members.forEach((member, i) => member.resolve(verdict.values[i]));
       else if (verdict.kind === 'unknown') for (const member of members) member.reject(verdict.error);
-      else {
+      else if (verdict.interleaved) {
+        // These jobs send several statements each: they run again optimistically, ahead of the
+        // others, one after another, as every later group does.
+        this.#gather = false;
+        this.#waiting.unshift(...members);
+      } else {
         // Rolled back whole: every job waits again, ahead of the others, for a careful group.
         for (const member of members) member.optimistic = undefined;
         this.#waiting.unshift(...members);

@@ -4,11 +4,38 @@
  * declaration files never name `pg`'s types: `pg` ships none, and `@types/pg` is only a
  * development dependency, so a strict consumer without `skipLibCheck` would fail on them.
  */
-import { Kysely, PostgresDialect, type PostgresPool, type PostgresPoolClient } from 'kysely';
+import { CompiledQuery, Kysely, PostgresDialect, type PostgresPool, type PostgresPoolClient, type QueryResult } from 'kysely';
 import type pg from 'pg';
 import { transientStoreFault } from './pg-errors.js';
 
 const ROLLBACK = /^\s*rollback\s*;?\s*$/i;
+
+/**
+ * Ends a string whose caller wants every statement's result (see {@link everyResultQuery}): a
+ * comment after the last statement, which Postgres ignores (it makes no statement of its own).
+ */
+const EVERY_RESULT = '\n/* idempotent-jobs: every result */';
+
+/** One statement's result in a string of several, as node-postgres gives it. */
+export interface StatementResult {
+  readonly command: string | null;
+  readonly rowCount: number | null;
+  readonly rows: unknown[];
+}
+
+/**
+ * `statements` as one simple-protocol string whose result, on a connection of
+ * {@link kyselyOverPool}, carries every statement's result, in order ({@link statementResults}).
+ * Only for instances where {@link returnsLastResult} is true.
+ */
+export function everyResultQuery(statements: readonly string[]): CompiledQuery {
+  return CompiledQuery.raw(statements.join(';\n') + EVERY_RESULT);
+}
+
+/** The results of an {@link everyResultQuery}, one per statement (a statement that was empty has none). */
+export function statementResults(result: QueryResult<unknown>): StatementResult[] {
+  return result.rows as StatementResult[];
+}
 
 /** Kysely instances made by {@link kyselyOverPool} (so by `createPostgresDb`): their connections answer multi-statement strings with the last statement's result. */
 const lastResultDbs = new WeakSet<Kysely<any>>();
@@ -46,6 +73,14 @@ function lastResultPool(pool: pg.Pool): PostgresPool {
       return {
         query: ((text: unknown, parameters?: readonly unknown[]) => {
           if (typeof text !== 'string') return client.query(text as any);
+          if (text.endsWith(EVERY_RESULT)) {
+            // Kysely hands `rows` through as they come: here, every statement's result.
+            return client.query(text).then((result: pg.QueryResult | pg.QueryResult[]) => ({
+              command: null,
+              rowCount: null,
+              rows: Array.isArray(result) ? result : [result],
+            }));
+          }
           const sent = client.query(text, parameters as unknown[]).then((result: pg.QueryResult | pg.QueryResult[]) =>
             Array.isArray(result) ? result[result.length - 1] : result,
           );

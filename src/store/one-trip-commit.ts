@@ -1,4 +1,4 @@
-import { DummyDriver, SingleConnectionProvider, Transaction, sql, type DatabaseConnection, type Dialect, type Kysely } from 'kysely';
+import { DummyDriver, SingleConnectionProvider, Transaction, sql, type ConnectionProvider, type DatabaseConnection, type Dialect, type Kysely } from 'kysely';
 import { returnsLastResult } from './last-result-pool.js';
 import { MergingConnection } from './merging-connection.js';
 import { transientStoreFault } from './pg-errors.js';
@@ -155,17 +155,22 @@ export function onOneConnection<T>(
   body: (tx: Transaction<any>) => Promise<T>,
   wrap: (connection: DatabaseConnection) => DatabaseConnection = (connection) => connection,
 ): Promise<T> {
-  const executor = db.getExecutor();
-  return executor.provideConnection((connection) =>
-    body(
-      new Transaction<any>({
-        config: { dialect: NO_DIALECT },
-        dialect: NO_DIALECT,
-        driver: new DummyDriver(),
-        executor: executor.withConnectionProvider(new SingleConnectionProvider(wrap(connection))),
-      }),
-    ),
-  );
+  return db.getExecutor().provideConnection((connection) => body(transactionOn(db, new SingleConnectionProvider(wrap(connection)))));
+}
+
+/**
+ * A Kysely `Transaction` object (with `db`'s plugins) whose statements go to `provider`'s
+ * connection, and that sends no BEGIN, COMMIT or ROLLBACK of its own. A
+ * `SingleConnectionProvider` lets one statement run at a time; a provider that hands out its
+ * connection at once lets several callers send at once (a gathered group's jobs).
+ */
+export function transactionOn(db: Kysely<any>, provider: ConnectionProvider): Transaction<any> {
+  return new Transaction<any>({
+    config: { dialect: NO_DIALECT },
+    dialect: NO_DIALECT,
+    driver: new DummyDriver(),
+    executor: db.getExecutor().withConnectionProvider(provider),
+  });
 }
 
 /**
