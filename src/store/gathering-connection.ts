@@ -142,9 +142,11 @@ export class GatheringConnection {
   async *#stream<R>(sender: object, query: CompiledQuery, chunkSize?: number): AsyncIterableIterator<QueryResult<R>> {
     this.#admit(sender);
     this.#drain();
+    // The strings sent after this wait for the stream's end.
     let streamed!: () => void;
+    const ended = new Promise<void>((resolve) => (streamed = resolve));
     const before = this.#sending;
-    this.#sending = before.then(() => new Promise<void>((resolve) => (streamed = resolve)));
+    this.#sending = before.then(() => ended);
     await before;
     try {
       if (this.#failure) throw this.#failure.error;
