@@ -56,9 +56,12 @@ export interface IdempotencyOptions {
    * first (no savepoints, keys written at its end); if anything in it fails, it rolls back and
    * its effects run again, each in its own savepoint, so a failing effect fails alone. An effect
    * may therefore run more than once, only one run committing: keep what it does outside its
-   * transaction to nothing. The price: a group's effects run one after another
-   * on its connection and it holds all their row locks until it commits, so it suits short
-   * effects that only touch this database. See `src/protocol/group-commit.ts`.
+   * transaction to nothing. An optimistic group's effects run at once, their statements
+   * gathered into shared round trips, while each sends its statements without a group-mate's in
+   * between; one that does not sends its group, and every later one, back to one effect after
+   * another. The price: a group commits when its last effect has ended and holds all their row
+   * locks until then, so it suits short effects that only touch this database. See
+   * `src/protocol/group-commit.ts`.
    *
    * - unset: only database-only effects are grouped (those marked `EffectOptions.databaseOnly`:
    *   the workers' database-only handlers), with the default settings; every other effect runs

@@ -25,8 +25,8 @@ export type DatabaseOnlyContext<P = unknown, M = unknown> = Omit<KeyedJobContext
  * `transaction` may run more than once for one key, one run committing), unless turned off with
  * `fastPath: false` or `groupCommit: false` (`FAST_PATH=false`, `GROUP_COMMIT=false`).
  *
- * The price of group commit: a group runs its jobs one after another on its connection and holds
- * their row locks until it commits, so a slow `transaction` holds up its group-mates. Keep it
+ * The price of group commit: a group commits when its last job has ended and holds their row
+ * locks until then, so a slow `transaction` holds up its group-mates. Keep it
  * short (a few statements), or turn group commit off for such a worker.
  *
  * @example

@@ -108,17 +108,19 @@ interface Waiting {
  *
  * A job that arrives while fewer than `maxGroups` groups are open starts a group; otherwise it
  * waits and joins the next open group that looks for work. A group takes the waiting jobs of
- * its kind (up to `maxJobs`; careful jobs first, as they have waited before), runs them one
- * after another, takes more while any are waiting and it holds fewer than `maxJobs`, then
- * commits. Nothing waits on a timer: under load, jobs group themselves.
+ * its kind (up to `maxJobs`; careful jobs first, as they have waited before), runs them (an
+ * optimistic group at once, gathering their statements into shared round trips, until a job
+ * sends a statement after a group-mate's; a careful group one after another), takes more while
+ * any are waiting and it holds fewer than `maxJobs`, then commits. Nothing waits on a timer:
+ * under load, jobs group themselves.
  *
  * Every job settles when its group ends: resolved when the COMMIT succeeded (or with its own
  * error when its part was rolled back), rejected with the group's error when the group could
  * not commit (or could not tell whether it did), so that nothing is reported done that did
  * not commit. A job is never failed for a group-mate's error.
  *
- * The price: a group's jobs run one after another on its connection, and the group holds every
- * job's row locks until it commits, so a slow job holds up its group. And a job may run more
+ * The price: a group commits when its last job has ended, and it holds every job's row locks
+ * until then, so a slow job holds up its group. And a job may run more
  * than once: which is why, by default, `IdempotencyKeys` groups only database-only effects
  * (whose every run but the committed one leaves no trace), and every effect only when asked.
  */
