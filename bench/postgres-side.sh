@@ -180,16 +180,25 @@ effects_of_batch() { local j out=""; for j in $(seq 1 $batch); do out+=" \\; ins
   echo "${completions}commit;"
 } > "$scripts/gathered-leased-group-of-$batch.sql"
 
+# The gathered leased group with its 8 completions as one statement (an UPDATE … FROM unnest
+# of the group's keys, owners and results), against one complete_key call each.
+{
+  echo "$header"
+  echo "$claims"
+  echo "begin$(effects_of_batch);"
+  echo "update $schema.idempotency_keys as k set status = 'completed', result = u.result, locked_until = null, completed_at = now(), updated_at = now(), expires_at = now() + interval '1 day' from unnest($(column key_of), $(column owner_of), $(column value "'{\"n\":1}'")::jsonb[]) as u(key, owner, result) where k.scope = 's' and k.key = u.key and k.owner = u.owner and k.fence = 1 and k.status = 'processing' \\; commit;"
+} > "$scripts/gathered-leased-group-of-$batch-one-completion.sql"
+
 all_shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path fast-path-claim-key leased "leased-claims-by-$batch"
   "fast-path-group-of-$batch" "optimistic-group-of-$batch" "leased-group-of-$batch" "optimistic-leased-group-of-$batch"
-  "gathered-group-of-$batch" "gathered-leased-group-of-$batch")
+  "gathered-group-of-$batch" "gathered-leased-group-of-$batch" "gathered-leased-group-of-$batch-one-completion")
 # SHAPES (optional): the shapes to run, separated by spaces (the baseline always runs).
 if [ -n "${SHAPES:-}" ]; then read -r -a shapes <<< "baseline ${SHAPES}"; else shapes=("${all_shapes[@]}"); fi
 lines="$scripts/lines"
 for rep in $(seq 1 "$reps"); do
   for shape in "${shapes[@]}"; do
     tps=$(pgbench "$url" -n -c 16 -j 2 -T "$seconds" -f "$scripts/$shape.sql" 2>&1 | awk '/^tps/ {print $3}')
-    per=1; case $shape in *-"$batch") per=$batch ;; esac
+    per=1; case $shape in *-"$batch" | *-"$batch"-*) per=$batch ;; esac
     echo "$rep $shape $tps $per" | tee -a "$lines" | awk '{printf "rep %s  %-22s %7.0f tx/s  %7.0f jobs/s\n", $1, $2, $3, $3 * $4}'
   done
   # Empty the tables between repetitions so that they do not grow across them.

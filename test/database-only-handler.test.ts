@@ -281,7 +281,7 @@ describe('the environment: FAST_PATH and GROUP_COMMIT unset, true or false', () 
     const unset = loadEnvConfig({});
     expect(unset.FAST_PATH).toBeUndefined();
     expect(unset.GROUP_COMMIT).toBeUndefined();
-    expect(groupCommitFromEnv(unset)).toEqual({ maxJobs: 16, maxGroups: 2, optimistic: true, effects: 'database-only' });
+    expect(groupCommitFromEnv(unset)).toEqual({ maxJobs: 32, maxGroups: 2, optimistic: true, effects: 'database-only' });
     const off = loadEnvConfig({ FAST_PATH: 'false', GROUP_COMMIT: 'false' });
     expect([off.FAST_PATH, off.GROUP_COMMIT]).toEqual([false, false]);
     expect(groupCommitFromEnv(off)).toBe(false);

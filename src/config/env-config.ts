@@ -74,7 +74,7 @@ const envSchema = z.object({
    * @defaultValue unset
    */
   GROUP_COMMIT: bool.optional(),
-  /** Most jobs in one group transaction (1-63). @defaultValue `16` */
+  /** Most jobs in one group transaction (1-63). @defaultValue `32` */
   GROUP_COMMIT_MAX_JOBS: int(1).max(63).default(GROUP_COMMIT_DEFAULTS.maxJobs),
   /** Group transactions open at once, each on its own connection. @defaultValue `2` */
   GROUP_COMMIT_GROUPS: int(1).max(64).default(GROUP_COMMIT_DEFAULTS.maxGroups),

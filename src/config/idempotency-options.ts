@@ -70,7 +70,7 @@ export interface IdempotencyOptions {
    *   only database-only ones, with these settings).
    * - `false`: no effect is grouped, database-only ones included.
    *
-   * @defaultValue unset: database-only effects only, with the default settings (`maxJobs` 16, `maxGroups` 2, `optimistic` true)
+   * @defaultValue unset: database-only effects only, with the default settings (`maxJobs` 32, `maxGroups` 2, `optimistic` true)
    */
   readonly groupCommit?: boolean | IdempotencyGroupCommitOptions;
 }
