@@ -59,7 +59,7 @@ beforeAll(async () => {
 afterEach(async () => {
   await stopChildren(children.splice(0));
   for (const close of closers.splice(0).reverse()) await close();
-});
+}, 120_000);
 afterAll(async () => {
   await queue?.close();
   await redis?.close();
@@ -207,7 +207,9 @@ describe('Redis Cluster', () => {
     expect(await lookup.presence(QUEUE, [jobIdFor('acme', 's-1')])).toBe('finished');
   });
 
-  it("failover: the queue's master is killed under a running worker; its replica takes over and jobs keep completing", async () => {
+  // Its waits, each with its own deadline and message, add up to more than the default timeout:
+  // a slow step on a loaded machine then fails naming itself, not as a test timeout.
+  it("failover: the queue's master is killed under a running worker; its replica takes over and jobs keep completing", { timeout: 240_000 }, async () => {
     await startClusterWorker();
     const producer = openProducer();
     const before = await cluster.shardOf(`${prefix}:${QUEUE}:wait`);

@@ -2,8 +2,9 @@
  * A worker with group commit and the fast path, timed against a plain BullMQ worker doing the
  * same insert, in one run: `tsx run.ts [jobs] [rounds]`. Each round enqueues the jobs, drains
  * them with one worker, then the other (alternating, so both see the same machine load), and
- * prints jobs/s for each and their ratio. Group commit puts up to 16 jobs' claims, effects and
- * completions in one transaction; the fast path needs no lease (the effect touches only Postgres).
+ * prints jobs/s for each and their ratio. Group commit puts up to 32 jobs' effects and keys in
+ * one transaction, their effects sent together; the fast path needs no lease (the effect touches
+ * only Postgres).
  */
 import { Worker } from 'bullmq';
 import { sql } from 'kysely';
