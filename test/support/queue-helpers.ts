@@ -9,10 +9,23 @@ export async function waitFor<T>(
 ): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
-    const value = await probe();
+    const value = await beforeDeadline(probe(), deadline, () => `timed out after ${timeoutMs} ms waiting for ${what} (its last check never returned)`);
     if (value !== undefined && value !== false) return value as T;
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
     await new Promise((resolve) => setTimeout(resolve, intervalMs));
+  }
+}
+
+/** `promise`, or an error with `message()` if it has not settled by `deadline`: a check that hangs fails the wait, naming it. */
+async function beforeDeadline<T>(promise: Promise<T>, deadline: number, message: () => string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(message())), Math.max(0, deadline - Date.now()) + 1_000);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
   }
 }
 
