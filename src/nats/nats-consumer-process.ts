@@ -116,8 +116,7 @@ export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProces
       start: (started) => started.waitUntilReady(),
     },
   );
-  const { consumer } = operated;
-  const { metricsServer, maintenance } = operated;
+  const { consumer, metricsServer, maintenance } = operated;
   logger.info(
     { pid: process.pid, stream: options.stream, consumer: options.consumer, concurrency, leaseMs: config.LEASE_MS, metricsPort: metricsServer?.port },
     'nats consumer ready',

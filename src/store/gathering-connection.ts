@@ -68,11 +68,6 @@ export class GatheringConnection {
     return this.#failure;
   }
 
-  /** True while the deferred statements have not gone out (nothing was sent). */
-  get nothingSent(): boolean {
-    return this.#deferred.length > 0;
-  }
-
   /** Holds `statements` (literal SQL) back, to lead the next string. */
   defer(...statements: string[]): void {
     this.#deferred.push(...statements);
@@ -108,16 +103,11 @@ export class GatheringConnection {
     await this.#inner.executeQuery(CompiledQuery.raw([...this.#take(), ...statements].join(';\n')));
   }
 
-  /** Waits for every string sent to end (before the connection is rolled back or released). */
-  async settled(): Promise<void> {
+  /** Waits for every string sent, then ends the transaction with a ROLLBACK, unless nothing was sent (then nothing began). */
+  async rollback(): Promise<void> {
     this.#drain();
     await this.#sending;
-  }
-
-  /** Ends the transaction with a ROLLBACK, unless nothing was sent (then nothing began). */
-  async rollback(): Promise<void> {
-    await this.settled();
-    if (this.nothingSent) this.discard();
+    if (this.#deferred.length > 0) this.discard();
     else await this.#inner.executeQuery(CompiledQuery.raw('rollback')).catch(() => {});
   }
 
@@ -128,7 +118,10 @@ export class GatheringConnection {
       return Promise.reject(error);
     }
     return new Promise<QueryResult<R>>((resolve, reject) => {
-      const inlined = this.#everyResult ? inlineParameters(query.sql, query.parameters) : undefined;
+      // Written as literal SQL only when it may share a string: gathered, or behind the BEGIN.
+      // One after another with nothing deferred, it goes as it is, parameters and all.
+      const shares = this.#everyResult && (this.#gather || this.#deferred.length > 0);
+      const inlined = shares ? inlineParameters(query.sql, query.parameters) : undefined;
       this.#pending.push({ query, inlined, resolve, reject });
       if (!this.#gather) this.#drain();
       else if (!this.#drainScheduled) {
