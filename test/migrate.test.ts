@@ -73,3 +73,22 @@ it('a migration that meets another schema being dropped (Kysely lists every tabl
     await Promise.all([db.destroy(), dbOurs.destroy()]);
   }
 });
+
+it('a migration whose table listing meets another schema\'s table being dropped (42P01) looks again too', async () => {
+  // Seen in CI: the listing's pg_get_serial_sequence on a table another test file was dropping.
+  const fresh = `${schema}_relation_vanishing`;
+  const otherVanished = { left: 1 };
+  const db = failingListings(otherVanished, () => Object.assign(new Error('relation "someone_elses_schema.idempotency_keys" does not exist'), { code: '42P01' }));
+  const oursVanished = { left: 100 };
+  const dbOurs = failingListings(oursVanished, () => Object.assign(new Error(`relation "${fresh}.idempotency_keys" does not exist`), { code: '42P01' }));
+  try {
+    const result = await migrate(db, { schema: fresh });
+    expect(otherVanished.left).toBeLessThan(0);
+    expect(result.results?.every((r) => r.status === 'Success')).toBe(true);
+    await expect(migrate(dbOurs, { schema: fresh })).rejects.toThrow(fresh);
+    expect(oursVanished.left).toBe(99);
+  } finally {
+    await sql`drop schema if exists ${sql.id(fresh)} cascade`.execute(env.db);
+    await Promise.all([db.destroy(), dbOurs.destroy()]);
+  }
+});

@@ -31,11 +31,16 @@ const MAX_ATTEMPTS = 5;
 
 /**
  * Kysely's Migrator looks for its tables by listing every table of the database; when another
- * schema is dropped at that moment (another application's, a test's), the listing fails with
- * "schema … does not exist" (3F000) for that other schema. Nothing was applied then: look again.
+ * schema is dropped at that moment (another application's, a test's), the listing fails for
+ * that other schema: "schema … does not exist" (3F000), or "relation "<schema>.<table>" does
+ * not exist" (42P01, from `pg_get_serial_sequence` on a table dropped under it). Nothing was
+ * applied then: look again. An error naming our own schema is not this.
  */
 function isOtherSchemaVanishing(error: unknown, schema: string): boolean {
-  return sqlStateOf(error) === '3F000' && !String((error as Error).message).includes(`"${schema}"`);
+  const state = sqlStateOf(error);
+  const message = String((error as Error).message);
+  const namesOurs = message.includes(`"${schema}"`) || message.includes(`"${schema}.`);
+  return (state === '3F000' || state === '42P01') && !namesOurs;
 }
 
 /**
