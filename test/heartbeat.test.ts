@@ -142,11 +142,12 @@ describe('the lease extension', () => {
         });
       },
       // After the commit and before the job is finished: an extension now finds the key
-      // completed. Hold the job until one has answered, so it cannot hide behind the job's end.
+      // completed. Hold the job until one has answered so: it cannot hide behind the job's
+      // end. Only a commit can make that answer, and it may come before this hook runs (the
+      // heartbeat then stops): waiting for an answer after the hook's start could wait forever.
       faultHook: async (point) => {
         if (point !== 'after-commit') return;
-        const answered = extensions.answers.length;
-        await waitFor('an extension answered after the commit', async () => extensions.answers.length > answered);
+        await waitFor('an extension answered "completed" after the commit', async () => extensions.answers.includes('completed'));
       },
     });
     worker.on('event', (event) => events.push(event));
