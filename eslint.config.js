@@ -4,7 +4,7 @@ import globals from 'globals';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/', 'node_modules/', 'coverage/', 'docs/api/'] },
+  { ignores: ['dist/', 'node_modules/', 'coverage/', 'docs/api/', 'examples/prisma-worker/generated/'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {
@@ -14,4 +14,6 @@ export default tseslint.config(
     },
   },
   { languageOptions: { globals: globals.node } },
+  // CommonJS consumers of the package (the package smoke test): `require` is their point.
+  { files: ['**/*.cjs'], languageOptions: { sourceType: 'commonjs' }, rules: { '@typescript-eslint/no-require-imports': 'off' } },
 );

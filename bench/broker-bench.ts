@@ -20,8 +20,7 @@ import { parseArgs } from 'node:util';
 import { connect, type ChannelModel } from 'amqplib';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
-import { createAmqpConsumer } from '../src/amqp/index.js';
-import { amqpTopology } from '../src/amqp/amqp-topology.js';
+import { createAmqpConsumer, amqpTopology } from '../src/amqp/index.js';
 import { IdempotencyKeys, createPostgresDb, migrate } from '../src/index.js';
 
 const { values } = parseArgs({

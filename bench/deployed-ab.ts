@@ -17,14 +17,16 @@
  * checkout: the handler module (bench/support/deployed-handler.ts, which needs only `ctx` and
  * Kysely's `sql`), the lean baseline, the schema (migrated by this checkout; the workers run
  * with MIGRATE=false) and the measurement are this checkout's. Order: the specs forward in the
- * first repetition, backward in the second, and so on. Prints one line per drain, then
+ * first repetition, backward in the second, and so on. Prints one line per drain (jobs/s and
+ * CPU per 1,000 jobs: worker, its Postgres backends, Redis; see support/drain-cpu.ts), then
  * each ratio per repetition (now/old for the same contender and settings; each/lean at the same
- * concurrency) with its median (min–max).
+ * concurrency) with its median (min–max), of jobs/s and of CPU per job.
  */
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { createBenchEnv } from './support/bench-env.js';
 import { CLI_WORKER_SETTINGS, DEPLOYED_CONTENDERS, THIS_CHECKOUT, runDeployedDrain, type DeployedContender, type DeployedRun } from './support/deployed.js';
+import { cpuPerThousandJobs } from './support/drain-cpu.js';
 import { formatSpread, spread } from './support/stats.js';
 import { optionReader } from './support/cli-args.js';
 
@@ -57,9 +59,12 @@ try {
         extraEnv: spec.extraEnv,
       });
       runs.push({ rep, spec, run });
+      const cpu = cpuPerThousandJobs(run.cpu, run.n);
+      const part = (ms: number | undefined) => (ms === undefined ? '–' : ms.toFixed(0));
       process.stdout.write(
         `rep ${rep} ${spec.label}: ${run.jobsPerSec.toFixed(0)} jobs/s (effects ${run.effects} over ${run.effectSpanMs.toFixed(0)} ms; ` +
-          `drain ${run.wallMs.toFixed(0)} ms, start-up ${run.startupMs.toFixed(0)} ms)\n`,
+          `drain ${run.wallMs.toFixed(0)} ms, start-up ${run.startupMs.toFixed(0)} ms), ` +
+          `CPU ${part(cpu.total)} ms/1k jobs (node ${part(cpu.node)}, pg ${part(cpu.postgres)}, redis ${part(cpu.redis)})\n`,
       );
     }
   }
@@ -70,16 +75,26 @@ process.stdout.write(`\n${summarize().join('\n')}\n`);
 
 // ---------------------------------------------------------------------------------------------
 
-/** Ratios per repetition: now/old per variant, then each drain against the lean baseline at its concurrency. */
+/**
+ * Ratios per repetition: now/old per variant, then each drain against the lean baseline at its
+ * concurrency; first of jobs/s, then of CPU per job (worker + its Postgres backends + Redis).
+ */
 function summarize(): string[] {
-  const rate = (rep: number, match: (spec: AbSpec) => boolean) => runs.find((r) => r.rep === rep && match(r.spec))?.run.jobsPerSec;
+  return [...summarizeBy('jobs/s', (run) => run.jobsPerSec), '', ...summarizeBy('CPU per job', (run) => cpuPerThousandJobs(run.cpu, run.n).total)];
+}
+
+function summarizeBy(what: string, measure: (run: DeployedRun) => number): string[] {
+  const rate = (rep: number, match: (spec: AbSpec) => boolean) => {
+    const found = runs.find((r) => r.rep === rep && match(r.spec));
+    return found && measure(found.run);
+  };
   const reps = Array.from({ length: args.reps }, (_, i) => i + 1);
   const line = (title: string, ratios: Array<number | undefined>) => {
     const present = ratios.filter((r): r is number => r !== undefined);
     if (present.length === 0) return undefined;
     return `${title}: ${ratios.map((r) => (r === undefined ? 'n/a' : r.toFixed(2))).join(' ')}  median ${formatSpread(spread(present), 2)}`;
   };
-  const out: string[] = [`Ratios per repetition (${reps.map((r) => `rep ${r}`).join(', ')}), then median (min–max)`];
+  const out: string[] = [`${what}: ratios per repetition (${reps.map((r) => `rep ${r}`).join(', ')}), then median (min–max)`];
   const variants = [...new Set(args.specs.filter((s) => s.tree !== 'lean').map((s) => s.variant))];
   for (const variant of variants) {
     const ratios = reps.map((rep) => {

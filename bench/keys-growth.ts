@@ -23,7 +23,8 @@
 import { createHash, randomBytes, randomInt } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
-import { IdempotencyKeys, Janitor, createPostgresDb, migrate } from '../src/index.js';
+import { IdempotencyKeys, createPostgresDb, migrate } from '../src/index.js';
+import { Janitor } from '../src/process/index.js';
 import { optionReader } from './support/cli-args.js';
 import { spread, type Spread } from './support/stats.js';
 

@@ -12,8 +12,9 @@ import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { Redis } from 'ioredis';
-import { IdempotencyKeys, IdempotentProducer, Janitor, createPostgresDb, migrate } from '../src/index.js';
-import { keyStats } from '../src/store/sql/key-stats.js';
+import { IdempotencyKeys, IdempotentProducer, createPostgresDb, migrate } from '../src/index.js';
+import { Janitor } from '../src/process/index.js';
+import { PostgresOperatorStore } from '../src/store/operator-store.js';
 
 const rows = Number(process.argv[2] ?? 1_000_000);
 const databaseUrl = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
@@ -119,7 +120,7 @@ async function main() {
     );
 
     const statTimes: number[] = [];
-    for (let i = 0; i < 3; i++) statTimes.push((await timed(() => keyStats(db, schema)))[1]);
+    for (let i = 0; i < 3; i++) statTimes.push((await timed(() => new PostgresOperatorStore(db, schema).keyStats()))[1]);
     console.log(`stats query over ${rows} keys: ${statTimes.map((t) => Math.round(t)).join(', ')} ms (3 runs)`);
 
     const expired = Math.round(rows * 0.5);

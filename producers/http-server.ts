@@ -3,7 +3,7 @@
  * semantics. Configuration: the environment (see docs/configuration.md). SIGTERM/SIGINT:
  * in-flight requests finish, then it exits.
  */
-import { loadHttpEnvConfig, runMain, startHttpServerProcess } from '../src/index.js';
+import { loadHttpEnvConfig, runMain, startHttpServerProcess } from '../src/process/index.js';
 import { startTracingFromEnv } from '../src/otel/index.js';
 
 await runMain(async () => {

@@ -10,7 +10,8 @@
  */
 import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
-import { IdempotentProducer, loadEnvConfig, openRedisConnection, runMain, toWireJobData, type EnqueueRequest } from '../src/index.js';
+import { IdempotentProducer, toWireJobData, type EnqueueRequest } from '../src/index.js';
+import { loadEnvConfig, queueConnectionFromEnv, runMain } from '../src/process/index.js';
 
 const { values } = parseArgs({
   options: {
@@ -31,11 +32,12 @@ const foreignRatio = ratio('foreign-ratio');
 const scope = values.scope!;
 
 const config = await runMain(() => loadEnvConfig());
-const redis = openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES });
+const queues = queueConnectionFromEnv(config);
 const producer = new IdempotentProducer({
   queue: config.QUEUE,
-  connection: redis.connection,
-  prefix: config.REDIS_PREFIX,
+  backend: queues.backend,
+  connection: queues.connection,
+  prefix: queues.prefix,
   defaultJobOptions: { attempts: positiveInt('attempts'), backoff: { type: 'exponential', delay: 200 } },
 });
 
@@ -85,7 +87,7 @@ try {
 } finally {
   clearInterval(progress);
   await producer.close();
-  await redis.close();
+  await queues.close();
 }
 const durationMs = Date.now() - startedAt;
 console.log(

@@ -16,10 +16,14 @@
  * - `LEASE_LOST`: {@link LeaseLostError}
  * - `RESULT_NOT_STORABLE`: {@link ResultNotStorableError}
  * - `CLAIM_CONTENDED`: {@link ClaimContendedError}
- * - `CONFIG_INVALID`: {@link ConfigError}
+ * - `CONFIG_INVALID`: {@link ConfigError}, {@link ReadOnlyStoreError}
  * - `STORE_UNAVAILABLE`: {@link StoreUnavailableError}
+ * - `STORE_FAULT_PERSISTED`: {@link PersistentStoreFaultError}
  * - `STEP_MISMATCH`: {@link StepMismatchError}
  * - `STEPS_UNSUPPORTED`: {@link StepsUnsupportedError}
+ * - `TRANSACTION_CONTROL`: {@link TransactionControlError}
+ * - `DATA_LAYER_ELSEWHERE`: {@link DataLayerElsewhereError}
+ * - `TRANSACTION_ABORTED`: {@link AbortedEffectTransactionError}
  */
 export type IdempotencyErrorCode =
   | 'INVALID_KEY'
@@ -33,9 +37,13 @@ export type IdempotencyErrorCode =
   | 'CLAIM_CONTENDED'
   | 'CONFIG_INVALID'
   | 'STORE_UNAVAILABLE'
+  | 'STORE_FAULT_PERSISTED'
   | 'INVALID_STEP'
   | 'STEP_MISMATCH'
-  | 'STEPS_UNSUPPORTED';
+  | 'STEPS_UNSUPPORTED'
+  | 'TRANSACTION_CONTROL'
+  | 'DATA_LAYER_ELSEWHERE'
+  | 'TRANSACTION_ABORTED';
 
 /**
  * Base class of every error this library throws on purpose. Branch on `code` (stable, also
@@ -73,7 +81,7 @@ export class IdempotencyError extends Error {
  * A key, scope, option or job field failed validation; `field` names which. Thrown before
  * anything is written for the key.
  *
- * `code`: `'INVALID_KEY'` or `'INVALID_SCOPE'` (empty, longer than {@link MAX_KEY_LENGTH}, NUL or
+ * `code`: `'INVALID_KEY'` or `'INVALID_SCOPE'` (empty, longer than `MAX_KEY_LENGTH` (255), NUL or
  * a lone surrogate), `'INVALID_JOB_DATA'` (a job or message that does not follow the wire
  * contract, or a payload Postgres cannot store), `'INVALID_OPTIONS'` (an option out of range
  * or missing), `'INVALID_STEP'` (a step name or definition `ctx.step` cannot use).
@@ -173,7 +181,7 @@ export class ResultNotStorableError extends IdempotencyError {
 }
 
 /**
- * The claim statement kept racing concurrent writers and could not settle on an outcome.
+ * The claim statement kept racing concurrent writers and could not arrive at an outcome.
  * Retryable; in practice it needs several concurrent writers per retry loop. Workers treat it
  * as "in progress" and defer the job. `code`: `'CLAIM_CONTENDED'`.
  */
@@ -211,6 +219,34 @@ export class StoreUnavailableError extends IdempotencyError {
         'the worker defers such a job without using an attempt.',
       options,
     );
+  }
+}
+
+/**
+ * A key's transient store faults went on for longer than the consumer's `storeRetryWindowMs`,
+ * and this one was counted as an attempt of the job, as a retryable error of the handler would
+ * be; on the last attempt it is stored as the key's failure. A fault that lasts so long while
+ * Postgres answers (the failure was recorded) is likely the job's own: a statement that breaks
+ * its connection or exhausts the server every time. `cause` is the driver's error (not the
+ * {@link StoreUnavailableError}, so that {@link findStoreUnavailable} does not take it for a
+ * fault to defer again). `code`: `'STORE_FAULT_PERSISTED'`.
+ */
+export class PersistentStoreFaultError extends IdempotencyError {
+  /** The key's scope. */
+  readonly scope: string;
+  /** The key whose statements kept failing. */
+  readonly key: string;
+
+  constructor(fault: StoreUnavailableError, windowMs: number) {
+    super(
+      'STORE_FAULT_PERSISTED',
+      `Postgres kept failing the ${fault.operation} of idempotency key "${fault.key}" in scope "${fault.scope}" ` +
+        `(${describeCause(fault.cause)}) for more than ${windowMs} ms of deferrals (storeRetryWindowMs); ` +
+        'this fault was counted as an attempt of the job. If Postgres is otherwise healthy, the job itself causes it.',
+      { cause: fault.cause },
+    );
+    this.scope = fault.scope;
+    this.key = fault.key;
   }
 }
 
@@ -273,8 +309,101 @@ export class StepsUnsupportedError extends IdempotencyError {
  * each wrong variable and why. `code`: `'CONFIG_INVALID'`.
  */
 export class ConfigError extends IdempotencyError {
-  constructor(message: string) {
-    super('CONFIG_INVALID', message);
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('CONFIG_INVALID', message, options);
+  }
+}
+
+/**
+ * A process was pointed at a Postgres server that takes no writes: a standby (a streaming
+ * replica, a managed service's reader endpoint), or a primary whose
+ * `default_transaction_read_only` is on. Refused at start, before anything is claimed: every
+ * claim there would fail with 25006 and be deferred for ever. A read-only setting is refused at
+ * once; a standby when it is still one at the start's deadline (`STARTUP_WAIT_MS`), since during
+ * a failover a URL may reach the demoted primary for a few seconds. (At run time, after a failover
+ * demoted the server behind the URL, the same answer is a transient fault instead: the job is
+ * deferred and the pool reconnects.) A {@link ConfigError}, so `code` is `'CONFIG_INVALID'` and
+ * the process exits with code 2.
+ */
+export class ReadOnlyStoreError extends ConfigError {
+  /** The variable whose URL reached the server, e.g. `'DATABASE_URL'`. */
+  readonly variable: string;
+  /** Whether the server is a standby (`pg_is_in_recovery()`); otherwise a read-only setting refuses writes. */
+  readonly inRecovery: boolean;
+
+  constructor(where: { readonly variable: string; readonly url: string; readonly inRecovery: boolean }) {
+    const what = where.inRecovery
+      ? 'is a standby in recovery (pg_is_in_recovery() is true): a replica or a reader endpoint'
+      : 'refuses writes (default_transaction_read_only is on for this database, role or server)';
+    const fix = where.inRecovery
+      ? `Point ${where.variable} at the primary (the cluster's writer endpoint, or HAProxy/PgBouncer routing to the leader), never at a replica.`
+      : `Point ${where.variable} at a server that takes writes, or turn the setting off (ALTER DATABASE … SET default_transaction_read_only = off; check ALTER ROLE settings too).`;
+    super(`The Postgres server of ${where.variable} (${where.url}) ${what}. Claims and effects are writes, so nothing can run there. ${fix}`);
+    this.variable = where.variable;
+    this.inRecovery = where.inRecovery;
+  }
+}
+
+/**
+ * An effect sent a statement that would end (or begin) its transaction: COMMIT, ROLLBACK (but
+ * not ROLLBACK TO a savepoint), BEGIN, END, ABORT, PREPARE TRANSACTION. The transaction is the
+ * library's: it commits the effect together with the key's completion, and an effect that
+ * committed on its own would be kept while its key is not, so it would run again. Refused before
+ * it is sent; the job fails for good (retrying cannot help). `code`: `'TRANSACTION_CONTROL'`.
+ */
+export class TransactionControlError extends IdempotencyError {
+  /** The statement that was refused. */
+  readonly statement: string;
+
+  constructor(statement: string) {
+    super(
+      'TRANSACTION_CONTROL',
+      `An effect sent "${statement.length > 80 ? `${statement.slice(0, 77)}...` : statement}", which would end its transaction. ` +
+        'The transaction is the library\'s: it commits the effect together with the key. Remove the statement ' +
+        '(a SAVEPOINT and ROLLBACK TO SAVEPOINT are fine), or run that work as a ctx.step of its own.',
+    );
+    this.statement = statement;
+  }
+}
+
+/**
+ * A data layer's transaction (Prisma, Drizzle, TypeORM, node-postgres, postgres.js) is not on
+ * the database that holds the idempotency keys, or cannot see their table: the effect and the
+ * key's completion could not commit in one transaction. Checked once per data layer, before its
+ * first effect; nothing was written. Retrying cannot help until the configuration changes.
+ * `code`: `'DATA_LAYER_ELSEWHERE'`.
+ */
+export class DataLayerElsewhereError extends IdempotencyError {
+  /** The data layer's name (`'Prisma'`, `'node-postgres'`, …). */
+  readonly dataLayer: string;
+
+  constructor(dataLayer: string, reason: string) {
+    super(
+      'DATA_LAYER_ELSEWHERE',
+      `The ${dataLayer} transaction cannot complete idempotency keys: ${reason}. The effect and the key's completion must ` +
+        `commit in one transaction, so ${dataLayer} must connect to the database (and server) that holds the keys: point its ` +
+        'connection string at the database of IdempotencyKeys\'s db, or run migrate() on the database your data lives in ' +
+        'and give IdempotencyKeys a db for that database.',
+    );
+    this.dataLayer = dataLayer;
+  }
+}
+
+/**
+ * A data layer's transaction was aborted by a statement that failed inside it and whose error
+ * the effect caught and did not rethrow: Postgres refuses every statement after it and rolls the
+ * transaction back at COMMIT, so nothing of the effect was kept and the key was not completed.
+ * Retried like any error of the effect. `code`: `'TRANSACTION_ABORTED'`.
+ */
+export class AbortedEffectTransactionError extends IdempotencyError {
+  constructor(scope: string, key: string, options?: { cause?: unknown }) {
+    super(
+      'TRANSACTION_ABORTED',
+      `The transaction of idempotency key "${key}" in scope "${scope}" was aborted by a statement that failed inside it ` +
+        'and whose error was caught: nothing of it was kept and the key was not completed. Let the error propagate out of ' +
+        'the transaction (or wrap the failing statement in a savepoint, a nested transaction of your data layer).',
+      options,
+    );
   }
 }
 

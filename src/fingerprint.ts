@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
 import { ValidationError } from './errors.js';
-import { MAX_FINGERPRINT_DEPTH, describeJsonProblem, findJsonProblem } from './protocol/json-limits.js';
+import { MAX_FINGERPRINT_DEPTH, describeJsonProblem, findJsonProblem } from './json-limits.js';
 
 /** Computes the fingerprint of what identifies a request: equal requests, equal fingerprints. */
 export type Fingerprinter = (identity: unknown) => string;

@@ -1,10 +1,12 @@
+// @module-tag rabbitmq
 /** `idempotent-jobs consume --broker amqp`: a user's handler module on a RabbitMQ queue, as a process. */
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startAmqpConsumerProcess } from '../src/amqp/index.js';
-import { IdempotencyKeys, loadEnvConfig } from '../src/index.js';
+import { IdempotencyKeys } from '../src/index.js';
+import { loadEnvConfig } from '../src/process/index.js';
 import { freePort } from './chaos/private-redis.js';
 import { createAmqpTestEnv, type AmqpTestEnv, AMQP_URL } from './support/amqp-test-env.js';
 import { operationsEnv, scrapeMetrics, seedMaintenanceKeys } from './support/consumer-operations.js';

@@ -1,9 +1,11 @@
+// @module-tag rabbitmq
 /**
  * The RabbitMQ consumer against the real broker and Postgres: every outcome in RabbitMQ's
  * vocabulary (ack after commit, delay queues for deferrals and store faults, dead-letter with a
  * reason), identity from body or headers, heartbeat, shutdown and channel recovery.
  */
 import { randomUUID } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import type { ConsumeMessage, GetMessage } from 'amqplib';
 import { sql } from 'kysely';
 import { pino } from 'pino';
@@ -108,6 +110,24 @@ async function deadLetters(queue: string, expected: number): Promise<GetMessage[
   });
   return got;
 }
+
+describe('the queues the consumer declares', () => {
+  it('a queue a publisher declared first as docs/brokers.md shows is the consumer\'s; one declared otherwise fails its start, saying what to do', async () => {
+    const doc = readFileSync(new URL('../docs/brokers.md', import.meta.url), 'utf8');
+    const section = doc.split(/^### The queues it declares$/m)[1]?.split(/^### /m)[0] ?? '';
+    const shown = /await channel\.assertQueue\('payments', \{ durable: (true|false) \}\);/.exec(section);
+    expect(shown, 'docs/brokers.md shows how a publisher declares the queue').not.toBeNull();
+    const queue = amqp.queueName('declared-first');
+    await amqp.channel.assertQueue(queue, { durable: shown![1] === 'true' });
+    amqp.publish(queue, { idempotencyKey: 'declared-1', scope: 'amqp', payload: { amount: 1 } });
+    const { events } = await startConsumer(queue, ledger);
+    await until('completion', () => count(events, 'completed') === 1 || undefined);
+
+    const other = amqp.queueName('declared-otherwise');
+    await amqp.channel.assertQueue(other, { durable: false });
+    await expect(startConsumer(other, ledger)).rejects.toThrow(/^RabbitMQ refused the declaration of queue ".*" or ".*" \(.*PRECONDITION_FAILED.*\): the consumer declares both durable, with no arguments/);
+  });
+});
 
 describe('AMQP consumer outcomes', () => {
   it('completed: the effect commits once, then the message is acknowledged', async () => {
@@ -323,6 +343,52 @@ describe('AMQP database-only handler', () => {
     // Group commit: some of the effects shared a transaction (xmin: the inserting transaction).
     expect(new Set(rows.map((row) => row.xid)).size).toBeLessThan(dbKeys.length);
     expect(await keys.get('amqp', 'k-db-refused')).toMatchObject({ status: 'failed' });
+  });
+});
+
+describe('AMQP attempts and store faults', () => {
+  it('a database-only handler on the fast path: each failed run is an attempt (the header counts them); a poison message is dead-lettered at maxAttempts', async () => {
+    const queue = amqp.queueName('db-poison');
+    const headers: unknown[] = [];
+    await startConsumer(
+      queue,
+      {
+        transaction: async (tx, ctx) => {
+          headers.push(ctx.message.properties.headers?.[ATTEMPTS_HEADER]);
+          await tx.insertInto(`${env.schema}.ledger`).values({ key: ctx.key, amount: 1 }).execute();
+          throw new Error('poison message');
+        },
+      },
+      { maxAttempts: 3 },
+    );
+    amqp.publish(queue, { idempotencyKey: 'k-db-poison', scope: 'amqp', payload: { amount: 1 } });
+    const [dead] = await deadLetters(queue, 1);
+    expect(dead!.properties.headers?.[REASON_HEADER]).toBe('failed');
+    expect(String(dead!.properties.headers?.[ERROR_HEADER])).toContain('poison message');
+    // A group that rolled back runs its jobs again within one delivery: count the deliveries.
+    expect([...new Set(headers)]).toEqual([undefined, 1, 2]);
+    expect(await keys.get('amqp', 'k-db-poison')).toMatchObject({ status: 'failed', error: { message: 'poison message' } });
+    expect(await ledgerRows('k-db-poison')).toBe(0);
+  });
+
+  it('a store fault that lasts past storeRetryWindowMs counts as an attempt: at maxAttempts it is stored and the message dead-lettered', async () => {
+    const queue = amqp.queueName('persistent-fault');
+    const { events } = await startConsumer(
+      queue,
+      async (ctx) =>
+        ctx.transaction(async (tx) => {
+          // Deterministic, but classified as transient: out_of_memory every time.
+          await sql.raw(`do $$ begin raise exception 'simulated out of memory' using errcode = '53200'; end $$`).execute(tx);
+        }),
+      { maxAttempts: 2, storeRetryWindowMs: 600, storeRetryMaxMs: 100 },
+    );
+    amqp.publish(queue, { idempotencyKey: 'k-persistent', scope: 'amqp', payload: { amount: 1 } });
+    const [dead] = await deadLetters(queue, 1);
+    expect(dead!.properties.headers?.[REASON_HEADER]).toBe('failed');
+    expect(String(dead!.properties.headers?.[ERROR_HEADER])).toContain('simulated out of memory');
+    // Deferred first (how many times depends on the machine's speed within the window), then counted.
+    expect(count(events, 'store-unavailable', 'k-persistent')).toBeGreaterThanOrEqual(1);
+    expect(await keys.get('amqp', 'k-persistent')).toMatchObject({ status: 'failed', error: expect.objectContaining({ code: 'STORE_FAULT_PERSISTED' }) });
   });
 });
 

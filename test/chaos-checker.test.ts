@@ -1,7 +1,8 @@
 /**
  * The chaos suite's checker and schedule, on hand-made histories: a checker that cannot see a
- * duplicate, a loss, a failed job, a key left processing, an overlap, or a step run twice or
- * out of order would make every chaos run pass. (The chaos run itself is
+ * duplicate, a loss, a failed job, a key left processing, an overlap, a step run twice or
+ * out of order, a job failed for another job's fault, or a setting seen across jobs would make
+ * every chaos run pass. (The chaos run itself is
  * `npm run chaos`, outside vitest.)
  */
 import { describe, expect, it } from 'vitest';
@@ -9,6 +10,7 @@ import { CHAOS_STEPS } from './chaos/chaos-handler.js';
 import { checkHistory, percentiles, type ExecutionRow, type History, type StepRecordRow } from './chaos/checker.js';
 import { ArmedFaults, FAULT_LOG_MESSAGE, parseFaultPoints } from './chaos/fault-injection.js';
 import { FAULT_KINDS, STEP_FAULT_KINDS, nemesisSchedule } from './chaos/nemesis.js';
+import { JOB_FAULTS, JOB_FAULT_RATIO, countServerErrorsOfFaults, jobFaultFor, jobNameFor, type JobFault } from './chaos/job-faults.js';
 import type { WorkerLogLine } from './chaos/worker-fleet.js';
 
 const T0 = 1_700_000_000_000;
@@ -49,6 +51,43 @@ describe('checkHistory', () => {
     expect(result.killedProcesses).toBe(1);
     expect(result.recoveryMs).toEqual({ samples: 1, p50: 4_000, p99: 4_000, max: 4_000 });
     expect(result.leaseOverlaps).toBe(0);
+  });
+
+  it('counts a committed job delivered again (a replay under the job id that committed), not a replay under another job id; fails the run only where the job finishes in its effect', () => {
+    const withJob = (l: WorkerLogLine, jobId: string): WorkerLogLine => ({ ...l, jobId });
+    const base = cleanHistory();
+    const lines = [
+      ...base.lines.map((l) => withJob(l, `job-${l.key}`)),
+      withJob(line(3, 'k1', 1, 'replayed', 7_000), 'job-k1'), // k1's own job, again: a redelivery
+      withJob(line(3, 'k2', 2, 'replayed', 7_100), 'foreign-1'), // another job for k2: a duplicate, not a redelivery
+    ];
+    const counted = checkHistory({ ...base, lines, completedJobsKept: true });
+    expect(counted.redeliveredCommittedJobs).toEqual(['s/k1']);
+    expect(counted.ok).toBe(true);
+    expect(checkHistory({ ...base, lines, completedJobsKept: true, jobFinishedInEffect: true }).ok).toBe(false);
+    expect(checkHistory({ ...base, lines }).redeliveredCommittedJobs).toBeUndefined();
+  });
+
+  it('tells a replay by an older delivery of the committed job (held through a stall) from the job delivered again after its commit', () => {
+    const base = cleanHistory();
+    const committing = (l: WorkerLogLine): WorkerLogLine => ({ ...l, jobId: `job-${l.key}`, delivery: 2 });
+    const lines = [
+      ...base.lines.map(committing),
+      // Worker 3 took k1's job at its first delivery, stalled, and claimed after delivery 2 committed.
+      { ...line(3, 'k1', 1, 'replayed', 7_000), jobId: 'job-k1', delivery: 1 },
+    ];
+    const stale = checkHistory({ ...base, lines, completedJobsKept: true, jobFinishedInEffect: true });
+    expect(stale.redeliveredCommittedJobs).toEqual([]);
+    expect(stale.replaysByOlderDeliveries).toEqual(['s/k1']);
+    expect(stale.ok).toBe(true);
+    const again = checkHistory({
+      ...base,
+      lines: [...lines, { ...line(3, 'k2', 2, 'replayed', 7_100), jobId: 'job-k2', delivery: 3 }],
+      completedJobsKept: true,
+      jobFinishedInEffect: true,
+    });
+    expect(again.redeliveredCommittedJobs).toEqual(['s/k2']);
+    expect(again.ok).toBe(false);
   });
 
   it('finds a duplicated effect, an unexpected one and a lost key', () => {
@@ -344,6 +383,221 @@ describe('checkHistory on multi-step jobs', () => {
     const completion = checkHistory({ ...history, effects: [row('k1', 1, 30.1, 1), row('k2', 2, 5_000, 3)] });
     expect(completion.steps!.outOfOrder).toEqual(['s/k1:completion']);
     expect(completion.ok).toBe(false);
+  });
+});
+
+/** An effect row of the database-only handler: its transaction and what it saw of the settings. */
+const seenRow = (key: string, txid: number, seen: { tenant?: string | null; synchronousCommit?: string } = {}): ExecutionRow => ({
+  ...row(key, 1, txid),
+  txid,
+  seenTenant: seen.tenant ?? null,
+  seenSynchronousCommit: seen.synchronousCommit ?? 'on',
+});
+
+/**
+ * The job-fault profile on the fast path: k1 and k2 (no fault) committed in one group; k3
+ * (a syntax error) and k6 (a deferred foreign key broken) failed, each with its BullMQ job,
+ * k6 with a duplicate's too; k4 (SET LOCAL synchronous_commit) and k5 (app.tenant set inside
+ * a function) committed alone, each seeing its own setting.
+ */
+function jobFaultHistory(): History & { jobFaults: ReadonlyMap<string, JobFault> } {
+  const keys = ['k1', 'k2', 'k3', 'k4', 'k5', 'k6'];
+  return {
+    produced: new Map(keys.map((key) => [`s/${key}`, { acks: 1 }])),
+    effects: [seenRow('k1', 10), seenRow('k2', 10, { tenant: '' }), seenRow('k4', 11, { synchronousCommit: 'off' }), seenRow('k5', 12, { tenant: 's/k5' })],
+    externalCalls: [],
+    keys: [
+      { scope: 's', key: 'k1', status: 'completed', fence: 1 },
+      { scope: 's', key: 'k2', status: 'completed', fence: 1 },
+      { scope: 's', key: 'k3', status: 'failed', fence: 1 },
+      { scope: 's', key: 'k4', status: 'completed', fence: 1 },
+      { scope: 's', key: 'k5', status: 'completed', fence: 1 },
+      { scope: 's', key: 'k6', status: 'failed', fence: 1 },
+    ],
+    lines: [],
+    exits: [],
+    stoppedAt: T0 + 10_000,
+    failedJobs: [
+      { id: 's/k3', jobId: 'j3', attemptsMade: 1, reason: 'Job for key "k3" in scope "s" failed: syntax error at or near ")"' },
+      { id: 's/k6', jobId: 'j6', attemptsMade: 1, reason: 'insert or update on table "fault_children" violates foreign key constraint "fault_children_parent_id_fkey"' },
+      { id: 's/k6', jobId: 'foreign-6', attemptsMade: 1, reason: 'insert or update on table "fault_children" violates foreign key constraint "fault_children_parent_id_fkey"' },
+    ],
+    fastPath: true,
+    jobFaults: new Map<string, JobFault>([
+      ['s/k3', 'syntax'],
+      ['s/k4', 'set-local'],
+      ['s/k5', 'set-tenant-quietly'],
+      ['s/k6', 'deferred-fk'],
+    ]),
+  };
+}
+
+describe('checkHistory with job faults', () => {
+  it('passes a history where only the jobs with a failing fault failed and nobody saw another job\'s setting', () => {
+    const result = checkHistory(jobFaultHistory());
+    expect(result.ok).toBe(true);
+    // The poisoned keys' failures are expected: not lost, not failed keys or jobs.
+    expect(result.lost).toEqual([]);
+    expect(result.failedKeys).toEqual([]);
+    expect(result.failedJobs).toEqual([]);
+    expect(result.jobFaults).toEqual({
+      keysByFault: { none: 2, syntax: 1, 'set-local': 1, 'set-tenant-quietly': 1, 'deferred-fk': 1 },
+      innocentFailures: [],
+      poisonNotFailed: [],
+      settingsSeenAcross: [],
+      stateFaultsGrouped: [],
+      faultsNotSeen: [],
+      poisonFailedOtherwise: [],
+      groupedEffects: 2,
+      sharedTransactions: 1,
+    });
+    // Without the job faults, the same history fails: k3 and k6 are lost keys with failed jobs.
+    const { jobFaults: _, ...withoutFaults } = jobFaultHistory();
+    const plain = checkHistory(withoutFaults);
+    expect(plain.ok).toBe(false);
+    expect(plain.lost).toEqual(['s/k3', 's/k6']);
+  });
+
+  it('fails an innocent failure: a key without a failing fault stored failed, lost, or with a failed BullMQ job', () => {
+    const history = jobFaultHistory();
+    // k1 failed for its group-mate k3's syntax error.
+    const blamed = checkHistory({
+      ...history,
+      effects: history.effects.filter((r) => r.key !== 'k1'),
+      keys: history.keys.map((k) => (k.key === 'k1' ? { ...k, status: 'failed' } : k)),
+      failedJobs: [...history.failedJobs!, { id: 's/k1', jobId: 'j1', attemptsMade: 1, reason: 'syntax error at or near ")"' }],
+    });
+    expect(blamed.jobFaults!.innocentFailures).toEqual(['s/k1']);
+    expect(blamed.lost).toEqual(['s/k1']);
+    expect(blamed.ok).toBe(false);
+
+    // k4 (a state fault, which must complete) never committed, and no job is left for it.
+    const stateLost = checkHistory({ ...history, effects: history.effects.filter((r) => r.key !== 'k4'), keys: history.keys.filter((k) => k.key !== 'k4') });
+    expect(stateLost.jobFaults!.innocentFailures).toEqual(['s/k4']);
+    expect(stateLost.ok).toBe(false);
+
+    // k2 completed, but one of its jobs failed on the way (a fault used up its only attempt).
+    const failedJob = checkHistory({ ...history, failedJobs: [...history.failedJobs!, { id: 's/k2', jobId: 'foreign-2', attemptsMade: 1, reason: 'boom' }] });
+    expect(failedJob.jobFaults!.innocentFailures).toEqual(['s/k2']);
+    expect(failedJob.lost).toEqual([]);
+    expect(failedJob.ok).toBe(false);
+  });
+
+  it('fails a failing fault that did not fail: completed with its effect, or not ended failed', () => {
+    const history = jobFaultHistory();
+    const committed = checkHistory({
+      ...history,
+      effects: [...history.effects, seenRow('k3', 13)],
+      keys: history.keys.map((k) => (k.key === 'k3' ? { ...k, status: 'completed' } : k)),
+      failedJobs: history.failedJobs!.filter((job) => job.id !== 's/k3'),
+    });
+    expect(committed.jobFaults!.poisonNotFailed).toEqual(['s/k3']);
+    expect(committed.ok).toBe(false);
+
+    // An effect row of a failing fault is enough, whatever the key says.
+    const effectOnly = checkHistory({ ...history, effects: [...history.effects, seenRow('k6', 14)] });
+    expect(effectOnly.jobFaults!.poisonNotFailed).toEqual(['s/k6']);
+    expect(effectOnly.ok).toBe(false);
+
+    // k6's key released (no row), no job left to run it: it did not end failed.
+    const released = checkHistory({ ...history, keys: history.keys.filter((k) => k.key !== 'k6') });
+    expect(released.jobFaults!.poisonNotFailed).toEqual(['s/k6']);
+    expect(released.ok).toBe(false);
+
+    // Still queued when the drain timed out: unfinished (a liveness failure), not a poison that completed.
+    const queued = checkHistory({ ...history, keys: history.keys.filter((k) => k.key !== 'k6'), pending: new Set(['s/k6']) });
+    expect(queued.jobFaults!.poisonNotFailed).toEqual([]);
+    expect(queued.unfinished).toEqual(['s/k6']);
+    expect(queued.ok).toBe(false);
+
+    // A key never acknowledged is not held to failing, but it may not commit either.
+    const unacknowledged = checkHistory({
+      ...history,
+      produced: new Map([...history.produced, ['s/k7', { acks: 0 }]]),
+      jobFaults: new Map([...history.jobFaults, ['s/k7', 'nul']]),
+      effects: [...history.effects, seenRow('k7', 15)],
+    });
+    expect(unacknowledged.jobFaults!.poisonNotFailed).toEqual(['s/k7']);
+  });
+
+  it('fails a setting seen across jobs: another key\'s tenant, or synchronous_commit off without a set-local of its own', () => {
+    const history = jobFaultHistory();
+    const result = checkHistory({
+      ...history,
+      effects: history.effects.map((r) =>
+        r.key === 'k1' ? { ...r, seenTenant: 's/k5' } : r.key === 'k2' ? { ...r, seenSynchronousCommit: 'off' } : r,
+      ),
+    });
+    expect(result.jobFaults!.settingsSeenAcross).toEqual(['s/k1', 's/k2']);
+    expect(result.ok).toBe(false);
+    // A row that did not record the setting at all cannot pass as "on".
+    const unrecorded = checkHistory({ ...history, effects: history.effects.map((r) => (r.key === 'k1' ? { ...r, seenSynchronousCommit: null } : r)) });
+    expect(unrecorded.jobFaults!.settingsSeenAcross).toEqual(['s/k1']);
+  });
+
+  it('fails a state fault committed in a transaction shared with another key', () => {
+    const history = jobFaultHistory();
+    // k5 set app.tenant inside a function and committed in k1 and k2's group (txid 10).
+    const result = checkHistory({ ...history, effects: history.effects.map((r) => (r.key === 'k5' ? { ...r, txid: 10 } : r)) });
+    expect(result.jobFaults!.stateFaultsGrouped).toEqual(['s/k5']);
+    expect(result.jobFaults!.sharedTransactions).toBe(1);
+    expect(result.jobFaults!.groupedEffects).toBe(3);
+    expect(result.ok).toBe(false);
+  });
+
+  it('fails a state fault its own job did not see (the fault was never sent, so the checks above tested nothing)', () => {
+    const history = jobFaultHistory();
+    const result = checkHistory({
+      ...history,
+      effects: history.effects.map((r) => (r.key === 'k4' ? { ...r, seenSynchronousCommit: 'on' } : r.key === 'k5' ? { ...r, seenTenant: null } : r)),
+    });
+    expect(result.jobFaults!.faultsNotSeen).toEqual(['s/k4', 's/k5']);
+    expect(result.ok).toBe(false);
+  });
+
+  it('fails a failing fault whose job failed for another reason than its fault (a system fault used up its attempt)', () => {
+    const history = jobFaultHistory();
+    const result = checkHistory({
+      ...history,
+      failedJobs: history.failedJobs!.map((job) => (job.jobId === 'foreign-6' ? { ...job, reason: 'Connection terminated unexpectedly' } : job)),
+    });
+    expect(result.jobFaults!.poisonFailedOtherwise).toEqual(['s/k6']);
+    expect(result.ok).toBe(false);
+  });
+});
+
+describe('jobFaultFor', () => {
+  it('marks about a tenth of the keys, the same ones for the same seed, with every fault', () => {
+    const marked = (seed: number) => Array.from({ length: 10_000 }, (_, n) => jobFaultFor(seed, n));
+    const a = marked(7);
+    expect(marked(7)).toEqual(a);
+    expect(marked(8)).not.toEqual(a);
+    const faulty = a.filter((fault) => fault !== undefined);
+    expect(faulty.length / a.length).toBeGreaterThan(JOB_FAULT_RATIO - 0.02);
+    expect(faulty.length / a.length).toBeLessThan(JOB_FAULT_RATIO + 0.02);
+    expect(new Set(faulty)).toEqual(new Set(JOB_FAULTS));
+  });
+
+  it('counts the errors the faults made Postgres log, by cause', () => {
+    const log = [
+      '2026-12-01 10:00:00.000 UTC [11] ERROR:  syntax error at or near ")" at character 52',
+      '2026-12-01 10:00:00.001 UTC [11] STATEMENT:  select "id" from "s"."effects" where "key" in ()',
+      '2026-12-01 10:00:00.002 UTC [12] ERROR:  a job of this group changed app.tenant inside the shared transaction',
+      '2026-12-01 10:00:00.003 UTC [12] ERROR:  syntax error at or near ")" at character 52',
+      '2026-12-01 10:00:00.004 UTC [13] ERROR:  duplicate key value violates unique constraint "x"',
+    ].join('\n');
+    expect(countServerErrorsOfFaults(log)).toEqual({
+      'syntax error': 2,
+      'NUL (22021)': 0,
+      'foreign key at COMMIT (23503)': 0,
+      'setting changed in a group (IJ003)': 1,
+    });
+  });
+
+  it('gives each fault a job name of its own', () => {
+    expect(jobNameFor(undefined)).toBe('charge');
+    expect(new Set(JOB_FAULTS.map(jobNameFor)).size).toBe(JOB_FAULTS.length);
+    expect(JOB_FAULTS.map(jobNameFor)).not.toContain('charge');
   });
 });
 

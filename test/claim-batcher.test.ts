@@ -9,10 +9,12 @@ import { Kysely, PostgresDialect, sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { randomUUID } from 'node:crypto';
-import { IdempotencyKeys, PostgresKeyStore, isHeld } from '../src/index.js';
+import { IdempotencyKeys, isHeld } from '../src/index.js';
+import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
 import { claimKeysBatch } from '../src/store/sql/claim-batch.js';
-import { classifyClaimRow, type ClaimStatementInput } from '../src/store/sql/claim.js';
+import { classifyClaimRow } from '../src/store/sql/claim.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
+import type { ClaimStatementInput } from '../src/store/records.js';
 
 let env: TestEnv;
 let db: Kysely<any>;

@@ -1,17 +1,8 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  IdempotencyKeys,
-  KeyReusedError,
-  PostgresKeyStore,
-  type KeyStore,
-  LeaseLostError,
-  ResultNotStorableError,
-  ValidationError,
-  isHeld,
-  type HeldClaim,
-  type ClaimOutcome,
-} from '../src/index.js';
+import { IdempotencyKeys, KeyReusedError, LeaseLostError, ResultNotStorableError, ValidationError, isHeld, type HeldClaim, type ClaimOutcome } from '../src/index.js';
+import { type KeyStore } from '../src/store/key-store.js';
+import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 import { createEffectsTable, createGate, effectsOf, expireLease, insertEffect } from './support/protocol-fixtures.js';
 

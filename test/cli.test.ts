@@ -3,6 +3,7 @@
  * which runs the TypeScript through tsx in a checkout) against this file's schema.
  */
 import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -104,6 +105,21 @@ describe('idempotent-jobs CLI', () => {
     expect(missingText).toMatchObject({ code: 3, stdout: '' });
   });
 
+  it('keys get: a key deleted after its retention with a live tombstone shows the tombstone (exit 0), as a table and as JSON; stats counts it', async () => {
+    await sql`insert into ${sql.id(env.schema, 'key_tombstones')} (scope, key_hash, fingerprint_hash, failed, finished_at, expires_at)
+              values ('acme', sha256(convert_to('gone', 'UTF8')), sha256(convert_to('fp', 'UTF8')), false, now() - interval '2 days', now() + interval '5 days')`.execute(env.db);
+    const text = await cli(['keys', 'get', 'acme', 'gone']);
+    expect(text.code).toBe(0);
+    expect(text.stdout).toMatch(/^status\s+tombstone \(completed; result expired, duplicates are not run\)$/m);
+    expect(text.stdout).toMatch(/^refused until\s+\d{4}-/m);
+    const asJson = await cli(['keys', 'get', 'acme', 'gone', '--json']);
+    expect(json(asJson)).toMatchObject({ scope: 'acme', key: 'gone', status: 'tombstone', outcome: 'completed' });
+    expect(Date.parse(json(asJson).expiresAt)).toBeGreaterThan(Date.now());
+    const stats = await cli(['stats', '--json']);
+    expect(json(stats).tombstones).toBe(1);
+    expect((await cli(['stats'])).stdout).toMatch(/^Tombstones:\s+1 /m);
+  });
+
   it('keys get: shows each step of a multi-step key (position, name, starts, fence, times, result size), as a table and as JSON', async () => {
     // reserve (database) and charge (external) recorded; e-mail started and not recorded, as
     // when its worker died inside it.
@@ -201,6 +217,41 @@ describe('idempotent-jobs CLI', () => {
     const down = await cli(['stats'], { DATABASE_URL: 'postgres://postgres@127.0.0.1:1/postgres' });
     expect(down.code).toBe(1);
     expect(down.stderr).not.toBe('');
+  });
+
+  it('stats, keys, migrate: a server that does not answer, a schema never migrated, or a missing database name the variable and the fix', async () => {
+    for (const args of [['stats'], ['keys', 'list']]) {
+      const down = await cli(args, { DATABASE_URL: 'postgres://postgres:secret@127.0.0.1:1/postgres' });
+      expect(down.code, args.join(' ')).toBe(1);
+      expect(down.stderr.trim()).toMatch(
+        /^Postgres at DATABASE_URL \(postgres:\/\/postgres:\*\*\*@127\.0\.0\.1:1\/postgres\) did not answer: connect ECONNREFUSED 127\.0\.0\.1:1\. Check that the server is up and DATABASE_URL is right\.$/,
+      );
+      const unmigrated = await cli(args, { SCHEMA: 'nope_schema' });
+      expect(unmigrated.code, args.join(' ')).toBe(2);
+      expect(unmigrated.stderr.trim()).toMatch(
+        /^Schema "nope_schema" in DATABASE_URL \(.*\) has no idempotency tables \(relation "nope_schema\.\w+" does not exist\)\. Create them with `idempotent-jobs migrate` \(same DATABASE_URL and SCHEMA\)/,
+      );
+    }
+    const url = new URL(env.databaseDirectUrl);
+    url.pathname = '/ij_cli_no_such_database';
+    for (const args of [['stats'], ['keys', 'get', 'acme', 'paid'], ['migrate']]) {
+      const missing = await cli(args, { DATABASE_URL: url.toString(), DATABASE_DIRECT_URL: '' });
+      expect(missing.code, args.join(' ')).toBe(2);
+      expect(missing.stderr.trim()).toBe(
+        `Postgres has no database "ij_cli_no_such_database", which DATABASE_URL (${url}) names. ` +
+          `Create it (createdb -h ${url.hostname} -p ${url.port} -U ${url.username} ij_cli_no_such_database), or point DATABASE_URL at a database that exists.`,
+      );
+    }
+    for (const result of [await cli(['stats'], { SCHEMA: 'nope_schema' })]) expect(result.stderr).not.toMatch(/^\s+at /m);
+  }, 240_000); // eight starts of the command, each a few seconds on a busy machine
+
+  it('--version prints the package\'s version', async () => {
+    const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string };
+    for (const flag of ['--version', '-V']) {
+      const result = await cli([flag]);
+      expect(result.code).toBe(0);
+      expect(result.stdout).toBe(`${version}\n`);
+    }
   });
 
   it('stats: counts by status, expired leases, keys past the sweep horizon, expired keys, the oldest processing key (text and JSON)', async () => {

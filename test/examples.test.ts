@@ -1,8 +1,10 @@
+// @module-tag redis
 /**
  * The examples run as their READMEs say (`tsx <file>`, configured by the environment), each
  * against this file's schema and Redis prefix, and do what they claim.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { jetstreamManager } from '@nats-io/jetstream';
 import { connect as connectNats } from '@nats-io/transport-node';
@@ -10,12 +12,17 @@ import { connect as connectAmqp } from 'amqplib';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { amqpTopology } from 'idempotent-jobs/amqp';
+import { freePort } from './chaos/private-redis.js';
 import { AMQP_URL } from './support/amqp-test-env.js';
 import { sharedNatsUrl } from './support/nats-env.js';
+import { systemToolForTests, withToolOnPath } from './support/system-tools.js';
+import { prismaGenerate } from './support/prisma-cli.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const TSX = fileURLToPath(new URL('../node_modules/.bin/tsx', import.meta.url));
+const PYTHON3 = systemToolForTests('python3');
+const CURL = systemToolForTests('curl');
 let env: TestEnv;
 const children: ChildProcess[] = [];
 
@@ -139,15 +146,42 @@ describe('examples', () => {
     expect(await count('payments')).toBe(1);
   });
 
-  it('python-producer: curl and Python standard library submit, wait and get the result', async () => {
-    const [, url] = await start('examples/python-producer/server.ts', /listening on (http:\S+)/, { HTTP_PORT: '0' });
-    const curl = run('sh', ['examples/python-producer/submit.sh', 'quote-curl', url!]);
-    expect(curl).toMatch(/HTTP 200\s*$/);
-    expect(JSON.parse(curl.split('\n')[0]!)).toMatchObject({ key: 'quote-curl', state: 'completed', result: { totalCents: 2999 } });
-    const python = run('python3', ['examples/python-producer/submit.py', 'quote-py', url!]).trimEnd().split('\n');
-    expect(python[0]).toMatch(/^POST 20[02] /);
-    expect(JSON.parse(python.at(-1)!)).toMatchObject({ key: 'quote-py', state: 'completed', result: { totalCents: 2999 } });
-  });
+  it.skipIf(PYTHON3 === undefined || CURL === undefined)('python-producer: its README block, run as it is, waits for the server, submits with curl and Python, gets the results, and stops the server', async () => {
+    const readme = readFileSync(new URL('../examples/python-producer/README.md', import.meta.url), 'utf8');
+    const section = readme.split(/^## Over the HTTP API/m)[1]!.split(/^## /m)[0]!;
+    const block = /^```sh\n([\s\S]*?)^```$/m.exec(section)![1]!;
+    const port = await freePort();
+    // The block as written, but on this file's port, database, Redis, schema and prefix.
+    const substitutions: Array<[string, string]> = [
+      ['DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres', `DATABASE_URL=${env.databaseUrl}`],
+      ['REDIS_URL=redis://127.0.0.1:6379', `REDIS_URL=${env.redisUrl}`],
+      ['SCHEMA=examples REDIS_PREFIX=examples', `SCHEMA=${env.schema} REDIS_PREFIX=${env.redisPrefix}`],
+      ['port=3000', `port=${port}`],
+    ];
+    let script = block;
+    for (const [from, to] of substitutions) {
+      expect(script, `the README block sets ${from}`).toContain(from);
+      script = script.replace(from, to);
+    }
+    const pythonDir = PYTHON3!.slice(0, PYTHON3!.lastIndexOf('/'));
+    const result = spawnSync('bash', ['-c', script], {
+      cwd: ROOT,
+      env: { ...withToolOnPath(CURL!), PATH: `${pythonDir}:${withToolOnPath(CURL!).PATH}`, LOG_LEVEL: 'warn' },
+      encoding: 'utf8',
+      timeout: 120_000,
+    });
+    expect(result.status, `${result.stdout}\n${result.stderr}`).toBe(0);
+    expect(result.stderr).not.toMatch(/Failed to connect|Traceback/);
+    const lines = result.stdout.split('\n').filter((line) => !line.startsWith('{"level"'));
+    const curlAnswer = lines.findIndex((line) => line.startsWith('{') && line.includes('"quote-1"'));
+    expect(JSON.parse(lines[curlAnswer]!)).toMatchObject({ key: 'quote-1', state: 'completed', result: { totalCents: 2999 } });
+    expect(lines[curlAnswer + 1]).toBe('HTTP 200');
+    expect(lines.find((line) => /^POST 20[02] /.test(line))).toBeDefined();
+    const pythonAnswer = lines.filter((line) => line.startsWith('{') && line.includes('"quote-2"')).at(-1)!;
+    expect(JSON.parse(pythonAnswer)).toMatchObject({ key: 'quote-2', state: 'completed', result: { totalCents: 2999 } });
+    // The server stopped with the block: nothing listens on its port any more.
+    await expect(fetch(`http://127.0.0.1:${port}/healthz`)).rejects.toThrow();
+  }, 150_000);
 
   it('group-commit-worker: every job processed once by each worker, ratio printed', async () => {
     const jobs = 200;
@@ -161,7 +195,20 @@ describe('examples', () => {
     ]);
   });
 
-  it('rabbitmq-consumer: a message published twice writes one ledger row; its queues are deleted', async () => {
+  // The data-layer workers: the same ledger effect written with each adapter's data layer. On a
+  // fresh clone the Prisma CLI is installed into tools/prisma at its first use (about a minute of
+  // npm install), hence the longer time.
+  it.each(['pg', 'postgres-js', 'drizzle', 'prisma', 'typeorm'])('%s-worker: a job added twice writes one ledger row', { timeout: 240_000 }, async (name) => {
+    if (name === 'prisma') {
+      // The generated client is not committed: generated as the example's README says.
+      prismaGenerate('examples/prisma-worker/schema.prisma');
+    }
+    const printed = run(TSX, [`examples/${name}-worker/run.ts`]);
+    expect(printedLines(printed)).toEqual(EXPECTED_BROKER_EXAMPLE_OUTPUT);
+    expect(await ledgerRows(`${name.replace('-', '_')}_ledger`)).toEqual([{ key: 'order-1', n: 1 }, { key: 'order-2', n: 1 }]);
+  });
+
+  it('rabbitmq-consumer: a message published twice writes one ledger row; its queues are deleted', { tags: ['rabbitmq'] }, async () => {
     const { queue, deadLetterQueue, delayQueues } = amqpTopology(`${env.schema}.example-payments`);
     let left: string[];
     try {
@@ -174,7 +221,7 @@ describe('examples', () => {
     expect(left, 'left behind by the example').toEqual([]);
   });
 
-  it('nats-consumer: a message published twice writes one ledger row; its streams are deleted', async () => {
+  it('nats-consumer: a message published twice writes one ledger row; its streams are deleted', { tags: ['nats'] }, async () => {
     const stream = `${env.schema}-example-orders`;
     let left: string[];
     try {

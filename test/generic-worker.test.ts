@@ -1,9 +1,11 @@
+// @module-tag redis
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotentProducer, loadEnvConfig, loadHandlerModule, ConfigError } from '../src/index.js';
+import { IdempotentProducer, ConfigError } from '../src/index.js';
+import { loadEnvConfig, loadHandlerModule } from '../src/process/index.js';
 import { waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -74,7 +76,7 @@ describe('idempotent-jobs worker --handler', () => {
     const { exited } = runCli(['worker', '--queue', 'echo', '--handler', 'test/support/object-handler.mjs']);
     const { code, stderr } = await exited;
     expect(code).toBe(2);
-    expect(stderr).toMatch(/object-handler\.mjs: its default export is an object without a transaction function; export default a function \(async \(ctx\) => result\) or a database-only handler \(\{ transaction: async \(tx, ctx\) => result \}\)/);
+    expect(stderr).toMatch(/object-handler\.mjs: its default export is an object without a transaction function; export default a function \(async \(ctx\) => result\) or a database-only handler \(\{ transaction: async \(tx, ctx\) => result \}, or databaseOnly\(dataLayer, async \(tx, ctx\) => result\)\)/);
     await expect(loadHandlerModule('test/support/object-handler.mjs')).rejects.toThrow(ConfigError);
     await expect(loadHandlerModule('test/support/not-a-handler.mjs')).rejects.toThrow(/not-a-handler\.mjs: the module has no default export/);
     expect(typeof (await loadHandlerModule('test/support/echo-handler.mjs'))).toBe('function');

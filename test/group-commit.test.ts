@@ -1,51 +1,60 @@
 import { sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, LeaseLostError, PostgresKeyStore, ValidationError, createPostgresDb, isHeld, type ClaimOutcome, type HeldClaim, type KeyStore } from '../src/index.js';
+import { IdempotencyKeys, LeaseLostError, TransactionControlError, ValidationError, createPostgresDb, isHeld, type ClaimOutcome, type ExecuteOnceOutcome, type HeldClaim } from '../src/index.js';
+import { type KeyStore } from '../src/store/key-store.js';
+import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 import { createGate, expireLease } from './support/protocol-fixtures.js';
 
 let env: TestEnv;
-/** Group commit on; one group at a time, so that jobs submitted together share transactions. */
-let grouped: IdempotencyKeys;
-/** The same with careful groups only (a savepoint per job). */
-let careful: IdempotencyKeys;
 let plain: IdempotencyKeys;
 const scope = 'group';
 
 beforeAll(async () => {
   env = await createTestEnv('group_commit');
-  grouped = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxJobs: 16, maxGroups: 1 } });
-  careful = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxJobs: 16, maxGroups: 1, optimistic: false } });
-  plain = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000 });
-  // txid records which transaction committed each effect; `ref` is a foreign key checked only at COMMIT.
+  plain = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: false });
+  // txid records which transaction committed each effect; `ref` is a foreign key checked only
+  // at COMMIT; `seen` what a job read of a setting.
   await sql`create table ${sql.id(env.schema, 'group_refs')} (id int primary key)`.execute(env.db);
   await sql`create table ${sql.id(env.schema, 'group_effects')} (
-    key text not null, txid bigint not null default txid_current(),
+    key text not null, txid bigint not null default txid_current(), seen text,
     ref int references ${sql.id(env.schema, 'group_refs')} (id) deferrable initially deferred)`.execute(env.db);
+  // A function that changes a setting where the statement screen cannot see it.
+  await sql`create function ${sql.id(env.schema, 'set_quietly')}(p_name text, p_value text) returns void
+    language plpgsql as $$ begin perform set_config(p_name, p_value, true); end $$`.execute(env.db);
 });
 afterAll(async () => {
   await env?.teardown();
 });
+
+/**
+ * Group commit on, one group at a time, no settled-key probe: jobs submitted together share a
+ * transaction, and every job reaches its group.
+ */
+function groupedKeys(db: Kysely<any> = env.db, groupCommit: { maxJobs?: number; watchSettings?: readonly string[] } = {}) {
+  const store = new PostgresKeyStore(db, env.schema, { probeSettledKeys: false });
+  return new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1, ...groupCommit } }, store);
+}
 
 function held(outcome: ClaimOutcome): HeldClaim {
   if (!isHeld(outcome)) throw new Error(`expected a held claim, got ${outcome.kind}`);
   return outcome;
 }
 
-async function insertEffect(tx: Kysely<any>, key: string, bad = false): Promise<void> {
-  await sql`insert into ${sql.id(env.schema, 'group_effects')} (key, ref) values (${key}, ${bad ? -1 : null})`.execute(tx);
+async function insertEffect(tx: Kysely<any>, key: string, options: { badRef?: boolean; seen?: string } = {}): Promise<void> {
+  await sql`insert into ${sql.id(env.schema, 'group_effects')} (key, ref, seen) values (${key}, ${options.badRef ? -1 : null}, ${options.seen ?? null})`.execute(tx);
 }
 
-async function effects(prefix: string): Promise<Array<{ key: string; txid: string }>> {
-  const { rows } = await sql<{ key: string; txid: string }>`
-    select key, txid from ${sql.id(env.schema, 'group_effects')} where key like ${`${prefix}%`} order by key`.execute(env.db);
+async function effects(prefix: string): Promise<Array<{ key: string; txid: string; seen: string | null }>> {
+  const { rows } = await sql<{ key: string; txid: string; seen: string | null }>`
+    select key, txid, seen from ${sql.id(env.schema, 'group_effects')} where key like ${`${prefix}%`} order by key`.execute(env.db);
   return rows;
 }
 
-const fp = (key: string) => grouped.fingerprint({ key });
+const fp = (key: string) => plain.fingerprint({ key });
 
-/** Runs `body` and records every statement string any pg client sent meanwhile. */
+/** Runs `body` and records every statement text any pg client sent meanwhile (a pipeline's statements joined by `;\n`). */
 async function recordStatements<T>(body: () => Promise<T>): Promise<{ value: T; statements: string[] }> {
   const statements: string[] = [];
   const original = pg.Client.prototype.query;
@@ -61,266 +70,258 @@ async function recordStatements<T>(body: () => Promise<T>): Promise<{ value: T; 
 }
 
 /**
- * What holds whatever kind of group a job ran in: optimistic groups (the default, which fall back
- * to careful ones on any failure) and careful groups alone.
+ * Runs 8 fast-path jobs submitted together (one group), `jobAt(i)` being each one's effect;
+ * counts how often each effect ran. Keys `${prefix}0` … `${prefix}7`.
  */
-for (const mode of ['optimistic', 'careful'] as const) {
-  describe(`group commit, ${mode} groups`, () => {
-    const p = mode === 'optimistic' ? 'o-' : 'c-';
-    const subject = () => (mode === 'optimistic' ? grouped : careful);
-
-    it('1. concurrent fast-path jobs share transactions, and each key takes effect once', async () => {
-      const keys = Array.from({ length: 12 }, (_, i) => `${p}share-${String(i).padStart(2, '0')}`);
-      const outcomes = await Promise.all(keys.map((key) => subject().executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key), { key }))));
-      expect(outcomes.map((o) => o.kind)).toEqual(keys.map(() => 'executed'));
-      const rows = await effects(`${p}share-`);
-      expect(rows.map((r) => r.key)).toEqual(keys);
-      // One group at a time: the first job goes alone, the other eleven wait and share one transaction.
-      expect(new Set(rows.map((r) => r.txid)).size).toBeLessThan(keys.length);
-      // Replays see the stored results.
-      const again = await subject().executeOnce(scope, keys[3]!, fp(keys[3]!), async () => 'must not run');
-      expect(again).toMatchObject({ kind: 'completed', result: { key: keys[3] } });
-    });
-
-    it('2. a job that throws in a group rolls back only itself (its effect and its claim); the others commit', async () => {
-      const keys = Array.from({ length: 8 }, (_, i) => `${p}iso-${i}`);
-      const settled = await Promise.allSettled(
-        keys.map((key, i) =>
-          subject().executeOnce(scope, key, fp(key), async (tx) => {
-            await insertEffect(tx, key);
-            if (i === 4) throw new Error('boom in the middle of the group');
-            if (i === 6) await sql`select 1 / 0`.execute(tx); // an SQL error aborts only this job's savepoint
-            return i;
-          }),
-        ),
-      );
-      expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled', 'rejected', 'fulfilled', 'rejected', 'fulfilled']);
-      expect((await effects(`${p}iso-`)).map((r) => r.key)).toEqual([`${p}iso-0`, `${p}iso-1`, `${p}iso-2`, `${p}iso-3`, `${p}iso-5`, `${p}iso-7`]);
-      // The failed keys are exactly as before: no row, so the next attempt runs them.
-      expect(await plain.get(scope, `${p}iso-4`)).toBeUndefined();
-      expect(await plain.get(scope, `${p}iso-6`)).toBeUndefined();
-      const retried = await subject().executeOnce(scope, `${p}iso-4`, fp(`${p}iso-4`), async (tx) => (await insertEffect(tx, `${p}iso-4`), 'second try'));
-      expect(retried.kind).toBe('executed');
-      expect((await effects(`${p}iso-4`)).length).toBe(1);
-    });
-
-    it('3. a leased job whose lease was taken over is fenced inside its group; its group-mates commit', async () => {
-      const zombie = held(await plain.claim(scope, `${p}fenced-zombie`, fp(`${p}fenced-zombie`)));
-      await expireLease(env.db, env.schema, scope, `${p}fenced-zombie`);
-      const successor = held(await plain.claim(scope, `${p}fenced-zombie`, fp(`${p}fenced-zombie`)));
-      expect(successor.fence).toBe(2);
-      const mates = await Promise.all([`${p}fenced-mate-1`, `${p}fenced-mate-2`].map(async (key) => held(await plain.claim(scope, key, fp(key)))));
-      const results = await Promise.allSettled([
-        subject().commitEffect(mates[0]!, async (tx) => (await insertEffect(tx, `${p}fenced-mate-1`), 1)),
-        subject().commitEffect(zombie, async (tx) => (await insertEffect(tx, `${p}fenced-zombie`), 'zombie')),
-        subject().commitEffect(mates[1]!, async (tx) => (await insertEffect(tx, `${p}fenced-mate-2`), 2)),
-      ]);
-      expect(results[0]).toMatchObject({ status: 'fulfilled', value: 1 });
-      expect(results[1].status).toBe('rejected');
-      expect((results[1] as PromiseRejectedResult).reason).toBeInstanceOf(LeaseLostError);
-      expect(results[2]).toMatchObject({ status: 'fulfilled', value: 2 });
-      expect((await effects(`${p}fenced-`)).map((r) => r.key)).toEqual([`${p}fenced-mate-1`, `${p}fenced-mate-2`]);
-      expect(await plain.get(scope, `${p}fenced-zombie`)).toMatchObject({ status: 'processing', fence: 2 });
-      // The successor still completes.
-      await subject().commitEffect(successor, async (tx) => (await insertEffect(tx, `${p}fenced-zombie`), 'successor'));
-      expect(await plain.get(scope, `${p}fenced-zombie`)).toMatchObject({ status: 'completed', result: 'successor' });
-    });
-
-    it('4. when the COMMIT itself fails, every job of the group fails and nothing of it is kept', async () => {
-      const keys = [`${p}commit-fail-0`, `${p}commit-fail-1`, `${p}commit-fail-2`, `${p}commit-fail-3`];
-      const settled = await Promise.allSettled(
-        // The deferred constraint is checked only at COMMIT: job 2's row makes the whole COMMIT fail.
-        keys.map((key, i) => subject().executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key, i === 2), i))),
-      );
-      // The first job may have gone alone in its own group (and committed); every job grouped with job 2 failed.
-      const failed = keys.filter((_, i) => settled[i]!.status === 'rejected');
-      expect(failed).toContain(`${p}commit-fail-2`);
-      for (const key of failed) {
-        expect(await plain.get(scope, key)).toBeUndefined();
-        expect(await effects(key)).toEqual([]);
-      }
-      const kept = keys.filter((key) => !failed.includes(key));
-      for (const key of kept) expect((await effects(key)).length).toBe(1);
-      expect(failed.length).toBeGreaterThan(1);
-      // Retried without the bad row, each runs once.
-      for (const key of failed) await subject().executeOnce(scope, key, fp(key), async (tx) => insertEffect(tx, key));
-      for (const key of keys) expect((await effects(key)).length).toBe(1);
-    });
-
-    it('5. two jobs of one key in one group: one runs, the other replays its result, never a second effect', async () => {
-      const runs = await Promise.all(
-        [1, 2, 3].map(() => subject().executeOnce(scope, `${p}same-key`, fp(`${p}same-key`), async (tx) => (await insertEffect(tx, `${p}same-key`), 'only once'))),
-      );
-      expect(runs.filter((o) => o.kind === 'executed')).toHaveLength(1);
-      for (const o of runs) if (o.kind !== 'executed') expect(o).toMatchObject({ kind: 'completed', result: 'only once' });
-      expect((await effects(`${p}same-key`)).length).toBe(1);
-    });
-  });
+async function groupOfEight(keys: IdempotencyKeys, prefix: string, jobAt: (tx: Kysely<any>, i: number) => Promise<unknown>) {
+  const runs = Array<number>(8).fill(0);
+  const settled = await Promise.allSettled(
+    Array.from({ length: 8 }, (_, i) =>
+      keys.executeOnce(scope, `${prefix}${i}`, fp(`${prefix}${i}`), async (tx) => {
+        runs[i]!++;
+        return jobAt(tx, i);
+      }),
+    ),
+  );
+  return { settled, runs };
 }
 
-describe('group commit', () => {
-  it('6. a careful group of 8 leased jobs costs 9 round trips: each savepoint rides with its job\'s first statement, each completion with the next', async () => {
-    const claims = await Promise.all(Array.from({ length: 8 }, async (_, i) => held(await plain.claim(scope, `trips-${i}`, fp(`trips-${i}`)))));
-    await sql`select 1`.execute(env.db); // a warm pool connection
-    const { statements: sent } = await recordStatements(() =>
-      Promise.all(claims.map((claim, i) => careful.commitEffect(claim, async (tx) => (await insertEffect(tx, `trips-${i}`), i)))),
-    );
-    expect(sent).toHaveLength(9);
-    expect(sent[0]).toMatch(/^begin isolation level read committed;\nsavepoint job_1;\ninsert into/);
-    expect(sent[1]).toMatch(/complete_key.*;\nrelease savepoint job_1;\nsavepoint job_2;\ninsert into/s);
-    expect(sent[8]).toMatch(/complete_key.*;\nrelease savepoint job_8;\ncommit$/s);
-    expect((await effects('trips-')).map((r) => r.txid)).toEqual(Array(8).fill((await effects('trips-'))[0]!.txid));
-    for (let i = 0; i < 8; i++) expect(await plain.get(scope, `trips-${i}`)).toMatchObject({ status: 'completed', result: i });
+describe('group commit: the outcome of one job after another', () => {
+  it('1. concurrent fast-path jobs share transactions, and each key takes effect once', async () => {
+    const keys = Array.from({ length: 12 }, (_, i) => `share-${String(i).padStart(2, '0')}`);
+    const grouped = groupedKeys();
+    const outcomes = await Promise.all(keys.map((key) => grouped.executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key), { key }))));
+    expect(outcomes.map((o) => o.kind)).toEqual(keys.map(() => 'executed'));
+    const rows = await effects('share-');
+    expect(rows.map((r) => r.key)).toEqual(keys);
+    expect(new Set(rows.map((r) => r.txid)).size).toBeLessThan(keys.length);
+    const again = await grouped.executeOnce(scope, keys[3]!, fp(keys[3]!), async () => 'must not run');
+    expect(again).toMatchObject({ kind: 'completed', result: { key: keys[3] } });
   });
 
-  it('9. a careful group claims its jobs\' new keys in one statement; keys with a row, and a key repeated, are claimed by their jobs', async () => {
-    // No settled-key probe, so that every job reaches the group and the statements are predictable.
-    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    const oneGroup = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1, optimistic: false } }, store);
-    await plain.executeOnce(scope, 'ahead-done', fp('ahead-done'), async () => 'stored');
-    await plain.executeOnce(scope, 'ahead-reused', grouped.fingerprint('something else'), async () => 'other');
-    await plain.claim(scope, 'ahead-expired', fp('ahead-expired'));
-    await expireLease(env.db, env.schema, scope, 'ahead-expired');
-    await plain.claim(scope, 'ahead-live', fp('ahead-live'));
-    const keys = ['ahead-new-1', 'ahead-done', 'ahead-new-2', 'ahead-reused', 'ahead-new-1', 'ahead-expired', 'ahead-live', 'ahead-new-3'];
-
-    const started = createGate();
-    const gate = createGate();
-    const { value: outcomes, statements: sent } = await recordStatements(async () => {
-      // A first job holds the only group open while the others queue up, so they form one batch.
-      const first = oneGroup.executeOnce(scope, 'ahead-first', fp('ahead-first'), async (tx) => (started.open(), await gate.wait, await insertEffect(tx, 'ahead-first'), 'first'));
-      await started.wait;
-      const rest = keys.map((key, i) => oneGroup.executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key), `${key}#${i}`)));
-      await new Promise((resolve) => setTimeout(resolve, 50));
-      gate.open();
-      return [await first, ...(await Promise.all(rest))];
+  it('2. a job that throws, and one whose statement fails, fail alone: the group rolls back, they run alone, the others commit together', async () => {
+    const { settled, runs } = await groupOfEight(groupedKeys(), 'iso-', async (tx, i) => {
+      if (i === 4) {
+        await insertEffect(tx, `iso-${i}`);
+        throw new Error('boom in the middle of the group');
+      }
+      if (i === 6) await sql`insert into ${sql.id(env.schema, 'group_effects')} (key) values (${`iso-${i}`} || (1 / 0)::text)`.execute(tx);
+      else await insertEffect(tx, `iso-${i}`);
+      return i;
     });
-
-    expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed', 'completed', 'executed', 'key-reused', 'completed', 'executed', 'in-progress', 'executed']);
-    expect(outcomes[5]).toMatchObject({ result: 'ahead-new-1#0' }); // the repeat replays its twin's result
-    expect(outcomes[2]).toMatchObject({ result: 'stored' });
-    expect(outcomes[6]).toMatchObject({ kind: 'executed', claim: { fence: 2, attempts: 2 } }); // taken over by its own claim
-    expect(outcomes[1]).toMatchObject({ kind: 'executed', claim: { fence: 1, attempts: 1 } });
-    // One statement claimed the three new keys; claim_key ran only for the first job (alone) and the five others.
-    expect(sent.filter((text) => text.includes('claim_new_keys'))).toHaveLength(1);
-    expect(sent.filter((text) => /\bclaim_key"?\(/.test(text))).toHaveLength(1 + 5);
-    for (const key of ['ahead-first', 'ahead-new-1', 'ahead-new-2', 'ahead-expired', 'ahead-new-3']) expect((await effects(key)).length, key).toBe(1);
-    for (const key of ['ahead-done', 'ahead-reused', 'ahead-live']) expect(await effects(key), key).toEqual([]);
-    for (const key of ['ahead-new-1', 'ahead-new-2', 'ahead-new-3']) expect(await plain.get(scope, key), key).toMatchObject({ status: 'completed', fence: 1, attempts: 1 });
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled', 'rejected', 'fulfilled', 'rejected', 'fulfilled']);
+    expect((settled[4] as PromiseRejectedResult).reason).toMatchObject({ message: 'boom in the middle of the group' });
+    expect((settled[6] as PromiseRejectedResult).reason).toMatchObject({ code: '22012' });
+    const rows = await effects('iso-');
+    expect(rows.map((r) => r.key)).toEqual(['iso-0', 'iso-1', 'iso-2', 'iso-3', 'iso-5', 'iso-7']);
+    expect(new Set(rows.map((r) => r.txid)).size).toBe(1); // the six committed together
+    expect(await plain.get(scope, 'iso-4')).toBeUndefined();
+    expect(await plain.get(scope, 'iso-6')).toBeUndefined();
+    // The failing two ran in the group and again alone; the others in the group and in its re-run.
+    expect(runs).toEqual([2, 2, 2, 2, 2, 2, 2, 2]);
   });
 
-  it('10. a job whose key its group claimed ahead and which then fails (throws, or returns a result jsonb refuses) leaves its key absent; its group-mates commit', async () => {
-    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    const oneGroup = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1, optimistic: false } }, store);
-    const started = createGate();
-    const gate = createGate();
-    const { value: settled, statements } = await recordStatements(async () => {
-      const first = oneGroup.executeOnce(scope, 'undo-first', fp('undo-first'), async () => (started.open(), await gate.wait, 'first'));
-      await started.wait;
-      const rest = ['undo-0', 'undo-1', 'undo-2', 'undo-3'].map((key, i) =>
-        oneGroup.executeOnce(scope, key, fp(key), async (tx) => {
-          await insertEffect(tx, key);
-          if (i === 1) throw new Error('effect failed after its key was claimed ahead');
-          return i === 2 ? { text: 'NUL \u0000 is refused' } : i;
-        }),
-      );
-      await new Promise((resolve) => setTimeout(resolve, 50));
-      gate.open();
-      return Promise.allSettled([first, ...rest]);
-    });
-    expect(statements.filter((text) => text.includes('claim_new_keys'))).toHaveLength(1);
-    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'rejected', 'rejected', 'fulfilled']);
-    expect((settled[3] as PromiseRejectedResult).reason).toMatchObject({ code: 'RESULT_NOT_STORABLE' });
-    expect((await effects('undo-')).map((r) => r.key)).toEqual(['undo-0', 'undo-3']);
-    expect(await plain.get(scope, 'undo-1')).toBeUndefined();
-    expect(await plain.get(scope, 'undo-2')).toBeUndefined();
-    expect(await plain.get(scope, 'undo-3')).toMatchObject({ status: 'completed', result: 3 });
-    // The next attempt finds the key new, and runs once.
-    expect((await oneGroup.executeOnce(scope, 'undo-1', fp('undo-1'), async (tx) => (await insertEffect(tx, 'undo-1'), 'again'))).kind).toBe('executed');
-    expect((await effects('undo-1')).length).toBe(1);
+  it('3. a leased job whose lease was taken over is fenced: it fails alone with LeaseLostError; its group-mates commit', async () => {
+    const grouped = groupedKeys();
+    const zombie = held(await plain.claim(scope, 'fenced-zombie', fp('fenced-zombie')));
+    await expireLease(env.db, env.schema, scope, 'fenced-zombie');
+    const successor = held(await plain.claim(scope, 'fenced-zombie', fp('fenced-zombie')));
+    expect(successor.fence).toBe(2);
+    const mates = await Promise.all(['fenced-mate-1', 'fenced-mate-2'].map(async (key) => held(await plain.claim(scope, key, fp(key)))));
+    const results = await Promise.allSettled([
+      grouped.commitEffect(mates[0]!, async (tx) => (await insertEffect(tx, 'fenced-mate-1'), 1)),
+      grouped.commitEffect(zombie, async (tx) => (await insertEffect(tx, 'fenced-zombie'), 'zombie')),
+      grouped.commitEffect(mates[1]!, async (tx) => (await insertEffect(tx, 'fenced-mate-2'), 2)),
+    ]);
+    expect(results[0]).toMatchObject({ status: 'fulfilled', value: 1 });
+    expect((results[1] as PromiseRejectedResult).reason).toBeInstanceOf(LeaseLostError);
+    expect(results[2]).toMatchObject({ status: 'fulfilled', value: 2 });
+    expect((await effects('fenced-')).map((r) => r.key)).toEqual(['fenced-mate-1', 'fenced-mate-2']);
+    expect(await plain.get(scope, 'fenced-zombie')).toMatchObject({ status: 'processing', fence: 2 });
+    await grouped.commitEffect(successor, async (tx) => (await insertEffect(tx, 'fenced-zombie'), 'successor'));
+    expect(await plain.get(scope, 'fenced-zombie')).toMatchObject({ status: 'completed', result: 'successor' });
   });
 
-  it('11. when the batched claim waits too long on a key another transaction holds, it is rolled back and each job claims alone', async () => {
-    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    const quick = new IdempotencyKeys({ db: env.db, schema: env.schema, claimLockTimeoutMs: 200, groupCommit: { maxGroups: 1, optimistic: false } }, store);
-    // Another transaction holds 'timeout-held' uncommitted (a fast path outside the group).
-    const holding = createGate();
-    const released = createGate();
-    const holder = plain.executeOnce(scope, 'timeout-held', fp('timeout-held'), async () => (holding.open(), await released.wait, 'holder'));
-    await holding.wait;
-    const started = createGate();
-    const gate = createGate();
-    const { value: outcomes, statements } = await recordStatements(async () => {
-      const first = quick.executeOnce(scope, 'timeout-first', fp('timeout-first'), async () => (started.open(), await gate.wait, 'first'));
-      await started.wait;
-      const rest = ['timeout-a', 'timeout-held', 'timeout-b'].map((key) => quick.executeOnce(scope, key, fp(key), async (tx) => (await insertEffect(tx, key), key)));
-      await new Promise((resolve) => setTimeout(resolve, 50));
-      gate.open();
-      return Promise.all([first, ...rest]);
-    });
-    released.open();
-    expect((await holder).kind).toBe('executed');
-    expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed', 'in-progress', 'executed']);
-    expect(statements.some((text) => /rollback to savepoint shared_1/.test(text))).toBe(true);
-    expect((await effects('timeout-')).map((r) => r.key)).toEqual(['timeout-a', 'timeout-b']);
-    expect(await plain.get(scope, 'timeout-held')).toMatchObject({ status: 'completed', result: 'holder' });
+  it('4. two jobs of one key: one runs, the others replay its result, never a second effect', async () => {
+    const grouped = groupedKeys();
+    const runs = await Promise.all([1, 2, 3].map(() => grouped.executeOnce(scope, 'same-key', fp('same-key'), async (tx) => (await insertEffect(tx, 'same-key'), 'only once'))));
+    expect(runs.filter((o) => o.kind === 'executed')).toHaveLength(1);
+    for (const o of runs) if (o.kind !== 'executed') expect(o).toMatchObject({ kind: 'completed', result: 'only once' });
+    expect((await effects('same-key')).length).toBe(1);
   });
 
-  it('12. a careful group opens at most 64 savepoints (Postgres caches 64 subtransaction ids), batched steps included', async () => {
-    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    const wide = new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 63, maxGroups: 1, optimistic: false } }, store);
-    const run = (key: string, before?: () => Promise<void>) =>
-      wide.executeOnce(scope, key, fp(key), async (tx) => (await before?.(), await insertEffect(tx, key), key));
-    const started = createGate();
-    const gate = createGate();
-    const later: Array<Promise<unknown>> = [];
-    // Savepoints: the first job alone (1); a batch of 40 (1 shared + 40); then a batch that
-    // arrives while the 40th runs: room for 64 - 42 - 1 = 21 of its 30 jobs, not 22.
-    const first = run('subx-first', async () => (started.open(), await gate.wait));
-    await started.wait;
-    const batch = Array.from({ length: 40 }, (_, i) =>
-      run(`subx-a-${String(i).padStart(2, '0')}`, async () => {
-        if (i !== 39) return;
-        for (let j = 0; j < 30; j++) later.push(run(`subx-b-${String(j).padStart(2, '0')}`));
-        await new Promise((resolve) => setTimeout(resolve, 20));
-      }),
-    );
-    await new Promise((resolve) => setTimeout(resolve, 50));
-    gate.open();
-    await Promise.all([first, ...batch]);
-    await Promise.all(later);
-    const rows = await effects('subx-');
-    expect(rows).toHaveLength(71);
-    const firstGroup = rows.filter((row) => row.txid === rows.find((r) => r.key === 'subx-first')!.txid);
-    expect(firstGroup).toHaveLength(1 + 40 + 21);
-  });
-
-  it('7. group commit needs a store with group statements, and at most 63 jobs a group', () => {
-    const store = { schema: env.schema } as unknown as KeyStore;
-    expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: true }, store)).toThrow(ValidationError);
-    expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 64 } })).toThrow(/maxJobs/);
+  it('5. a job that swallows its statement\'s error and returns nothing fails (its transaction was aborted), alone and in a group; nothing is reported done that did not commit', async () => {
+    const swallow = async (tx: Kysely<any>, key: string) => {
+      await insertEffect(tx, key);
+      await sql`select 1 / 0`.execute(tx).catch(() => {});
+    };
+    await expect(plain.executeOnce(scope, 'swallow-alone', fp('swallow-alone'), (tx) => swallow(tx, 'swallow-alone'))).rejects.toMatchObject({ code: '25P02' });
+    expect(await plain.get(scope, 'swallow-alone')).toBeUndefined();
+    const { settled } = await groupOfEight(groupedKeys(), 'swallow-', async (tx, i) => (i === 3 ? swallow(tx, `swallow-${i}`) : insertEffect(tx, `swallow-${i}`)));
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'rejected', 'fulfilled', 'fulfilled', 'fulfilled', 'fulfilled']);
+    expect((await effects('swallow-')).map((r) => r.key)).toEqual(['swallow-0', 'swallow-1', 'swallow-2', 'swallow-4', 'swallow-5', 'swallow-6', 'swallow-7']);
   });
 });
 
-describe('optimistic groups', () => {
-  /** Optimistic groups, one at a time, no settled-key probe: every job reaches the group. */
-  function optimisticKeys(options: { claimLockTimeoutMs?: number } = {}) {
-    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    return new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, ...options, groupCommit: { maxGroups: 1 } }, store);
+/**
+ * The faults of one job, each at every position of a group of 8: only that job fails (with its
+ * own error), every other commits once, and nothing of the failing job is kept.
+ */
+const FAULTS = {
+  // Kysely compiles an empty `in` list to `in ()`: a syntax error, found when Postgres parses it.
+  'a syntax error': {
+    effect: (tx: Kysely<any>, key: string) =>
+      tx
+        .insertInto(`${env.schema}.group_effects`)
+        .columns(['key'])
+        .expression(tx.selectNoFrom(sql.lit(key).as('key')).where(sql.lit(key), 'in', []))
+        .execute(),
+    code: '42601',
+  },
+  // Bound, a NUL is an invalid byte for Postgres: a deterministic error of the job's, never a connection fault.
+  'a NUL in a value': { effect: (tx: Kysely<any>, key: string) => insertEffect(tx, key, { seen: 'a\u0000b' }), code: '22021' },
+  // Checked only at COMMIT: the group's COMMIT fails, nobody's for certain, so every job runs alone.
+  'a deferred foreign key broken': { effect: (tx: Kysely<any>, key: string) => insertEffect(tx, key, { badRef: true }), code: '23503' },
+  // The transaction is the library's: refused before it is sent, for good.
+  'a COMMIT of its own': {
+    effect: async (tx: Kysely<any>, key: string) => {
+      await insertEffect(tx, key);
+      await sql`commit`.execute(tx);
+    },
+    code: 'TRANSACTION_CONTROL',
+  },
+} as const;
+
+describe.each(Object.entries(FAULTS))('one job of a group of 8 with %s', (name, fault) => {
+  const prefix = `${name.replace(/[^a-z]+/gi, '-')}-`;
+  it.each([0, 1, 2, 3, 4, 5, 6, 7])('at position %i: only it fails, with its own error; the other 7 commit once', async (position) => {
+    const keys = groupedKeys();
+    const at = `${prefix}${position}-`;
+    const { settled, runs } = await groupOfEight(keys, at, (tx, i) => (i === position ? fault.effect(tx, `${at}${i}`) : insertEffect(tx, `${at}${i}`)));
+    expect(settled.map((s) => s.status)).toEqual(Array.from({ length: 8 }, (_, i) => (i === position ? 'rejected' : 'fulfilled')));
+    expect((settled[position] as PromiseRejectedResult).reason).toMatchObject({ code: fault.code });
+    const committed = await effects(at);
+    expect(committed.map((r) => r.key)).toEqual(Array.from({ length: 8 }, (_, i) => `${at}${i}`).filter((_, i) => i !== position));
+    for (let i = 0; i < 8; i++) {
+      if (i === position) expect(await plain.get(scope, `${at}${i}`)).toBeUndefined();
+      else expect(await plain.get(scope, `${at}${i}`)).toMatchObject({ status: 'completed', fence: 1 });
+    }
+    // All 8 shared the first group (each ran in it), and each ran once more: alone, or in the re-run.
+    expect(runs).toEqual(Array(8).fill(2));
+  });
+});
+
+describe('no state crosses from one job to another', () => {
+  /** Each job records what it sees of `setting`; the job at `position` first changes it with `change`. */
+  async function changedAt(position: number, prefix: string, setting: string, change: (tx: Kysely<any>) => Promise<unknown>, db: Kysely<any> = env.db) {
+    const keys = groupedKeys(db, { watchSettings: ['app.tenant'] });
+    return groupOfEight(keys, prefix, async (tx, i) => {
+      if (i === position) await change(tx);
+      const { rows } = await sql<{ seen: string | null }>`select current_setting(${setting}, true) as seen`.execute(tx);
+      await insertEffect(tx, `${prefix}${i}`, { seen: rows[0]!.seen ?? '<unset>' });
+    });
   }
 
-  it('13. a group of 8 fast-path jobs costs 2 round trips and no savepoint: BEGIN with the 8 effects, then the keys written completed with their results, with the COMMIT', async () => {
-    const keys = optimisticKeys();
-    await sql`select 1`.execute(env.db); // a warm pool connection
+  const SETTINGS: ReadonlyArray<readonly [string, string, string]> = [
+    ['synchronous_commit', 'set local synchronous_commit = off', 'off'],
+    ['app.tenant', "select set_config('app.tenant', 'tenant-A', true)", 'tenant-A'],
+    ['statement_timeout', "set local statement_timeout = '7s'", '7s'],
+    ['search_path', 'set local search_path = pg_catalog', 'pg_catalog'],
+    ['session_replication_role', 'set local session_replication_role = replica', 'replica'],
+    ['lock_timeout', "set local lock_timeout = '3s'", '3s'],
+  ];
+
+  it.each(SETTINGS)('%s changed by one job (%s) is seen by no group-mate; that job runs alone and sees its own', async (setting, statement, value) => {
+    for (const position of [0, 3, 7]) {
+      const prefix = `set-${setting.replace(/\W/g, '')}-${position}-`;
+      const { settled } = await changedAt(position, prefix, setting, (tx) => sql.raw(statement).execute(tx));
+      expect(settled.every((s) => s.status === 'fulfilled')).toBe(true);
+      const rows = await effects(prefix);
+      expect(rows).toHaveLength(8);
+      for (const row of rows) {
+        if (row.key === `${prefix}${position}`) expect(row.seen).toBe(value);
+        else expect(row.seen).not.toBe(value);
+      }
+      // The job that changed it committed in a transaction of its own.
+      const own = rows.find((row) => row.key === `${prefix}${position}`)!;
+      expect(rows.filter((row) => row.txid === own.txid)).toHaveLength(1);
+    }
+  });
+
+  it('a setting changed inside a function (out of the statement screen\'s sight) is caught at the group\'s end: nothing of the group commits with it, every job runs alone', async () => {
+    // A custom setting the sessions know from their start, watched because it is named (watchSettings).
+    const url = new URL(env.databaseUrl);
+    url.searchParams.set('options', '-c app.tenant=none');
+    const db = createPostgresDb({ connectionString: url.toString(), maxConnections: 4, preparedStatements: env.preparedStatements });
+    try {
+      for (const [setting, value] of [
+        ['app.tenant', 'tenant-A'],
+        ['synchronous_commit', 'off'],
+      ] as const) {
+        const prefix = `quiet-${setting.replace(/\W/g, '')}-`;
+        const { settled } = await changedAt(2, prefix, setting, (tx) => sql`select ${sql.id(env.schema, 'set_quietly')}(${setting}, ${value})`.execute(tx), db);
+        expect(settled.every((s) => s.status === 'fulfilled')).toBe(true);
+        const rows = await effects(prefix);
+        expect(rows.filter((row) => row.seen === value).map((row) => row.key)).toEqual([`${prefix}2`]);
+      }
+    } finally {
+      await db.destroy();
+    }
+  });
+
+  it('a job that declares it runs alone (runsAlone) never shares a transaction', async () => {
+    const keys = groupedKeys();
+    const outcomes = await Promise.all(
+      [0, 1, 2].map((i) =>
+        keys.executeOnce(scope, `declared-${i}`, fp(`declared-${i}`), async (tx) => (await insertEffect(tx, `declared-${i}`), i), {
+          databaseOnly: true,
+          runsAlone: i === 1,
+        }),
+      ),
+    );
+    expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed', 'executed']);
+    const rows = await effects('declared-');
+    const alone = rows.find((row) => row.key === 'declared-1')!;
+    expect(rows.filter((row) => row.txid === alone.txid)).toHaveLength(1);
+  });
+
+  it('once a job of a kind is found changing a setting, later jobs of that kind run alone from the start (no group rolled back for them)', async () => {
+    const keys = groupedKeys();
+    const run = (prefix: string) =>
+      Promise.all(
+        Array.from({ length: 4 }, (_, i) =>
+          keys.executeOnce(
+            scope,
+            `${prefix}${i}`,
+            fp(`${prefix}${i}`),
+            async (tx) => {
+              if (i % 2 === 0) await sql`set local statement_timeout = '9s'`.execute(tx);
+              return insertEffect(tx, `${prefix}${i}`);
+            },
+            { jobName: i % 2 === 0 ? 'tenant-job' : 'plain-job' },
+          ),
+        ),
+      );
+    await run('kind-first-');
+    const { statements: sent } = await recordStatements(() => run('kind-later-'));
+    expect(sent.filter((text) => /^rollback$/.test(text))).toEqual([]);
+    expect((await effects('kind-later-')).length).toBe(4);
+  });
+});
+
+describe('what Postgres answers is what each job gets (pipelines)', () => {
+  it('6. a group of 8 fast-path jobs costs 2 round trips and no savepoint: BEGIN with the 8 effects, then the keys written completed with their results, with the COMMIT', async () => {
+    const keys = groupedKeys();
+    await keys.executeOnce(scope, 'lean-warm', fp('lean-warm'), async () => 'warm'); // the group's one read of the custom settings
     const { value: outcomes, statements: sent } = await recordStatements(() =>
       Promise.all(Array.from({ length: 8 }, (_, i) => keys.executeOnce(scope, `lean-${i}`, fp(`lean-${i}`), async (tx) => (await insertEffect(tx, `lean-${i}`), i)))),
     );
     expect(outcomes.map((o) => o.kind)).toEqual(Array(8).fill('executed'));
     expect(outcomes[3]).toMatchObject({ result: 3, claim: { fence: 1, attempts: 1 } });
     expect(sent).toHaveLength(2);
-    expect(sent[0]).toMatch(/^begin isolation level read committed;\ninsert into/);
+    expect(sent[0]).toMatch(/^begin isolation level read committed;\nselect set_config\('idempotent_jobs\.group_settings'/);
     expect(sent[0]!.match(/insert into/g)).toHaveLength(8);
-    expect(sent[1]).toMatch(/^set local lock_timeout = 2000;\ninsert into "[a-z_0-9]+"\.idempotency_keys .* values \(.*\);\ncommit$/s);
+    expect(sent[1]).toMatch(/^select .*check_group_settings\(.*\);\nselect .*insert_completed_keys\(.*\);\ncommit$/s);
     expect(sent.some((text) => /savepoint|claim_/.test(text))).toBe(false);
     expect(new Set((await effects('lean-')).map((r) => r.txid)).size).toBe(1);
     for (const [i, outcome] of outcomes.entries()) {
@@ -329,34 +330,30 @@ describe('optimistic groups', () => {
     }
   });
 
-  it('14. a key that has a row fails the group at its end: it rolls back, and its jobs run again in a careful group; each effect commits once', async () => {
-    const keys = optimisticKeys();
+  it('7. a key that has a row fails the group at its end, naming that key: only its job runs alone (and replays); the others commit together', async () => {
+    const keys = groupedKeys();
     await plain.executeOnce(scope, 'again-2', fp('again-2'), async () => 'stored before');
     const runs = new Map<string, number>();
-    const { value: outcomes, statements: sent } = await recordStatements(() =>
-      Promise.all(
-        [0, 1, 2, 3].map((i) =>
-          keys.executeOnce(scope, `again-${i}`, fp(`again-${i}`), async (tx) => {
-            runs.set(`again-${i}`, (runs.get(`again-${i}`) ?? 0) + 1);
-            await insertEffect(tx, `again-${i}`);
-            return i;
-          }),
-        ),
+    const outcomes = await Promise.all(
+      [0, 1, 2, 3].map((i) =>
+        keys.executeOnce(scope, `again-${i}`, fp(`again-${i}`), async (tx) => {
+          runs.set(`again-${i}`, (runs.get(`again-${i}`) ?? 0) + 1);
+          await insertEffect(tx, `again-${i}`);
+          return i;
+        }),
       ),
     );
     expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed', 'completed', 'executed']);
     expect(outcomes[2]).toMatchObject({ result: 'stored before' });
-    expect((await effects('again-')).map((r) => r.key)).toEqual(['again-0', 'again-1', 'again-3']);
-    // The optimistic run and the careful one: the effect code ran twice, its transaction committed once.
-    expect(runs.get('again-0')).toBe(2);
-    expect(runs.get('again-2')).toBe(1); // the careful claim found it completed: no second run
-    expect(sent.some((text) => /^rollback$/.test(text))).toBe(true);
-    expect(sent.some((text) => /savepoint job_1/.test(text))).toBe(true);
+    const rows = await effects('again-');
+    expect(rows.map((r) => r.key)).toEqual(['again-0', 'again-1', 'again-3']);
+    expect(new Set(rows.map((r) => r.txid)).size).toBe(1);
+    expect(runs.get('again-2')).toBe(1); // alone, its claim found it completed: no second run
   });
 
-  it('15. two workers run one key in optimistic groups at once: the first COMMIT wins, the other group rolls back and replays its result', async () => {
-    const first = optimisticKeys();
-    const second = optimisticKeys();
+  it('8. two workers run one key in groups at once: the first COMMIT wins, the other job replays its result', async () => {
+    const first = groupedKeys();
+    const second = groupedKeys();
     const inEffect = createGate();
     const gate = createGate();
     const slow = first.executeOnce(scope, 'race', fp('race'), async (tx) => {
@@ -373,33 +370,20 @@ describe('optimistic groups', () => {
     expect((await effects('race')).length).toBe(1);
   });
 
-  it('16. a lost lease fails its group at the end: the group runs again carefully, where the zombie alone fails with LeaseLostError', async () => {
-    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1 } });
-    const zombie = held(await plain.claim(scope, 'lost-zombie', fp('lost-zombie')));
-    await expireLease(env.db, env.schema, scope, 'lost-zombie');
-    held(await plain.claim(scope, 'lost-zombie', fp('lost-zombie')));
-    const mate = held(await plain.claim(scope, 'lost-mate', fp('lost-mate')));
-    const [zombieRun, mateRun] = await Promise.allSettled([
-      keys.commitEffect(zombie, async (tx) => (await insertEffect(tx, 'lost-zombie'), 'zombie')),
-      keys.commitEffect(mate, async (tx) => (await insertEffect(tx, 'lost-mate'), 'mate')),
-    ]);
-    expect((zombieRun as PromiseRejectedResult).reason).toBeInstanceOf(LeaseLostError);
-    expect(mateRun).toMatchObject({ status: 'fulfilled', value: 'mate' });
-    expect((await effects('lost-')).map((r) => r.key)).toEqual(['lost-mate']);
-  });
-
-  it('17. a COMMIT applied whose reply was lost: each job reads its key, finds it completed under its own claim, and reports its result', async () => {
-    const keys = optimisticKeys();
-    await sql`select 1`.execute(env.db);
+  it('9. a COMMIT applied whose reply was lost: each job reads its key, finds it completed under its own claim, and reports its result', async () => {
+    const keys = groupedKeys();
+    await keys.executeOnce(scope, 'cut-reply-warm', fp('cut-reply-warm'), async () => 'warm');
     const original = pg.Client.prototype.query;
     let cut = 0;
-    pg.Client.prototype.query = async function (this: pg.Client, ...args: unknown[]) {
-      const text = typeof args[0] === 'string' ? args[0] : '';
-      const result = await (original as (...a: unknown[]) => Promise<unknown>).apply(this, args);
-      if (/idempotency_keys .*;\ncommit$/s.test(text) && cut++ === 0) throw new Error('Connection terminated unexpectedly');
-      return result;
+    pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
+      const submitted = args[0] as { text?: string; handleReadyForQuery?: () => void; handleError?: (error: Error) => void };
+      if (typeof submitted.text === 'string' && /insert_completed_keys.*;\ncommit$/s.test(submitted.text) && cut++ === 0) {
+        // The server applies the COMMIT; its answer is lost on the way back.
+        submitted.handleReadyForQuery = () => submitted.handleError!(new Error('Connection terminated unexpectedly'));
+      }
+      return (original as (...a: unknown[]) => unknown).apply(this, args);
     } as typeof original;
-    let outcomes;
+    let outcomes: Array<ExecuteOnceOutcome<number>>;
     try {
       outcomes = await Promise.all([0, 1, 2].map((i) => keys.executeOnce(scope, `cut-reply-${i}`, fp(`cut-reply-${i}`), async (tx) => (await insertEffect(tx, `cut-reply-${i}`), i))));
     } finally {
@@ -409,31 +393,26 @@ describe('optimistic groups', () => {
     expect(outcomes.map((o) => o.kind === 'executed' && o.result)).toEqual([0, 1, 2]);
     expect((await effects('cut-reply-')).map((r) => r.key)).toEqual(['cut-reply-0', 'cut-reply-1', 'cut-reply-2']);
   });
-});
 
-describe('gathered groups (the jobs of an optimistic group run at once, their statements sent together)', () => {
-  function gatheredKeys() {
-    const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
-    return new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1 } }, store);
-  }
-  const runEight = <T>(keys: IdempotencyKeys, prefix: string, effect: (tx: Kysely<any>, i: number) => Promise<T>) =>
-    Promise.all(Array.from({ length: 8 }, (_, i) => keys.executeOnce(scope, `${prefix}${i}`, fp(`${prefix}${i}`), (tx) => effect(tx, i))));
-
-  it('18. each job receives its own statement\'s result, whatever its position in the string', async () => {
-    const keys = gatheredKeys();
+  it('10. each job receives its own statement\'s result, whatever its position in the pipeline', async () => {
+    const keys = groupedKeys();
     const { value: outcomes, statements: sent } = await recordStatements(() =>
-      runEight(keys, 'own-', async (tx, i) => {
-        const { rows } = await sql<{ key: string; n: number }>`
-          insert into ${sql.id(env.schema, 'group_effects')} (key) values (${`own-${i}`}) returning key, ${i}::int as n`.execute(tx);
-        return rows;
-      }),
+      Promise.all(
+        Array.from({ length: 8 }, (_, i) =>
+          keys.executeOnce(scope, `own-${i}`, fp(`own-${i}`), async (tx) => {
+            const { rows } = await sql<{ key: string; n: number }>`
+              insert into ${sql.id(env.schema, 'group_effects')} (key) values (${`own-${i}`}) returning key, ${i}::int as n`.execute(tx);
+            return rows;
+          }),
+        ),
+      ),
     );
     expect(sent.filter((text) => /group_effects/.test(text))).toHaveLength(1);
     expect(outcomes.map((o) => o.kind === 'executed' && o.result)).toEqual(Array.from({ length: 8 }, (_, i) => [{ key: `own-${i}`, n: i }]));
   });
 
-  it('19. jobs of several statements each (read for update, then write what was read) lose no update: the group runs again one job after another', async () => {
-    const keys = gatheredKeys();
+  it('11. jobs of several statements each (read for update, then write what was read) lose no update: the group runs again one job after another', async () => {
+    const keys = groupedKeys();
     await sql`create table ${sql.id(env.schema, 'group_counter')} (id int primary key, n int not null)`.execute(env.db);
     await sql`insert into ${sql.id(env.schema, 'group_counter')} values (1, 0)`.execute(env.db);
     const counter = sql.id(env.schema, 'group_counter');
@@ -444,61 +423,76 @@ describe('gathered groups (the jobs of an optimistic group run at once, their st
       await sql`update ${counter} set n = ${rows[0]!.n + 1} where id = 1`.execute(tx);
       return rows[0]!.n + 1;
     };
-    const first = await runEight(keys, 'counted-', increment);
-    expect(first.map((o) => o.kind)).toEqual(Array(8).fill('executed'));
+    const first = await groupOfEight(keys, 'counted-', increment);
+    expect(first.settled.map((o) => o.status)).toEqual(Array(8).fill('fulfilled'));
     expect((await sql<{ n: number }>`select n from ${counter}`.execute(env.db)).rows[0]!.n).toBe(8);
-    // Each job saw every earlier one's write, as one after another.
-    expect(first.map((o) => (o.kind === 'executed' ? o.result : 0)).sort((a, b) => a - b)).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
+    const results = first.settled.map((o) => ((o as PromiseFulfilledResult<ExecuteOnceOutcome<number>>).value as { result: number }).result);
+    expect(results.sort((a, b) => a - b)).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
     expect([...runs.values()].some((n) => n === 2)).toBe(true); // the gathered try, rolled back
-    // Later groups of this instance run one job after another from the start: no try lost.
     runs.clear();
-    const { statements: sent } = await recordStatements(() => runEight(keys, 'counted-again-', increment));
+    const { statements: sent } = await recordStatements(() => groupOfEight(keys, 'counted-again-', increment));
     expect([...runs.values()]).toEqual(Array(8).fill(1));
     expect(sent.some((text) => /^rollback$/.test(text))).toBe(false);
     expect((await sql<{ n: number }>`select n from ${counter}`.execute(env.db)).rows[0]!.n).toBe(16);
   });
 
-  it('20. a statement Postgres refuses fails the gathered group; its jobs run again carefully, and only the failing one fails', async () => {
-    const keys = gatheredKeys();
-    const outcomes = await Promise.allSettled(
-      Array.from({ length: 4 }, (_, i) =>
-        keys.executeOnce(scope, `refused-${i}`, fp(`refused-${i}`), async (tx) => {
-          // Job 2's one statement breaks a not-null constraint: refused in the gathered string.
-          await sql`insert into ${sql.id(env.schema, 'group_effects')} (key) values (${i === 2 ? null : `refused-${i}`})`.execute(tx);
-          return i;
-        }),
-      ),
-    );
-    expect(outcomes.map((o) => o.status)).toEqual(['fulfilled', 'fulfilled', 'rejected', 'fulfilled']);
-    expect((await effects('refused-')).map((r) => r.key)).toEqual(['refused-0', 'refused-1', 'refused-3']);
-    expect(await plain.get(scope, 'refused-2')).toBeUndefined();
-  });
-
-  it('21. a statement with binary values goes alone, and a text of two statements fails the group rather than mix up results', async () => {
-    const keys = gatheredKeys();
-    const { value: outcomes, statements: sent } = await recordStatements(() =>
-      Promise.all([
-        keys.executeOnce(scope, 'binary-0', fp('binary-0'), async (tx) => (await sql<{ b: string }>`select encode(${Buffer.from('hi')}::bytea, 'hex') as b`.execute(tx)).rows[0]!.b),
-        keys.executeOnce(scope, 'binary-1', fp('binary-1'), async (tx) => (await insertEffect(tx, 'binary-1'), 1)),
-      ]),
-    );
+  it('12. binary values share the pipeline; a parameterless text of several statements goes alone, its last result read', async () => {
+    const keys = groupedKeys();
+    const outcomes = await Promise.all([
+      keys.executeOnce(scope, 'binary-0', fp('binary-0'), async (tx) => (await sql<{ b: string }>`select encode(${Buffer.from('hi')}::bytea, 'hex') as b`.execute(tx)).rows[0]!.b),
+      keys.executeOnce(scope, 'binary-1', fp('binary-1'), async (tx) => (await insertEffect(tx, 'binary-1'), 1)),
+    ]);
     expect(outcomes.map((o) => o.kind === 'executed' && o.result)).toEqual(['6869', 1]);
-    expect(sent.some((text) => /^select encode\(\$1::bytea/.test(text))).toBe(true);
     const two = await Promise.all(
       [0, 1].map((i) => keys.executeOnce(scope, `two-${i}`, fp(`two-${i}`), async (tx) => (await sql.raw<{ n: number }>(`select ${i} as n; select ${i + 10} as n`).execute(tx)).rows[0]!.n)),
     );
-    // The careful run sends each text alone; Kysely reads the last statement's rows.
     expect(two.map((o) => o.kind === 'executed' && o.result)).toEqual([10, 11]);
+  });
+
+  it('13. a statement types its parameters the same in a group and alone: jsonb_build_object of an untyped parameter fails both ways', async () => {
+    const effect = (tx: Kysely<any>) => sql`select jsonb_build_object('k', ${'v'}) as j`.execute(tx);
+    const grouped = await groupOfEight(groupedKeys(), 'typed-', (tx) => effect(tx));
+    for (const outcome of grouped.settled) expect((outcome as PromiseRejectedResult).reason).toMatchObject({ code: '42P18' });
+    await expect(plain.executeOnce(scope, 'typed-alone', fp('typed-alone'), (tx) => effect(tx))).rejects.toMatchObject({ code: '42P18' });
   });
 });
 
-describe('group commit without Postgres', () => {
-  it('8. jobs waiting for a group fail (for their callers to retry) when no connection can be had, instead of looping', async () => {
+describe('group commit options and its absence', () => {
+  it('14. group commit needs a store with group statements, at most 63 jobs a group, and has no `optimistic` setting any more', () => {
+    const store = { schema: env.schema } as unknown as KeyStore;
+    expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: true }, store)).toThrow(ValidationError);
+    expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 64 } })).toThrow(/maxJobs/);
+    expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { optimistic: false } as never })).toThrow(/optimistic is gone/);
+  });
+
+  it('15. jobs waiting for a group fail (for their callers to retry) when no connection can be had, instead of looping', async () => {
     const unreachable = createPostgresDb({ connectionString: 'postgres://postgres@127.0.0.1:1/postgres', maxConnections: 1 });
     const keys = new IdempotencyKeys({ db: unreachable, schema: 'nowhere', groupCommit: { maxGroups: 1 } }, new PostgresKeyStore(unreachable, 'nowhere', { probeSettledKeys: false }));
     const claim = { scope, key: 'k', owner: '00000000-0000-4000-8000-000000000000', fence: 1, attempts: 1, lockedUntil: null } as const;
     const settled = await Promise.allSettled([1, 2, 3].map(() => keys.commitEffect(claim as never, async () => 'never')));
     expect(settled.map((s) => s.status)).toEqual(['rejected', 'rejected', 'rejected']);
     await unreachable.destroy();
+  });
+
+  it('16. an effect alone may not end its transaction either: COMMIT is refused before it is sent, and nothing of the effect is kept', async () => {
+    const outcome = await plain
+      .executeOnce(scope, 'commit-alone', fp('commit-alone'), async (tx) => {
+        await insertEffect(tx, 'commit-alone');
+        await sql`commit`.execute(tx);
+      })
+      .catch((error: unknown) => error);
+    expect(outcome).toBeInstanceOf(TransactionControlError);
+    expect(await effects('commit-alone')).toEqual([]);
+    expect(await plain.get(scope, 'commit-alone')).toBeUndefined();
+    // A savepoint of the effect's own, and a rollback to it, are fine.
+    const saved = await plain.executeOnce(scope, 'savepoint-alone', fp('savepoint-alone'), async (tx) => {
+      await sql`savepoint mine`.execute(tx);
+      await insertEffect(tx, 'savepoint-undone');
+      await sql`rollback to savepoint mine`.execute(tx);
+      await insertEffect(tx, 'savepoint-alone');
+      return 'kept';
+    });
+    expect(saved).toMatchObject({ kind: 'executed', result: 'kept' });
+    expect((await effects('savepoint-')).map((r) => r.key)).toEqual(['savepoint-alone']);
   });
 });

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * A job's lease heartbeat stops when its key is settled: once the effect's transaction has
  * committed, the key is completed and an extension finds no lease to extend, which is the job's

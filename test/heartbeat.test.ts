@@ -1,22 +1,12 @@
+// @module-tag redis
 import { Queue } from 'bullmq';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import {
-  IdempotencyKeys,
-  PostgresKeyStore,
-  createIdempotentWorker,
-  isHeld,
-  jobIdFor,
-  toWireJobData,
-  type Claim,
-  type ClaimOutcome,
-  type HeldClaim,
-  type IdempotentWorker,
-  type KeyStore,
-  type LeaseExtension,
-  type WorkerEvent,
-} from '../src/index.js';
+import { IdempotencyKeys, createIdempotentWorker, isHeld, jobIdFor, toWireJobData, type Claim, type ClaimOutcome, type HeldClaim, type IdempotentWorker, type WorkerEvent } from '../src/index.js';
+import { type KeyStore } from '../src/store/key-store.js';
+import { type LeaseExtension } from '../src/store/records.js';
+import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
 import { createGate } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * The HTTP API under random requests (fast-check): methods, paths (percent-encoded garbage,
  * invalid UTF-8, long segments), headers (keys, tokens, content types, preferences) and

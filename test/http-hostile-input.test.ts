@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * Hostile input at the HTTP API: bodies that once answered 500 (deep nesting, 1e400, lone
  * surrogates) and others nothing can store (invalid UTF-8, NUL, integers that would be
@@ -9,7 +10,8 @@ import { createServer, type Server } from 'node:net';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, createHttpApi, createPostgresDb, problemType, type HttpApi } from '../src/index.js';
+import { IdempotencyKeys, createHttpApi, createPostgresDb, type HttpApi } from '../src/index.js';
+import { problemType } from '../src/http/problems.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 const TOKEN = 'tok_hostile_0123456789abcdef';

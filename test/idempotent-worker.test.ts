@@ -1,22 +1,11 @@
+// @module-tag redis
 import { randomUUID } from 'node:crypto';
 import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import {
-  IdempotencyKeys,
-  IdempotentProducer,
-  KeyReusedError,
-  KeySettledListener,
-  LeaseLostError,
-  OutboxRelay,
-  PostgresKeyStore,
-  createIdempotentWorker,
-  jobIdFor,
-  type IdempotentWorker,
-  type IdempotentWorkerOptions,
-  type WorkerEvent,
-} from '../src/index.js';
+import { IdempotencyKeys, IdempotentProducer, KeyReusedError, KeySettledListener, LeaseLostError, OutboxRelay, createIdempotentWorker, jobIdFor, type IdempotentWorker, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
+import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
 import { createEffectsTable, effectsOf, expireLease } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { testHandler, type TestPayload } from './support/test-handler.js';
@@ -178,6 +167,13 @@ describe('worker', () => {
     expect(done.job.returnvalue).toMatchObject({ value: 5, fence: 2 });
     const effects = await effectsOf(env.db, env.schema, 'default', 'order-5');
     expect(effects).toEqual([{ fence: 2, worker: `pid-${rescuer.pid}` }]);
+    // BullMQ's errors about the lock the pause lost (could not renew it, Missing lock … on
+    // moving the job) are warnings saying what happened, one per job: not error-level stacks.
+    const lockLost = await zombie.waitForLine((l) => l.jobId === job.id && String(l.msg).startsWith("BullMQ lost this worker's lock on the job"), 15_000);
+    expect(lockLost).toMatchObject({ level: 40, error: expect.stringMatching(/lock for job/) });
+    await new Promise((resolve) => setTimeout(resolve, 1_000)); // the job's other lock error, if any, comes in this time
+    expect(zombie.lines.filter((l) => (l.level as number) >= 50)).toEqual([]);
+    expect(zombie.lines.filter((l) => String(l.msg).startsWith("BullMQ lost this worker's lock")).map((l) => l.jobId)).toEqual([job.id]);
   });
 
   it('6. key reuse, a missing key and malformed data each fail with a clear reason; nothing runs', async () => {
@@ -244,6 +240,26 @@ describe('worker', () => {
     await waitForJobState(queue, hopeless.id!, ['failed']);
     expect(await keyState('default', 'order-7c')).toMatchObject({ status: 'failed', attempts: 2 });
     expect(await effectsOf(env.db, env.schema, 'default', 'order-7b')).toHaveLength(0);
+  });
+
+  it('7b. a database-only handler on the fast path: each failed run is a BullMQ attempt; a poison job fails at its last one, stored', async () => {
+    const attempts: number[] = [];
+    startInProcess({
+      handler: {
+        transaction: async (tx, ctx) => {
+          attempts.push(ctx.message.attemptsMade);
+          await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, 'poison')`.execute(tx);
+          throw new Error('poison job');
+        },
+      },
+    });
+    const poison = await rawAdd('charge', { idempotencyKey: 'order-7d', payload: {} }, { attempts: 3 });
+    const failed = await waitForJobState(queue, poison.id!, ['failed']);
+    expect(failed.job.attemptsMade).toBe(3);
+    // A group that rolled back runs its jobs again within one attempt: count the attempts.
+    expect([...new Set(attempts)]).toEqual([0, 1, 2]);
+    expect(await keyState('default', 'order-7d')).toMatchObject({ status: 'failed', error: { message: 'poison job' } });
+    expect(await effectsOf(env.db, env.schema, 'default', 'order-7d')).toHaveLength(0);
   });
 
   it('8. outbox: a rollback enqueues nothing; a relay crash between add and mark still yields one effect', async () => {
@@ -335,8 +351,8 @@ describe('worker', () => {
     for (const f of finished) expect(f.job.returnvalue).toMatchObject({ value: (f.job.data as { payload: { value: string } }).payload.value });
   });
 
-  it('group commit, fast path: a job whose optimistic group ran again announces its claim once, although its effect ran twice', async () => {
-    // No settled-key probe: the completed key joins the group, fails its end, and the group runs again carefully.
+  it('group commit, fast path: a job whose group ran again announces its claim once, although its effect ran twice', async () => {
+    // No settled-key probe: the completed key joins the group and fails its end; it runs alone, the others together again.
     const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
     const grouped = new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 8, maxGroups: 1 } }, store);
     const events: WorkerEvent[] = [];

@@ -1,3 +1,4 @@
+// @module-tag redis
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer, connect, type Server, type Socket } from 'node:net';
@@ -6,7 +7,10 @@ import { fileURLToPath } from 'node:url';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { Janitor, Maintenance, ValidationError, retryHorizonMs, withMaintenanceLock } from '../src/index.js';
+import { ValidationError } from '../src/index.js';
+import { Janitor, Maintenance } from '../src/process/index.js';
+import { retryHorizonMs } from '../src/ops/maintenance-options.js';
+import { withMaintenanceLock } from '../src/store/maintenance-lock.js';
 import { sleep, waitFor } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -117,6 +121,22 @@ describe('Janitor', () => {
     else expect(deletedPerRun.length).toBeGreaterThan(2);
   });
 
+  it("deletes the records of a key's concurrency key once older than the retention, unless the key is still processing", async () => {
+    const limits = sql.id(env.schema, 'key_concurrency_limits');
+    const keysTable = sql.id(env.schema, 'idempotency_keys');
+    await sql`insert into ${keysTable} (scope, key, fingerprint, status, locked_until) values ('cl', 'running', 'f', 'processing', now() - interval '3 hours')`.execute(env.db);
+    await sql`
+      insert into ${limits} (scope, key, group_key, concurrency_limit, recorded_at)
+      values ('cl', 'running', 'tenant:a', 2, now() - interval '3 hours'),
+             ('cl', 'finished-long-ago', 'tenant:a', 2, now() - interval '3 hours'),
+             ('cl', 'recent', 'tenant:a', 2, now())`.execute(env.db);
+    const janitor = new Janitor({ db: env.db, schema: env.schema, retentionMs: 3_600_000, batchSize: 7, logger: silent });
+    expect((await janitor.runOnce()).concurrencyRecordsDeleted).toBe(1);
+    const { rows } = await sql<{ key: string }>`select key from ${limits} where scope = 'cl' order by key`.execute(env.db);
+    expect(rows.map((r) => r.key)).toEqual(['recent', 'running']);
+    await sql`delete from ${keysTable} where scope = 'cl'`.execute(env.db);
+  });
+
   it('purges sent outbox rows older than the retention, and keeps recent and unsent ones', async () => {
     const outbox = sql.id(env.schema, 'outbox');
     await sql`
@@ -195,7 +215,7 @@ describe('Maintenance', () => {
     expect((await maintenance.refreshStats()).ran).toBe(true);
     release();
     expect(await holder).toEqual({ ran: true, result: undefined });
-    expect(await maintenance.runJanitor()).toEqual({ ran: true, result: { keysDeleted: 5, outboxRowsDeleted: 0, more: false } });
+    expect(await maintenance.runJanitor()).toEqual({ ran: true, result: { keysDeleted: 5, tombstonesDeleted: 0, outboxRowsDeleted: 0, concurrencyRecordsDeleted: 0, more: false } });
   });
 
   it('runs the janitor periodically once started, emits its reports, and stops cleanly', async () => {

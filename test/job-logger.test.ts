@@ -1,7 +1,7 @@
 import { Writable } from 'node:stream';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
-import { JobLogger } from '../src/bullmq/job-logger.js';
+import { JobLogger } from '../src/consumer/job-logger.js';
 
 /** A pino logger writing into an array of parsed lines, and a count of the children made of it. */
 function capture(level: string) {

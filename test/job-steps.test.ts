@@ -1,31 +1,16 @@
+// @module-tag redis
 /** Multi-step jobs (`ctx.step`): replay, resumption, fencing of step records, the determinism guard. */
 import { randomUUID } from 'node:crypto';
 import { Queue, UnrecoverableError } from 'bullmq';
-import { sql } from 'kysely';
+import { CompiledQuery, sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import {
-  IdempotencyKeys,
-  JobSteps,
-  Janitor,
-  LeaseLostError,
-  ResultNotStorableError,
-  StepMismatchError,
-  PostgresKeyStore,
-  StoreUnavailableError,
-  createIdempotentWorker,
-  isHeld,
-  stepKeyFor,
-  type HeldClaim,
-  type IdempotentWorker,
-  type IdempotentWorkerOptions,
-  type JobContext,
-  type KeyStore,
-  type LeadingStatements,
-  type StepReport,
-  type StepStore,
-  type WorkerEvent,
-} from '../src/index.js';
+import { IdempotencyKeys, JobSteps, LeaseLostError, ResultNotStorableError, StepMismatchError, StoreUnavailableError, createIdempotentWorker, isHeld, type HeldClaim, type IdempotentWorker, type IdempotentWorkerOptions, type JobContext, type WorkerEvent } from '../src/index.js';
+import { stepKeyFor, type StepReport } from '../src/protocol/job-steps.js';
+import { type KeyStore, type StepStore } from '../src/store/key-store.js';
+import { type HeldRecord } from '../src/store/one-trip-commit.js';
+import { Janitor } from '../src/process/index.js';
+import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
 import { purgeKeys } from '../src/store/sql/purge-keys.js';
 import { createEffectsTable, createGate, effectsOf, expireLease, insertEffect } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
@@ -523,7 +508,7 @@ describe('held step records (holdRecords: the worker holds an external step\'s r
     const steps = new JobSteps(keys, claim, never, (r) => reports.push(r), { holdRecords: true, flushSoon: (flush) => (pending = flush) });
     return { steps, flushNow: () => pending?.() };
   }
-  const complete = (claim: HeldClaim, result: unknown) => (record: LeadingStatements | undefined) => keys.commitEffect(claim, async () => result, undefined, record);
+  const complete = (claim: HeldClaim, result: unknown) => (record: HeldRecord | undefined) => keys.commitEffect(claim, async () => result, { heldRecord: record });
 
   it('the record is held until the next round trip, which carries it: the next start, then the completion', async () => {
     const claim = await hold('held-1');
@@ -628,7 +613,13 @@ describe('held step records (holdRecords: the worker holds an external step\'s r
     const real = new PostgresKeyStore(db, env.schema);
     // The connection dies in the round trip that carries the record, after the record ran and
     // before anything committed (its implicit transaction dies with the backend).
-    const steps: StepStore = { ...real.steps, recordText: (...args) => `${real.steps.recordText!(...args)}; select pg_terminate_backend(pg_backend_pid())` };
+    const steps: StepStore = {
+      ...real.steps,
+      recordStatement: (...args) => {
+        const record = real.steps.recordStatement!(...args);
+        return CompiledQuery.raw(`${record.sql}, pg_terminate_backend(pg_backend_pid())`, [...record.parameters]);
+      },
+    };
     const store: KeyStore = Object.assign(Object.create(real) as PostgresKeyStore, { steps });
     const faulty = new IdempotencyKeys({ db, schema: env.schema }, store);
     const claim = await hold('held-fault');
@@ -671,5 +662,29 @@ describe('held step records (holdRecords: the worker holds an external step\'s r
       expect(await stepRows('shop', key)).toMatchObject([{ name: 'charge', fence: 1, starts: 1, recorded: true }]);
       expect(await effectCount(key, 'complete')).toBe(1);
     }
+  });
+  it('a held record ahead of a database step whose statement has a syntax error: the record commits first (Postgres confirms it), so the next attempt replays the charge instead of charging again', async () => {
+    startWorker({
+      handler: async (ctx) => {
+        const charge = await ctx.step('charge', async () => ({ call: bump(`${ctx.key}/charge`) }));
+        await ctx.step('ledger', {
+          transaction: async (tx) => {
+            // Kysely compiles an empty `in` list to `in ()`: a syntax error, on the first attempt only.
+            const keys = ctx.attempt === 1 ? [] : [ctx.key];
+            await tx.selectFrom(`${env.schema}.job_steps`).select('name').where('key', 'in', keys).execute();
+            return 'written';
+          },
+        });
+        return ctx.transaction(async (tx) => (await effect(ctx, 'complete', tx), charge));
+      },
+    });
+    const job = await add('held-syntax', { attempts: 2 });
+    const done = await waitForJobState(queue, job.id!, ['completed']);
+    expect(done.job.attemptsMade).toBe(2);
+    expect(calls.get('held-syntax/charge')).toBe(1);
+    expect(await stepRows('shop', 'held-syntax')).toMatchObject([
+      { name: 'charge', fence: 1, starts: 1, recorded: true },
+      { name: 'ledger', recorded: true },
+    ]);
   });
 });

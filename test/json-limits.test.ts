@@ -7,10 +7,11 @@ import { createServer } from 'node:net';
 import fc from 'fast-check';
 import { Redis } from 'ioredis';
 import { describe, expect, it } from 'vitest';
-import { HttpProblem, ValidationError, sha256Fingerprint } from '../src/index.js';
+import { ValidationError } from '../src/index.js';
+import { HttpProblem, toHttpProblem } from '../src/http/problems.js';
+import { sha256Fingerprint } from '../src/fingerprint.js';
 import { isRedisUnavailable, isTransientDependencyError } from '../src/http/dependency-errors.js';
-import { toHttpProblem } from '../src/http/problems.js';
-import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, lossyIntegerLiterals, printable } from '../src/protocol/json-limits.js';
+import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, lossyIntegerLiterals, printable } from '../src/json-limits.js';
 
 const stored = { maxDepth: MAX_PAYLOAD_DEPTH, allowNul: false };
 const handedOn = { maxDepth: MAX_PAYLOAD_DEPTH, allowNul: true };

@@ -1,6 +1,8 @@
+// @module-tag redis
 /**
  * The key inspector in a real browser: Debian's headless Chromium (`/usr/bin/chromium`, or
- * `CHROMIUM_PATH`) driven by playwright-core, which downloads no browser. One browser for the
+ * `CHROMIUM_PATH`) driven by playwright-core, which downloads no browser; without one, the
+ * tests are skipped outside CI (support/system-tools.ts). One browser for the
  * file, a fresh context (so a fresh sessionStorage) per test. `INSPECTOR_SCREENSHOT=<file.png>`
  * also saves the key page as shown (the picture in docs/observability.md).
  */
@@ -8,11 +10,14 @@ import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 import { pino } from 'pino';
-import { afterAll, afterEach, beforeAll, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, expect, it as anyIt } from 'vitest';
 import { IdempotencyKeys, JobSteps, createHttpApi, type HttpApi } from '../src/index.js';
+import { systemToolForTests } from './support/system-tools.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+const CHROMIUM = systemToolForTests('chromium');
+/** Every test here drives Chromium: without it (outside CI) each is skipped, and so are the hooks. */
+const it = anyIt.skipIf(CHROMIUM === undefined);
 const ADMIN = 'adm_alice_0123456789abcdef';
 const TENANT = 'tok_acme_0123456789abcdef';
 const HOSTILE_KEY = '<script>alert(1)</script>';

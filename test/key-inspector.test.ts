@@ -1,9 +1,11 @@
+// @module-tag redis
 import { Writable } from 'node:stream';
 import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ConfigError, IdempotencyKeys, JobSteps, ValidationError, createHttpApi, loadHttpEnvConfig, parseAdminTokens, type HttpApi } from '../src/index.js';
+import { ConfigError, IdempotencyKeys, JobSteps, Schedules, ValidationError, scheduleScope, createHttpApi, type HttpApi } from '../src/index.js';
+import { loadHttpEnvConfig, parseAdminTokens } from '../src/process/index.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 const ADMIN = 'adm_alice_0123456789abcdef';
@@ -47,7 +49,7 @@ async function auditOf(scope: string, key: string) {
 
 /** The keys a list view shows, in order (link texts are the keys, escaped). */
 function listedKeys(body: string): string[] {
-  return [...body.matchAll(/<td><a href="#\/key\?[^"]*">([^<]*)<\/a><\/td>/g)].map((m) => unescape(m[1]!));
+  return [...body.matchAll(/<td><a href="#\/key\?[^"]*"><bdi>([^<]*)<\/bdi><\/a><\/td>/g)].map((m) => unescape(m[1]!));
 }
 
 /** A paging link's route, as the script would fetch it. */
@@ -220,13 +222,14 @@ describe('key inspector: views', () => {
     expect(listedKeys(section('Expired leases'))).not.toContain('running');
     expect(listedKeys(section('Recent failures'))).toEqual(expect.arrayContaining(['declined', 'k']));
     expect(listedKeys(section('Recent takeovers'))).toEqual(['moved']);
-    expect(body).toMatch(/Oldest processing key: <a href="#\/key\?scope=[^"]*">[^<]+<\/a> in scope /);
+    expect(body).toMatch(/Oldest processing key: <a href="#\/key\?scope=[^"]*"><bdi>[^<]+<\/bdi><\/a> in scope <bdi>/);
   });
 
   it("a key's page: status, fence, attempts, owner and lease, job id, queue and the BullMQ job's state, steps and result", async () => {
     const response = await view(`/key?${new URLSearchParams({ scope: 'acme', key: 'paid' })}`);
     expect(response.statusCode).toBe(200);
-    const field = (name: string) => unescape(new RegExp(`data-field="${name}">([^]*?)</(dd|pre|p)>`).exec(response.body)?.[1] ?? '');
+    // A field's text: chosen text (job id, queue) comes isolated in a <bdi>.
+    const field = (name: string) => unescape(new RegExp(`data-field="${name}">([^]*?)</(dd|pre|p)>`).exec(response.body)?.[1] ?? '').replace(/<\/?bdi>/g, '');
     expect(field('status')).toContain('completed');
     expect(field('fence')).toBe('1');
     expect(field('attempts')).toBe('1');
@@ -248,10 +251,21 @@ describe('key inspector: views', () => {
     expect(stuck.body).toMatch(/data-field="job-state">unknown/);
   });
 
+  it("a key deleted after its retention shows its tombstone: outcome, when it finished, until when duplicates are refused; the overview counts them", async () => {
+    await sql`insert into ${sql.id(env.schema, 'key_tombstones')} (scope, key_hash, fingerprint_hash, failed, finished_at, expires_at)
+              values ('acme', sha256(convert_to('buried', 'UTF8')), sha256(convert_to('fp', 'UTF8')), true, now() - interval '2 days', now() + interval '5 days')`.execute(env.db);
+    const page = await view('/key?scope=acme&key=buried');
+    expect(page.statusCode).toBe(200);
+    expect(page.body).toContain('data-view="tombstone"');
+    expect(page.body).toContain('<span class="status status-tombstone">tombstone (failed)</span>');
+    expect(page.body).toMatch(/data-field="refused-until">\d{4}-/);
+    expect((await view('/overview')).body).toMatch(/data-count="tombstones">[1-9]/);
+  });
+
   it('a missing key is a 404 view; a bad status, scope or cursor a 400 view', async () => {
     const missing = await view('/key?scope=acme&key=nope');
     expect(missing.statusCode).toBe(404);
-    expect(missing.body).toContain('No key <code>nope</code> in scope <code>acme</code>');
+    expect(missing.body).toContain('No key <code><bdi>nope</bdi></code> in scope <code><bdi>acme</bdi></code>');
     expect((await view('/keys?status=stuck')).statusCode).toBe(400);
     expect((await view('/key?scope=acme')).statusCode).toBe(400);
     expect((await view(`/key?scope=acme&key=${'x'.repeat(256)}`)).statusCode).toBe(400);
@@ -274,10 +288,34 @@ describe('key inspector: views', () => {
       expect(page.body).not.toContain('<img');
       expect(page.body).not.toMatch(/"'>/);
     }
-    expect(pages[2]!.body).toContain('<code class="key-name">&#60;script&#62;alert(1)&#60;/script&#62;</code>');
+    expect(pages[2]!.body).toContain('<code class="key-name"><bdi>&#60;script&#62;alert(1)&#60;/script&#62;</bdi></code>');
     expect(JSON.parse(unescape(/data-field="result">([^]*?)<\/pre>/.exec(pages[2]!.body)![1]!))).toEqual(HOSTILE_RESULT);
-    expect(pages[3]!.body).toContain('<code class="scope-name">&#34;&#39;&#62;&#60;svg onload=alert(2)&#62;</code>');
+    expect(pages[3]!.body).toContain('<code class="scope-name"><bdi>&#34;&#39;&#62;&#60;svg onload=alert(2)&#62;</bdi></code>');
     expect(pages[4]!.statusCode).toBe(404);
+  });
+
+  it('isolates keys and scopes from the page\'s text and shows their bidirectional controls instead of applying them', async () => {
+    const spoof = 'refund-\u202Efdp.exe'; // shows as "refund-exe.pdf" where the override acts
+    const rtlScope = 'acme-\u202E';
+    await seed(rtlScope, spoof, 'complete', { note: 'paid \u2067back\u2069' });
+    const pages = [
+      await view('/overview'),
+      await view(`/keys?${new URLSearchParams({ scope: rtlScope })}`),
+      await view(`/key?${new URLSearchParams({ scope: rtlScope, key: spoof })}`),
+      await view(`/key?${new URLSearchParams({ scope: rtlScope, key: 'missing-\u202E' })}`),
+    ];
+    const mark = (code: string) => `<span class="bidi-control" title="${code}: a bidirectional control character, shown instead of applied">${code}</span>`;
+    // Raw controls only in attribute values (the filter's input keeps the scope as it is, for the next query), never in text.
+    for (const page of pages) expect(page.body.replace(/="[^"]*"/g, '')).not.toMatch(/[\u202A-\u202E\u2066-\u2069]/);
+    expect(pages[1]!.body).toContain(`<h2>All keys in scope <bdi>acme-${mark('U+202E')}</bdi></h2>`);
+    expect(pages[1]!.body).toContain(`<bdi>refund-${mark('U+202E')}fdp.exe</bdi>`);
+    expect(pages[2]!.body).toContain(
+      `<h2>Key <code class="key-name"><bdi>refund-${mark('U+202E')}fdp.exe</bdi></code> in scope <code class="scope-name"><bdi>acme-${mark('U+202E')}</bdi></code></h2>`,
+    );
+    expect(unescape(/data-field="result">([^]*?)<\/pre>/.exec(pages[2]!.body)![1]!)).toContain('"note": "paid \\u2067back\\u2069"');
+    expect(pages[3]!.statusCode).toBe(404);
+    expect(pages[3]!.body).toContain(`No key <code><bdi>missing-${mark('U+202E')}</bdi></code> in scope <code><bdi>acme-${mark('U+202E')}</bdi></code>`);
+    expect((await api.app.inject({ method: 'GET', url: '/ui/inspector.css' })).body).toMatch(/bdi \{ unicode-bidi: isolate; \}/);
   });
 
   it('lists by status with keyset paging: every key once, in order, even when keys are added and updated between pages', async () => {
@@ -321,7 +359,7 @@ describe('key inspector: release', () => {
     const response = await release({ scope: 'acme', key: 'stuck', reason: 'worker host lost <b>' });
     expect(response.statusCode).toBe(200);
     expect(response.body).toContain('Released by alice (was processing)');
-    expect(response.body).toContain('<td class="actor">alice</td><td class="reason">worker host lost &#60;b&#62;</td>');
+    expect(response.body).toContain('<td class="actor"><bdi>alice</bdi></td><td class="reason"><bdi>worker host lost &#60;b&#62;</bdi></td>');
     const after = (await keys.get('acme', 'stuck'))!;
     expect(after).toMatchObject({ status: 'processing', owner: null, fence: before.fence });
     expect(after.error).toMatchObject({ released_by_operator: true, reason: 'worker host lost <b>', by: 'alice', previous_status: 'processing' });
@@ -364,5 +402,54 @@ describe('key inspector: release', () => {
     expect((await keys.get('acme', 'declined'))!.status).toBe('failed');
     expect(await auditOf('acme', 'declined')).toEqual([]);
     expect(await auditOf('acme', 'paid')).toEqual([]);
+  });
+});
+
+describe('schedules in the HTTP API', () => {
+  it('lists the schedules and answers one with its last and next tick, for an operator only; 404 and 400 for a name that is none', async () => {
+    const schedules = new Schedules({ db: env.db, schema: env.schema });
+    await schedules.upsert({ name: 'http-nightly', cron: '0 2 * * *', timezone: 'Europe/Paris', queue: 'payments', data: { report: 'daily' } });
+    await schedules.upsert({ name: 'http-rates', every: 60_000, queue: 'payments' });
+    try {
+      const list = await api.app.inject({ url: '/schedules', headers: auth(ADMIN) });
+      expect(list.statusCode).toBe(200);
+      const listed = list.json() as { schedules: Array<Record<string, unknown>> };
+      expect(listed.schedules.map((s) => s.name)).toEqual(['http-nightly', 'http-rates']);
+
+      const one = await api.app.inject({ url: '/schedules/http-nightly', headers: auth(ADMIN) });
+      expect(one.statusCode).toBe(200);
+      const nightly = one.json() as Record<string, unknown>;
+      expect(nightly).toMatchObject({ name: 'http-nightly', kind: 'cron', spec: '0 2 * * *', timezone: 'Europe/Paris', queue: 'payments', data: { report: 'daily' }, lastTick: null });
+      const expected = (await schedules.get('http-nightly'))!.nextTick!.toISOString();
+      expect(nightly.nextTick).toBe(expected);
+
+      // A tenant's token, or none, does not read the service's schedules.
+      expect((await api.app.inject({ url: '/schedules', headers: auth(TENANT) })).statusCode).toBe(401);
+      expect((await api.app.inject({ url: '/schedules' })).statusCode).toBe(401);
+      const missing = await api.app.inject({ url: '/schedules/nope', headers: auth(ADMIN) });
+      expect(missing.statusCode).toBe(404);
+      expect(missing.headers['content-type']).toMatch(/application\/problem\+json/);
+      expect((await api.app.inject({ url: `/schedules/${'x'.repeat(300)}`, headers: auth(ADMIN) })).statusCode).toBe(400);
+    } finally {
+      await schedules.remove('http-nightly');
+      await schedules.remove('http-rates');
+    }
+  });
+
+  it("a tick's key page in the inspector shows its schedule: spec, last and next tick; or that it was removed", async () => {
+    const schedules = new Schedules({ db: env.db, schema: env.schema });
+    const info = await schedules.upsert({ name: 'ui-hourly', every: 3_600_000, queue: 'payments' });
+    await seed(scheduleScope('ui-hourly'), '2026-12-02T04:00:00.000Z', 'complete');
+    const url = `/ui/view/key?scope=${encodeURIComponent(scheduleScope('ui-hourly'))}&key=${encodeURIComponent('2026-12-02T04:00:00.000Z')}`;
+    const page = await api.app.inject({ url, headers: auth(ADMIN) });
+    expect(page.statusCode).toBe(200);
+    expect(page.body).toMatch(/<h3>Schedule<\/h3>/);
+    expect(page.body).toMatch(/data-field="schedule-spec">every 1h</);
+    expect(page.body).toContain(`data-field="schedule-next-tick">${info.nextTick!.toISOString().replace('.000Z', 'Z')}<`);
+    await schedules.remove('ui-hourly');
+    const removed = await api.app.inject({ url, headers: auth(ADMIN) });
+    expect(removed.body).toMatch(/a schedule that has since been removed/);
+    // Other keys show no schedule.
+    expect((await api.app.inject({ url: '/ui/view/key?scope=acme&key=paid', headers: auth(ADMIN) })).body).not.toMatch(/<h3>Schedule<\/h3>/);
   });
 });

@@ -2,7 +2,8 @@ import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { ConfigError, IdempotencyKeys, Janitor, migrate } from '../src/index.js';
+import { ConfigError, IdempotencyKeys, migrate } from '../src/index.js';
+import { Janitor } from '../src/process/index.js';
 import { keysTableLayout } from '../src/store/sql/keys-table-layout.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -160,12 +161,20 @@ describe('converting a plain keys table (docs/operations.md, "A partitioned keys
           end loop;
         end $$`).execute(tx);
       await sql`alter table ${n}.job_steps set schema ${l}`.execute(tx);
+      await sql`drop trigger idempotency_keys_tombstone_check on ${l}.idempotency_keys`.execute(tx);
+      await sql`create trigger idempotency_keys_tombstone_check after insert on ${l}.idempotency_keys
+                  for each row execute function ${l}.refuse_tombstoned_key()`.execute(tx);
     });
+    // The scratch schema goes; the tombstone check must not go with it, and must read this schema's tombstones.
+    await sql`drop schema ${sql.id(scratch)} cascade`.execute(env.db);
+    await sql`insert into ${sql.id(live, 'key_tombstones')} (scope, key_hash, fingerprint_hash, failed, finished_at, expires_at)
+              values ('convert', sha256(convert_to('buried', 'UTF8')), sha256(convert_to('fp', 'UTF8')), false, now(), now() + interval '1 day')`.execute(env.db);
 
     expect((await keysTableLayout(env.db, live)).partitions).toHaveLength(PARTITIONS);
     await expect(migrate(env.db, { schema: live, keysPartitions: PARTITIONS })).resolves.toMatchObject({ results: [] });
     const after = new IdempotencyKeys({ db: env.openDb(2), schema: live });
     await expect(after.claim('convert', 'done', 'fp')).resolves.toMatchObject({ kind: 'completed', result: 'before' });
+    await expect(after.claim('convert', 'buried', 'fp')).resolves.toMatchObject({ kind: 'completed', resultExpired: {} });
     const fresh = await after.claim('convert', 'fresh', 'fp');
     if (fresh.kind !== 'claimed') throw new Error(fresh.kind);
     await after.runEffect(fresh, async () => 'after');

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * Metrics and health of a worker process: an in-process worker (startWorkerProcess, as the
  * runnable worker builds it) runs a few jobs, then /metrics and /healthz are scraped over HTTP.
@@ -7,23 +8,8 @@ import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  IdempotencyKeys,
-  IdempotentProducer,
-  Maintenance,
-  OutboxRelay,
-  createIdempotentWorker,
-  instrumentMaintenance,
-  instrumentWorker,
-  loadEnvConfig,
-  runHealthChecks,
-  startMetricsServer,
-  startWorkerProcess,
-  type JobContext,
-  type MaintenanceEvents,
-  type WorkerEvent,
-  type WorkerProcess,
-} from '../src/index.js';
+import { IdempotencyKeys, IdempotentProducer, OutboxRelay, createIdempotentWorker, type JobContext, type WorkerEvent } from '../src/index.js';
+import { Maintenance, instrumentMaintenance, instrumentWorker, loadEnvConfig, runHealthChecks, startMetricsServer, startWorkerProcess, type MaintenanceEvents, type WorkerProcess } from '../src/process/index.js';
 import { MAX_STEP_NAMES } from '../src/metrics/worker-metrics.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
@@ -152,7 +138,7 @@ describe('worker metrics and health', () => {
       expect(values.get(`idempotent_jobs_sweeper_recoveries_total{${s},${q},action="${action}"}`)).toBe(0);
     }
     // The /healthz checks, run at the scrape.
-    for (const check of ['postgres', 'redis', 'worker']) expect(values.get(`idempotent_jobs_ready{component="worker",check="${check}"}`)).toBe(1);
+    for (const check of ['postgres', 'postgres-writes', 'redis', 'worker']) expect(values.get(`idempotent_jobs_ready{component="worker",check="${check}"}`)).toBe(1);
     for (const name of [
       'idempotent_jobs_sweeper_recoveries_total',
       'idempotent_jobs_sweeper_unverifiable_keys',
@@ -168,7 +154,7 @@ describe('worker metrics and health', () => {
     expect(health.status).toBe(200);
     expect(await health.json()).toEqual({
       status: 'ok',
-      checks: { postgres: { ok: true }, redis: { ok: true }, worker: { ok: true } },
+      checks: { postgres: { ok: true }, 'postgres-writes': { ok: true }, redis: { ok: true }, worker: { ok: true } },
     });
     expect((await fetch(`${server.url}/nope`)).status).toBe(404);
   });
@@ -238,6 +224,7 @@ describe('maintenance metrics', () => {
       expiredLeases: 1,
       pastSweepHorizon: 2,
       expiredKeys: 3,
+      tombstones: 11,
       oldestProcessing: { scope: 'a', key: 'b', createdAt: new Date(), ageMs: 90_000 },
       outboxUnsent: 5,
       oldestUnsentAgeMs: 2_500,
@@ -254,7 +241,7 @@ describe('maintenance metrics', () => {
           { scope: 'a', key: 'k2', fence: 3, queue: 'payments', jobId: 'j2', action: 'abandoned', jobWas: 'finished' },
         ],
       });
-      maintenance.emit('janitor', { keysDeleted: 7, outboxRowsDeleted: 2, more: false });
+      maintenance.emit('janitor', { keysDeleted: 7, tombstonesDeleted: 6, outboxRowsDeleted: 2, concurrencyRecordsDeleted: 0, more: false });
       maintenance.emit('stats', stats);
       maintenance.emit('error', 'sweeper', new Error('redis down'));
       let { values } = await scrape(server.url);
@@ -263,6 +250,8 @@ describe('maintenance metrics', () => {
       expect(values.get(`idempotent_jobs_sweeper_unverifiable_keys{${s}}`)).toBe(1);
       expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="keys"}`)).toBe(7);
       expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="outbox"}`)).toBe(2);
+      expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="tombstones"}`)).toBe(6);
+      expect(values.get(`idempotent_jobs_key_tombstones{${s}}`)).toBe(11);
       expect(values.get(`idempotent_jobs_maintenance_errors_total{${s},task="sweeper"}`)).toBe(1);
       expect(values.get(`idempotent_jobs_keys{${s},status="processing"}`)).toBe(4);
       expect(values.get(`idempotent_jobs_oldest_processing_key_age_seconds{${s}}`)).toBe(90);
@@ -272,7 +261,7 @@ describe('maintenance metrics', () => {
       maintenance.emit('stats', null);
       ({ values } = await scrape(server.url));
       for (const [name] of values) {
-        if (name.includes(s) && /idempotent_jobs_(keys|expired_leases|expired_keys|oldest_processing|outbox_unsent|outbox_oldest)[{_]/.test(name)) {
+        if (name.includes(s) && /idempotent_jobs_(keys|key_tombstones|expired_leases|expired_keys|oldest_processing|outbox_unsent|outbox_oldest)[{_]/.test(name)) {
           throw new Error(`${name} should have been dropped`);
         }
       }

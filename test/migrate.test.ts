@@ -3,7 +3,7 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { createPostgresDb, migrate } from '../src/index.js';
-import { kyselyOverPool } from '../src/store/last-result-pool.js';
+import { kyselyOverPool } from '../src/store/pipelining-pool.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;

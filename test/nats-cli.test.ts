@@ -1,3 +1,4 @@
+// @module-tag nats
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';

@@ -1,8 +1,11 @@
+// @module-tag nats
 import { AckPolicy, type StoredMsg } from '@nats-io/jetstream';
 import { nanos } from '@nats-io/transport-node';
+import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, createPostgresDb, loadEnvConfig, toWireJobData, ValidationError } from '../src/index.js';
+import { IdempotencyKeys, createPostgresDb, toWireJobData, ValidationError } from '../src/index.js';
+import { loadEnvConfig } from '../src/process/index.js';
 import {
   DEAD_LETTER_ERROR_HEADER,
   DEAD_LETTER_REASON_HEADER,
@@ -61,7 +64,7 @@ async function setUp(options: { ackWaitMs?: number; servers?: string; jsmOf?: Na
 
 function start<P = any>(
   stream: string,
-  handler: NatsJobHandler<P>,
+  handler: IdempotentNatsConsumerOptions<P>['handler'],
   options: Partial<IdempotentNatsConsumerOptions<P>> = {},
 ): { consumer: IdempotentNatsConsumer<P>; events: NatsConsumerEvent[] } {
   const consumer = createIdempotentNatsConsumer<P>({
@@ -253,6 +256,58 @@ describe('IdempotentNatsConsumer outcomes', () => {
     const reasons = (await deadLetters(dead)).map((l) => l.header.get(DEAD_LETTER_REASON_HEADER));
     expect(reasons).toEqual(['failed', 'replayed-failure']);
     expect((await keys.get('orders', 'broken'))?.status).toBe('failed');
+  });
+
+  it('a database-only handler on the fast path: each failed run uses an attempt, and a poison message is stored failed and dead-lettered at maxAttempts', async () => {
+    const { stream, subject, dead } = await setUp();
+    const attempts: number[] = [];
+    const { consumer, events } = start<{ n: number }>(
+      stream,
+      {
+        transaction: async (tx, ctx) => {
+          attempts.push(ctx.attempt);
+          await insertEffect(tx, env.schema, { scope: ctx.scope, key: ctx.key, fence: ctx.fence, worker: 'poison' });
+          throw new Error('poison message');
+        },
+      },
+      { maxAttempts: 3 },
+    );
+    await consumer.waitUntilReady();
+    await publishWire(subject, 'orders', 'poison-db', { n: 1 });
+    await waitFor('dead-lettered', async () => kinds(events).includes('dead-lettered'));
+    await settled(stream);
+    // A group that rolled back runs its jobs again (under the same claim): count the claims.
+    expect([...new Set(attempts)]).toEqual([1, 2, 3]);
+    const [letter, ...more] = await deadLetters(dead);
+    expect(more).toHaveLength(0);
+    expect(letter!.header.get(DEAD_LETTER_REASON_HEADER)).toBe('failed');
+    expect(letter!.header.get(DEAD_LETTER_ERROR_HEADER)).toContain('poison message');
+    expect(await keys.get('orders', 'poison-db')).toMatchObject({ status: 'failed', attempts: 3, error: { message: 'poison message' } });
+    expect(await effectsOf(env.db, env.schema, 'orders', 'poison-db')).toHaveLength(0);
+  });
+
+  it('a store fault that lasts past storeRetryWindowMs counts as an attempt: at maxAttempts the message is stored failed and dead-lettered', async () => {
+    const { stream, subject, dead } = await setUp();
+    const { consumer, events } = start<{ n: number }>(
+      stream,
+      {
+        // Deterministic, but classified as transient: out_of_memory every time.
+        transaction: async (tx) => {
+          await sql.raw(`do $$ begin raise exception 'simulated out of memory' using errcode = '53200'; end $$`).execute(tx);
+        },
+      },
+      { maxAttempts: 2, storeRetryMinMs: 50, storeRetryMaxMs: 100, storeRetryWindowMs: 600 },
+    );
+    await consumer.waitUntilReady();
+    await publishWire(subject, 'orders', 'persistent-fault', { n: 1 });
+    await waitFor('dead-lettered', async () => kinds(events).includes('dead-lettered'));
+    await settled(stream);
+    // Deferred first (how many times depends on the machine's speed within the window), then counted.
+    expect(kinds(events, 'persistent-fault').filter((k) => k === 'store-unavailable').length).toBeGreaterThanOrEqual(1);
+    const [letter] = await deadLetters(dead);
+    expect(letter!.header.get(DEAD_LETTER_REASON_HEADER)).toBe('failed');
+    expect(letter!.header.get(DEAD_LETTER_ERROR_HEADER)).toContain('simulated out of memory');
+    expect(await keys.get('orders', 'persistent-fault')).toMatchObject({ status: 'failed', error: expect.objectContaining({ code: 'STORE_FAULT_PERSISTED' }) });
   });
 
   it('keeps JetStream from redelivering a long handler: working() at every lease heartbeat', async () => {

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * The demo's multi-step payment (workers/payments) and its report (demo/payment-report.ts):
  * workers that stop inside the charge and inside the e-mail are taken over; the report finds

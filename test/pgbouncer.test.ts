@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * The store through PgBouncer in transaction mode: a PgBouncer of this file's own
  * (test/support/pgbouncer.ts, the configuration docs/operations.md gives) with 3 server
@@ -9,16 +10,36 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe as anyDescribe, expect, it } from 'vitest';
 import { Queue } from 'bullmq';
 import { pino } from 'pino';
-import { IdempotencyKeys, KeySettledListener, createPostgresDb, isHeld, loadEnvConfig, startWorkerProcess } from '../src/index.js';
+import {
+  DataLayerElsewhereError,
+  IdempotencyKeys,
+  KeySettledListener,
+  KeyedJobRunner,
+  StoreUnavailableError,
+  createPostgresDb,
+  databaseOnly,
+  identityFromWireContract,
+  isHeld,
+  resolveWorkerTiming,
+  type Delivery,
+  type JobLike,
+  type RunOutcome,
+} from '../src/index.js';
+import { pgDataLayer } from '../src/pg/index.js';
+import { loadEnvConfig, startWorkerProcess } from '../src/process/index.js';
 import { withMaintenanceLock } from '../src/store/maintenance-lock.js';
 import { createCountingDb } from './support/counting-db.js';
 import { PgBouncer } from './support/pgbouncer.js';
 import { createEffectsTable, effectsOf, expireLease, insertEffect } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
+import { systemToolForTests } from './support/system-tools.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+/** Every test here runs through a PgBouncer: without one (outside CI) each is skipped, and so are the hooks. */
+const describe = anyDescribe.skipIf(systemToolForTests('pgbouncer') === undefined);
 
 let env: TestEnv;
 let bouncer: PgBouncer;
@@ -59,8 +80,9 @@ afterAll(async () => {
   await env?.teardown();
 });
 
-function pooled(connectionString: string, maxConnections = 8): Kysely<any> {
-  const each = createPostgresDb({ connectionString, maxConnections, applicationName: 'test:pgbouncer' }, () => {});
+/** A pool through the pooler, configured as docs/operations.md says: prepared statements off (PgBouncer 1.18 keeps none). */
+function pooled(connectionString: string, maxConnections = 8, preparedStatements = false): Kysely<any> {
+  const each = createPostgresDb({ connectionString, maxConnections, applicationName: 'test:pgbouncer', preparedStatements }, () => {});
   dbs.push(each);
   return each;
 }
@@ -123,11 +145,8 @@ describe('the store through PgBouncer (transaction mode)', () => {
     }
   });
 
-  it.each([
-    ['optimistic', true],
-    ['careful', false],
-  ] as const)('group commit, %s groups (savepoints, a job\'s closing statement riding with the next one\'s): 24 jobs over 12 keys take effect once each; a failing job rolls back alone', async (mode, optimistic) => {
-    const grouped = new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxJobs: 16, maxGroups: 2, optimistic } });
+  it.each([['grouped']] as const)('group commit (%s: the jobs\' statements and the group\'s end pipelined): 24 jobs over 12 keys take effect once each; a failing job fails alone', async (mode) => {
+    const grouped = new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxJobs: 16, maxGroups: 2 } });
     const key = (i: number) => `group-${mode}-${i % 12}`;
     const jobs = Array.from({ length: 24 }, (_, i) =>
       grouped.executeOnce(scope, key(i), fingerprint(key(i)), async (tx, claim) => {
@@ -173,14 +192,14 @@ describe('the store through PgBouncer (transaction mode)', () => {
 
   it('sends no named prepared statement (PgBouncer 1.18 in transaction mode cannot keep one): parameters travel unnamed', async () => {
     const named: string[] = [];
-    let sent = 0;
-    const original = pg.Client.prototype.query;
-    pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
-      sent++;
-      const config = args[0] as { name?: string } | undefined;
-      if (config && typeof config === 'object' && config.name) named.push(config.name);
-      return (original as (...a: unknown[]) => unknown).apply(this, args);
-    } as typeof original;
+    let parses = 0;
+    const Connection = (pg as unknown as { Connection: { prototype: { parse(message: { name?: string }): void } } }).Connection;
+    const original = Connection.prototype.parse;
+    Connection.prototype.parse = function (this: unknown, message: { name?: string }) {
+      parses++;
+      if (message.name) named.push(message.name);
+      return original.call(this, message);
+    };
     try {
       const claim = await keys.claim(scope, 'unnamed-1', fingerprint(1));
       if (!isHeld(claim)) throw new Error('expected to hold unnamed-1');
@@ -189,10 +208,36 @@ describe('the store through PgBouncer (transaction mode)', () => {
       await keys.executeOnce(scope, 'unnamed-2', fingerprint(2), async () => 'fast');
       await keys.get(scope, 'unnamed-1');
     } finally {
-      pg.Client.prototype.query = original;
+      Connection.prototype.parse = original;
     }
-    expect(sent).toBeGreaterThan(4);
+    expect(parses).toBeGreaterThan(4);
     expect(named).toEqual([]);
+  });
+
+  it('prepared statements turned on through it anyway: a statement found missing or taken on a server connection is a store fault, never a job failure; each job runs once', async () => {
+    // Two pools of several clients share the three server connections: sooner or later a
+    // client's named statement meets a server connection that lacks it, or has another's.
+    const named = [pooled(bouncer.url(), 4, true), pooled(bouncer.url(), 4, true)].map((each) => new IdempotencyKeys({ db: each, schema: env.schema, leaseMs: 30_000 }));
+    const faults: unknown[] = [];
+    const run = async (keysOf: IdempotencyKeys, key: string) => {
+      for (;;) {
+        try {
+          const claim = await keysOf.claim(scope, key, fingerprint(key));
+          if (!isHeld(claim)) return claim.kind;
+          await keysOf.runEffect(claim, (tx) => insertEffect(tx, env.schema, { scope, key, fence: claim.fence, worker: 'named' }));
+          return 'completed';
+        } catch (error) {
+          if (!(error instanceof StoreUnavailableError)) throw error;
+          faults.push(error);
+        }
+      }
+    };
+    const outcomes = await Promise.all(Array.from({ length: 80 }, (_, n) => run(named[n % 2]!, `named-${n}`)));
+    expect(new Set(outcomes)).toEqual(new Set(['completed']));
+    // The premise: clients met server connections that did not hold what they had prepared.
+    expect(faults.length).toBeGreaterThan(0);
+    for (const fault of faults) expect(((fault as Error).cause as Error).name).toBe('PreparedStatementLostError');
+    for (let n = 0; n < 80; n++) expect(await effectsOf(env.db, env.schema, scope, `named-${n}`)).toHaveLength(1);
   });
 });
 
@@ -234,6 +279,121 @@ describe('read committed through PgBouncer', () => {
       return rows[0]!.isolation;
     });
     expect(fast).toMatchObject({ kind: 'executed', result: 'read committed' });
+  });
+});
+
+describe('a data layer through PgBouncer (transaction mode): node-postgres (idempotent-jobs/pg)', () => {
+  const pools: pg.Pool[] = [];
+  afterAll(async () => {
+    await Promise.all(pools.map((each) => each.end()));
+  });
+
+  /** A node-postgres pool of the user's own, through the pooler (`database`: one of its entries). */
+  function userPool(connectionString: string, max = 6): pg.Pool {
+    const pool = new pg.Pool({ connectionString, max });
+    pool.on('error', () => {});
+    pools.push(pool);
+    return pool;
+  }
+
+  function runner(handler: ConstructorParameters<typeof KeyedJobRunner<unknown, unknown, JobLike>>[0]['handler'], storeKeys: IdempotencyKeys, fastPath: boolean | undefined) {
+    return new KeyedJobRunner<unknown, unknown, JobLike>({
+      keys: storeKeys,
+      timing: resolveWorkerTiming({ deferMinMs: 20, storeRetryMinMs: 20 }, storeKeys.options.leaseMs),
+      handler,
+      identityOf: (message) => identityFromWireContract(message) as never,
+      logger: pino({ level: 'silent' }),
+      fastPath,
+    });
+  }
+
+  let deliveries = 0;
+  function delivery(key: string, worker: string): Delivery<JobLike> {
+    const id = `dl-${++deliveries}-${worker}`;
+    const message: JobLike = { id, name: 'ledger', data: { idempotencyKey: key, scope, payload: {} } };
+    return { message, id, label: `Job ${id}`, queue: 'ledger', name: 'ledger', lastAttempt: false, deferrals: 0 };
+  }
+
+  /** Runs a delivery until it is not deferred (another run holds the key), as a broker would. */
+  async function runToEnd(r: KeyedJobRunner<unknown, unknown, JobLike>, d: Delivery<JobLike>): Promise<RunOutcome> {
+    for (let i = 0; ; i++) {
+      const outcome = await r.run(d);
+      if ((outcome.kind !== 'deferred' && outcome.kind !== 'store-unavailable') || i > 300) return outcome;
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+  }
+
+  const insertWith = (client: pg.PoolClient, key: string, fence: number, worker: string) =>
+    client.query(`insert into "${env.schema}".effects (scope, key, fence, worker) values ($1, $2, $3, $4)`, [scope, key, fence, worker]);
+
+  for (const path of ['leased', 'fast path'] as const) {
+    it(`${path}: duplicates and concurrent claims of 6 keys, the data layer and the keys sharing one server connection (pool_size=1), take effect once each and replay`, async () => {
+      // Both pools go through the pooler's `single` entry: every transaction, the data layer's
+      // and the store's, takes turns on one server connection.
+      const layer = pgDataLayer(userPool(bouncer.url('single')));
+      const sharedKeys = new IdempotencyKeys({ db: pooled(bouncer.url('single')), schema: env.schema, leaseMs: 30_000 });
+      const r =
+        path === 'leased'
+          ? runner(async (ctx) => ctx.transaction(layer, async (client) => {
+              await insertWith(client, ctx.key, ctx.fence, String(ctx.message.id));
+              return { booked: ctx.key };
+            }), sharedKeys, false)
+          : runner(databaseOnly(layer, async (client, ctx: { key: string; fence: number; message: JobLike }) => {
+              await insertWith(client, ctx.key, ctx.fence, String(ctx.message.id));
+              return { booked: ctx.key };
+            }), sharedKeys, undefined);
+      const names = Array.from({ length: 6 }, (_, i) => `dl-${path === 'leased' ? 'leased' : 'fast'}-${i}`);
+      const outcomes = await Promise.all(names.flatMap((key) => [0, 1, 2].map((n) => runToEnd(r, delivery(key, `w${n}`)))));
+      expect(outcomes.filter((o) => o.kind === 'completed')).toHaveLength(names.length);
+      expect(outcomes.filter((o) => o.kind === 'replayed')).toHaveLength(names.length * 2);
+      for (const key of names) {
+        expect(await effectsOf(env.db, env.schema, scope, key)).toHaveLength(1);
+        expect(await keys.get(scope, key)).toMatchObject({ status: 'completed', result: { booked: key } });
+      }
+    });
+  }
+
+  it("a zombie's commit is refused: its writes roll back with the completion, the new owner's stay", async () => {
+    const layer = pgDataLayer(userPool(bouncer.url()));
+    const key = 'dl-zombie';
+    const zombie = await keys.claim(scope, key, fingerprint(key));
+    if (!isHeld(zombie)) throw new Error(`expected to hold ${key}`);
+    await expireLease(env.db, env.schema, scope, key);
+    const owner = await keys.claim(scope, key, fingerprint(key));
+    if (!isHeld(owner)) throw new Error(`expected to take ${key} over`);
+    await expect(keys.commitEffectIn(zombie, layer, (client) => insertWith(client, key, zombie.fence, 'zombie'))).rejects.toMatchObject({ code: 'LEASE_LOST' });
+    await keys.commitEffectIn(owner, layer, (client) => insertWith(client, key, owner.fence, 'owner'));
+    expect((await effectsOf(env.db, env.schema, scope, key)).map((row) => row.worker)).toEqual(['owner']);
+  });
+
+  it('on a serializable server connection (and for a role whose default is serializable) the data layer\'s transaction runs at read committed', async () => {
+    for (const url of [bouncer.url('strict'), roleUrl()]) {
+      const layer = pgDataLayer(userPool(url, 2));
+      const key = `dl-isolation-${randomBytes(3).toString('hex')}`;
+      const claim = await keys.claim(scope, key, fingerprint(key));
+      if (!isHeld(claim)) throw new Error(`expected to hold ${key}`);
+      const isolation = await keys.commitEffectIn(claim, layer, async (client) => (await client.query<{ isolation: string }>("select current_setting('transaction_isolation') as isolation")).rows[0]!.isolation);
+      expect(isolation).toBe('read committed');
+    }
+  });
+
+  it("the start-up check (keys' database, server and table) passes through the pooler, and refuses a pooler entry on another database", async () => {
+    await keys.checkDataLayer(pgDataLayer(userPool(bouncer.url())));
+    const other = `ij_pgb_other_${randomBytes(3).toString('hex')}`;
+    await sql`create database ${sql.id(other)}`.execute(env.db);
+    try {
+      const elsewhere = await PgBouncer.start({ upstream: env.databaseDirectUrl, poolSize: 1, databases: { other: `dbname=${other}` } });
+      try {
+        const pool = userPool(elsewhere.url('other'), 1);
+        await expect(keys.checkDataLayer(pgDataLayer(pool))).rejects.toBeInstanceOf(DataLayerElsewhereError);
+        await pool.end();
+        pools.splice(pools.indexOf(pool), 1);
+      } finally {
+        await elsewhere.stop();
+      }
+    } finally {
+      await sql`drop database if exists ${sql.id(other)} with (force)`.execute(env.db);
+    }
   });
 });
 

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * The system on a Redis Cluster of its own (3 masters, one replica each; test/support/redis-cluster.ts):
  * workers (in-process and the runnable), the producer, the outbox relay, the HTTP API, the
@@ -9,21 +10,8 @@ import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import {
-  BullmqJobLookup,
-  ConfigError,
-  IdempotencyKeys,
-  IdempotentProducer,
-  OutboxRelay,
-  createIdempotentWorker,
-  hashTagOf,
-  jobIdFor,
-  loadEnvConfig,
-  loadHttpEnvConfig,
-  openRedisConnection,
-  startWorkerProcess,
-  type RedisConnection,
-} from '../src/index.js';
+import { ConfigError, IdempotencyKeys, IdempotentProducer, OutboxRelay, createIdempotentWorker, jobIdFor } from '../src/index.js';
+import { BullmqJobLookup, hashTagOf, loadEnvConfig, loadHttpEnvConfig, openRedisConnection, startWorkerProcess, type RedisConnection } from '../src/process/index.js';
 import { httpClient } from './support/http-client.js';
 import { startHttpServerChild, type HttpServerChild } from './support/http-server-child.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';

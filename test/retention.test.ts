@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * Retention's edge: a key's record has expired and been deleted, but BullMQ still keeps the
  * key's finished job under the same deterministic id. A new request with that key and another
@@ -9,19 +10,8 @@ import { Queue, Worker } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
-import {
-  IdempotencyKeys,
-  IdempotentProducer,
-  Janitor,
-  KeyReusedError,
-  KeySettledListener,
-  OutboxRelay,
-  createHttpApi,
-  createPostgresDb,
-  jobIdFor,
-  type HttpApi,
-  type IdempotentWorker,
-} from '../src/index.js';
+import { IdempotencyKeys, IdempotentProducer, KeyReusedError, KeySettledListener, OutboxRelay, createHttpApi, createPostgresDb, jobIdFor, type HttpApi, type IdempotentWorker } from '../src/index.js';
+import { Janitor } from '../src/process/index.js';
 import { readStoredJob, removeFinishedJob } from '../src/bullmq/finished-job-removal.js';
 import { insertOutboxRows } from '../src/store/sql/outbox.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
@@ -92,12 +82,12 @@ async function completeWithPlainWorker(queue: Queue, jobId: string): Promise<voi
 }
 
 /** Lets every record of `key` expire (any scope) and runs the janitor once, which deletes them. */
-async function expireAndCollect(key: string): Promise<void> {
+async function expireAndCollect(key: string, tombstoneMs = 0): Promise<void> {
   const { numAffectedRows } = await sql`
     update ${sql.id(env.schema, 'idempotency_keys')} set expires_at = now() - interval '1 second'
      where key = ${key} and status <> 'processing'`.execute(env.db);
   expect(Number(numAffectedRows)).toBeGreaterThan(0);
-  const report = await new Janitor({ db: env.db, schema: env.schema, logger: silent }).runOnce();
+  const report = await new Janitor({ db: env.db, schema: env.schema, tombstoneMs, logger: silent }).runOnce();
   expect(report.keysDeleted).toBe(Number(numAffectedRows));
 }
 
@@ -105,6 +95,31 @@ async function unsentOutboxRows(): Promise<number> {
   const { rows } = await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, 'outbox')} where sent_at is null`.execute(env.db);
   return Number(rows[0]!.n);
 }
+
+describe('a key past its retention, inside its tombstone window', () => {
+  it('a worker acknowledges a duplicate as "completed, result expired" without running it, and refuses another payload as reused', { timeout: 30_000 }, async () => {
+    const queue = bullQueue('tombstone');
+    const worker = startWorker('tombstone');
+    const events: string[] = [];
+    worker.on('event', (event: { kind: string; key?: string }) => {
+      if (event.key === 'T') events.push(event.kind);
+    });
+    const data = (value: string) => ({ idempotencyKey: 'T', scope: 's', payload: { value } });
+    await queue.add('charge', data('A'), { jobId: 'tomb-first' });
+    await waitForJobState(queue, 'tomb-first', ['completed']);
+    await expireAndCollect('T', 3_600_000);
+
+    await queue.add('charge', data('A'), { jobId: 'tomb-duplicate' });
+    await waitForJobState(queue, 'tomb-duplicate', ['completed']);
+    expect((await queue.getJob('tomb-duplicate'))?.returnvalue).toBeNull();
+    await queue.add('charge', data('B'), { jobId: 'tomb-other' });
+    await waitForJobState(queue, 'tomb-other', ['failed']);
+    expect((await queue.getJob('tomb-other'))?.failedReason).toMatch(/different|reused/i);
+
+    expect(await effectsOf(env.db, env.schema, 's', 'T')).toHaveLength(1);
+    expect(events).toEqual(['claimed', 'completed', 'result-expired', 'key-reused']);
+  });
+});
 
 describe('a key reused after its record expired', () => {
   it('over HTTP: POST B after A expired runs B once, and GET shows B, never A', { timeout: 30_000 }, async () => {

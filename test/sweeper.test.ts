@@ -1,29 +1,13 @@
+// @module-tag redis
 import { Queue, Worker } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import {
-  BullmqJobLookup,
-  IdempotencyKeys,
-  IdempotentProducer,
-  Maintenance,
-  Sweeper,
-  ConfigError,
-  createIdempotentWorker,
-  jobIdFor,
-  loadEnvConfig,
-  startWorkerProcess,
-  sweeperQueuesFromConfig,
-  withMaintenanceLock,
-  toWireJobData,
-  type IdempotentWorker,
-  createPostgresDb,
-  type SweepReport,
-  type SweeperJobQueues,
-  type SweeperOptions,
-  type WorkerEvent,
-} from '../src/index.js';
+import { IdempotencyKeys, IdempotentProducer, ConfigError, type EnqueueResult, createIdempotentWorker, jobIdFor, toWireJobData, type IdempotentWorker, createPostgresDb, type WorkerEvent } from '../src/index.js';
+import { BullmqJobLookup, Maintenance, Sweeper, loadEnvConfig, startWorkerProcess, sweeperQueuesFromConfig, type SweepReport, type JobLookup, type SweeperOptions } from '../src/process/index.js';
+import { withMaintenanceLock } from '../src/store/maintenance-lock.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
+import { createGate } from './support/protocol-fixtures.js';
 import { brokerQueueName } from '../src/consumer/broker-queue-names.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -188,7 +172,7 @@ describe('Sweeper', () => {
 
   it('does not abandon a key that a worker claimed while the sweeper was asking BullMQ', async () => {
     await loseJob('order-8', { storePayload: false });
-    const racing: SweeperJobQueues = {
+    const racing: JobLookup = {
       async presence(queueName, jobIds) {
         const answer = await jobs.presence(queueName, jobIds);
         // Meanwhile a redelivered job takes the key over (fence 2, live lease).
@@ -269,7 +253,7 @@ describe('Sweeper', () => {
     if (claim.kind !== 'claimed') throw new Error(`expected a claim, got ${claim.kind}`);
     await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 hour'
                where key = 'order-13'`.execute(env.db);
-    const racing: SweeperJobQueues = {
+    const racing: JobLookup = {
       async presence(queueName, jobIds) {
         const answer = await jobs.presence(queueName, jobIds);
         // Meanwhile its owner gives the key up for a retry: same fence, no owner, lease ended now.
@@ -289,7 +273,7 @@ describe('Sweeper', () => {
     const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 2, applicationName });
     closers.push(() => db.destroy());
     let calls = 0;
-    const faulty: SweeperJobQueues = {
+    const faulty: JobLookup = {
       async presence(queueName, jobIds) {
         calls++;
         // First run: this sweep's own connection is terminated while it asks BullMQ.
@@ -407,6 +391,95 @@ describe('Sweeper', () => {
     expect(() => sweeper({ sweepAfterMs: -1 })).toThrow(/sweepAfterMs/);
     expect(() => sweeper({ queues: [] })).toThrow(/queues/);
     expect(() => new Sweeper({ db: env.db } as SweeperOptions)).toThrow(/jobs is required/);
+  });
+
+  describe('a lost job keeps what its data said beyond the payload', () => {
+    /**
+     * Runs `enqueue` through a real worker whose handler never returns, then loses the job as
+     * Redis losing data does: the worker is gone, the queue emptied, the key left processing
+     * with its lease ended an hour ago.
+     */
+    async function loseRunningJob(enqueue: (producer: IdempotentProducer) => Promise<unknown>, runningKey: { scope: string; key: string }) {
+      const hang = createGate();
+      const worker = createIdempotentWorker<any, any>({
+        queue: QUEUE,
+        connection: { url: env.redisUrl },
+        prefix: env.redisPrefix,
+        keys,
+        logger: silent,
+        storePayload: true,
+        concurrency: 4,
+        handler: async () => hang.wait,
+      });
+      workers.push(worker);
+      const producer = new IdempotentProducer({ queue: QUEUE, connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+      closers.push(() => producer.close());
+      // The lost run, a zombie by then, ends when the test does: its completion is fenced out.
+      closers.push(async () => hang.open());
+      await enqueue(producer);
+      await waitFor('the job to be running', async () => (await keys.get(runningKey.scope, runningKey.key))?.status === 'processing');
+      return { producer, worker };
+    }
+
+    async function forget(worker: IdempotentWorker<any, any>, scope: string, key: string) {
+      // The job vanishes first (as when Redis loses it), then its worker goes (releasing the key).
+      await queue.obliterate({ force: true });
+      await worker.close({ force: true });
+      await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 hour', owner = null
+                 where scope = ${scope} and key = ${key}`.execute(env.db);
+      // Its concurrency slot, if any, has long ended too.
+      await sql`update ${sql.id(env.schema, 'concurrency_slots')} set acquired_until = now() - interval '1 hour'
+                 where scope = ${scope} and key = ${key}`.execute(env.db);
+    }
+
+    it("re-enqueues a concurrency-limited job with its concurrency key and limit, so the limit still holds for it", async () => {
+      const limit = { key: 'tenant:acme', limit: 1 };
+      const { worker } = await loseRunningJob(
+        (producer) => producer.enqueue({ name: 'charge', scope: 'acme', key: 'limited-1', data: { cents: 7 }, concurrency: limit }),
+        { scope: 'acme', key: 'limited-1' },
+      );
+      await forget(worker, 'acme', 'limited-1');
+
+      const report = await sweeper({ action: 'reenqueue' }).runOnce();
+      expect(report.recoveries).toMatchObject([{ key: 'limited-1', action: 'reenqueued' }]);
+      const job = await queue.getJob(jobIdFor('acme', 'limited-1'));
+      expect(job?.data).toEqual({ idempotencyKey: 'limited-1', scope: 'acme', payload: { cents: 7 }, concurrencyKey: 'tenant:acme', concurrencyLimit: 1 });
+
+      // The limit holds for the re-enqueued job: while another job of the tenant holds the one slot, it waits.
+      const holder = await keys.acquireConcurrencySlot('acme', 'other-job', limit, { leaseMs: 60_000, starvationMs: 600_000 });
+      expect(holder.acquired).toBe(true);
+      const events: WorkerEvent[] = [];
+      startWorker(events);
+      await waitFor('the re-enqueued job to be deferred by the limit', async () => events.some((e) => e.kind === 'concurrency-limited'));
+      expect((await keys.get('acme', 'limited-1'))?.status).toBe('processing');
+      if (holder.acquired) await keys.releaseConcurrencySlot('acme', 'other-job', holder);
+      const { job: done } = await waitForJobState(queue, jobIdFor('acme', 'limited-1'), ['completed'], 30_000);
+      expect(done.returnvalue).toEqual({ charged: 7, fence: 2 });
+    });
+
+    it('re-enqueues a coalescing run as that run, so its pending successor still runs after it', { timeout: 60_000 }, async () => {
+      let first: EnqueueResult | undefined;
+      const { producer, worker } = await loseRunningJob(async (p) => {
+        first = await p.enqueue({ name: 'charge', scope: 'acme', key: 'entity-1', data: { cents: 1 }, coalesce: true });
+      }, { scope: 'acme', key: 'entity-1#1' });
+      // Arrives while generation 1 runs: becomes its pending successor.
+      const second = await producer.enqueue({ name: 'charge', scope: 'acme', key: 'entity-1', data: { cents: 2 }, coalesce: true });
+      await waitForJobState(queue, second.jobId, ['completed']);
+      await forget(worker, 'acme', 'entity-1#1');
+
+      const report = await sweeper({ action: 'reenqueue' }).runOnce();
+      expect(report.recoveries).toMatchObject([{ key: 'entity-1#1', action: 'reenqueued', jobId: first!.jobId }]);
+      const job = await queue.getJob(first!.jobId);
+      expect(job?.data).toEqual({ idempotencyKey: 'entity-1', scope: 'acme', payload: { cents: 1 }, coalesce: true });
+
+      const events: WorkerEvent[] = [];
+      startWorker(events);
+      await waitForJobState(queue, first!.jobId, ['completed'], 30_000);
+      // Generation 1 ran again (taken over) and then its successor, generation 2, with the newest payload.
+      await waitFor('the successor to complete', async () => (await keys.get('acme', 'entity-1#2'))?.status === 'completed');
+      expect(await keys.get('acme', 'entity-1#1')).toMatchObject({ status: 'completed', result: { charged: 1, fence: 2 } });
+      expect(await keys.get('acme', 'entity-1#2')).toMatchObject({ status: 'completed', result: { charged: 2, fence: 1 } });
+    });
   });
 
   it('is recovered end to end by a worker process: lost job found and re-run under the advisory-locked sweeper', async () => {

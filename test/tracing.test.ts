@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * Traces (OpenTelemetry, an in-memory exporter): the span tree of a job from POST to
  * completion, of a replay, of a deferral and of a takeover after a kill, and how keys show.
@@ -8,17 +9,9 @@ import type { ReadableSpan } from '@opentelemetry/sdk-trace';
 import { Queue } from 'bullmq';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import {
-  ANONYMOUS_TENANT,
-  IdempotencyKeys,
-  createHttpApi,
-  createIdempotentWorker,
-  jobIdFor,
-  type HttpApi,
-  type IdempotentWorker,
-  type IdempotentWorkerOptions,
-} from '../src/index.js';
-import { configureTracing } from '../src/telemetry/trace-attributes.js';
+import { IdempotencyKeys, createHttpApi, createIdempotentWorker, jobIdFor, type HttpApi, type IdempotentWorker, type IdempotentWorkerOptions } from '../src/index.js';
+import { ANONYMOUS_TENANT } from '../src/http/http-options.js';
+import { traceKeyHash, configureTracing } from '../src/telemetry/trace-attributes.js';
 import { createEffectsTable, createGate, effectsOf, expireLease } from './support/protocol-fixtures.js';
 import { waitFor } from './support/queue-helpers.js';
 import { SpanTree, foreignTraceparent, startInMemoryTracing, type InMemoryTracing } from './support/span-tree.js';
@@ -170,6 +163,8 @@ describe('traces', () => {
     const process = tree.one(`process ${QUEUE}`);
     expect(parentId(process)).toBe(duplicate.spanId);
     expect(eventNames(process)).toEqual(['replayed']);
+    // Spans about a key carry its scope and hash, a replay's too (it claims nothing).
+    expect(process.attributes).toMatchObject({ 'idempotent_jobs.scope': ANONYMOUS_TENANT, 'idempotent_jobs.key_hash': traceKeyHash(ANONYMOUS_TENANT, 'order-2') });
     expect(tree.one('claim').attributes['idempotent_jobs.outcome']).toBe('completed');
     expect(tree.named('effect transaction')).toHaveLength(0);
     expect(await effectsOf(env.db, env.schema, ANONYMOUS_TENANT, 'order-2')).toHaveLength(1);

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * Transient store faults (a terminated connection, a COMMIT whose reply is lost, a server whose
  * default isolation is serializable) delay a job; they never use up its attempts, fail it, or
@@ -12,24 +13,13 @@ import { sql, type Kysely, type Transaction } from 'kysely';
 import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import {
-  ClaimContendedError,
-  IdempotencyKeys,
-  PostgresKeyStore,
-  StoreUnavailableError,
-  createIdempotentWorker,
-  createPostgresDb,
-  isHeld,
-  type FaultHook,
-  type IdempotencyOptions,
-  type IdempotentWorker,
-  type IdempotentWorkerOptions,
-  type JobContext,
-  type KeyStore,
-  type WorkerEvent,
-} from '../src/index.js';
-import { resolveWorkerTiming, storeRetryDelayMs } from '../src/config/worker-timing.js';
-import { kyselyOverPool } from '../src/store/last-result-pool.js';
+import { ClaimContendedError, IdempotencyKeys, StoreUnavailableError, createIdempotentWorker, createPostgresDb, isHeld, type IdempotencyOptions, type IdempotentWorker, type IdempotentWorkerOptions, type JobContext, type WorkerEvent } from '../src/index.js';
+import { type KeyStore } from '../src/store/key-store.js';
+import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
+import { type FaultHook } from '../src/process/index.js';
+import { resolveWorkerTiming, storeRetryDelayMs } from '../src/consumer/worker-timing.js';
+import { StoreFaultStreaks } from '../src/consumer/store-fault-streaks.js';
+import { kyselyOverPool } from '../src/store/pipelining-pool.js';
 import { transientStoreFault } from '../src/store/pg-errors.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
@@ -226,7 +216,14 @@ async function failingFailures(db: Kysely<any>, times = 1) {
 describe('classification of store errors', () => {
   it('names connection, conflict and timeout faults, and nothing else', () => {
     const pgError = (code: string) => Object.assign(new Error(`sqlstate ${code}`), { code });
-    for (const code of ['57P01', '57P02', '57P03', '08006', '08001', '53300', '53200']) expect(transientStoreFault(pgError(code))).toBe('connection');
+    for (const code of ['57P01', '57P02', '57P03', '08006', '08001', '53000', '53100', '53200', '53300', '25006']) {
+      expect(transientStoreFault(pgError(code)), code).toBe('connection');
+    }
+    // A protocol violation is the connection's fault only when the server ended the session for it.
+    const protocolViolation = (severity: string) => Object.assign(pgError('08P01'), { severity });
+    expect(transientStoreFault(protocolViolation('FATAL'))).toBe('connection');
+    expect(transientStoreFault(protocolViolation('ERROR'))).toBeUndefined();
+    expect(transientStoreFault(pgError('53400'))).toBeUndefined();
     for (const code of ['40001', '40P01']) expect(transientStoreFault(pgError(code))).toBe('conflict');
     for (const code of ['55P03', '57014']) expect(transientStoreFault(pgError(code))).toBe('timeout');
     for (const code of ['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT']) expect(transientStoreFault(pgError(code))).toBe('connection');
@@ -249,6 +246,57 @@ describe('classification of store errors', () => {
     extraDbs.push(refusedDb);
     const refused = await sql`select 1`.execute(refusedDb).catch((e: unknown) => e);
     expect(transientStoreFault(refused)).toBe('connection');
+  });
+
+  it('a NUL in a simple-protocol string (08P01, the connection intact) is not transient; a protocol violation that ends the session is', async () => {
+    const client = new pg.Client({ connectionString: env.databaseUrl });
+    client.on('error', () => {});
+    await client.connect();
+    try {
+      const nul = await client.query("select 'a\u0000b'").catch((e: unknown) => e);
+      expect(nul).toMatchObject({ code: '08P01', severity: 'ERROR' });
+      expect(transientStoreFault(nul)).toBeUndefined();
+      // The same connection still answers: nothing broke.
+      expect((await client.query('select 1 as one')).rows).toEqual([{ one: 1 }]);
+      // A message type the server does not know: it answers FATAL 08P01 and closes the session.
+      client.connection.stream.write(Buffer.from([0x5a, 0, 0, 0, 4]));
+      const fatal = await client.query('select 1').catch((e: unknown) => e);
+      expect(fatal).toMatchObject({ code: '08P01', severity: 'FATAL' });
+      expect(transientStoreFault(fatal)).toBe('connection');
+    } finally {
+      await client.end().catch(() => {});
+    }
+  });
+
+  it('real 53xxx and 25006 answers: resource faults and a read-only server are transient, a configuration limit is not', async () => {
+    const raised = (code: string) => sql.raw(`do $$ begin raise exception 'simulated' using errcode = '${code}'; end $$`).execute(env.db).catch((e: unknown) => e);
+    for (const code of ['53000', '53100', '53200', '53300']) expect(transientStoreFault(await raised(code)), code).toBe('connection');
+    expect(transientStoreFault(await raised('53400'))).toBeUndefined();
+    const readOnly = await env.db
+      .transaction()
+      .execute(async (tx) => {
+        await sql`set transaction read only`.execute(tx);
+        await sql`create temporary table never_made (x int)`.execute(tx);
+      })
+      .catch((e: unknown) => e);
+    expect(readOnly).toMatchObject({ code: '25006' });
+    expect(transientStoreFault(readOnly)).toBe('connection');
+  });
+
+  it('a pooled connection that answered 25006 (a server taking no writes) is destroyed, not lent out again', async () => {
+    const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 1, applicationName: appName }, () => {});
+    extraDbs.push(db);
+    // The session turns read-only, as every session of a primary demoted by a failover is.
+    const { rows } = await sql<{ pid: number }>`select pg_backend_pid() as pid, set_config('default_transaction_read_only', 'on', false)`.execute(db);
+    const readOnlyPid = rows[0]!.pid;
+    const refused = await sql`create temporary table never_made (x int)`.execute(db).catch((e: unknown) => e);
+    expect(refused).toMatchObject({ code: '25006' });
+    const { rows: next } = await sql<{ pid: number }>`select pg_backend_pid() as pid`.execute(db);
+    expect(next[0]!.pid).not.toBe(readOnlyPid);
+    await waitFor('the read-only backend to exit', async () => {
+      const { rows: left } = await sql`select 1 from pg_stat_activity where pid = ${readOnlyPid}`.execute(env.db);
+      return left.length === 0;
+    });
   });
 
   it('backs off exponentially from storeRetryMinMs, capped at storeRetryMaxMs, jitter on top', () => {
@@ -413,24 +461,14 @@ describe('recording a permanent failure', () => {
 describe('group commit', () => {
   for (const fastPath of [false, true]) {
     const path = fastPath ? 'fast path' : 'leased';
-    it(`a careful group whose connection is terminated before its COMMIT: every job deferred, each completes once (${path})`, async () => {
-      const counter = { terminated: 0 };
-      const keys = keysOn(workerDb, { groupCommit: { maxJobs: 8, maxGroups: 1, optimistic: false } });
-      const { events } = startWorker(keys, { fastPath, concurrency: 6, faultHook: terminateOnceAt('before-commit', counter) });
-      const added = await addJobs(fastPath ? 'group-fast' : 'group', 6);
-      await expectCompletedOnce(added, events);
-      expect(counter.terminated).toBe(1);
-      expect(events.some((e) => e.kind === 'store-unavailable')).toBe(true);
-    });
-
     // The break shows at the next statement: a later job's effect (nothing was sent to commit:
-    // the group runs again, carefully, on a new connection) or the group's end (whether the
-    // COMMIT was applied is not known: each job is deferred, or finds its key completed).
-    it(`an optimistic group whose connection is terminated before its COMMIT: no job fails, each completes once (${path})`, async () => {
+    // each job runs again alone, on a new connection) or the group's end (whether the COMMIT
+    // was applied is not known: each job is deferred, or finds its key completed).
+    it(`a group whose connection is terminated before its COMMIT: no job fails, each completes once (${path})`, async () => {
       const counter = { terminated: 0 };
       const keys = keysOn(workerDb, { groupCommit: { maxJobs: 8, maxGroups: 1 } });
       const { events } = startWorker(keys, { fastPath, concurrency: 6, faultHook: terminateOnceAt('before-commit', counter) });
-      const added = await addJobs(fastPath ? 'optimistic-fast' : 'optimistic', 6);
+      const added = await addJobs(fastPath ? 'group-fast' : 'group', 6);
       await expectCompletedOnce(added, events);
       expect(counter.terminated).toBe(1);
     });
@@ -527,4 +565,123 @@ describe('read committed, whatever the server default', () => {
       expect(events.filter((e) => e.kind === 'failed')).toEqual([]);
     });
   }
+});
+
+describe('errors that are not the store being away', () => {
+  it("a NUL sent in a simple-protocol string (08P01, the connection intact) is the handler's error: stored on the last attempt, never deferred", async () => {
+    const handler: Handler = (ctx) =>
+      ctx.transaction(async (tx) => {
+        await sql.raw("select 'a\u0000b'").execute(tx);
+      });
+    const { events } = startWorker(keysOn(workerDb), { handler });
+    const { job, key } = (await addJobs('nul', 1))[0]!;
+    const { state } = await waitForJobState(queue, job.id!, ['completed', 'failed'], 30_000);
+    expect(state).toBe('failed');
+    expect(await keysOn(env.db).get(scope, key)).toMatchObject({ status: 'failed', error: expect.objectContaining({ code: '08P01' }) });
+    expect(events.filter((e) => e.kind === 'store-unavailable')).toEqual([]);
+  });
+
+  it('a write refused by a read-only server (25006, a failover in progress) is deferred without an attempt; its connection is replaced and the job completes once', async () => {
+    const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 2, applicationName: appName }, () => {});
+    extraDbs.push(db);
+    // The pool's one open connection turns read-only, as a primary demoted under it would.
+    const { rows } = await sql<{ pid: number }>`select pg_backend_pid() as pid, set_config('default_transaction_read_only', 'on', false)`.execute(db);
+    const { events } = startWorker(keysOn(db), { concurrency: 1 });
+    const added = await addJobs('read-only', 1);
+    await expectCompletedOnce(added, events);
+    expect(events.some((e) => e.kind === 'store-unavailable')).toBe(true);
+    const { rows: left } = await sql`select 1 from pg_stat_activity where pid = ${rows[0]!.pid}`.execute(env.db);
+    expect(left).toEqual([]);
+  });
+});
+
+describe('store faults that do not pass', () => {
+  /** A fault that is deterministic but classified as transient: the effect's statement raises out_of_memory every time. */
+  const outOfMemory: Handler = (ctx) =>
+    ctx.transaction(async (tx) => {
+      await sql.raw(`do $$ begin raise exception 'simulated out of memory' using errcode = '53200'; end $$`).execute(tx);
+    });
+
+  it('count as attempts once they have lasted storeRetryWindowMs; the last attempt stores the fault and fails the job', async () => {
+    const runs: Array<{ attemptsMade: number; at: number }> = [];
+    const handler: Handler = async (ctx) => {
+      runs.push({ attemptsMade: ctx.job.attemptsMade, at: Date.now() });
+      return outOfMemory(ctx);
+    };
+    const { events } = startWorker(keysOn(workerDb), { handler, storeRetryWindowMs: 600, storeRetryMaxMs: 100 });
+    const key = `persistent-${randomUUID()}`;
+    const job = await queue.add('pay', { idempotencyKey: key, scope, payload: { n: 1 } }, { attempts: 2 });
+    const { job: finished, state } = await waitForJobState(queue, job.id!, ['completed', 'failed'], 30_000);
+    expect(state).toBe('failed');
+    expect(finished.attemptsMade).toBe(2);
+    expect(finished.failedReason).toMatch(/kept failing/);
+    const row = await keysOn(env.db).get(scope, key);
+    expect(row).toMatchObject({ status: 'failed', error: expect.objectContaining({ code: 'STORE_FAULT_PERSISTED' }) });
+    expect(String((row!.error as { message: string }).message)).toContain('simulated out of memory');
+    // Deferred, no attempt used, for the whole window; then each fault is an attempt.
+    const firstAttempt = runs.filter((r) => r.attemptsMade === 0);
+    // How many deferrals fit in the window depends on the machine's speed; at least the first.
+    expect(firstAttempt.length).toBeGreaterThanOrEqual(2);
+    expect(runs.find((r) => r.attemptsMade === 1)!.at - runs[0]!.at).toBeGreaterThanOrEqual(600);
+    expect(runs.filter((r) => r.attemptsMade === 1)).toHaveLength(1);
+    expect(events.filter((e) => e.key === key && e.kind === 'store-unavailable')).toHaveLength(firstAttempt.length - 1);
+    expect(events.filter((e) => e.key === key).map((e) => e.kind).at(-1)).toBe('failed');
+  });
+
+  it('a job past the window whose failure cannot be recorded (Postgres unreachable) stays deferred, never failed', async () => {
+    const deadDb = createPostgresDb({ connectionString: 'postgres://postgres@127.0.0.1:1/postgres', maxConnections: 1 }, () => {});
+    extraDbs.push(deadDb);
+    const { worker, events } = startWorker(keysOn(deadDb), { storeRetryWindowMs: 100, storeRetryMinMs: 20, storeRetryMaxMs: 50 });
+    const { job } = (await addJobs('outage', 1))[0]!;
+    const startedAt = Date.now();
+    await waitFor('store faults well past the window', async () => Date.now() - startedAt > 1_000 && events.filter((e) => e.kind === 'store-unavailable').length >= 10);
+    await worker.close();
+    expect(events.filter((e) => e.kind === 'failed')).toEqual([]);
+    expect(await (await queue.getJob(job.id!))!.getState()).not.toBe('failed');
+  });
+
+  it('StoreFaultStreaks: a key outlasts the window counted from its first fault in a row; a run past the store ends the streak', () => {
+    let now = 0;
+    const streaks = new StoreFaultStreaks({ windowMs: 1_000, maxTracked: 2, now: () => now });
+    expect(streaks.outlasted('a')).toBe(false);
+    now = 1_000;
+    expect(streaks.outlasted('a')).toBe(false);
+    now = 1_001;
+    expect(streaks.outlasted('a')).toBe(true);
+    streaks.end('a');
+    expect(streaks.outlasted('a')).toBe(false);
+    expect(streaks.size).toBe(1);
+  });
+
+  it('StoreFaultStreaks: a key unseen for a whole window is forgotten; past maxTracked, the key seen longest ago goes', () => {
+    let now = 0;
+    const streaks = new StoreFaultStreaks({ windowMs: 1_000, maxTracked: 2, now: () => now });
+    streaks.outlasted('a');
+    streaks.outlasted('b');
+    now = 500;
+    streaks.outlasted('c'); // over maxTracked: a goes
+    expect(streaks.size).toBe(2);
+    now = 900;
+    expect(streaks.outlasted('b')).toBe(false);
+    now = 1_001;
+    expect(streaks.outlasted('b')).toBe(true);
+    expect(streaks.outlasted('a')).toBe(false); // a new streak
+    const unseen = new StoreFaultStreaks({ windowMs: 1_000, now: () => now });
+    now = 0;
+    unseen.outlasted('x');
+    unseen.outlasted('y');
+    now = 900;
+    unseen.outlasted('x');
+    unseen.outlasted('y');
+    now = 1_800;
+    expect(unseen.outlasted('y')).toBe(true);
+    now = 1_901;
+    // x was last seen 1,001 ms ago: its faults went to other consumers, or passed.
+    expect(unseen.outlasted('x')).toBe(false);
+  });
+
+  it('storeRetryWindowMs defaults to an hour and is a positive integer', () => {
+    expect(resolveWorkerTiming({}, 30_000).storeRetryWindowMs).toBe(3_600_000);
+    expect(() => resolveWorkerTiming({ storeRetryWindowMs: 0 }, 30_000)).toThrow(/storeRetryWindowMs/);
+  });
 });

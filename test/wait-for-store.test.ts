@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * A worker process starting while Postgres or Redis is down waits for it (a warning per try)
  * for at most STARTUP_WAIT_MS, then exits with an error naming the server; errors that waiting
@@ -40,6 +41,28 @@ describe('waitForStore', () => {
     expect(value).toBe('up');
     expect(calls).toBe(4);
     expect(warnings).toEqual(Array(3).fill(expect.stringMatching(/^Postgres \(migrations\) is not reachable yet; trying again in \d+ ms$/)));
+  });
+
+  it('logs one warning line per try, with the error\'s message and no stack; the stack goes to debug', async () => {
+    const entries: Array<Record<string, unknown>> = [];
+    const logger = pino({ level: 'debug' }, { write: (line: string) => void entries.push(JSON.parse(line)) });
+    let calls = 0;
+    await waitForStore(
+      async () => {
+        if (++calls < 3) throw refused();
+        return 'up';
+      },
+      { what: 'Postgres (migrations)', deadline: Date.now() + 60_000, logger, firstDelayMs: 1, maxDelayMs: 4 },
+    );
+    const warnings = entries.filter((entry) => entry.level === 40);
+    expect(warnings.map(({ tries, error }) => ({ tries, error }))).toEqual([
+      { tries: 1, error: 'connect ECONNREFUSED 127.0.0.1:1' },
+      { tries: 2, error: 'connect ECONNREFUSED 127.0.0.1:1' },
+    ]);
+    for (const warning of warnings) expect(JSON.stringify(warning)).not.toMatch(/"err"|stack|\\n\s+at /);
+    const debug = entries.filter((entry) => entry.level === 20);
+    expect(debug).toHaveLength(2);
+    expect((debug[0]!.err as { stack: string }).stack).toMatch(/ECONNREFUSED[\s\S]*\n\s+at /);
   });
 
   it('throws an error that waiting cannot fix at once, without a warning', async () => {
@@ -145,13 +168,19 @@ describe('a worker process starting while a server is down', () => {
     }
   });
 
-  it('exits non-zero naming Postgres when it never comes up', async () => {
+  it('exits non-zero naming Postgres when it never comes up: one warning line per try, without a stack, then the last line', async () => {
     const closedPort = await freePort();
     const worker = startWorker({ DATABASE_URL: `postgres://postgres@127.0.0.1:${closedPort}/postgres`, STARTUP_WAIT_MS: '1500' });
     const { code, stderr, stdout } = await worker.exited;
     expect(code).toBe(1);
-    expect(stderr).toMatch(/Postgres \(migrations\) was still unreachable after \d+ tries .*ECONNREFUSED.*STARTUP_WAIT_MS/);
-    expect(stdout).toMatch(/Postgres \(migrations\) is not reachable yet/);
+    expect(stderr.trim()).toMatch(/^Postgres \(migrations\) was still unreachable after (\d+) tries .*ECONNREFUSED.*STARTUP_WAIT_MS sets how long a starting process waits\.$/);
+    const tries = Number(/after (\d+) tries/.exec(stderr)![1]);
+    const lines = stdout.split('\n').map((line) => JSON.parse(line) as Record<string, unknown>);
+    expect(lines.map(({ level, msg, tries: n }) => ({ level, msg, tries: n }))).toEqual(
+      Array.from({ length: tries - 1 }, (_, i) => ({ level: 40, msg: expect.stringMatching(/^Postgres \(migrations\) is not reachable yet; trying again in \d+ ms$/), tries: i + 1 })),
+    );
+    for (const line of lines) expect(line).toMatchObject({ error: expect.stringContaining('ECONNREFUSED') });
+    expect(stdout).not.toMatch(/"err"|stack/);
   });
 
   it('exits non-zero naming Postgres when it accepts connections but never answers (frozen)', async () => {
@@ -168,19 +197,56 @@ describe('a worker process starting while a server is down', () => {
     }
   });
 
-  it('exits non-zero naming Redis when it never comes up', async () => {
+  it('exits non-zero naming Redis when it never comes up: BullMQ\'s connection errors as one warning line per try, without a stack', async () => {
     const closedPort = await freePort();
     const worker = startWorker({ REDIS_URL: `redis://127.0.0.1:${closedPort}`, STARTUP_WAIT_MS: '4000' });
-    const { code, stderr } = await worker.exited;
-    expect(code).toBe(1);
-    expect(stderr).toMatch(/Redis was still unreachable after \d+ tries .*ECONNREFUSED.*STARTUP_WAIT_MS/);
-  });
-
-  it('exits at once on an error waiting cannot fix (a database that does not exist)', async () => {
-    const worker = startWorker({ DATABASE_URL: env.databaseUrl.replace(/\/[^/]*$/, '/ij_no_such_database'), STARTUP_WAIT_MS: '600000' });
     const { code, stderr, stdout } = await worker.exited;
     expect(code).toBe(1);
-    expect(stderr).toMatch(/database "ij_no_such_database" does not exist/);
+    expect(stderr.trim()).toMatch(/^Redis was still unreachable after \d+ tries .*ECONNREFUSED.*STARTUP_WAIT_MS sets how long a starting process waits\.$/);
+    const lines = stdout.split('\n').map((line) => JSON.parse(line) as Record<string, unknown>);
+    const warnings = lines.filter((line) => line.level === 40);
+    // No error-level "BullMQ worker error" entries, no stacks: warnings, and the info lines of closing.
+    expect(lines.filter((line) => (line.level as number) >= 50)).toEqual([]);
+    expect(stdout).not.toMatch(/BullMQ worker error|"err"|stack/);
+    expect(warnings.length).toBeGreaterThan(0);
+    for (const warning of warnings) {
+      expect(warning).toMatchObject({ msg: 'Redis is not reachable; BullMQ reconnects by itself', error: `connect ECONNREFUSED 127.0.0.1:${closedPort}` });
+    }
+    // One line per reconnect try: the worker's connections fail together, and count once.
+    const times = warnings.map((warning) => warning.time as number);
+    for (let i = 1; i < times.length; i++) expect(times[i]! - times[i - 1]!).toBeGreaterThanOrEqual(500);
+  });
+
+  it('exits at once on an error waiting cannot fix, saying what to do: a database that does not exist', async () => {
+    const url = new URL(env.databaseDirectUrl);
+    url.pathname = '/ij_no_such_database';
+    const worker = startWorker({ DATABASE_URL: url.toString(), STARTUP_WAIT_MS: '600000' });
+    const { code, stderr, stdout } = await worker.exited;
+    expect(code).toBe(2);
+    expect(stderr.trim()).toBe(
+      `Postgres has no database "ij_no_such_database", which DATABASE_URL (${url}) names. ` +
+        `Create it (createdb -h ${url.hostname} -p ${url.port} -U ${url.username} ij_no_such_database), or point DATABASE_URL at a database that exists.`,
+    );
     expect(stdout).not.toMatch(/not reachable yet/);
+  });
+
+  it('exits at once on a schema never migrated when MIGRATE is off, naming SCHEMA and `idempotent-jobs migrate`', async () => {
+    const worker = startWorker({ SCHEMA: `${env.schema}_never_migrated`, MIGRATE: 'false', STARTUP_WAIT_MS: '600000' });
+    const { code, stderr } = await worker.exited;
+    expect(code).toBe(2);
+    expect(stderr.trim()).toMatch(
+      new RegExp(`^Schema "${env.schema}_never_migrated" in DATABASE_URL \\(.*\\) has no idempotency tables \\(no ${env.schema}_never_migrated\\.idempotency_keys table\\)\\. Create them with \`idempotent-jobs migrate\``),
+    );
+  });
+
+  it('says once that it is ready: the pid once (pino\'s own field), and the metrics port it bound', async () => {
+    const worker = startWorker({ METRICS_PORT: '0' });
+    await worker.seen(/worker ready/);
+    const ready = worker.lines.find((line) => line.includes('worker ready'))!;
+    expect(ready.match(/"pid":/g)).toHaveLength(1);
+    const { metricsPort } = JSON.parse(ready) as { metricsPort: number };
+    expect((await fetch(`http://127.0.0.1:${metricsPort}/healthz`)).status).toBe(200);
+    worker.child.kill('SIGTERM');
+    expect((await worker.exited).code).toBe(0);
   });
 });

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * Job data from a foreign producer, written raw into BullMQ (default job options: one
  * attempt), to a real idempotent worker. Every job either runs once or fails for good with an

@@ -1,3 +1,4 @@
+// @module-tag redis
 /**
  * Every failure is recorded: an error whose message Postgres jsonb would refuse (a NUL, a lone
  * surrogate) is stored sanitised, and a payload that `storePayload` cannot keep is refused
@@ -7,7 +8,8 @@ import { randomUUID } from 'node:crypto';
 import { Queue } from 'bullmq';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, PostgresKeyStore, createIdempotentWorker, type IdempotentWorker, type IdempotentWorkerOptions, type JobHandler } from '../src/index.js';
+import { IdempotencyKeys, createIdempotentWorker, type IdempotentWorker, type IdempotentWorkerOptions, type JobHandler } from '../src/index.js';
+import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
 import { waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 

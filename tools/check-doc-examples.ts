@@ -29,6 +29,13 @@ const ENTRY_POINTS: Readonly<Record<string, string>> = {
   'idempotent-jobs/amqp': 'src/amqp/index.ts',
   'idempotent-jobs/nats': 'src/nats/index.ts',
   'idempotent-jobs/otel': 'src/otel/index.ts',
+  'idempotent-jobs/process': 'src/process/index.ts',
+  'idempotent-jobs/store': 'src/store/index.ts',
+  'idempotent-jobs/pg': 'src/pg/index.ts',
+  'idempotent-jobs/postgres-js': 'src/postgres-js/index.ts',
+  'idempotent-jobs/drizzle': 'src/drizzle/index.ts',
+  'idempotent-jobs/prisma': 'src/prisma/index.ts',
+  'idempotent-jobs/typeorm': 'src/typeorm/index.ts',
 };
 
 const GLOBALS = path.join(ROOT, 'tools/doc-examples/globals.d.ts');

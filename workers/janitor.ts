@@ -6,7 +6,7 @@
  *
  *   node --import tsx workers/janitor.ts
  */
-import { loadEnvConfig, runMain, startMaintenanceProcess } from '../src/index.js';
+import { loadEnvConfig, runMain, startMaintenanceProcess } from '../src/process/index.js';
 import { startTracingFromEnv } from '../src/otel/index.js';
 
 await runMain(async () => {

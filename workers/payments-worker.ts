@@ -1,5 +1,6 @@
 /** The demo payments worker: env config → schema and demo tables → worker process (signals handled there). */
-import { createPostgresDb, loadEnvConfig, migrate, runMain, startWorkerProcess } from '../src/index.js';
+import { createPostgresDb, migrate } from '../src/index.js';
+import { loadEnvConfig, runMain, startWorkerProcess } from '../src/process/index.js';
 import { startTracingFromEnv } from '../src/otel/index.js';
 import { SimulatedMailer, SimulatedPaymentProvider, createPaymentsTables, paymentHandler } from './payments/payments-domain.js';
 

@@ -108,6 +108,6 @@ export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve
 
 /** The installed version of a package (read from node_modules; some packages do not export package.json). */
 export function packageVersion(name: string): string {
-  const path = new URL(`../../node_modules/${name}/package.json`, import.meta.url);
+  const path = new URL(`./node_modules/${name}/package.json`, import.meta.url);
   return (JSON.parse(readFileSync(path, 'utf8')) as { version: string }).version;
 }

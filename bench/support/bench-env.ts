@@ -67,6 +67,8 @@ export async function createBenchEnv(): Promise<BenchEnv> {
     deleteQueueKeys: (queue) => deleteKeys(`${redisPrefix}:${queue}:*`),
     async teardown() {
       await sql`drop schema if exists ${sql.id(schema)} cascade`.execute(db);
+      // The Postgres-backend drains' queues (deployed.ts's queueSchemaOf).
+      await sql`drop schema if exists ${sql.id(`${schema}_queue`)} cascade`.execute(db);
       await deleteKeys(`${redisPrefix}:*`);
       redis.disconnect();
       await db.destroy();

@@ -7,6 +7,9 @@
  * when all N jobs are completed the process is stopped with SIGTERM. The rate is
  * (rows − 1) / (last row's created_at − first row's created_at): the span of the effects
  * themselves, so process start-up, queue polling and shutdown are outside it on every side.
+ * The CPU the drain cost (worker process, its Postgres backends, Redis; see drain-cpu.ts) is
+ * read from /proc just before the queue is resumed and just after the last job completed,
+ * before the process is stopped.
  *
  * Contenders: `lean` is lean-baseline-worker.ts (plain BullMQ + node-postgres, BEGIN/insert/
  * COMMIT); the others are `node bin/idempotent-jobs.js worker --handler deployed-handler.ts`
@@ -17,11 +20,12 @@
 import { randomBytes } from 'node:crypto';
 import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Queue } from 'bullmq';
+import { Queue, createPostgresBackend } from 'bullmq';
 import { sql } from 'kysely';
 import type { BenchEnv } from './bench-env.js';
 import { sleep } from './bench-handler.js';
 import { startBinScript, startChild, stopGracefully, type BenchChild } from './child-process.js';
+import { redisServerPid, startDrainCpuMeter, type DrainCpu } from './drain-cpu.js';
 import { fillQueue, redisConnection, withTimeout } from './throughput.js';
 
 /** The idempotent-jobs contenders and the environment that selects each (everything else: defaults). */
@@ -71,6 +75,12 @@ export interface DeployedSpec {
    * @defaultValue the bench's Postgres
    */
   readonly databaseUrl?: string;
+  /**
+   * Where the queue is: Redis, or Postgres (BullMQ's PostgreSQL backend, schema
+   * `<bench schema>_queue` of the bench's database; the contender gets QUEUE_BACKEND=postgres).
+   * @defaultValue `'redis'`
+   */
+  readonly queueBackend?: 'redis' | 'postgres';
 }
 
 /** One measured deployed drain. */
@@ -80,6 +90,7 @@ export interface DeployedRun {
   readonly n: number;
   readonly workerCheckout: string;
   readonly extraEnv: Readonly<Record<string, string>>;
+  readonly queueBackend: 'redis' | 'postgres';
   /** (effects − 1) / (last − first effect's created_at). */
   readonly jobsPerSec: number;
   /** From the first effect's created_at to the last's. */
@@ -92,6 +103,8 @@ export interface DeployedRun {
   readonly failedJobs: number;
   /** How the process ended after SIGTERM: its exit code, or the signal. */
   readonly exit: number | string;
+  /** CPU time of the worker, its Postgres backends and Redis from the queue's resume to the last completion. */
+  readonly cpu: DrainCpu;
 }
 
 /** This checkout's root. */
@@ -111,19 +124,27 @@ export async function runDeployedDrain(env: BenchEnv, spec: DeployedSpec): Promi
   const workerCheckout = resolve(spec.workerCheckout ?? THIS_CHECKOUT);
   const extraEnv = spec.extraEnv ?? {};
   const queueName = `dp-${contender}-${randomBytes(3).toString('hex')}`;
-  const queue = new Queue(queueName, { connection: redisConnection(env.redisUrl), prefix: env.redisPrefix });
+  const queueBackend = spec.queueBackend ?? 'redis';
+  const queue =
+    queueBackend === 'postgres'
+      ? (new Queue(queueName, { connection: { connectionString: env.databaseUrl, schema: queueSchemaOf(env), migrate: true } }, createPostgresBackend) as unknown as Queue)
+      : new Queue(queueName, { connection: redisConnection(env.redisUrl), prefix: env.redisPrefix });
   let child: BenchChild | undefined;
   try {
+    const redisPid = queueBackend === 'redis' ? await redisServerPid(env.redisUrl) : undefined;
     await fillQueue(queue, n, 0);
     const spawnedAt = performance.now();
-    child = startContender(env, queueName, { ...spec, workerCheckout, extraEnv });
+    child = startContender(env, queueName, { ...spec, workerCheckout, extraEnv, queueBackend });
     await waitUntilListed(queue, child);
     const startupMs = performance.now() - spawnedAt;
 
+    const cpuMeter = startDrainCpuMeter({ workerPid: child.pid, db: env.db, redisPid, connectsDirectly: spec.databaseUrl === undefined });
     const resumedAt = performance.now();
     await queue.resume();
     await withTimeout(waitUntilDrained(queue, child, n), DRAIN_TIMEOUT_MS, `${contender} c ${concurrency}: draining ${n} jobs`);
     const wallMs = performance.now() - resumedAt;
+    // Before the stop: a process's /proc entry goes when it exits.
+    const cpu = await cpuMeter.finish();
     const exit = await stopGracefully(child);
 
     const { effects, spanMs } = await effectSpan(env);
@@ -134,6 +155,7 @@ export async function runDeployedDrain(env: BenchEnv, spec: DeployedSpec): Promi
       n,
       workerCheckout,
       extraEnv,
+      queueBackend,
       jobsPerSec: ((effects - 1) / spanMs) * 1000,
       effectSpanMs: spanMs,
       wallMs,
@@ -141,13 +163,20 @@ export async function runDeployedDrain(env: BenchEnv, spec: DeployedSpec): Promi
       effects,
       failedJobs: 0,
       exit,
+      cpu,
     };
   } finally {
     await child?.stop();
+    if (queueBackend === 'postgres') await queue.obliterate({ force: true });
     await queue.close();
-    await env.deleteQueueKeys(queueName);
+    if (queueBackend === 'redis') await env.deleteQueueKeys(queueName);
     await env.resetTables();
   }
+}
+
+/** The schema the Postgres-backend drains keep their queues in (dropped with the bench's own). */
+export function queueSchemaOf(env: BenchEnv): string {
+  return `${env.schema}_queue`;
 }
 
 /** Spawns the contender's process; the CLI contenders get the environment a deployment sets. */
@@ -160,6 +189,7 @@ function startContender(env: BenchEnv, queueName: string, spec: DeployedSpec & {
     REDIS_PREFIX: env.redisPrefix,
     QUEUE: queueName,
     CONCURRENCY: String(spec.concurrency),
+    ...(spec.queueBackend === 'postgres' ? { QUEUE_BACKEND: 'postgres', QUEUE_SCHEMA: queueSchemaOf(env) } : {}),
   };
   if (spec.contender === 'lean') return startChild('support/lean-baseline-worker.ts', { ...common, ...spec.extraEnv });
   const cliEnv = {

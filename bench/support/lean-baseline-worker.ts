@@ -5,10 +5,11 @@
  * redelivered job inserts its row again. Nothing from this library (or Kysely) is in its hot path.
  *
  * Environment: DATABASE_URL, REDIS_URL, SCHEMA, REDIS_PREFIX, QUEUE, CONCURRENCY (pool size =
- * concurrency: one connection per job in flight, no more). Prints one JSON line
+ * concurrency: one connection per job in flight, no more); QUEUE_BACKEND=postgres and
+ * QUEUE_SCHEMA put the queue in Postgres (BullMQ's PostgreSQL backend, over DATABASE_URL). Prints one JSON line
  * `{"msg":"lean baseline worker ready"}` once it takes jobs; SIGTERM closes it gracefully.
  */
-import { Worker, type Job } from 'bullmq';
+import { Worker, createPostgresBackend, type Job } from 'bullmq';
 import pg from 'pg';
 
 const required = (name: string) => {
@@ -49,11 +50,19 @@ async function processJob(job: Job<WireJobData>): Promise<null> {
   return null;
 }
 
-const worker = new Worker<WireJobData>(required('QUEUE'), processJob, {
-  connection: { host: redisUrl.hostname, port: Number(redisUrl.port || 6379), maxRetriesPerRequest: null },
-  prefix: process.env.REDIS_PREFIX ?? 'bull',
-  concurrency,
-});
+const worker =
+  process.env.QUEUE_BACKEND === 'postgres'
+    ? (new Worker(
+        required('QUEUE'),
+        processJob as never,
+        { connection: { connectionString: required('DATABASE_URL'), schema: required('QUEUE_SCHEMA'), migrate: true }, concurrency },
+        createPostgresBackend,
+      ) as unknown as Worker<WireJobData>)
+    : new Worker<WireJobData>(required('QUEUE'), processJob, {
+        connection: { host: redisUrl.hostname, port: Number(redisUrl.port || 6379), maxRetriesPerRequest: null },
+        prefix: process.env.REDIS_PREFIX ?? 'bull',
+        concurrency,
+      });
 worker.on('error', (error) => process.stderr.write(`lean baseline worker: ${error.message}\n`));
 await worker.waitUntilReady();
 process.stdout.write(`${JSON.stringify({ msg: 'lean baseline worker ready', pid: process.pid })}\n`);

@@ -7,15 +7,8 @@ import { randomBytes } from 'node:crypto';
 import { Queue, Worker, type Job } from 'bullmq';
 import type { Kysely } from 'kysely';
 import { pino } from 'pino';
-import {
-  IdempotencyKeys,
-  PostgresKeyStore,
-  createIdempotentWorker,
-  createPostgresDb,
-  identityFromWireContract,
-  toWireJobData,
-  type ClaimOutcome,
-} from '../../src/index.js';
+import { IdempotencyKeys, createIdempotentWorker, createPostgresDb, identityFromWireContract, toWireJobData, type ClaimOutcome } from '../../src/index.js';
+import { PostgresKeyStore } from '../../src/store/index.js';
 import { benchHandler, insertEffect, threeStepsHandler, threeWritesHandler, type BenchPayload } from './bench-handler.js';
 import type { BenchEnv, RoundTripCounter } from './bench-env.js';
 import { cpuSince, cpuSnapshot, type CpuSnapshot, type CpuSpent } from './cpu-usage.js';
@@ -114,7 +107,7 @@ export async function runThroughput(env: BenchEnv, counter: RoundTripCounter, sp
 
   let db: Kysely<any> | undefined;
   let timed: TimedKeyStore | undefined;
-  let bull: Worker;
+  let bull: Worker<any, any, string, any>;
   let close: () => Promise<void>;
   if (contender === 'bullmq-noop' || contender === 'bullmq-tx') {
     const pool = contender === 'bullmq-tx' ? createPostgresDb({ connectionString: env.databaseUrl, maxConnections: concurrency + 2 }) : undefined;

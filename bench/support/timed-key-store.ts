@@ -1,6 +1,7 @@
 /** A {@link KeyStore} decorator that records how long each claim statement takes, by outcome. */
 import type { Kysely } from 'kysely';
-import type { Claim, ClaimInput, ClaimOutcome, KeyRecord, KeyStore, LeaseExtension } from '../../src/index.js';
+import type { Claim, ClaimOutcome, KeyRecord } from '../../src/index.js';
+import type { ClaimInput, KeyStore, LeaseExtension } from '../../src/store/index.js';
 
 /** Claim latencies in milliseconds, by outcome kind. */
 export type ClaimLatencies = Map<ClaimOutcome['kind'], number[]>;
@@ -34,7 +35,7 @@ export class TimedKeyStore implements KeyStore {
   constructor(inner: KeyStore, options: { oneTripCommit?: boolean } = {}) {
     this.#inner = inner;
     if (inner.findSettled) this.findSettled = inner.findSettled.bind(inner);
-    this.groupStatements = this.#timedGroupStatements(inner.groupStatements);
+    this.groupStatements = inner.groupStatements;
     if (inner.steps) this.steps = inner.steps;
     if (options.oneTripCommit ?? true) {
       if (inner.completeAndCommit) this.completeAndCommit = inner.completeAndCommit.bind(inner);
@@ -68,24 +69,6 @@ export class TimedKeyStore implements KeyStore {
     const outcome = await this.#inner.claimNewKey(tx, input);
     if (outcome) this.#record(outcome.kind, performance.now() - startedAt);
     return outcome;
-  }
-
-  #timedGroupStatements(statements: KeyStore['groupStatements']): KeyStore['groupStatements'] {
-    const newKeyClaims = statements?.newKeyClaims;
-    if (!statements || !newKeyClaims) return statements;
-    return {
-      ...statements,
-      newKeyClaims: {
-        undo: (claim) => newKeyClaims.undo(claim),
-        claim: async (tx, inputs) => {
-          const startedAt = performance.now();
-          const claimed = await newKeyClaims.claim(tx, inputs);
-          const ms = performance.now() - startedAt;
-          for (const isClaimed of claimed) if (isClaimed) this.#record('claimed', ms);
-          return claimed;
-        },
-      },
-    };
   }
 
   #record(kind: ClaimOutcome['kind'], ms: number): void {

@@ -9,7 +9,8 @@
 import { Worker } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
-import { IdempotencyKeys, IdempotentProducer, createIdempotentWorker, createPostgresDb, loadEnvConfig, migrate } from 'idempotent-jobs';
+import { IdempotencyKeys, IdempotentProducer, createIdempotentWorker, createPostgresDb, migrate } from 'idempotent-jobs';
+import { loadEnvConfig } from 'idempotent-jobs/process';
 
 const [jobs = 2000, rounds = 3] = process.argv.slice(2).map(Number);
 const config = loadEnvConfig();

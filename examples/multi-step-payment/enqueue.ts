@@ -1,5 +1,6 @@
 /** Enqueues one payment: `tsx enqueue.ts <order id> <cents>`. Enqueueing it again is a no-op. */
-import { IdempotentProducer, loadEnvConfig } from 'idempotent-jobs';
+import { IdempotentProducer } from 'idempotent-jobs';
+import { loadEnvConfig } from 'idempotent-jobs/process';
 
 const [orderId = 'order-1', cents = '1999'] = process.argv.slice(2);
 const config = loadEnvConfig();

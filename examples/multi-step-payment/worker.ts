@@ -4,7 +4,8 @@
  * mid-call is a no-op at the provider too.
  */
 import { sql, type Kysely } from 'kysely';
-import { IdempotencyKeys, createIdempotentWorker, createPostgresDb, loadEnvConfig, migrate } from 'idempotent-jobs';
+import { IdempotencyKeys, createIdempotentWorker, createPostgresDb, migrate } from 'idempotent-jobs';
+import { loadEnvConfig } from 'idempotent-jobs/process';
 
 const config = loadEnvConfig();
 const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 4 });

@@ -7,7 +7,8 @@ import { jetstream, jetstreamManager } from '@nats-io/jetstream';
 import { connect } from '@nats-io/transport-node';
 import { sql } from 'kysely';
 import { pino } from 'pino';
-import { IdempotencyKeys, createPostgresDb, loadEnvConfig, migrate, toWireJobData } from 'idempotent-jobs';
+import { IdempotencyKeys, createPostgresDb, migrate, toWireJobData } from 'idempotent-jobs';
+import { loadEnvConfig } from 'idempotent-jobs/process';
 import { createIdempotentNatsConsumer, ensureJetStreamConsumer } from 'idempotent-jobs/nats';
 
 const config = loadEnvConfig();

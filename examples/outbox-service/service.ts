@@ -5,7 +5,8 @@
  */
 import Fastify from 'fastify';
 import { sql } from 'kysely';
-import { IdempotentProducer, OutboxRelay, createPostgresDb, loadEnvConfig, migrate } from 'idempotent-jobs';
+import { IdempotentProducer, OutboxRelay, createPostgresDb, migrate } from 'idempotent-jobs';
+import { loadEnvConfig } from 'idempotent-jobs/process';
 
 const config = loadEnvConfig(); // DATABASE_URL, REDIS_URL, SCHEMA, REDIS_PREFIX, QUEUE
 const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 4 });

@@ -1,6 +1,7 @@
 /** Fulfils orders: the shipment row and the job's completion commit in one transaction, once per order. */
 import { sql } from 'kysely';
-import { IdempotencyKeys, createIdempotentWorker, createPostgresDb, loadEnvConfig, migrate } from 'idempotent-jobs';
+import { IdempotencyKeys, createIdempotentWorker, createPostgresDb, migrate } from 'idempotent-jobs';
+import { loadEnvConfig } from 'idempotent-jobs/process';
 
 const config = loadEnvConfig();
 const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 4 });

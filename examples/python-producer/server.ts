@@ -1,9 +1,9 @@
 /**
  * What the producers talk to: the HTTP API (`POST /v1/queues/quotes/jobs`) and a worker for
- * its queue, in one process for the example's sake (deployed, they are `npm run http` and a
+ * its queue, in one process for the example's sake (deployed, they are `npx idempotent-jobs http` and a
  * worker process). The handler prices a quote; its result is what `Prefer: wait` returns.
  */
-import { loadHttpEnvConfig, startHttpServerProcess, startWorkerProcess } from 'idempotent-jobs';
+import { loadHttpEnvConfig, startHttpServerProcess, startWorkerProcess } from 'idempotent-jobs/process';
 
 // DATABASE_URL, REDIS_URL, SCHEMA, REDIS_PREFIX, HTTP_PORT…; the queue is the example's own.
 const config = loadHttpEnvConfig({ ...process.env, QUEUE: 'quotes' });

@@ -6,7 +6,8 @@
 import { connect } from 'amqplib';
 import { sql } from 'kysely';
 import { pino } from 'pino';
-import { IdempotencyKeys, createPostgresDb, loadEnvConfig, migrate, toWireJobData } from 'idempotent-jobs';
+import { IdempotencyKeys, createPostgresDb, migrate, toWireJobData } from 'idempotent-jobs';
+import { loadEnvConfig } from 'idempotent-jobs/process';
 import { createAmqpConsumer } from 'idempotent-jobs/amqp';
 
 const config = loadEnvConfig();

@@ -2,23 +2,21 @@ import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { connect, type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Options } from 'amqplib';
 import { pino, type Logger } from 'pino';
-import { positiveIntegerOption } from '../config/consumer-options.js';
-import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../config/worker-timing.js';
-import {
-  KeyedJobRunner,
-  defaultErrorDisposition,
-  type Delivery,
-  type ErrorDisposition,
-  type KeyedJobContext,
-  type RunOutcome,
-} from '../consumer/keyed-job-runner.js';
+import { positiveIntegerOption } from '../consumer/consumer-options.js';
+import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../consumer/worker-timing.js';
+import { KeyedJobRunner } from '../consumer/keyed-job-runner.js';
+import type { Delivery, KeyedJobContext } from '../consumer/job-context.js';
+import type { RunOutcome } from '../consumer/run-outcome.js';
+import { defaultErrorDisposition, type ErrorDisposition } from '../consumer/runner-options.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
 import { brokerQueueName } from '../consumer/broker-queue-names.js';
 import type { KeyedJobHandler } from '../consumer/database-only-handler.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
-import type { JobIdentity } from '../bullmq/job-identity.js';
+import type { JobIdentity } from '../consumer/wire-contract.js';
+import { describeError } from '../describe-error.js';
+import { ConfigError } from '../errors.js';
 import { amqpIdentityReader, type AmqpIdentityOptions } from './amqp-identity.js';
 import { amqpTopology, declareDelayQueue, declareTopology, type AmqpTopology } from './amqp-topology.js';
 
@@ -165,6 +163,8 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
   #closing: Promise<void> | undefined;
   #started = false;
   #closed = false;
+  /** Set once the first session consumed: a declaration refused before that ends the start. */
+  #consumedOnce = false;
 
   constructor(options: AmqpConsumerOptions<P, R>) {
     super();
@@ -244,7 +244,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
         // The handlers' signals fire and their keys are released; their messages go back now,
         // without waiting for handlers that ignore the signal.
         const abandoned = await this.#runner.abandonActive();
-        if (session) for (const { message } of abandoned) await this.#settle(session, message, () => session.channel.nack(message, false, true));
+        if (session) for (const { message } of abandoned) await this.#acknowledge(session, message, () => session.channel.nack(message, false, true));
       }
       this.#session = undefined;
       if (session) {
@@ -263,10 +263,21 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
     while (!this.#closed) {
       try {
         this.#session = await this.#openSession();
+        this.#consumedOnce = true;
         this.#log.info({ concurrency: this.#options.concurrency ?? 1 }, 'consuming');
         return;
       } catch (error) {
-        this.#log.warn({ err: error, retryInMs: waitMs }, 'RabbitMQ unavailable: connecting again');
+        if (isPreconditionFailed(error)) {
+          // The queue exists with other settings: waiting cannot fix that at start. Later (a
+          // reconnect), an operator may be fixing it: say so at error level and keep trying.
+          const refused = declarationRefused(this.#topology, error);
+          if (!this.#consumedOnce) throw refused;
+          this.#log.error({ error: refused.message, retryInMs: waitMs }, 'RabbitMQ refused the queue declaration: connecting again');
+        } else {
+          // One line per try; the stack only at debug: a broker that is down is not a defect.
+          this.#log.warn({ error: describeError(error), retryInMs: waitMs }, 'RabbitMQ unavailable: connecting again');
+          this.#log.debug({ err: error }, 'RabbitMQ connection error');
+        }
         await sleep(waitMs);
         waitMs = Math.min(5_000, waitMs * 2);
       }
@@ -319,7 +330,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
 
   async #receive(session: Session, message: ConsumeMessage): Promise<void> {
     if (this.#closed) {
-      await this.#settle(session, message, () => session.channel.nack(message, false, true));
+      await this.#acknowledge(session, message, () => session.channel.nack(message, false, true));
       return;
     }
     const headers = message.properties.headers ?? {};
@@ -350,7 +361,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
     switch (outcome.kind) {
       case 'completed':
       case 'replayed':
-        return this.#settle(session, message, () => channel.ack(message));
+        return this.#acknowledge(session, message, () => channel.ack(message));
       case 'deferred':
       case 'store-unavailable':
         return this.#republishDelayed(session, message, outcome.retryAfterMs, { [DEFERRALS_HEADER]: countHeader(message.properties.headers?.[DEFERRALS_HEADER]) + 1 });
@@ -377,7 +388,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
    */
   async #republishDelayed(session: Session, message: ConsumeMessage, delayMs: number, headers: Record<string, unknown>): Promise<void> {
     const delay = this.#topology.delayQueueFor(delayMs);
-    await this.#settle(session, message, async () => {
+    await this.#acknowledge(session, message, async () => {
       if (!session.declaredDelays.has(delay.name)) {
         await declareDelayQueue(session.channel, this.#topology, delay);
         session.declaredDelays.add(delay.name);
@@ -388,7 +399,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
   }
 
   async #deadLetter(session: Session, message: ConsumeMessage, reason: DeadLetterReason, error: string): Promise<void> {
-    await this.#settle(session, message, async () => {
+    await this.#acknowledge(session, message, async () => {
       await publishConfirmed(session.channel, this.#topology.deadLetterQueue, message, { [REASON_HEADER]: reason, [ERROR_HEADER]: error });
       session.channel.ack(message);
     });
@@ -398,7 +409,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
    * Runs an acknowledgement. When the channel it came on has closed, nothing can be said for
    * the message any more: the broker gives it to a consumer again, where it replays.
    */
-  async #settle(session: Session, message: ConsumeMessage, answer: () => unknown): Promise<void> {
+  async #acknowledge(session: Session, message: ConsumeMessage, answer: () => unknown): Promise<void> {
     try {
       await answer();
     } catch (error) {
@@ -439,4 +450,19 @@ function withoutDeathHistory(headers: Record<string, unknown>): Record<string, u
 function countHeader(value: unknown): number {
   const count = typeof value === 'number' ? value : typeof value === 'string' ? Number.parseInt(value, 10) : 0;
   return Number.isFinite(count) && count > 0 ? Math.floor(count) : 0;
+}
+
+/** RabbitMQ's 406 PRECONDITION_FAILED: a declaration that does not match the existing queue. */
+function isPreconditionFailed(error: unknown): boolean {
+  return (error as { code?: unknown } | undefined)?.code === 406;
+}
+
+/** The consumer's queues exist with other settings than it declares them with: what to do. */
+function declarationRefused(topology: AmqpTopology, error: unknown): ConfigError {
+  return new ConfigError(
+    `RabbitMQ refused the declaration of queue "${topology.queue}" or "${topology.deadLetterQueue}" (${describeError(error)}): ` +
+      'the consumer declares both durable, with no arguments (docs/brokers.md#the-queues-it-declares). Declare them that way, ' +
+      'or delete the queue that was declared otherwise and let the consumer declare it.',
+    { cause: error },
+  );
 }

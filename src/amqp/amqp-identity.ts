@@ -1,7 +1,7 @@
 import type { ConsumeMessage } from 'amqplib';
 import { ValidationError } from '../errors.js';
-import { identityFromWireContract, type JobIdentity } from '../bullmq/job-identity.js';
-import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, printable } from '../protocol/json-limits.js';
+import { identityFromWireContract, type JobIdentity } from '../consumer/wire-contract.js';
+import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, printable } from '../json-limits.js';
 import { assertValidKeyPart } from '../protocol/validate.js';
 
 /**

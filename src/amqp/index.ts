@@ -10,5 +10,5 @@ export type { AmqpIdentityOptions } from './amqp-identity.js';
 export { amqpIdentityReader } from './amqp-identity.js';
 export type { AmqpTopology } from './amqp-topology.js';
 export { amqpTopology } from './amqp-topology.js';
-export type { AmqpConsumerProcess, AmqpConsumerProcessOptions } from './amqp-consumer-process.js';
-export { startAmqpConsumerProcess } from './amqp-consumer-process.js';
+export type { AmqpConsumerProcess, AmqpConsumerProcessOptions } from '../runtime/amqp-consumer-process.js';
+export { startAmqpConsumerProcess } from '../runtime/amqp-consumer-process.js';

@@ -1,7 +1,8 @@
-import type { JobsOptions, Queue } from 'bullmq';
+import type { JobsOptions } from 'bullmq';
 import type { Fingerprinter } from '../fingerprint.js';
 import { readStoredJob, removeFinishedJob, type StoredJob } from './finished-job-removal.js';
 import { fingerprintOfJob } from './job-fingerprint.js';
+import type { AnyQueue } from './queue-connection.js';
 
 /** One job to add under its deterministic id. */
 export interface JobToAdd {
@@ -44,7 +45,7 @@ const MAX_ROUNDS = 5;
  * Racing callers are safe: only one of them can remove a given finished job, and every adder
  * then reads back what the id holds.
  */
-export async function addOrReplaceFinished(queue: Queue, jobs: readonly JobToAdd[], fingerprint: Fingerprinter): Promise<AddOutcome[]> {
+export async function addOrReplaceFinished(queue: AnyQueue, jobs: readonly JobToAdd[], fingerprint: Fingerprinter): Promise<AddOutcome[]> {
   const added = await queue.addBulk(jobs.map((job) => ({ name: job.name, data: job.data, opts: job.opts })));
   const stored = await Promise.all(jobs.map((job) => readStoredJob(queue, job.opts.jobId)));
   const seen = new Set<string>();
@@ -53,13 +54,13 @@ export async function addOrReplaceFinished(queue: Queue, jobs: readonly JobToAdd
     const repeatedInBatch = seen.has(job.opts.jobId);
     seen.add(job.opts.jobId);
     const ourAdd = !repeatedInBatch && stored[i]?.timestamp === String(added[i]!.timestamp);
-    outcomes.push(await settle(queue, job, stored[i], ourAdd, fingerprint));
+    outcomes.push(await outcomeOfAdd(queue, job, stored[i], ourAdd, fingerprint));
   }
   return outcomes;
 }
 
-async function settle(
-  queue: Queue,
+async function outcomeOfAdd(
+  queue: AnyQueue,
   job: JobToAdd,
   firstRead: StoredJob | undefined,
   firstAddWasOurs: boolean,

@@ -1,4 +1,5 @@
-import type { Queue, RedisClient } from 'bullmq';
+import type { RedisClient } from 'bullmq';
+import { redisBackendOf, type AnyQueue } from './queue-connection.js';
 
 /** A job as BullMQ stores it, read raw so that a later check can compare it byte for byte. */
 export interface StoredJob {
@@ -22,8 +23,10 @@ export type FinishedJobRemoval =
   | 'changed';
 
 /** Reads the job stored under `jobId`, or undefined when the id holds none. */
-export async function readStoredJob(queue: Queue, jobId: string): Promise<StoredJob | undefined> {
-  const client = await queue.getBackend().client;
+export async function readStoredJob(queue: AnyQueue, jobId: string): Promise<StoredJob | undefined> {
+  const redis = redisBackendOf(queue);
+  if (!redis) return readStoredJobAnywhere(queue, jobId);
+  const client = await redis.client;
   const [name, rawData, timestamp] = await client.hmget(queue.toKey(jobId), 'name', 'data', 'timestamp');
   if (name == null || rawData == null || timestamp == null) return undefined;
   return { id: jobId, name, rawData, timestamp };
@@ -40,8 +43,10 @@ export async function readStoredJob(queue: Queue, jobId: string): Promise<Stored
  * out of the completed or failed set, its deduplication key if it owns it, its hash and
  * sub-keys, and a `removed` event.
  */
-export async function removeFinishedJob(queue: Queue, job: StoredJob): Promise<FinishedJobRemoval> {
-  const client = await queue.getBackend().client;
+export async function removeFinishedJob(queue: AnyQueue, job: StoredJob): Promise<FinishedJobRemoval> {
+  const redis = redisBackendOf(queue);
+  if (!redis) return removeFinishedJobAnywhere(queue, job);
+  const client = await redis.client;
   if (!clientsWithCommand.has(client)) {
     client.defineCommand(COMMAND, { numberOfKeys: 5, lua: REMOVE_FINISHED_JOB });
     clientsWithCommand.add(client);
@@ -59,6 +64,33 @@ export async function removeFinishedJob(queue: Queue, job: StoredJob): Promise<F
     queue.toKey(''),
   ]);
   return outcome as FinishedJobRemoval;
+}
+
+/** {@link readStoredJob} through BullMQ's backend-neutral API (the Postgres backend). */
+async function readStoredJobAnywhere(queue: AnyQueue, jobId: string): Promise<StoredJob | undefined> {
+  const stored = await queue.getBackend().getJobData(jobId);
+  if (!stored || stored.name == null || stored.data == null || stored.timestamp == null) return undefined;
+  return { id: jobId, name: stored.name, rawData: stored.data, timestamp: String(stored.timestamp) };
+}
+
+/**
+ * {@link removeFinishedJob} through BullMQ's backend-neutral API (the Postgres backend): the
+ * same checks, made one after another rather than in one script. Two callers that both read
+ * the same finished job can therefore both pass the check; BullMQ's removal then takes
+ * whatever the id holds by the second call, which can be the first caller's new job. Producers
+ * that replace finished jobs under one key at the same moment are the only way there; the
+ * worker's claim still refuses a reused key whose record exists.
+ */
+async function removeFinishedJobAnywhere(queue: AnyQueue, job: StoredJob): Promise<FinishedJobRemoval> {
+  const backend = queue.getBackend();
+  const now = await backend.getJobData(job.id);
+  if (!now || now.name !== job.name || now.data !== job.rawData || String(now.timestamp) !== job.timestamp) return 'changed';
+  const state = await backend.getState(job.id);
+  if (state === 'unknown') return 'changed';
+  if (state !== 'completed' && state !== 'failed') return 'pending';
+  if (now.parentKey) return 'in-flow';
+  await queue.remove(job.id);
+  return 'removed';
 }
 
 const COMMAND = 'idempotentJobsRemoveFinishedJob';

@@ -1,27 +1,35 @@
-import { Queue, type ConnectionOptions, type JobsOptions } from 'bullmq';
+import { randomBytes } from 'node:crypto';
+import type { JobsOptions } from 'bullmq';
 import type { Kysely } from 'kysely';
 import { KeyReusedError } from '../errors.js';
 import { sha256Fingerprint, type Fingerprinter } from '../fingerprint.js';
 import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
-import { insertOutboxRows } from '../store/sql/outbox.js';
+import { OutboxStore } from '../store/outbox-store.js';
 import { MessageSpans } from '../telemetry/message-spans.js';
 import { messageAttributes } from '../telemetry/trace-attributes.js';
 import { addOrReplaceFinished } from './add-or-replace-finished.js';
-import { jobIdFor, toWireJobData } from './job-identity.js';
+import { jobIdFor, toWireJobData, type ConcurrencyLimit } from '../consumer/wire-contract.js';
 import { assertKeysFitConnection } from './redis-connection.js';
+import { openQueue, postgresQueueSchema, type AnyQueue, type QueueConnectionOptions } from './queue-connection.js';
+import { openTransactionQueue } from './transaction-queue.js';
+import { ValidationError } from '../errors.js';
 
 /** Options of {@link IdempotentProducer}. */
-export interface IdempotentProducerOptions {
+export interface IdempotentProducerOptions extends QueueConnectionOptions {
   /** BullMQ queue name. */
   readonly queue: string;
-  /** BullMQ connection (ioredis options or instance). */
-  readonly connection: ConnectionOptions;
-  /** BullMQ key prefix. @defaultValue `'bull'` */
-  readonly prefix?: string;
   /** Scope for requests that name none. @defaultValue `'default'` */
   readonly defaultScope?: string;
-  /** Schema of the outbox table, for transactional enqueues. @defaultValue `'idempotent_jobs'` */
+  /** Schema of the outbox table, for transactional enqueues through the outbox. @defaultValue `'idempotent_jobs'` */
   readonly schema?: string;
+  /**
+   * Where an enqueue given a transaction (`{ tx }`) writes: `'queue'` adds the BullMQ job itself
+   * in that transaction (the Postgres backend only, with the queue in the transaction's
+   * database: no outbox, no relay); `'outbox'` writes an outbox row that the {@link OutboxRelay}
+   * adds once the transaction has committed.
+   * @defaultValue `'queue'` on the Postgres backend, `'outbox'` on Redis
+   */
+  readonly enqueueInTransaction?: 'queue' | 'outbox';
   /** Must match the workers' fingerprinter. @defaultValue SHA-256 of canonical JSON */
   readonly fingerprint?: Fingerprinter;
   /** Options for every job (attempts, backoff, removeOnComplete…); a request's `opts` override them. @defaultValue none (BullMQ's defaults) */
@@ -40,6 +48,21 @@ export interface EnqueueRequest<P = unknown> {
   readonly data: P;
   /** BullMQ options; `jobId` is derived from scope + key and cannot be set. */
   readonly opts?: Omit<JobsOptions, 'jobId'>;
+  /**
+   * At most `limit` jobs naming the same concurrency key `key` (e.g. `tenant:acme`) run at once,
+   * across all workers; the others wait, deferred without using an attempt. Not part of the
+   * fingerprint. See the guide's "Per-key concurrency limits".
+   * @defaultValue unset (no limit)
+   */
+  readonly concurrency?: ConcurrencyLimit;
+  /**
+   * Coalescing mode instead of idempotency: while a job of this key runs, further jobs collapse
+   * into one pending successor carrying the newest `data`, run after it; the same key with other
+   * data is the next run, not `KEY_REUSED`. Each such job gets a job id of its own
+   * (`ijc_` and 32 random hex digits). See the guide's "Coalescing while running".
+   * @defaultValue `false`
+   */
+  readonly coalesce?: boolean;
 }
 
 /** What happened to one enqueue. */
@@ -54,6 +77,8 @@ export interface EnqueueResult {
    * `added`: a new job (replacing, if need be, a finished job of an earlier request with
    * another payload); `duplicate`: the job for this key already exists with the same payload,
    * so BullMQ kept the existing one; `outboxed`: written to the outbox in the caller's transaction.
+   * Added in the caller's transaction (the Postgres backend), a job is `added` or `duplicate` as
+   * that transaction sees the queue, and exists once it commits.
    */
   readonly status: 'added' | 'duplicate' | 'outboxed';
 }
@@ -90,23 +115,33 @@ export interface EnqueueResult {
  */
 export class IdempotentProducer {
   readonly #options: IdempotentProducerOptions;
-  readonly #queue: Queue;
+  readonly #queue: AnyQueue;
   readonly #fingerprint: Fingerprinter;
+  readonly #inTransaction: 'queue' | 'outbox';
 
   constructor(options: IdempotentProducerOptions) {
     this.#options = Object.freeze({ ...options });
+    this.#inTransaction = options.enqueueInTransaction ?? (options.backend === 'postgres' ? 'queue' : 'outbox');
+    if (this.#inTransaction === 'queue' && options.backend !== 'postgres') {
+      throw new ValidationError(
+        'INVALID_OPTIONS',
+        'enqueueInTransaction',
+        "enqueueInTransaction: 'queue' needs the queue in Postgres (backend: 'postgres'); on Redis a transactional enqueue goes through the outbox.",
+      );
+    }
     this.#fingerprint = options.fingerprint ?? sha256Fingerprint;
-    assertKeysFitConnection(options.connection, options.prefix, options.queue);
-    this.#queue = new Queue(options.queue, { connection: options.connection, prefix: options.prefix });
+    assertKeysFitConnection(options, options.queue);
+    this.#queue = openQueue(options.queue, options);
   }
 
   /** The underlying BullMQ queue. */
-  get queue(): Queue {
+  get queue(): AnyQueue {
     return this.#queue;
   }
 
   /**
-   * Enqueues one job; with `tx`, into the outbox within that transaction (the
+   * Enqueues one job; with `tx`, within that transaction: on the Postgres backend the job itself
+   * (it exists if and only if the transaction commits), else into the outbox (the
    * {@link OutboxRelay} adds it to the queue once the transaction commits).
    *
    * Throws {@link KeyReusedError} when the key's job is still waiting, delayed or running with
@@ -126,28 +161,25 @@ export class IdempotentProducer {
     const jobs = requests.map((request) => this.#toJob(request));
     const queue = this.#options.queue;
     // A span per job (an outbox row or a BullMQ add), whose trace context the job's data carries.
+    const viaOutbox = options.tx !== undefined && this.#inTransaction === 'outbox';
     const spans = MessageSpans.start(
-      options.tx ? `outbox insert ${queue}` : `send ${queue}`,
+      viaOutbox ? `outbox insert ${queue}` : `send ${queue}`,
       'producer',
       jobs.map((job) => ({ attributes: () => messageAttributes(queue, job.jobId, job.scope, job.key, 'send') })),
     );
     const dataOf = (job: (typeof jobs)[number], i: number) => spans?.dataFor(i, job.data) ?? job.data;
     let outcomes: Awaited<ReturnType<typeof addOrReplaceFinished>>;
     try {
-      if (options.tx) {
-        await insertOutboxRows(
+      if (options.tx && viaOutbox) {
+        await new OutboxStore(this.#options.schema ?? 'idempotent_jobs').insert(
           options.tx,
-          this.#options.schema ?? 'idempotent_jobs',
           jobs.map((job, i) => ({ queue, jobName: job.name, jobId: job.jobId, data: dataOf(job, i), opts: job.opts })),
         );
         spans?.end();
         return jobs.map((job) => ({ jobId: job.jobId, scope: job.scope, key: job.key, status: 'outboxed' }));
       }
-      outcomes = await addOrReplaceFinished(
-        this.#queue,
-        jobs.map((job, i) => ({ name: job.name, data: dataOf(job, i), opts: { ...job.opts, jobId: job.jobId }, fingerprint: job.fingerprint })),
-        this.#fingerprint,
-      );
+      const toAdd = jobs.map((job, i) => ({ name: job.name, data: dataOf(job, i), opts: { ...job.opts, jobId: job.jobId }, fingerprint: job.fingerprint }));
+      outcomes = options.tx ? await this.#addInTransaction(options.tx, toAdd) : await addOrReplaceFinished(this.#queue, toAdd, this.#fingerprint);
     } catch (error) {
       spans?.end(error);
       throw error;
@@ -161,21 +193,38 @@ export class IdempotentProducer {
     });
   }
 
-  /** Closes the queue's Redis connection. */
+  /** Closes the queue's connection. */
   close(): Promise<void> {
     return this.#queue.close();
+  }
+
+  /**
+   * Adds the jobs on the caller's transaction, with the same read-back and replacement of a
+   * finished job as outside one: all of it commits or rolls back with the caller's rows. The
+   * queue's own connection runs BullMQ's migrations first (once), outside the transaction.
+   */
+  async #addInTransaction(tx: Kysely<any>, jobs: Parameters<typeof addOrReplaceFinished>[1]) {
+    await this.#queue.waitUntilReady();
+    const queue = openTransactionQueue(this.#options.queue, tx, postgresQueueSchema(this.#options));
+    try {
+      return await addOrReplaceFinished(queue, jobs, this.#fingerprint);
+    } finally {
+      await queue.close();
+    }
   }
 
   #toJob<P>(request: EnqueueRequest<P>) {
     const scope = request.scope ?? this.#options.defaultScope ?? DEFAULT_SCOPE;
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', request.key);
-    const data = toWireJobData(scope, request.key, request.data);
+    const wire = toWireJobData(scope, request.key, request.data, request.concurrency);
+    const data = request.coalesce ? { ...wire, coalesce: true } : wire;
     return {
       name: request.name,
       scope,
       key: request.key,
-      jobId: jobIdFor(scope, request.key),
+      // A coalescing key's jobs are many jobs, one per arrival: BullMQ must not drop them as one.
+      jobId: request.coalesce ? `ijc_${randomBytes(16).toString('hex')}` : jobIdFor(scope, request.key),
       data,
       opts: { ...this.#options.defaultJobOptions, ...request.opts },
       fingerprint: this.#fingerprint({ name: request.name, payload: request.data }),

@@ -1,22 +1,26 @@
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { DelayedError, UnrecoverableError, Worker, type ConnectionOptions, type Job, type WorkerOptions } from 'bullmq';
+import { DelayedError, Job, UnrecoverableError, WaitingError, type WorkerOptions } from 'bullmq';
+import type { Transaction } from 'kysely';
 import { pino, type Logger } from 'pino';
-import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../config/worker-timing.js';
-import {
-  KeyedJobRunner,
-  defaultErrorDisposition,
-  type ErrorDisposition,
-  type KeyedJobContext,
-} from '../consumer/keyed-job-runner.js';
+import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../consumer/worker-timing.js';
+import { KeyedJobRunner } from '../consumer/keyed-job-runner.js';
+import type { KeyedJobContext } from '../consumer/job-context.js';
+import type { DataLayer } from '../store/data-layer.js';
+import { defaultErrorDisposition, type ErrorDisposition } from '../consumer/runner-options.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
-import { handlerForm, type DatabaseOnlyHandler } from '../consumer/database-only-handler.js';
+import { handlerForm, isDataLayerHandler, withDatabaseOnlyContext, type DataLayerHandler, type DatabaseOnlyContext, type DatabaseOnlyHandler } from '../consumer/database-only-handler.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
 import { JobTracing } from '../telemetry/job-tracing.js';
-import { identityFromWireContract, type JobIdentity } from './job-identity.js';
+import { identityFromWireContract, type JobIdentity } from '../consumer/wire-contract.js';
 import { assertKeysFitConnection } from './redis-connection.js';
+import { openWorker, postgresQueueSchema, type AnyWorker, type QueueConnectionOptions } from './queue-connection.js';
+import { openTransactionQueue } from './transaction-queue.js';
+import { QueueLockLostError, isLockRefusal } from './queue-lock-lost-error.js';
+import { DataLayerElsewhereError, ValidationError } from '../errors.js';
+import { WorkerErrorLog } from './worker-error-log.js';
 
 /**
  * What a handler receives for one job whose key this worker holds: the broker-agnostic
@@ -36,16 +40,15 @@ export type DatabaseOnlyJobContext<P = unknown> = Omit<JobContext<P>, 'transacti
 /** A database-only handler for the BullMQ worker (see {@link DatabaseOnlyHandler}). */
 export type DatabaseOnlyJobHandler<P = unknown, R = unknown> = DatabaseOnlyHandler<P, R, DatabaseOnlyJobContext<P>>;
 
-export type { ErrorDisposition } from '../consumer/keyed-job-runner.js';
+/** A database-only handler written in a data layer of your own, for the BullMQ worker (see {@link DataLayerHandler}). */
+export type DataLayerJobHandler<P = unknown, R = unknown> = DataLayerHandler<P, R, DatabaseOnlyJobContext<P>, any>;
+
+export type { ErrorDisposition } from '../consumer/runner-options.js';
 
 /** Options of {@link createIdempotentWorker}. */
-export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends WorkerTimingOptions {
+export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends WorkerTimingOptions, QueueConnectionOptions {
   /** BullMQ queue name. */
   readonly queue: string;
-  /** BullMQ connection (ioredis options or instance). */
-  readonly connection: ConnectionOptions;
-  /** BullMQ key prefix. @defaultValue `'bull'` */
-  readonly prefix?: string;
   /** The claim protocol (its Kysely instance is where transactional effects run). */
   readonly keys: IdempotencyKeys;
   /**
@@ -53,7 +56,7 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
    * `{ transaction: async (tx, ctx) => result }` (see {@link DatabaseOnlyHandler}: it runs on the
    * fast path and with group commit unless they are turned off).
    */
-  readonly handler: JobHandler<P, R> | DatabaseOnlyJobHandler<P, R>;
+  readonly handler: JobHandler<P, R> | DatabaseOnlyJobHandler<P, R> | DataLayerJobHandler<P, R>;
   /** Jobs run at once by this worker. @defaultValue `1` */
   readonly concurrency?: number;
   /**
@@ -74,6 +77,27 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
    * @defaultValue `'fail'` for `UnrecoverableError`, validation errors and unstorable results; else `'retry'`
    */
   readonly errorDisposition?: (error: unknown, job: Job) => ErrorDisposition;
+  /**
+   * On the Postgres backend: BullMQ's move of the job to completed runs in the effect's
+   * transaction (`ctx.transaction`, a database-only handler's, the fast path's), so the job is
+   * completed if and only if its effect and its key's completion commit, and a committed effect
+   * is never delivered again. The queue must be in the database of `keys`. Needs
+   * `backend: 'postgres'`.
+   * @defaultValue `true` on the Postgres backend, `false` on Redis
+   */
+  readonly finishJobInEffect?: boolean;
+  /**
+   * The data layers the handler writes in (`ctx.transaction(dataLayer, fn)`): each is checked
+   * at start, in one transaction, to meet the keys in one database
+   * ({@link IdempotencyKeys.checkDataLayer}). One on another database stops the start:
+   * {@link IdempotentWorker.waitUntilReady} rejects with {@link DataLayerElsewhereError}, which
+   * names the fix, and no job is taken. A database-only handler's own data layer
+   * (`databaseOnly(dataLayer, …)`) is checked without being named here. A data layer named
+   * nowhere is checked at its first transaction; found elsewhere there, the job is deferred
+   * without using an attempt, and the error is logged, until the data layer is fixed.
+   * @defaultValue none
+   */
+  readonly dataLayers?: readonly DataLayer<any>[];
   /** Keep each job's payload on its key so the sweeper can re-enqueue a lost job. @defaultValue `false` */
   readonly storePayload?: boolean;
   /** Structured logger. @defaultValue `pino()` at level info */
@@ -164,26 +188,62 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
   readonly #log: Logger;
   readonly #runner: KeyedJobRunner<P, R, Job>;
   readonly #tokens = new WeakMap<Job, string | undefined>();
-  readonly #bull: Worker;
+  readonly #bull: AnyWorker;
   readonly #tracing: JobTracing;
+  /** Jobs whose move to completed ran in an effect transaction (it committed if the run completed). */
+  readonly #finishedInEffect = new WeakSet<Job>();
+  /** The start-up check of the data layers: resolves to the refusal that stopped the start, if any. */
+  readonly #dataLayersChecked: Promise<DataLayerElsewhereError | undefined>;
   #closing: Promise<void> | undefined;
 
   constructor(options: IdempotentWorkerOptions<P, R>) {
     super();
     this.#options = Object.freeze({ ...options });
+    const finishInEffect = options.finishJobInEffect ?? options.backend === 'postgres';
+    if (finishInEffect && options.backend !== 'postgres') {
+      throw new ValidationError('INVALID_OPTIONS', 'finishJobInEffect', "finishJobInEffect needs the queue in Postgres (backend: 'postgres'): on Redis the job's completion cannot join a Postgres transaction.");
+    }
+    const finish = finishInEffect
+      ? <T>(tx: Transaction<any>, ctx: { message: Job; scope: string; key: string }, result: T) => this.#finishInTransaction(tx, ctx, result)
+      : undefined;
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
     this.#log = (options.logger ?? pino()).child({ queue: options.queue });
-    assertKeysFitConnection(options.connection, options.prefix, options.queue);
-    this.#tracing = new JobTracing(options.queue, (error) => error instanceof DelayedError);
+    assertKeysFitConnection(options, options.queue);
+    const identityOf = options.keyOf ?? (identityFromWireContract as (job: Job) => JobIdentity<P>);
+    this.#tracing = new JobTracing(
+      options.queue,
+      (error) => error instanceof DelayedError,
+      (job) => {
+        try {
+          return identityOf(job as Job);
+        } catch {
+          return undefined; // Data that names no valid key: the run fails it, and says why.
+        }
+      },
+    );
     const handler = options.handler;
     this.#runner = new KeyedJobRunner<P, R, Job>({
       keys: options.keys,
       timing: this.#timing,
       handler:
         handlerForm(handler) === 'database-only'
-          ? { transaction: (tx, ctx) => (handler as DatabaseOnlyJobHandler<P, R>).transaction(tx, { ...ctx, job: ctx.message }) }
-          : (ctx) => (handler as JobHandler<P, R>)({ ...ctx, job: ctx.message }),
-      identityOf: options.keyOf ?? (identityFromWireContract as (job: Job) => JobIdentity<P>),
+          ? isDataLayerHandler(handler)
+            ? // A data layer's transaction is the ORM's: the job is finished as BullMQ finishes it.
+              withDatabaseOnlyContext(handler as DataLayerJobHandler<P, R>, (ctx: DatabaseOnlyContext<P, Job>) => ({ ...ctx, job: ctx.message }))
+            : {
+                transaction: async (tx, ctx) => {
+                  const result = await (handler as DatabaseOnlyJobHandler<P, R>).transaction(tx, { ...ctx, job: ctx.message });
+                  await finish?.(tx, ctx, result);
+                  return result;
+                },
+              }
+          : (ctx) =>
+              (handler as JobHandler<P, R>)({
+                ...ctx,
+                job: ctx.message,
+                transaction: finish ? finishingTransaction(ctx, finish) : ctx.transaction,
+              }),
+      identityOf,
       errorDisposition: options.errorDisposition ?? bullmqErrorDisposition,
       fastPath: options.fastPath,
       listener: options.listener,
@@ -193,20 +253,49 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
       events: { wanted: () => this.listenerCount('event') > 0, emit: (event) => this.emit('event', event) },
       tracing: this.#tracing,
     });
-    this.#bull = new Worker(options.queue, (job, token, signal) => this.#tracing.run(job, () => this.#process(job, token, signal)), {
+    const layers = dataLayersToCheck(options);
+    this.#bull = openWorker(options.queue, (job, token, signal) => this.#tracing.run(job, () => this.#process(job, token, signal)), options, {
       ...options.workerOptions,
-      connection: options.connection,
-      prefix: options.prefix,
+      // With data layers to check, jobs are taken only once they passed.
+      autorun: layers.length === 0,
       concurrency: options.concurrency ?? 1,
       lockDuration: this.#timing.lockDurationMs,
       stalledInterval: this.#timing.stalledIntervalMs,
       maxStalledCount: this.#timing.maxStalledCount,
     });
-    this.#bull.on('error', (error) => this.#log.error({ err: error }, 'BullMQ worker error'));
+    const errors = new WorkerErrorLog(this.#log);
+    this.#bull.on('error', (error) => errors.report(error));
+    this.#dataLayersChecked = layers.length === 0 ? Promise.resolve(undefined) : this.#checkDataLayersThenRun(layers);
+  }
+
+  /**
+   * Checks each data layer, then starts taking jobs. A data layer on another database stops the
+   * start (the refusal is logged, and {@link IdempotentWorker.waitUntilReady} rejects with it); a
+   * check that could not be carried out (Postgres unreachable) does not: the data layer is then
+   * checked at its first transaction, as one named nowhere is.
+   */
+  async #checkDataLayersThenRun(layers: readonly DataLayer<unknown>[]): Promise<DataLayerElsewhereError | undefined> {
+    for (const layer of layers) {
+      try {
+        await this.#options.keys.checkDataLayer(layer);
+      } catch (error) {
+        if (error instanceof DataLayerElsewhereError) {
+          this.#log.error({ err: error, dataLayer: layer.name }, `not starting: ${error.message}`);
+          await this.#bull.close().catch(() => {});
+          return error;
+        }
+        this.#log.warn({ err: error, dataLayer: layer.name }, `could not check the ${layer.name} data layer at start; it is checked at its first transaction instead`);
+      }
+    }
+    if (!this.#closing && !this.#bull.closing) {
+      // As BullMQ's own autorun: a failure of the loop is the worker's error.
+      this.#bull.run().catch((error: unknown) => this.#bull.emit('error', error as Error));
+    }
+    return undefined;
   }
 
   /** The underlying BullMQ worker (for events such as `completed` and `failed`). */
-  get bullWorker(): Worker {
+  get bullWorker(): AnyWorker {
     return this.#bull;
   }
 
@@ -215,8 +304,14 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
     return this.#timing;
   }
 
-  /** Resolves when the worker is connected and taking jobs. */
-  waitUntilReady(): Promise<unknown> {
+  /**
+   * Resolves when the worker is connected and taking jobs. Rejects with
+   * {@link DataLayerElsewhereError} when a data layer it was given is on another database than
+   * the keys (see {@link IdempotentWorkerOptions.dataLayers}): the worker then takes no job.
+   */
+  async waitUntilReady(): Promise<unknown> {
+    const refused = await this.#dataLayersChecked;
+    if (refused) throw refused;
     return this.#bull.waitUntilReady();
   }
 
@@ -246,6 +341,29 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
     await this.#bull.close(true);
   }
 
+  /**
+   * Moves `job` to completed on the effect's transaction `tx` (the Postgres backend), with the
+   * token this worker holds it under: BullMQ's own move. Refused because the lock was lost, it
+   * throws a {@link QueueLockLostError}, which rolls the effect back and defers like a store
+   * fault (no attempt used, the key released) instead of failing the key.
+   */
+  async #finishInTransaction(tx: Transaction<any>, ctx: { message: Job; scope: string; key: string }, result: unknown): Promise<void> {
+    const job = ctx.message;
+    const queue = openTransactionQueue(this.#options.queue, tx, postgresQueueSchema(this.#options));
+    try {
+      const bound = Job.fromJSON(queue as never, job.asJSON(), job.id);
+      await bound.moveToCompleted(result, this.#tokens.get(job) ?? '', false);
+      job.returnvalue = result;
+      job.finishedOn = bound.finishedOn;
+    } catch (error) {
+      if (isLockRefusal(error)) throw new QueueLockLostError(ctx.scope, ctx.key, job.id, { cause: error });
+      throw error;
+    } finally {
+      await queue.close();
+    }
+    this.#finishedInEffect.add(job);
+  }
+
   async #process(job: Job, token: string | undefined, bullSignal?: AbortSignal): Promise<unknown> {
     this.#tokens.set(job, token);
     const outcome = await this.#runner.run({
@@ -257,10 +375,19 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
       lastAttempt: job.attemptsMade + 1 >= (job.opts.attempts ?? 1),
       // Activations that used no attempt (deferrals, stalls): no write is needed to keep a count.
       deferrals: job.attemptsStarted - job.attemptsMade - 1,
+      deliveryCount: job.attemptsStarted,
       signal: bullSignal,
     });
     switch (outcome.kind) {
       case 'completed':
+        if (this.#finishedInEffect.has(job)) {
+          // BullMQ's move to completed committed with the effect: tell BullMQ's worker the job
+          // is no longer its to move (WaitingError: "moved by the processor"), and say what its
+          // own completion would have said.
+          this.#bull.emit('completed', job, outcome.result, 'active');
+          throw new WaitingError();
+        }
+        return outcome.result;
       case 'replayed':
         return outcome.result;
       case 'replayed-failure':
@@ -271,8 +398,11 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
         throw new UnrecoverableError(outcome.reason);
       case 'failed-permanently':
         throw new UnrecoverableError(outcome.description);
-      case 'deferred':
       case 'store-unavailable':
+        // The job is no longer this worker's (its lock was lost): nothing to move; its holder runs it.
+        if (outcome.error instanceof QueueLockLostError) throw new WaitingError();
+      // falls through
+      case 'deferred':
         // Delayed without using an attempt.
         await job.moveToDelayed(Date.now() + outcome.retryAfterMs, token);
         throw new DelayedError();
@@ -287,4 +417,32 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
 function bullmqErrorDisposition(error: unknown): ErrorDisposition {
   if (error instanceof UnrecoverableError) return 'fail';
   return defaultErrorDisposition(error);
+}
+
+/** How the worker finishes a job inside its effect's transaction (the Postgres backend's `finishJobInEffect`). */
+type FinishInEffect = <T>(tx: Transaction<any>, ctx: { message: Job; scope: string; key: string }, result: T) => Promise<void>;
+
+/**
+ * `ctx.transaction` that also finishes the job in the effect's transaction: `ctx.transaction(fn)`
+ * runs on the worker's Kysely transaction, where BullMQ's move to completed can join it;
+ * `ctx.transaction(dataLayer, fn)` runs on the data layer's own, which BullMQ cannot reach, so
+ * the job is then finished as BullMQ finishes any job, after the commit.
+ */
+function finishingTransaction<P>(ctx: KeyedJobContext<P, Job>, finish: FinishInEffect): KeyedJobContext<P, Job>['transaction'] {
+  const transaction = (first: DataLayer<unknown> | ((tx: Transaction<any>) => Promise<unknown>), fn?: (tx: unknown) => Promise<unknown>) => {
+    if (typeof first !== 'function') return ctx.transaction(first, fn!);
+    return ctx.transaction(async (tx) => {
+      const result = await first(tx);
+      await finish(tx, ctx, result);
+      return result;
+    });
+  };
+  return transaction as KeyedJobContext<P, Job>['transaction'];
+}
+
+/** The data layers a worker checks at start: those it was given, and a database-only handler's own. */
+function dataLayersToCheck(options: IdempotentWorkerOptions<any, any>): DataLayer<unknown>[] {
+  const layers = new Set<DataLayer<unknown>>(options.dataLayers ?? []);
+  if (isDataLayerHandler(options.handler)) layers.add(options.handler.dataLayer);
+  return [...layers];
 }

@@ -1,5 +1,5 @@
 import type { Fingerprinter } from '../fingerprint.js';
-import { identityFromWireContract, type JobLike } from './job-identity.js';
+import { identityFromWireContract, type JobLike } from '../consumer/wire-contract.js';
 
 /**
  * The fingerprint of a BullMQ job under the wire contract (job name + payload, as the worker's

@@ -1,13 +1,7 @@
-import type { ConnectionOptions, JobsOptions, Worker } from 'bullmq';
+import type { JobsOptions } from 'bullmq';
 import { readStoredJob, removeFinishedJob } from './finished-job-removal.js';
 import { QueuesByName } from './queues-by-name.js';
-
-/**
- * Whether BullMQ still has a job: `pending` (waiting, delayed, prioritized, active, waiting for
- * children: it will run or is running), `finished` (completed or failed: it will not run
- * again) or `missing` (removed, evicted, or never added).
- */
-export type JobPresence = 'pending' | 'finished' | 'missing';
+import { redisBackendOf, type AnyWorker, type QueueConnectionOptions } from './queue-connection.js';
 
 /** A job the sweeper puts back, under the wire contract. */
 export interface ReenqueueRequest {
@@ -24,21 +18,17 @@ export interface ReenqueueRequest {
 }
 
 /** Options of {@link BullmqJobLookup}. */
-export interface BullmqJobLookupOptions {
-  /** BullMQ connection (ioredis options or instance) of the queues to look in. */
-  readonly connection: ConnectionOptions;
-  /** BullMQ key prefix. @defaultValue `'bull'` */
-  readonly prefix?: string;
-}
+export type BullmqJobLookupOptions = QueueConnectionOptions;
 
 /**
- * The sweeper's view of BullMQ: asks whether a key's job still exists and re-adds lost jobs.
+ * The sweeper's view of BullMQ (it satisfies the sweeper's `JobLookup`): asks whether a key's job still exists and re-adds lost jobs.
  * Keeps one `Queue` per queue name it has been asked about; {@link BullmqJobLookup.close}
  * closes them.
  *
  * @example
  * ```ts
- * import { BullmqJobLookup, jobIdFor } from 'idempotent-jobs';
+ * import { jobIdFor } from 'idempotent-jobs';
+ * import { BullmqJobLookup } from 'idempotent-jobs/process';
  *
  * const lookup = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
  * const presence = await lookup.presence('payments', [jobIdFor('acme', 'order-42')]);
@@ -53,8 +43,11 @@ export class BullmqJobLookup {
     this.#queues = new QueuesByName(options);
   }
 
-  /** The presence of the first of `jobIds` that is pending, else finished, else `missing`. */
-  async presence(queue: string, jobIds: readonly string[]): Promise<JobPresence> {
+  /**
+   * The presence of the first of `jobIds` that is pending (waiting, delayed, prioritized, active,
+   * waiting for children), else finished (completed or failed), else `missing`.
+   */
+  async presence(queue: string, jobIds: readonly string[]): Promise<'pending' | 'finished' | 'missing'> {
     const states = await Promise.all([...new Set(jobIds)].map((id) => this.#queues.get(queue).getJobState(id)));
     if (states.some((state) => state !== 'unknown' && state !== 'completed' && state !== 'failed')) return 'pending';
     if (states.some((state) => state === 'completed' || state === 'failed')) return 'finished';
@@ -81,18 +74,24 @@ export class BullmqJobLookup {
     return 'added';
   }
 
-  /** Closes the queues' Redis connections. */
+  /** Closes the queues' connections. */
   async close(): Promise<void> {
     await this.#queues.close();
   }
 }
 
 /**
- * A health check of a BullMQ worker's Redis connection: one round trip (HEXISTS on the queue's
- * meta hash). Throws when Redis does not answer or the connection is not ready.
+ * A health check of a BullMQ worker's queue connection: one round trip (on Redis, HEXISTS on
+ * the queue's meta hash; on Postgres, a read of one of the queue's meta fields). Throws when
+ * the server does not answer or the Redis connection is not ready.
  */
-export async function pingBullWorker(worker: Worker): Promise<void> {
-  const client = await worker.getBackend().client;
+export async function pingBullWorker(worker: AnyWorker): Promise<void> {
+  const redis = redisBackendOf(worker);
+  if (!redis) {
+    await worker.getBackend().getQueueMetaField('version');
+    return;
+  }
+  const client = await redis.client;
   if (client.status !== 'ready') throw new Error(`Redis connection is ${client.status}`);
   await client.hexists(worker.toKey('meta'), 'version');
 }

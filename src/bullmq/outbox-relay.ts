@@ -1,26 +1,24 @@
-import type { ConnectionOptions, JobsOptions } from 'bullmq';
+import type { JobsOptions } from 'bullmq';
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
 import type { FaultHook } from '../fault-hook.js';
 import { sha256Fingerprint } from '../fingerprint.js';
-import { relayMetrics } from '../metrics/relay-metrics.js';
+import { relayMetrics } from './relay-metrics.js';
 import { isTransientStoreError } from '../store/pg-errors.js';
-import { lockUnsentOutboxRows, markOutboxRowsSent, type OutboxRow } from '../store/sql/outbox.js';
-import { RelayBatchTracing } from '../telemetry/relay-tracing.js';
+import { OutboxStore } from '../store/outbox-store.js';
+import { RelayBatchTracing } from './relay-tracing.js';
 import { addOrReplaceFinished, type JobToAdd } from './add-or-replace-finished.js';
 import { fingerprintOfJob } from './job-fingerprint.js';
 import { QueuesByName } from './queues-by-name.js';
+import type { QueueConnectionOptions } from './queue-connection.js';
+import type { OutboxRow } from '../store/records.js';
 
 /** Options of {@link OutboxRelay}. */
-export interface OutboxRelayOptions {
+export interface OutboxRelayOptions extends QueueConnectionOptions {
   /** Database holding the outbox. */
   readonly db: Kysely<any>;
   /** Postgres schema of the outbox table. @defaultValue `'idempotent_jobs'` */
   readonly schema?: string;
-  /** BullMQ connection for the queues the rows name. */
-  readonly connection: ConnectionOptions;
-  /** BullMQ key prefix. @defaultValue `'bull'` */
-  readonly prefix?: string;
   /** Rows moved per transaction. @defaultValue `100` */
   readonly batchSize?: number;
   /** Pause between polls when the outbox is empty, and after a failed batch. @defaultValue `200` */
@@ -78,7 +76,7 @@ export class OutboxRelay {
     this.#log = (options.logger ?? pino()).child({ component: 'outbox-relay' });
     this.#queues = new QueuesByName({
       ...options,
-      onError: (error, queue) => this.#log.warn({ err: error, queue }, 'Redis connection error; the relay retries its batch'),
+      onError: (error, queue) => this.#log.warn({ err: error, queue }, 'queue connection error; the relay retries its batch'),
     });
     // The series exist from the start, so that a rate or increase() sees the first error.
     const schema = options.schema ?? 'idempotent_jobs';
@@ -93,6 +91,7 @@ export class OutboxRelay {
    */
   async relayOnce(): Promise<number> {
     const schema = this.#options.schema ?? 'idempotent_jobs';
+    const outbox = new OutboxStore(schema);
     const now = Date.now();
     for (const [id, until] of this.#heldUntil) if (until <= now) this.#heldUntil.delete(id);
     // Each row's trace goes on from the outbox insert through the relay into its job.
@@ -100,7 +99,7 @@ export class OutboxRelay {
     const { sent, held } = await this.#options.db
       .transaction()
       .execute(async (tx) => {
-        const rows = await lockUnsentOutboxRows(tx, schema, this.#options.batchSize ?? 100, [...this.#heldUntil.keys()]);
+        const rows = await outbox.lockUnsent(tx, this.#options.batchSize ?? 100, [...this.#heldUntil.keys()]);
         const delivered: OutboxRow[] = [];
         const waiting: OutboxRow[] = [];
         if (rows.length === 0) return { sent: delivered, held: waiting };
@@ -115,7 +114,7 @@ export class OutboxRelay {
           queueRows.forEach((row, i) => (outcomes[i] === 'held-by-other' ? waiting : delivered).push(row));
         }
         if (this.#options.faultHook) await this.#options.faultHook('relay-after-add', {});
-        await markOutboxRowsSent(tx, schema, delivered.map((row) => row.id));
+        await outbox.markSent(tx, delivered.map((row) => row.id));
         return { sent: delivered, held: waiting };
       })
       .catch((error: unknown) => {

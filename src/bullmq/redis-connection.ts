@@ -1,13 +1,26 @@
 import type { ConnectionOptions } from 'bullmq';
 import { Cluster } from 'ioredis';
-import { assertClusterHashTag, parseClusterNodes } from '../config/redis-cluster.js';
+import { assertClusterHashTag, parseClusterNodes } from './redis-cluster.js';
+import { ClosingSentinelConnector } from './sentinel-connector.js';
+import type { QueueConnectionOptions } from './queue-connection.js';
 
-/** Where BullMQ's Redis is: one server (`url`) or a Redis Cluster (`clusterNodes`). */
+/** Where BullMQ's Redis is: one server (`url`), a Redis Cluster (`clusterNodes`), or a master that Redis Sentinel names (`sentinels`). */
 export interface RedisConnectionSettings {
-  /** `redis://…` of a single server; not used when `clusterNodes` is set. */
+  /**
+   * `redis://…` of a single server; not used when `clusterNodes` is set. With `sentinels` only
+   * its credentials and database number are used (the master's address comes from the sentinels).
+   */
   readonly url: string;
   /** Redis Cluster startup nodes, as `REDIS_CLUSTER_NODES` (`host:port,host:port`). */
   readonly clusterNodes?: string;
+  /**
+   * Redis Sentinel addresses, as `REDIS_SENTINELS` (`host:port,host:port`, or
+   * `redis://[user:password@]host:port` for the sentinels' own credentials).
+   * @defaultValue unset (no Sentinel)
+   */
+  readonly sentinels?: string;
+  /** The master's name in the sentinels' configuration (`REDIS_SENTINEL_MASTER`). @defaultValue `'mymaster'` */
+  readonly sentinelMaster?: string;
 }
 
 /** A BullMQ connection, and how to close what was opened for it. */
@@ -21,7 +34,8 @@ export interface RedisConnection {
 }
 
 /**
- * The one place a Redis connection is built from configuration. A single server stays plain
+ * The one place a Redis connection is built from configuration. A single server, and a master
+ * found through Redis Sentinel (`sentinels`, see `sentinelOptions`), stay plain
  * options (`{ url }`): each BullMQ queue and worker opens and closes its own connections. A
  * cluster is an ioredis `Cluster`, shared by the queues given it and duplicated by each worker
  * for its blocking reads; BullMQ leaves a client it was given open, so {@link RedisConnection.close}
@@ -33,7 +47,8 @@ export interface RedisConnection {
  *
  * @example
  * ```ts
- * import { IdempotentProducer, openRedisConnection } from 'idempotent-jobs';
+ * import { IdempotentProducer } from 'idempotent-jobs';
+ * import { openRedisConnection } from 'idempotent-jobs/process';
  *
  * const redis = openRedisConnection({ url: 'redis://127.0.0.1:6379', clusterNodes: '127.0.0.1:7000,127.0.0.1:7001' });
  * const producer = new IdempotentProducer({ queue: 'payments', connection: redis.connection, prefix: '{ij}' });
@@ -42,6 +57,7 @@ export interface RedisConnection {
  * ```
  */
 export function openRedisConnection(settings: RedisConnectionSettings): RedisConnection {
+  if (settings.sentinels !== undefined) return { connection: sentinelOptions(settings, settings.sentinels), isCluster: false, close: async () => {} };
   if (settings.clusterNodes === undefined) return { connection: { url: settings.url }, isCluster: false, close: async () => {} };
   const nodes = parseClusterNodes(settings.clusterNodes);
   const credentials = nodes.find((node) => node.password !== undefined || node.username !== undefined);
@@ -78,6 +94,35 @@ export function openRedisConnection(settings: RedisConnectionSettings): RedisCon
 }
 
 /**
+ * ioredis options that find the master through Redis Sentinel: still plain options, so each
+ * BullMQ queue and worker opens (and closes) connections of its own, each asking the sentinels
+ * for the master. `failoverDetector` follows the sentinels' `+switch-master` at once, rather
+ * than only when the connection to the old master breaks (a demoted master keeps its
+ * connections open); its subscriptions close with the connection ({@link ClosingSentinelConnector}); a command answered `READONLY` by it is sent again on a new connection
+ * ({@link resendOnReadonly}). `maxRetriesPerRequest: null`: commands wait out the failover.
+ */
+function sentinelOptions(settings: RedisConnectionSettings, sentinelsText: string): ConnectionOptions {
+  const sentinels = parseClusterNodes(sentinelsText, 'REDIS_SENTINELS');
+  const sentinelCredentials = sentinels.find((node) => node.password !== undefined || node.username !== undefined);
+  const master = URL.canParse(settings.url) ? new URL(settings.url) : undefined;
+  const db = master && /^\/\d+$/.test(master.pathname) ? Number(master.pathname.slice(1)) : undefined;
+  return {
+    sentinels: sentinels.map(({ host, port }) => ({ host, port })),
+    name: settings.sentinelMaster ?? 'mymaster',
+    ...(sentinelCredentials?.username !== undefined ? { sentinelUsername: sentinelCredentials.username } : {}),
+    ...(sentinelCredentials?.password !== undefined ? { sentinelPassword: sentinelCredentials.password } : {}),
+    ...(master?.username ? { username: decodeURIComponent(master.username) } : {}),
+    ...(master?.password ? { password: decodeURIComponent(master.password) } : {}),
+    ...(db !== undefined ? { db } : {}),
+    failoverDetector: true,
+    // Closes the detector's subscriptions with the connection, also on quit() (BullMQ's close).
+    Connector: ClosingSentinelConnector,
+    reconnectOnError: resendOnReadonly,
+    maxRetriesPerRequest: null,
+  };
+}
+
+/**
  * A command that reached a master as it was being demoted in a failover is answered `READONLY`
  * (seen on BullMQ's job completion script in the chaos suite's coordinated failovers) instead
  * of being redirected, and BullMQ would then fail the job: an infrastructure fault would use up
@@ -95,10 +140,10 @@ function resendOnReadonly(error: Error): 2 | false {
  * not share a slot ({@link assertClusterHashTag}): a clear error at start instead of CROSSSLOT
  * errors on the first job.
  */
-export function assertKeysFitConnection(connection: ConnectionOptions, prefix: string | undefined, queue: string): void {
-  if (isClusterClient(connection)) assertClusterHashTag(prefix ?? 'bull', queue);
+export function assertKeysFitConnection(options: QueueConnectionOptions, queue: string): void {
+  if (options.backend !== 'postgres' && isClusterClient(options.connection)) assertClusterHashTag(options.prefix ?? 'bull', queue);
 }
 
-function isClusterClient(connection: ConnectionOptions): boolean {
+function isClusterClient(connection: unknown): boolean {
   return (connection as { isCluster?: unknown }).isCluster === true;
 }

@@ -1,20 +1,12 @@
 import { userInfo } from 'node:os';
 import { InvalidArgumentError, type Command } from 'commander';
-import type { Kysely } from 'kysely';
-import { loadEnvConfig } from '../config/env-config.js';
 import { ValidationError } from '../errors.js';
 import { stepResultBytes, summarizeStep, type StepSummary } from '../protocol/job-steps.js';
 import { assertValidKeyPart } from '../protocol/validate.js';
-import { createPostgresDb } from '../store/create-postgres-db.js';
-import type { KeyRecord, KeyStatus } from '../store/key-record.js';
-import { getKey } from '../store/sql/get-key.js';
-import { listKeys } from '../store/sql/list-keys.js';
-import { loadSteps, type StepRecord } from '../store/sql/load-steps.js';
-import { operatorReleaseKey } from '../store/sql/operator-release.js';
-import { keysTableLayout } from '../store/sql/keys-table-layout.js';
-import { purgeKeys } from '../store/sql/purge-keys.js';
-import { EXIT_CONFLICT, EXIT_NOT_FOUND } from './exit-codes.js';
-import { formatDuration, formatTable, formatTime } from './table.js';
+import type { KeyRecord, KeyStatus, StepRecord, TombstoneRecord } from '../store/records.js';
+import { EXIT_CONFLICT, EXIT_NOT_FOUND } from '../runtime/exit-codes.js';
+import { formatDuration, formatTable, formatTime } from '../text-table.js';
+import { withDatabase } from './with-database.js';
 
 const STATUSES: readonly KeyStatus[] = ['processing', 'completed', 'failed'];
 const MAX_LIST_LIMIT = 10_000;
@@ -46,17 +38,6 @@ function parseStatus(text: string): KeyStatus {
     throw new InvalidArgumentError(`must be one of ${STATUSES.join(', ')}, got "${text}".`);
   }
   return text as KeyStatus;
-}
-
-/** Opens a one-connection pool on $DATABASE_URL, runs `fn` with it and $SCHEMA, closes it. */
-async function withDatabase<T>(fn: (db: Kysely<any>, schema: string) => Promise<T>): Promise<T> {
-  const config = loadEnvConfig();
-  const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: 1, applicationName: 'idempotent-jobs:cli' });
-  try {
-    return await fn(db, config.SCHEMA);
-  } finally {
-    await db.destroy();
-  }
 }
 
 /** Who runs a CLI release, for the key's record: `cli:<login name>`. */
@@ -140,8 +121,22 @@ function describeKey(record: KeyRecord, steps: readonly StepRecord[]): string {
   return steps.length === 0 ? text : `${text}\n\n${stepsTable(steps)}`;
 }
 
+/** A key deleted after its retention whose tombstone still refuses duplicates. */
+function describeTombstone(tombstone: TombstoneRecord): string {
+  const rows: Array<[string, string]> = [
+    ['scope', tombstone.scope],
+    ['key', tombstone.key],
+    ['status', `tombstone (${tombstone.outcome}; result expired, duplicates are not run)`],
+    ['finished', formatTime(tombstone.finishedAt)],
+    ['refused until', formatTime(tombstone.expiresAt)],
+    ['fingerprint sha256', tombstone.fingerprintHash],
+  ];
+  const width = Math.max(...rows.map(([name]) => name.length));
+  return rows.map(([name, value]) => `${name.padEnd(width)}  ${value}`).join('\n');
+}
+
 function notFound(scope: string, key: string, json: boolean | undefined): void {
-  const message = `No key "${key}" in scope "${scope}" (it never existed, or the janitor deleted it after its retention).`;
+  const message = `No key "${key}" in scope "${scope}" (it never existed, or the janitor deleted it after its retention and its tombstone, if any, has expired).`;
   if (json) console.log(JSON.stringify({ found: false, scope, key }));
   console.error(message);
   process.exitCode = EXIT_NOT_FOUND;
@@ -156,18 +151,25 @@ export function registerKeysCommand(program: Command): void {
 
   keys
     .command('get')
-    .description('show one key: status, owner, fence, lease, job, result or error, and its steps (ctx.step)')
+    .description('show one key: status, owner, fence, lease, job, result or error, and its steps (ctx.step); or its tombstone once deleted after its retention')
     .argument('<scope>', 'the key\'s scope ("default" when the producer named none)')
     .argument('<key>', 'the idempotency key')
     .option('--json', 'print the key as JSON')
     .action(async (scope: string, key: string, options: { json?: boolean }) => {
       checkKey(scope, key);
-      const found = await withDatabase(async (db, schema) => {
-        const record = await getKey(db, schema, scope, key);
-        return record && { record, steps: await loadSteps(db, schema, scope, key) };
+      const found = await withDatabase(async (store) => {
+        const record = await store.getKey(scope, key);
+        if (record) return { record, steps: await store.loadSteps(scope, key) };
+        const tombstone = await store.getTombstone(scope, key);
+        return tombstone ? { tombstone } : undefined;
       });
       if (!found) return notFound(scope, key, options.json);
-      const { record, steps } = found;
+      const { tombstone } = found;
+      if (tombstone) {
+        console.log(options.json ? JSON.stringify({ ...JSON.parse(JSON.stringify(tombstone)), status: 'tombstone' }) : describeTombstone(tombstone));
+        return;
+      }
+      const { record, steps } = found as { record: KeyRecord; steps: StepRecord[] };
       console.log(options.json ? JSON.stringify({ ...keyJson(record), steps: stepsJson(steps) }) : describeKey(record, steps));
     });
 
@@ -181,8 +183,8 @@ export function registerKeysCommand(program: Command): void {
     .option('--json', 'print a JSON array')
     .action(async (options: { status?: KeyStatus; expired?: boolean; scope?: string; limit: number; json?: boolean }) => {
       if (options.scope !== undefined) assertValidKeyPart('scope', options.scope);
-      const records = await withDatabase((db, schema) =>
-        listKeys(db, schema, { status: options.status, scope: options.scope, expired: options.expired, limit: options.limit }),
+      const records = await withDatabase((store) =>
+        store.listKeys({ status: options.status, scope: options.scope, expired: options.expired, limit: options.limit }),
       );
       if (options.json) {
         console.log(JSON.stringify(records.map(keyJson)));
@@ -225,9 +227,9 @@ export function registerKeysCommand(program: Command): void {
     .action(async (scope: string, key: string, options: { reason: string; json?: boolean }) => {
       checkKey(scope, key);
       if (options.reason.trim() === '') throw new ValidationError('INVALID_OPTIONS', 'reason', '--reason must not be empty.');
-      const outcome = await withDatabase(async (db, schema) => {
-        const released = await operatorReleaseKey(db, schema, { scope, key, reason: options.reason, actor: cliActor() });
-        return released ?? { existing: await getKey(db, schema, scope, key) };
+      const outcome = await withDatabase(async (store) => {
+        const released = await store.releaseKey({ scope, key, reason: options.reason, actor: cliActor() });
+        return released ?? { existing: await store.getKey(scope, key) };
       });
       if ('record' in outcome) {
         if (options.json) {
@@ -259,13 +261,13 @@ export function registerKeysCommand(program: Command): void {
     .requiredOption('--older-than <duration>', 'e.g. 30m, 24h, 7d', parseDuration)
     .option('--json', 'print the count as JSON')
     .action(async (options: { olderThan: number; json?: boolean }) => {
-      const deleted = await withDatabase(async (db, schema) => {
+      const deleted = await withDatabase(async (store) => {
         let total = 0;
-        // Partition by partition on a partitioned keys table, for the janitor's reason (see deleteExpiredKeys).
-        const { partitions } = await keysTableLayout(db, schema);
+        // Partition by partition on a partitioned keys table, for the janitor's reason (see `store/sql/delete-expired-keys.ts`).
+        const { partitions } = await store.tableLayout();
         for (const table of partitions.length > 0 ? partitions : ['idempotency_keys']) {
           for (;;) {
-            const n = await purgeKeys(db, schema, options.olderThan, PURGE_BATCH, table);
+            const n = await store.purgeKeys(options.olderThan, PURGE_BATCH, table);
             total += n;
             if (n < PURGE_BATCH) break;
           }

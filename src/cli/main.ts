@@ -8,24 +8,34 @@ import { startupFailureExitCode } from '../runtime/run-main.js';
 import { registerMigrateCommand } from './migrate-command.js';
 import { registerKeysCommand } from './keys-command.js';
 import { registerStatsCommand } from './stats-command.js';
+import { registerSchedulesCommand } from './schedules-command.js';
 import { registerWorkerCommand } from './worker-command.js';
 import { registerConsumeCommand } from './consume-command.js';
+import { registerHttpCommand } from './http-command.js';
+import { registerMaintenanceCommand } from './maintenance-command.js';
+import { packageVersion } from './package-version.js';
+import { registerRelayCommand } from './relay-command.js';
 
-import { EXIT_FAILURE, EXIT_OK, EXIT_USAGE } from './exit-codes.js';
+import { EXIT_FAILURE, EXIT_OK, EXIT_USAGE } from '../runtime/exit-codes.js';
 
 // Defined in exit-codes.ts so that commands can import them without importing (and running) this module.
-export { EXIT_CONFLICT, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE } from './exit-codes.js';
+export { EXIT_CONFLICT, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE } from '../runtime/exit-codes.js';
 
 export function buildCli(): Command {
   const program = new Command('idempotent-jobs')
-    .description('Exactly-once BullMQ jobs: workers, migrations and key inspection.')
+    .description('Exactly-once BullMQ jobs: workers and consumers, the HTTP API, the outbox relay, maintenance and schedules, migrations and key inspection.')
+    .version(packageVersion(), '-V, --version', 'print the version')
     .exitOverride()
     .showHelpAfterError();
   registerWorkerCommand(program);
   registerConsumeCommand(program);
+  registerHttpCommand(program);
+  registerRelayCommand(program);
+  registerMaintenanceCommand(program);
   registerMigrateCommand(program);
   registerKeysCommand(program);
   registerStatsCommand(program);
+  registerSchedulesCommand(program);
   return program;
 }
 
@@ -41,6 +51,6 @@ export async function runCli(argv: string[]): Promise<number> {
   }
 }
 
-// Long-running commands (worker) keep the process alive; the others exit with their code.
+// Long-running commands (worker, consume, http, relay, maintenance) keep the process alive; the others exit with their code.
 const code = await runCli(process.argv.slice(2));
 if (code !== EXIT_OK) process.exit(code);

@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
-import { directDatabaseUrl, loadEnvConfig } from '../config/env-config.js';
+import { directDatabaseUrl, loadEnvConfig } from '../runtime/env-config.js';
+import { explainDatabaseError } from '../runtime/database-problems.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { migrate } from '../store/migrate.js';
 
@@ -15,9 +16,12 @@ export function registerMigrateCommand(program: Command): void {
     .option('--json', 'print the result as JSON')
     .action(async (options: { json?: boolean }) => {
       const config = loadEnvConfig();
-      const db = createPostgresDb({ connectionString: directDatabaseUrl(config), maxConnections: 1 });
+      const url = directDatabaseUrl(config);
+      const db = createPostgresDb({ connectionString: url, maxConnections: 1 });
       try {
-        const { results = [] } = await migrate(db, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
+        const { results = [] } = await migrate(db, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS }).catch((error: unknown) => {
+          throw explainDatabaseError(error, { variable: url === config.DATABASE_URL ? 'DATABASE_URL' : 'DATABASE_DIRECT_URL', url, schema: config.SCHEMA });
+        });
         const applied = results.filter((r) => r.status === 'Success').map((r) => r.migrationName);
         if (options.json) console.log(JSON.stringify({ schema: config.SCHEMA, applied }));
         else console.log(applied.length ? `Applied to schema ${config.SCHEMA}: ${applied.join(', ')}` : `Schema ${config.SCHEMA} is up to date.`);

@@ -9,7 +9,7 @@ export function registerWorkerCommand(program: Command): void {
     .option('--queue <name>', 'BullMQ queue (default: $QUEUE or "payments")')
     .option('--concurrency <n>', 'jobs at once (default: $CONCURRENCY or 8)', (v) => Number.parseInt(v, 10))
     .action(async (options: { handler: string; queue?: string; concurrency?: number }) => {
-      const { runGenericWorker } = await import('../../workers/generic-worker.js');
-      await runGenericWorker(options);
+      const [{ runGenericWorker }, { startTracingFromEnv }] = await Promise.all([import('../runtime/generic-worker.js'), import('../otel/start-tracing.js')]);
+      await runGenericWorker(options, (serviceName) => startTracingFromEnv({ serviceName }));
     });
 }

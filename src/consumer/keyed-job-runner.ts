@@ -1,227 +1,34 @@
-import type { Transaction } from 'kysely';
 import type { Logger } from 'pino';
-import { deferralMs, storeRetryDelayMs, type ResolvedWorkerTiming } from '../config/worker-timing.js';
-import {
-  ClaimContendedError,
-  IdempotencyError,
-  KeyFailedError,
-  KeyReusedError,
-  LeaseLostError,
-  StepMismatchError,
-  StepsUnsupportedError,
-  StoreUnavailableError,
-  ValidationError,
-  findStoreUnavailable,
-} from '../errors.js';
-import type { FaultHook, FaultPoint } from '../fault-hook.js';
-import type { ClaimOptions, IdempotencyKeys } from '../protocol/idempotency-keys.js';
-import { JobSteps, type DatabaseStep, type ExternalStep, type StepReport } from '../protocol/job-steps.js';
-import type { FailedStep } from '../protocol/validate.js';
+import { describeError } from '../describe-error.js';
+import { ClaimContendedError, KeyFailedError, KeyReusedError, StepsUnsupportedError, ValidationError } from '../errors.js';
+import type { FaultPoint } from '../fault-hook.js';
+import type { ClaimOptions } from '../protocol/effect-options.js';
+import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { JobSteps, type StepReport } from '../protocol/job-steps.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
-import type { LeadingStatements } from '../store/one-trip-commit.js';
-import type { KeySettledListener } from '../store/key-settled-listener.js';
-import type { JobIdentity } from '../bullmq/job-identity.js';
-import { JobLogger } from '../bullmq/job-logger.js';
-import type { WorkerEvent, WorkerEventKind } from './worker-event.js';
-import { handlerForm, type DatabaseOnlyContext, type DatabaseOnlyHandler, type KeyedJobHandler } from './database-only-handler.js';
+import type { HeldRecord } from '../store/one-trip-commit.js';
+import type { DataLayer } from '../store/data-layer.js';
+import { sqlStateOf } from '../store/pg-errors.js';
+import { generationKey } from '../store/coalescing-keys.js';
+import { handlerForm, isDataLayerHandler, runsInOneTransaction, type DatabaseOnlyContext, type DatabaseOnlyHandler } from './database-only-handler.js';
+import { jobContext, type Delivery, type KeyedJobContext } from './job-context.js';
+import { JobLogger } from './job-logger.js';
+import { startLeaseHeartbeat } from './lease-heartbeat.js';
+import { RunFailures, WorkerClosingError } from './run-failures.js';
+import { describeFailure, passedTheStore, streakId, type Run, type RunOutcome, type RunResult } from './run-outcome.js';
+import type { KeyedJobRunnerOptions } from './runner-options.js';
+import { StoreFaultStreaks } from './store-fault-streaks.js';
+import type { ConcurrencyLimit, JobIdentity } from './wire-contract.js';
+import type { WorkerEventKind } from './worker-event.js';
+import type { ResolvedWorkerTiming } from './worker-timing.js';
 
-/**
- * What a handler receives for one message whose key this consumer holds, on any broker. The
- * BullMQ worker's `JobContext` adds `job`; broker consumers name their message in `message`.
- */
-export interface KeyedJobContext<P = unknown, M = unknown> {
-  /** The payload (`payload` under the wire contract). */
-  readonly data: P;
-  /** The message's idempotency key, which this consumer holds under a lease (or, on the fast path, inside the open transaction). */
-  readonly key: string;
-  /** The key's scope. */
-  readonly scope: string;
-  /** The claim's fence; pass it downstream if the downstream can fence too. */
-  readonly fence: number;
-  /** How many times the key has been claimed: 1 first, more after takeovers and retries. */
-  readonly attempt: number;
-  /** The broker's message (a BullMQ `Job`, an AMQP `ConsumeMessage`, a JetStream `JsMsg`). */
-  readonly message: M;
-  /** Fires when the lease is lost (reason: `LeaseLostError`) or the consumer is shutting down. */
-  readonly signal: AbortSignal;
-  /**
-   * Runs `fn(tx)` in a transaction that also completes the key, storing `fn`'s return value:
-   * the effect and the completion commit together or not at all. Call it at most once.
-   */
-  transaction<T>(fn: (tx: Transaction<any>) => Promise<T>): Promise<T>;
-  /**
-   * An external step of a multi-step job (a call to another system), `ctx.step(name, async
-   * (step) => …)`: recorded under the key and `name` when it succeeds, so that a later run of
-   * the key (a retry, a takeover) returns the recorded result without running it and goes on
-   * at the first step not recorded. At most once per lease: it runs again only under a new
-   * claim, when the last one died before recording it. Pass `step.stepKey` downstream;
-   * `step.starts` counts its starts. Its record rides with the run's next round trip (the next
-   * step, or the completion), which makes it durable before anything after it runs.
-   *
-   * Call steps before `ctx.transaction` (which stays the completion), in the same order with
-   * the same names on every run; names are unique within a run (else `StepMismatchError`).
-   * Resolves to the result as stored (its JSON form), on the first run as on replays. Not
-   * available on the fast path (throws `StepsUnsupportedError`).
-   */
-  step<T>(name: string, run: ExternalStep<T>): Promise<T>;
-  /**
-   * A database step of a multi-step job, `ctx.step(name, { transaction: async (tx, step) =>
-   * … })`: exactly once, since its writes and its record commit together in one transaction. A
-   * later run of the key returns the recorded result without running it. The same rules as an
-   * external step: before `ctx.transaction`, the same order and names on every run, not on the
-   * fast path.
-   */
-  step<T>(name: string, database: DatabaseStep<T>): Promise<T>;
-}
-
-/** What a thrown error does: `'retry'` releases the key for the broker's redelivery; `'fail'` stores it for good. */
-export type ErrorDisposition = 'retry' | 'fail';
-
-/** One delivery of a message, as its adapter describes it to the runner. */
-export interface Delivery<M> {
-  /** What the handler sees as `ctx.message`. */
-  readonly message: M;
-  /** The broker's id of the message (a job id, an AMQP message id), for logs, events and the key's row. */
-  readonly id: string | undefined;
-  /** How logs and errors name the delivery, e.g. `Job 7 on queue "payments"`. */
-  readonly label: string;
-  /** The queue (or stream, subject) and the message's name, kept on the key's row for operators. */
-  readonly queue: string;
-  /** The message's name (a BullMQ job name; broker consumers use the queue's or subject's name). */
-  readonly name: string;
-  /** True when a retryable error must be stored anyway: the broker will not deliver it again. */
-  readonly lastAttempt: boolean;
-  /** How often this message was deferred (or redelivered) without using an attempt; backs off store faults. */
-  readonly deferrals: number;
-  /** The broker's own cancellation of this delivery, if it has one. */
-  readonly signal?: AbortSignal;
-}
-
-/**
- * What became of one delivery, for the adapter to say in its broker's vocabulary. Every kind
- * has been logged and emitted as a {@link WorkerEvent} already.
- *
- * - `completed`: the effect committed under this claim; acknowledge.
- * - `replayed`: the key was completed before; nothing ran; acknowledge (`result` is the stored one).
- * - `replayed-failure`: the key failed permanently before; nothing ran.
- * - `key-reused`: the key was used with another payload; never run.
- * - `invalid-message`: the message cannot be read (no key, bad JSON…); no delivery can do better.
- * - `deferred`: another consumer holds the key (or this one was fenced out, or the claim kept
- *   racing); deliver again after `retryAfterMs`, without counting a failed delivery.
- * - `store-unavailable`: Postgres failed, not the handler; deliver again after `retryAfterMs`,
- *   without counting a failed delivery. Never a failure.
- * - `failed-permanently`: the handler's error is stored under the key; `description` says so.
- * - `retry`: the handler threw a retryable error; the key is released for a redelivery.
- * - `abandoned`: the consumer is closing past its deadline; the key was released; give the
- *   message back to the broker at once.
- */
-export type RunOutcome =
-  | {
-      /** The effect committed under this claim; acknowledge. */
-      readonly kind: 'completed';
-      /** What `ctx.transaction`'s function returned (or the handler, when it never called it): the key's stored result. */
-      readonly result: unknown;
-    }
-  | {
-      /** The key was completed before; nothing ran; acknowledge. */
-      readonly kind: 'replayed';
-      /** The stored result of the run that completed the key. */
-      readonly result: unknown;
-    }
-  | {
-      /** The key failed permanently before; nothing ran. */
-      readonly kind: 'replayed-failure';
-      /** Carries the stored error. */
-      readonly error: KeyFailedError;
-    }
-  | {
-      /** The key was used with another payload; never run. */
-      readonly kind: 'key-reused';
-      /** Names the key and scope. */
-      readonly error: KeyReusedError;
-    }
-  | {
-      /** The message cannot be read (no key, bad JSON…); no delivery can do better. */
-      readonly kind: 'invalid-message';
-      /** What is wrong with the message, for logs and dead-letter headers. */
-      readonly reason: string;
-      /** The error that reading it threw. */
-      readonly error: unknown;
-    }
-  | {
-      /** Another consumer holds the key (or this one was fenced out, or the claim kept racing): deliver again later, without counting a failed delivery. */
-      readonly kind: 'deferred';
-      /** When to deliver the message again. */
-      readonly retryAfterMs: number;
-      /** Why: another owner's live lease, a contended claim, or this run's claim fenced out. */
-      readonly reason: 'in-progress' | 'contended' | 'fenced';
-    }
-  | {
-      /** Postgres failed, not the handler: deliver again later, without counting a failed delivery. */
-      readonly kind: 'store-unavailable';
-      /** When to deliver the message again (the store-fault backoff). */
-      readonly retryAfterMs: number;
-      /** The store's fault. */
-      readonly error: StoreUnavailableError;
-    }
-  | {
-      /** The handler's error is stored under the key for good. */
-      readonly kind: 'failed-permanently';
-      /** The handler's error. */
-      readonly error: unknown;
-      /** Says what was stored and why, for logs. */
-      readonly description: string;
-    }
-  | {
-      /** The handler threw a retryable error; the key is released for a redelivery. */
-      readonly kind: 'retry';
-      /** The handler's error. */
-      readonly error: unknown;
-    }
-  | {
-      /** The consumer is closing past its deadline; the key was released; give the message back to the broker at once. */
-      readonly kind: 'abandoned';
-      /** Why the run was cut short. */
-      readonly error: unknown;
-    };
-
-/** Options of {@link KeyedJobRunner}; each adapter builds them from its own options. */
-export interface KeyedJobRunnerOptions<P, R, M> {
-  /** The claim protocol (its Kysely instance is where transactional effects run). */
-  readonly keys: IdempotencyKeys;
-  /** Lease, heartbeat and deferral timings, resolved ({@link resolveWorkerTiming}). */
-  readonly timing: ResolvedWorkerTiming;
-  /** A function, or a database-only handler (`{ transaction }`, see {@link DatabaseOnlyHandler}). */
-  readonly handler: KeyedJobHandler<P, R, M>;
-  /** Reads key, scope and payload from a message; throws for a message that cannot be read. */
-  readonly identityOf: (message: M) => JobIdentity<P>;
-  /** Which handler errors are stored for good. @defaultValue {@link defaultErrorDisposition} */
-  readonly errorDisposition?: (error: unknown, message: M) => ErrorDisposition;
-  /**
-   * See `IdempotentWorkerOptions.fastPath`.
-   * @defaultValue `true` for a database-only handler, `false` for a function
-   */
-  readonly fastPath?: boolean;
-  /** Needed for `timing.waitMs > 0`: wakes a waiting duplicate when the owner finishes. @defaultValue unset (no waiting) */
-  readonly listener?: KeySettledListener;
-  /** Keep each payload on its key. @defaultValue `false` */
-  readonly storePayload?: boolean;
-  /** Where the runner logs each outcome (the adapter's logger, with its queue bound). */
-  readonly logger: Logger;
-  /** Chaos testing only: called at named protocol points. @defaultValue unset */
-  readonly faultHook?: FaultHook;
-  /** Receives every {@link WorkerEvent}; `wanted()` false skips building them. @defaultValue unset (no events) */
-  readonly events?: {
-    /** Whether anyone listens now; false skips building the events. */
-    wanted(): boolean;
-    /** Receives one event. */
-    emit(event: WorkerEvent): void;
-  };
-  /** Told every event with the message it concerns, so the adapter's span for that message can record it. @defaultValue unset (no tracing) */
-  readonly tracing?: {
-    /** Records one event on the span of `message`. */
-    record(kind: WorkerEventKind, message: object, claim?: Claim, step?: StepReport): void;
-  };
+/** What an event concerns: the claim, or else the identity read from the message; a duration, a step. */
+interface EventAbout<P> {
+  readonly claim?: Claim;
+  readonly identity?: JobIdentity<P>;
+  readonly durationMs?: number;
+  readonly step?: StepReport;
+  readonly cause?: string;
 }
 
 interface ActiveRun<M> {
@@ -230,18 +37,16 @@ interface ActiveRun<M> {
   readonly controller: AbortController;
 }
 
-class WorkerClosingError extends Error {
-  constructor() {
-    super('The worker is shutting down; the key was released for another worker.');
-    this.name = 'WorkerClosingError';
-  }
-}
-
 /**
  * The claim protocol around one handler, for any broker: claim the message's key, replay or
  * refuse or defer when it is not this consumer's to run, else run the handler under a fenced
  * lease (heartbeat, steps, `ctx.transaction`) and complete, release or fail the key. Returns a
  * {@link RunOutcome}; the adapter acknowledges, delays or dead-letters the message accordingly.
+ *
+ * A run computes its result and reports it once ({@link KeyedJobRunner.run}'s one report: the
+ * event, the log line, the trace), whichever way it ended. The pieces live beside it: the
+ * lease's heartbeat (`lease-heartbeat.ts`), deferrals and failures (`run-failures.ts`), the
+ * outcomes (`run-outcome.ts`), the handler's `ctx` (`job-context.ts`).
  *
  * @example
  * ```ts
@@ -281,12 +86,18 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   /** A database-only handler: its transaction may share a group's (see `EffectOptions.databaseOnly`). */
   readonly #databaseOnly: boolean;
   readonly #fastPath: boolean;
+  /** The data layer of a database-only handler written in one (`databaseOnly(dataLayer, …)`): its fast path runs there. */
+  readonly #dataLayer: DataLayer<unknown> | undefined;
+  /** Bounds the deferrals of store faults that never pass (`storeRetryWindowMs`). */
+  readonly #storeFaults: StoreFaultStreaks;
+  readonly #failures: RunFailures<P, M>;
 
   constructor(options: KeyedJobRunnerOptions<P, R, M>) {
     this.#options = Object.freeze({ ...options });
     this.#keys = options.keys;
     this.#timing = options.timing;
     this.#log = options.logger;
+    this.#storeFaults = new StoreFaultStreaks({ windowMs: options.timing.storeRetryWindowMs });
     if (this.#timing.waitMs > 0 && !options.listener) {
       throw new ValidationError('INVALID_OPTIONS', 'listener', 'waitMs > 0 needs a KeySettledListener (option listener).');
     }
@@ -295,9 +106,18 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     this.#handler = this.#databaseOnly
       ? runsInOneTransaction(handler as DatabaseOnlyHandler<P, R, DatabaseOnlyContext<P, M>>)
       : (handler as (ctx: KeyedJobContext<P, M>) => Promise<R>);
+    this.#dataLayer = isDataLayerHandler(handler) ? handler.dataLayer : undefined;
     // A database-only handler is one transaction: nothing of a run that rolled back is seen
     // outside it, so the single-transaction path is safe for it by construction.
     this.#fastPath = options.fastPath ?? this.#databaseOnly;
+    this.#failures = new RunFailures({
+      keys: this.#keys,
+      timing: this.#timing,
+      storeFaults: this.#storeFaults,
+      errorDisposition: options.errorDisposition,
+      countAttemptsOnKey: options.countAttemptsOnKey ?? false,
+      emit: (kind, delivery, claim) => this.#emit(kind, delivery, { claim }),
+    });
   }
 
   /** Deliveries being run now. */
@@ -318,7 +138,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
         active.controller.abort(new WorkerClosingError());
         if (active.claim) {
           const released = await this.#keys.release(active.claim, new WorkerClosingError()).catch(() => false);
-          if (released) this.#emit('released', active.delivery, active.claim);
+          if (released) this.#emit('released', active.delivery, { claim: active.claim });
         }
       }),
     );
@@ -326,8 +146,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   }
 
   /**
-   * Runs one delivery. Rejects only with an error that is neither the handler's nor a store
-   * fault (a bug); the adapter should treat that like `retry`.
+   * Runs one delivery and reports what it came to, once. Rejects only with an error that is
+   * neither the handler's nor a store fault (a bug); the adapter should treat that like `retry`.
    */
   async run(delivery: Delivery<M>): Promise<RunOutcome> {
     let identity: JobIdentity<P> | undefined;
@@ -338,14 +158,11 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       // say), which no retry can mend.
       fingerprint = this.#keys.fingerprint(identity.fingerprintOf);
     } catch (error) {
-      this.#emit('invalid', delivery, undefined, identity);
       const named = identity ? ` (scope "${identity.scope}", key "${identity.key}")` : '';
       const reason = `${delivery.label}${named} was not run: ${(error as Error).message}`;
-      this.#log.warn({ jobId: delivery.id, outcome: 'invalid' }, reason);
-      return { kind: 'invalid-message', reason, error };
+      return this.#report(delivery, identity, undefined, { outcome: { kind: 'invalid-message', reason, error } });
     }
     const { scope, key } = identity;
-    const log = new JobLogger(this.#log, { jobId: delivery.id, scope, key });
     const claimOptions: ClaimOptions = {
       leaseMs: this.#timing.leaseMs,
       jobId: delivery.id,
@@ -353,10 +170,190 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       jobName: delivery.name,
       ...(this.#options.storePayload ? { payload: identity.payload } : {}),
     };
-    const run = { delivery, identity, log };
+    const run: Run<P, M> = { delivery, identity, log: new JobLogger(this.#log, { jobId: delivery.id, ...(delivery.deliveryCount === undefined ? {} : { delivery: delivery.deliveryCount }), scope, key }), fingerprint, claimOptions };
+    const result = identity.coalesce ? await this.#runCoalescing(run) : await this.#runPath(run);
+    const outcome = this.#report(delivery, identity, result.log ?? run.log, result);
+    if (passedTheStore(outcome)) this.#storeFaults.end(streakId(identity));
+    return outcome;
+  }
 
-    if (this.#fastPath) return this.#runFastPath(run, fingerprint, claimOptions);
+  /** One run of the job's key: in a slot of its concurrency key when it names one. */
+  #runPath(run: Run<P, M>): Promise<RunResult> {
+    return run.identity.concurrency ? this.#runInSlot(run, run.identity.concurrency) : this.#runClaimed(run);
+  }
 
+  #runClaimed(run: Run<P, M>): Promise<RunResult> {
+    return this.#fastPath ? this.#runFastPath(run) : this.#runLeasedPath(run);
+  }
+
+  /**
+   * Coalescing mode: the job either runs the key's next generation (each generation its own
+   * idempotency key, `<key>#<generation>`, so each run's effect commits once, and a redelivered
+   * job runs or replays its own generation) or is folded into the run in flight, its payload
+   * becoming the pending successor's. A job that ran a generation then runs the pending
+   * successor, if one arrived meanwhile, until none is pending; each run is reported as it ends,
+   * and the job's outcome is its last run's. A run that did not end (deferred, retried, store
+   * fault) ends the job there: its redelivery picks the same generation up again.
+   */
+  async #runCoalescing(run: Run<P, M>): Promise<RunResult> {
+    const { delivery, identity } = run;
+    const { scope, key } = identity;
+    if (delivery.id === undefined) {
+      const error = new ValidationError('INVALID_JOB_DATA', 'job.id', `A coalescing job needs a job (message) id of its own (scope "${scope}", key "${key}").`);
+      return { outcome: { kind: 'invalid-message', reason: describeFailure(identity, error), error } };
+    }
+    let next: { readonly generation: number; readonly payload: unknown } | undefined;
+    try {
+      const arrival = await this.#keys.coalesceArrive(scope, key, delivery.id, identity.payload, { staleMs: this.#timing.leaseMs * 10 });
+      if (arrival.action === 'coalesced') return { outcome: { kind: 'replayed', result: null, coalesced: true } };
+      next = arrival;
+    } catch (error) {
+      return this.#failures.storeFault(run, error);
+    }
+    for (;;) {
+      const payload = next.payload as P;
+      const generation: JobIdentity<P> = { ...identity, key: generationKey(key, next.generation), payload, fingerprintOf: { name: delivery.name, payload }, coalesce: undefined };
+      const result = await this.#runPath({
+        ...run,
+        identity: generation,
+        fingerprint: this.#keys.fingerprint(generation.fingerprintOf),
+        claimOptions: { ...run.claimOptions, ...(this.#options.storePayload ? { payload } : {}) },
+        log: run.log.with({ generation: next.generation }),
+      });
+      const ended = ['completed', 'replayed', 'replayed-failure', 'failed-permanently', 'key-reused'].includes(result.outcome.kind);
+      if (!ended) return result;
+      let successor: typeof next | undefined;
+      try {
+        successor = await this.#keys.coalesceNext(scope, key, delivery.id, next.generation);
+      } catch {
+        // The successor stays pending: this job's redelivery, or the key's next arrival, runs it.
+        return result;
+      }
+      if (!successor) return result;
+      this.#report(delivery, generation, result.log ?? run.log, result);
+      next = successor;
+    }
+  }
+
+  /**
+   * A job with a concurrency limit: takes a slot of its concurrency key first (one statement),
+   * runs in it and frees it, whatever the run came to; a key at its limit defers the job without
+   * using an attempt, as an in-progress duplicate is. A slot that cannot be freed (Postgres gone)
+   * frees itself when its time is up: never later than the run's lease.
+   */
+  async #runInSlot(run: Run<P, M>, limit: ConcurrencyLimit): Promise<RunResult> {
+    const { scope, key } = run.identity;
+    let answer: Awaited<ReturnType<IdempotencyKeys['acquireConcurrencySlot']>>;
+    try {
+      answer = await this.#keys.acquireConcurrencySlot(scope, key, limit, { leaseMs: this.#timing.leaseMs, starvationMs: this.#timing.concurrencyStarvationMs });
+    } catch (error) {
+      return this.#failures.storeFault(run, error);
+    }
+    if (!answer.acquired) return this.#failures.defer(answer.retryAfterMs, 'concurrency-limit');
+    try {
+      return await this.#runClaimed(run);
+    } finally {
+      await this.#keys.releaseConcurrencySlot(scope, key, answer).catch((error: unknown) => {
+        run.log.warn({ err: error, concurrencyKey: limit.key }, 'could not free the concurrency slot; it frees itself when its time is up');
+      });
+    }
+  }
+
+  /**
+   * The one report of a run: the event (and its trace), the log line, the outcome returned. Every
+   * outcome is said here, and only here.
+   */
+  #report(delivery: Delivery<M>, identity: JobIdentity<P> | undefined, log: JobLogger | undefined, result: RunResult): RunOutcome {
+    const { outcome, claim, step } = result;
+    const confirmed = result.confirmed ?? true;
+    switch (outcome.kind) {
+      case 'completed':
+        if (result.thrownAfterCommit) {
+          log?.warn({ err: result.thrownAfterCommit.error }, 'handler threw after its transaction committed; the job completes with the stored result');
+        } else {
+          this.#emit('completed', delivery, { claim, durationMs: result.durationMs });
+          log?.info({ outcome: 'completed', durationMs: Math.round(result.durationMs ?? 0) }, 'effect committed');
+        }
+        break;
+      case 'replayed':
+      case 'replayed-failure':
+        if (outcome.kind === 'replayed' && outcome.coalesced) {
+          this.#emit('coalesced', delivery, { identity });
+          log?.info({ outcome: 'coalesced' }, 'a run of this key is in flight: its pending successor now carries this payload');
+        } else if (outcome.resultExpired) {
+          // Only the key's tombstone is left: the duplicate is acknowledged (or refused) as it was, never run.
+          this.#emit('result-expired', delivery, { identity });
+          log?.info(
+            { outcome: 'result-expired', finishedAt: outcome.resultExpired.finishedAt, tombstoneExpiresAt: outcome.resultExpired.tombstoneExpiresAt },
+            `key already ${outcome.kind === 'replayed' ? 'completed' : 'failed'}; its result has expired (tombstone): not running it again`,
+          );
+        } else if (outcome.kind === 'replayed') {
+          this.#emit('replayed', delivery, { identity });
+          log?.info({ outcome: 'replayed' }, 'key already completed: replaying its result');
+        } else {
+          this.#emit('replayed-failure', delivery, { identity });
+          log?.info({ outcome: 'replayed-failure' }, outcome.error.message);
+        }
+        break;
+      case 'key-reused':
+        this.#emit('key-reused', delivery, { identity });
+        log?.warn({ outcome: 'key-reused' }, outcome.error.message);
+        break;
+      case 'invalid-message':
+        this.#emit('invalid', delivery, { identity });
+        // A message whose key could be read logs on the job's logger, with the refusal.
+        if (log) log.warn({ outcome: 'invalid', err: outcome.error }, (outcome.error as Error).message);
+        else this.#log.warn({ jobId: delivery.id, outcome: 'invalid' }, outcome.reason);
+        break;
+      case 'deferred':
+        if (outcome.reason === 'concurrency-limit') {
+          this.#emit('concurrency-limited', delivery, { identity });
+          log?.info(
+            { outcome: 'concurrency-limited', delayMs: outcome.retryAfterMs, concurrencyKey: identity?.concurrency?.key },
+            'concurrency key at its limit: deferring the job without using an attempt',
+          );
+          break;
+        }
+        this.#emit('deferred', delivery, { identity });
+        if (outcome.reason === 'data-layer-elsewhere') {
+          // A deployment's fault, which every job meets until it is fixed: loud, and never an attempt.
+          log?.error(
+            { outcome: 'deferred', reason: outcome.reason, delayMs: outcome.retryAfterMs, err: outcome.error },
+            `${outcome.error?.message ?? 'the data layer is on another database than the keys'} Deferring the job without using an attempt until then.`,
+          );
+          break;
+        }
+        log?.info({ outcome: 'deferred', delayMs: outcome.retryAfterMs }, 'key in progress elsewhere: deferring the job');
+        break;
+      case 'store-unavailable':
+        this.#emit('store-unavailable', delivery, { claim, identity, cause: storeFaultOf(outcome.error) });
+        log?.warn({ outcome: 'store-unavailable', delayMs: outcome.retryAfterMs, err: outcome.error }, 'Postgres unavailable: deferring the job without using an attempt');
+        break;
+      case 'failed-permanently':
+        if (confirmed) this.#emit('failed', delivery, { claim });
+        log?.warn({ outcome: 'failed', err: outcome.error, step: step?.name }, 'job failed permanently; error stored for replay');
+        break;
+      case 'retry':
+        if (confirmed) this.#emit('released', delivery, { claim, identity });
+        log?.info(
+          { outcome: 'released', err: outcome.error, step: step?.name },
+          claim ? 'retryable error: key released for the next attempt' : 'retryable error: transaction rolled back',
+        );
+        break;
+      case 'abandoned':
+        // Given back at the shutdown deadline: abandonActive() released the key and said so.
+        break;
+      default: {
+        const unreported: never = outcome;
+        return unreported;
+      }
+    }
+    return outcome;
+  }
+
+  async #runLeasedPath(run: Run<P, M>): Promise<RunResult> {
+    const { delivery, identity, log, fingerprint, claimOptions } = run;
+    const { scope, key } = identity;
     let outcome: ClaimOutcome;
     try {
       outcome = await this.#keys.claim(scope, key, fingerprint, claimOptions);
@@ -366,78 +363,31 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     } catch (error) {
       // Refused before anything was claimed (a payload storePayload cannot keep): no attempt can do better.
       if (error instanceof ValidationError) {
-        this.#emit('invalid', delivery, undefined, identity);
-        log.warn({ outcome: 'invalid', err: error }, error.message);
-        return { kind: 'invalid-message', reason: describeFailure(identity, error), error };
+        return { outcome: { kind: 'invalid-message', reason: describeFailure(identity, error), error } };
       }
-      if (error instanceof ClaimContendedError) return this.#deferContended(run);
-      return this.#deferAfterStoreFault(run, error);
+      if (error instanceof ClaimContendedError) return this.#failures.contended();
+      return this.#failures.storeFault(run, error);
     }
-    if (outcome.kind !== 'claimed' && outcome.kind !== 'taken-over') return this.#settleUnheld(run, outcome);
-    this.#emit(outcome.kind, delivery, outcome);
+    if (outcome.kind !== 'claimed' && outcome.kind !== 'taken-over') return this.#notHeld(outcome);
+    this.#emit(outcome.kind, delivery, { claim: outcome });
     log.info({ fence: outcome.fence, outcome: outcome.kind }, 'key claimed');
     await this.#fault('after-claim', identity);
-    return this.#runLeased({ ...run, log: log.with({ fence: outcome.fence }) }, outcome);
+    const held = log.with({ fence: outcome.fence });
+    return { ...(await this.#runLeased({ ...run, log: held }, outcome)), log: held };
   }
 
-  /** Outcomes where this consumer does not hold the key: replay, refuse, or defer. */
-  #settleUnheld(run: Run<P, M>, outcome: Exclude<ClaimOutcome, HeldClaim>): RunOutcome {
-    const { delivery, log } = run;
+  /** A claim that this consumer does not hold: replay, refuse, or defer. */
+  #notHeld(outcome: Exclude<ClaimOutcome, HeldClaim>): RunResult {
     switch (outcome.kind) {
       case 'completed':
-        this.#emit('replayed', delivery, undefined, run.identity);
-        log.info({ outcome: 'replayed' }, 'key already completed: replaying its result');
-        return { kind: 'replayed', result: outcome.result };
-      case 'failed': {
-        this.#emit('replayed-failure', delivery, undefined, run.identity);
-        const error = new KeyFailedError(outcome.scope, outcome.key, outcome.error);
-        log.info({ outcome: 'replayed-failure' }, error.message);
-        return { kind: 'replayed-failure', error };
-      }
-      case 'key-reused': {
-        this.#emit('key-reused', delivery, undefined, run.identity);
-        const error = new KeyReusedError(outcome.scope, outcome.key);
-        log.warn({ outcome: 'key-reused' }, error.message);
-        return { kind: 'key-reused', error };
-      }
+        return { outcome: { kind: 'replayed', result: outcome.result, resultExpired: outcome.resultExpired } };
+      case 'failed':
+        return { outcome: { kind: 'replayed-failure', error: new KeyFailedError(outcome.scope, outcome.key, outcome.error), resultExpired: outcome.resultExpired } };
+      case 'key-reused':
+        return { outcome: { kind: 'key-reused', error: new KeyReusedError(outcome.scope, outcome.key) } };
       case 'in-progress':
-        return this.#defer(run, outcome.retryAfterMs, 'in-progress');
+        return this.#failures.defer(outcome.retryAfterMs, 'in-progress');
     }
-  }
-
-  /** Deferral without using an attempt, to replay once the owner finishes. */
-  #defer(run: Run<P, M>, retryAfterMs: number, reason: 'in-progress' | 'contended' | 'fenced'): RunOutcome {
-    const delayMs = deferralMs(this.#timing, retryAfterMs);
-    this.#emit('deferred', run.delivery, undefined, run.identity);
-    run.log.info({ outcome: 'deferred', delayMs }, 'key in progress elsewhere: deferring the job');
-    return { kind: 'deferred', retryAfterMs: delayMs, reason };
-  }
-
-  /**
-   * A transient store fault (Postgres restarting, a dropped connection, …): gives the key back
-   * when this delivery holds it (best effort: the lease expires anyway), and defers without
-   * using an attempt. The delay backs off exponentially with the delivery's `deferrals`.
-   * Rethrows any other error.
-   */
-  async #deferAfterStoreFault(run: Run<P, M>, error: unknown, held?: Claim): Promise<RunOutcome> {
-    const fault = findStoreUnavailable(error);
-    if (!fault) throw error;
-    if (held) {
-      const released = await this.#keys.release(held, fault).catch(() => false);
-      if (released) this.#emit('released', run.delivery, held);
-    }
-    const delayMs = storeRetryDelayMs(this.#timing, run.delivery.deferrals);
-    this.#emit('store-unavailable', run.delivery, held, held ? undefined : run.identity);
-    run.log.warn({ outcome: 'store-unavailable', delayMs, err: fault }, 'Postgres unavailable: deferring the job without using an attempt');
-    return { kind: 'store-unavailable', retryAfterMs: delayMs, error: fault };
-  }
-
-  /**
-   * The claim kept racing other writers of the key (see {@link ClaimContendedError}): the key is
-   * as good as in progress elsewhere, so the delivery is deferred like an in-progress duplicate.
-   */
-  #deferContended(run: Run<P, M>): RunOutcome {
-    return this.#defer(run, this.#timing.deferMinMs, 'contended');
   }
 
   async #waitForOwner(outcome: ClaimOutcome & { kind: 'in-progress' }, fingerprint: string, claimOptions: ClaimOptions) {
@@ -449,37 +399,47 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     return settled ? this.#keys.claim(scope, key, fingerprint, claimOptions) : outcome;
   }
 
-  async #runLeased(run: Run<P, M>, claim: HeldClaim): Promise<RunOutcome> {
+  async #runLeased(run: Run<P, M>, claim: HeldClaim): Promise<RunResult> {
     const { delivery, identity, log } = run;
     const controller = new AbortController();
     const brokerSignal = delivery.signal;
     brokerSignal?.addEventListener('abort', () => controller.abort(brokerSignal.reason), { once: true });
     const active: ActiveRun<M> = { delivery, claim, controller };
     this.#active.add(active);
-    const stopHeartbeat = this.#startHeartbeat(delivery, claim, controller, log);
+    const stopHeartbeat = startLeaseHeartbeat({
+      keys: this.#keys,
+      claim,
+      leaseMs: this.#timing.leaseMs,
+      heartbeatMs: this.#timing.heartbeatMs,
+      controller,
+      log,
+      onBeat: (kind) => this.#emit(kind, delivery, { claim }),
+    });
     const startedAt = performance.now();
     let committed: { result: unknown } | undefined;
     // Created at the handler's first ctx.step: a handler without steps pays nothing for them.
     let steps: JobSteps | undefined;
-    const commit = async (effect: (tx: Transaction<any>) => Promise<unknown>) => {
+    const commit = async (effect: (tx: any) => Promise<unknown>, dataLayer?: DataLayer<unknown>) => {
       if (controller.signal.aborted) throw controller.signal.reason;
       // A step record still held back commits ahead of the completion, in its first round trip.
-      const complete = (record?: LeadingStatements) =>
-        this.#keys.commitEffect(claim, effect, () => this.#fault('before-commit', identity), record, { databaseOnly: this.#databaseOnly });
+      const complete = (held?: HeldRecord) => {
+        const options = { beforeCommit: () => this.#fault('before-commit', identity), heldRecord: held, databaseOnly: this.#databaseOnly };
+        return dataLayer ? this.#keys.commitEffectIn(claim, dataLayer, effect, options) : this.#keys.commitEffect(claim, effect, options);
+      };
       const result = steps ? await steps.complete(complete) : await complete();
       committed = { result };
       // The key is completed: an extension would find no lease and report it lost.
       stopHeartbeat();
       return result;
     };
-    const ctx = this.#context(
+    const ctx = jobContext(
       delivery,
       identity,
       claim,
       controller.signal,
-      (fn) => {
+      (first, fn) => {
         if (committed) throw new Error('ctx.transaction may be called only once per job.');
-        return commit(fn);
+        return typeof first === 'function' ? commit(first) : commit(fn!, first);
       },
       (name, body) => {
         if (committed) throw new Error(`ctx.step("${name}") was called after ctx.transaction: the key is completed; call every step before it.`);
@@ -488,7 +448,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
           this.#keys,
           claim,
           controller.signal,
-          (report) => this.#emit(`step-${report.outcome}`, delivery, claim, undefined, report.durationMs, report),
+          (report) => this.#emit(`step-${report.outcome}`, delivery, { claim, durationMs: report.durationMs, step: report }),
           { holdRecords: true },
         );
         return steps.run(name, body);
@@ -499,55 +459,49 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       // An external-effect handler: its return value is the result, stored now, fenced.
       if (!committed) await commit(async () => returned);
       await this.#fault('after-commit', identity);
-      const durationMs = performance.now() - startedAt;
-      this.#emit('completed', delivery, claim, undefined, durationMs);
-      log.info({ outcome: 'completed', durationMs: Math.round(durationMs) }, 'effect committed');
-      return { kind: 'completed', result: committed!.result };
+      return { outcome: { kind: 'completed', result: committed!.result }, claim, durationMs: performance.now() - startedAt };
     } catch (error) {
-      if (committed) {
-        log.warn({ err: error }, 'handler threw after its transaction committed; the job completes with the stored result');
-        return { kind: 'completed', result: committed.result };
-      }
+      if (committed) return { outcome: { kind: 'completed', result: committed.result }, claim, thrownAfterCommit: { error } };
       // The steps that finished stay recorded: a record held back goes before the key is released.
       await steps?.flush();
       // Before the key is released or failed, after which an extension would find no lease.
       stopHeartbeat();
-      return await this.#settleHeldFailure(run, claim, controller.signal, error, steps?.failedStep(error));
+      return await this.#failures.heldFailure(run, claim, controller.signal, error, steps?.failedStep(error));
     } finally {
       stopHeartbeat();
       this.#active.delete(active);
     }
   }
 
-  async #runFastPath(run: Run<P, M>, fingerprint: string, claimOptions: ClaimOptions): Promise<RunOutcome> {
-    const { delivery, identity, log } = run;
+  async #runFastPath(run: Run<P, M>): Promise<RunResult> {
+    const { delivery, identity, fingerprint, claimOptions } = run;
     const controller = new AbortController();
     const active: ActiveRun<M> = { delivery, claim: undefined, controller };
     this.#active.add(active);
     const startedAt = performance.now();
     let outcome;
-    // The effect runs again, under the same claim, when its optimistic group rolls back (see
+    // The effect runs again, under the same claim, when its group rolls back (see
     // group-commit.ts): the claim is announced once.
     let announced: Claim | undefined;
+    const dataLayer = this.#dataLayer;
     try {
-      outcome = await this.#keys.executeOnce(
-        identity.scope,
-        identity.key,
-        fingerprint,
-        async (tx, claim) => {
+      const effect = async (tx: any, claim: Claim): Promise<unknown> => {
           if (announced?.owner !== claim.owner || announced.fence !== claim.fence) {
-            this.#emit(claim.attempts > 1 ? 'taken-over' : 'claimed', delivery, claim);
+            this.#emit(claim.attempts > 1 ? 'taken-over' : 'claimed', delivery, { claim });
             announced = claim;
           }
           let transactionResult: { value: unknown } | undefined;
-          const ctx = this.#context(
+          const ctx = jobContext(
             delivery,
             identity,
             claim,
             controller.signal,
-            async (fn) => {
+            async (first, fn) => {
               if (transactionResult) throw new Error('ctx.transaction may be called only once per job.');
-              transactionResult = { value: await fn(tx) };
+              // On the fast path the handler runs inside the one transaction that claims the key:
+              // a transaction of another data layer could not commit with it.
+              if ((typeof first === 'function' ? undefined : first) !== dataLayer) throw fastPathDataLayerMismatch(dataLayer, first);
+              transactionResult = { value: await (typeof first === 'function' ? first(tx) : fn!(tx)) };
               return transactionResult.value;
             },
             () => {
@@ -561,152 +515,29 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
           const returned = await this.#handler(ctx);
           await this.#fault('before-commit', identity);
           return transactionResult ? transactionResult.value : returned;
-        },
-        { ...claimOptions, databaseOnly: this.#databaseOnly },
-      );
+      };
+      const options = { ...claimOptions, databaseOnly: this.#databaseOnly };
+      outcome = dataLayer
+        ? await this.#keys.executeOnceIn(identity.scope, identity.key, fingerprint, dataLayer, effect, options)
+        : await this.#keys.executeOnce(identity.scope, identity.key, fingerprint, effect, options);
     } catch (error) {
-      return await this.#settleFastPathFailure(run, fingerprint, claimOptions, error);
+      return await this.#failures.fastPathFailure(run, error);
     } finally {
       this.#active.delete(active);
     }
-    if (outcome.kind !== 'executed') return this.#settleUnheld(run, outcome);
+    if (outcome.kind !== 'executed') return this.#notHeld(outcome);
     await this.#fault('after-commit', identity);
-    const durationMs = performance.now() - startedAt;
-    this.#emit('completed', delivery, outcome.claim, undefined, durationMs);
-    log.info({ outcome: 'completed', fence: outcome.claim.fence, durationMs: Math.round(durationMs) }, 'effect committed');
-    return { kind: 'completed', result: outcome.result ?? null };
-  }
-
-  #context(
-    delivery: Delivery<M>,
-    identity: JobIdentity<P>,
-    claim: Claim,
-    signal: AbortSignal,
-    transaction: (fn: (tx: Transaction<any>) => Promise<unknown>) => Promise<unknown>,
-    step: (name: string, body: ExternalStep<unknown> | DatabaseStep<unknown>) => Promise<unknown>,
-  ): KeyedJobContext<P, M> {
-    return {
-      data: identity.payload,
-      key: identity.key,
-      scope: identity.scope,
-      fence: claim.fence,
-      attempt: claim.attempts,
-      message: delivery.message,
-      signal,
-      transaction: transaction as KeyedJobContext<P, M>['transaction'],
-      step: step as KeyedJobContext<P, M>['step'],
-    };
-  }
-
-  /**
-   * Extends the lease every `heartbeatMs`; on loss, aborts the handler's signal. One extension
-   * at a time: a beat that finds the previous one still waiting skips. An extension that fails
-   * (Postgres unreachable, or a lock wait past its timeout because a transaction that is
-   * completing the key holds it) is "not known yet": the next beat tries again, and completion
-   * is fenced anyway. The key found completed by this claim is the job's own commit, never a loss.
-   */
-  #startHeartbeat(delivery: Delivery<M>, claim: Claim, controller: AbortController, log: JobLogger): () => void {
-    let stopped = false;
-    let inFlight = false;
-    const stop = () => {
-      stopped = true;
-      clearInterval(timer);
-    };
-    const timer = setInterval(async () => {
-      if (inFlight) return;
-      inFlight = true;
-      try {
-        const extension = await this.#keys.extend(claim, this.#timing.leaseMs);
-        if (stopped) return;
-        if (extension === 'completed') {
-          stop();
-        } else if (extension === null) {
-          stop();
-          this.#emit('lease-lost', delivery, claim);
-          log.warn({ outcome: 'lease-lost' }, 'lease lost: another worker took the key over');
-          controller.abort(new LeaseLostError(claim.scope, claim.key, claim.fence));
-        } else {
-          this.#emit('lease-extended', delivery, claim);
-        }
-      } catch (error) {
-        if (!stopped) log.warn({ err: error }, 'lease heartbeat failed; trying again at the next beat');
-      } finally {
-        inFlight = false;
-      }
-    }, this.#timing.heartbeatMs);
-    timer.unref();
-    return stop;
-  }
-
-  async #settleHeldFailure(run: Run<P, M>, claim: Claim, signal: AbortSignal, error: unknown, step?: FailedStep): Promise<RunOutcome> {
-    const { delivery, identity, log } = run;
-    if (error instanceof LeaseLostError || signal.reason instanceof LeaseLostError) {
-      // Another consumer owns the key now and will finish it; this delivery becomes a duplicate.
-      this.#emit('fenced', delivery, claim);
-      log.warn({ outcome: 'fenced' }, 'completion fenced: the key was taken over; deferring this job to replay');
-      return this.#defer(run, this.#timing.deferMinMs, 'fenced');
-    }
-    if (signal.reason instanceof WorkerClosingError) return { kind: 'abandoned', error }; // key already released by abandonActive()
-    // Postgres, not the handler, failed (an ambiguous COMMIT was already resolved, as failed).
-    if (findStoreUnavailable(error)) return this.#deferAfterStoreFault(run, error, claim);
-    if (this.#isFinal(delivery, error)) {
-      let stored: boolean;
-      try {
-        stored = await this.#keys.fail(claim, error, step);
-      } catch (failError) {
-        // The failure could not be recorded for now: run the job again later rather than lose it.
-        if (findStoreUnavailable(failError)) return this.#deferAfterStoreFault(run, failError, claim);
-        stored = false;
-      }
-      if (stored) this.#emit('failed', delivery, claim);
-      log.warn({ outcome: 'failed', err: error, step: step?.name }, 'job failed permanently; error stored for replay');
-      return { kind: 'failed-permanently', error, description: describeFailure(identity, error, step) };
-    }
-    const released = await this.#keys.release(claim, error, step).catch(() => false);
-    if (released) this.#emit('released', delivery, claim);
-    log.info({ outcome: 'released', err: error, step: step?.name }, 'retryable error: key released for the next attempt');
-    return { kind: 'retry', error };
-  }
-
-  async #settleFastPathFailure(run: Run<P, M>, fingerprint: string, claimOptions: ClaimOptions, error: unknown): Promise<RunOutcome> {
-    const { delivery, identity, log } = run;
-    // The transaction rolled back (an ambiguous COMMIT was resolved by executeOnce): the key is
-    // as it was before, nothing to release. A store fault is deferred, never stored.
-    if (findStoreUnavailable(error)) return this.#deferAfterStoreFault(run, error);
-    if (error instanceof ClaimContendedError) return this.#deferContended(run);
-    if (!this.#isFinal(delivery, error)) {
-      this.#emit('released', delivery, undefined, identity);
-      log.info({ outcome: 'released', err: error }, 'retryable error: transaction rolled back');
-      return { kind: 'retry', error };
-    }
-    let outcome: ClaimOutcome | undefined;
-    try {
-      outcome = await this.#keys.recordFailure(identity.scope, identity.key, fingerprint, error, { ...claimOptions, leaseMs: this.#timing.leaseMs });
-    } catch (recordError) {
-      // Not recorded (recordFailure gave the key back if it could): run the job again later.
-      if (findStoreUnavailable(recordError)) return this.#deferAfterStoreFault(run, recordError);
-    }
-    if (outcome && (outcome.kind === 'claimed' || outcome.kind === 'taken-over')) this.#emit('failed', delivery, outcome);
-    log.warn({ outcome: 'failed', err: error }, 'job failed permanently; error stored for replay');
-    return { kind: 'failed-permanently', error, description: describeFailure(identity, error) };
-  }
-
-  /**
-   * True when the error should be stored: permanent by disposition, or the delivery's last
-   * attempt. A step mismatch always is: another attempt would run the same handler against the
-   * same steps.
-   */
-  #isFinal(delivery: Delivery<M>, error: unknown): boolean {
-    if (error instanceof StepMismatchError) return true;
-    const disposition = (this.#options.errorDisposition ?? defaultErrorDisposition)(error, delivery.message);
-    return disposition === 'fail' || delivery.lastAttempt;
+    const { claim } = outcome;
+    return { outcome: { kind: 'completed', result: outcome.result ?? null }, claim, durationMs: performance.now() - startedAt, log: run.log.with({ fence: claim.fence }) };
   }
 
   async #fault(point: FaultPoint, identity: JobIdentity<P>): Promise<void> {
     if (this.#options.faultHook) await this.#options.faultHook(point, { scope: identity.scope, key: identity.key });
   }
 
-  #emit(kind: WorkerEventKind, delivery: Delivery<M>, claim?: Claim, identity?: JobIdentity<P>, durationMs?: number, step?: StepReport): void {
+  /** Emits one event (and records it on the message's span): `about` names the claim, or else the identity, it concerns. */
+  #emit(kind: WorkerEventKind, delivery: Delivery<M>, about: EventAbout<P> = {}): void {
+    const { claim, identity, durationMs, step, cause } = about;
     this.#options.tracing?.record(kind, delivery.message as object, claim, step);
     const events = this.#options.events;
     if (!events?.wanted()) return;
@@ -720,6 +551,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       fence: claim?.fence,
       durationMs,
       ...(step && { step: step.name, position: step.position }),
+      ...(cause !== undefined && { cause }),
+      ...(kind === 'concurrency-limited' && identity?.concurrency && { concurrencyKey: identity.concurrency.key }),
     });
   }
 
@@ -732,37 +565,21 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   }
 }
 
-/**
- * A database-only handler as a function of the full context: its transaction is the job's one
- * `ctx.transaction`, and it sees the context without `transaction` and `step`, at run time as in
- * its type.
- */
-function runsInOneTransaction<P, R, M>(handler: DatabaseOnlyHandler<P, R, DatabaseOnlyContext<P, M>>) {
-  return (ctx: KeyedJobContext<P, M>): Promise<R> => {
-    const { data, key, scope, fence, attempt, message, signal } = ctx;
-    const narrowed: DatabaseOnlyContext<P, M> = { data, key, scope, fence, attempt, message, signal };
-    return ctx.transaction((tx) => handler.transaction(tx, narrowed));
-  };
+/** A fast-path handler asked for another transaction than the one that claims its key. */
+function fastPathDataLayerMismatch(dataLayer: DataLayer<unknown> | undefined, asked: unknown): ValidationError {
+  const running = dataLayer ? `a ${dataLayer.name} transaction (databaseOnly(dataLayer, …))` : "the worker's Kysely transaction";
+  const wanted = typeof asked === 'function' ? "the worker's Kysely transaction (ctx.transaction(fn))" : `a ${(asked as DataLayer<unknown>).name} transaction (ctx.transaction(dataLayer, fn))`;
+  return new ValidationError(
+    'INVALID_OPTIONS',
+    'fastPath',
+    `This job runs on the fast path inside ${running}, which also claims its key, and asked for ${wanted}: they cannot commit together. ` +
+      'Write a database-only handler in your data layer, databaseOnly(dataLayer, async (tx, ctx) => …), or turn fastPath off for this worker.',
+  );
 }
 
-interface Run<P, M> {
-  readonly delivery: Delivery<M>;
-  readonly identity: JobIdentity<P>;
-  readonly log: JobLogger;
-}
-
-/**
- * The default {@link ErrorDisposition}: validation errors, unstorable results and step errors
- * are stored for good (no retry can mend them); everything else is retried.
- */
-export function defaultErrorDisposition(error: unknown): ErrorDisposition {
-  if (error instanceof IdempotencyError && (error.code === 'RESULT_NOT_STORABLE' || error instanceof ValidationError)) return 'fail';
-  if (error instanceof StepsUnsupportedError || error instanceof StepMismatchError) return 'fail';
-  return 'retry';
-}
-
-function describeFailure(identity: JobIdentity, error: unknown, step?: FailedStep): string {
-  const message = error instanceof Error ? error.message : String(error);
-  const where = step ? ` at step "${step.name}" (position ${step.position})` : '';
-  return `Job for key "${identity.key}" in scope "${identity.scope}" failed${where}: ${message}`;
+/** The driver's error under a store fault, SQLSTATE first when it has one. */
+function storeFaultOf(error: unknown): string {
+  const driverError = error instanceof Error && error.cause !== undefined ? error.cause : error;
+  const state = sqlStateOf(driverError);
+  return `${state !== undefined ? `${state} ` : ''}${describeError(driverError)}`;
 }

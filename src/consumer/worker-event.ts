@@ -4,7 +4,10 @@ export type WorkerEventKind =
   | 'taken-over'
   | 'replayed'
   | 'replayed-failure'
+  | 'result-expired'
   | 'deferred'
+  | 'concurrency-limited'
+  | 'coalesced'
   | 'key-reused'
   | 'invalid'
   | 'completed'
@@ -42,4 +45,11 @@ export interface WorkerEvent {
   readonly step?: string;
   /** The step's 1-based position in its key's sequence, on step events. */
   readonly position?: number;
+  /**
+   * On `store-unavailable`: what Postgres answered, SQLSTATE first when there is one (e.g.
+   * `53100 could not extend file …: No space left on device`), for a health check to say.
+   */
+  readonly cause?: string;
+  /** The job's concurrency key, on `concurrency-limited` (deferred: its key at its limit). */
+  readonly concurrencyKey?: string;
 }

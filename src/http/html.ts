@@ -43,3 +43,22 @@ function render(value: HtmlValue): string {
   if (Array.isArray(value)) return value.map(render).join('');
   return escapeHtml(String(value));
 }
+
+/** Unicode's bidirectional formatting characters: marks, embeddings, overrides and isolates. */
+const BIDI_CONTROLS = /([\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069])/;
+
+/**
+ * Text that others chose (a key, a scope, a step name, a reason) as a page shows it: isolated
+ * in a `<bdi>`, so that its direction cannot reorder the page's own text around it (a key with
+ * an unclosed right-to-left override would turn the "in scope …" after it around), and each of
+ * its bidirectional controls shown as a visible mark (`U+202E`) instead of acting on the text:
+ * `refund-\u202Efdp.exe` shows its override rather than passing for `refund-exe.pdf`.
+ */
+export function isolated(text: string): SafeHtml {
+  const parts = text.split(BIDI_CONTROLS).map((part, i) => {
+    if (i % 2 === 0) return part;
+    const code = `U+${part.codePointAt(0)!.toString(16).toUpperCase().padStart(4, '0')}`;
+    return html`<span class="bidi-control" title="${code}: a bidirectional control character, shown instead of applied">${code}</span>`;
+  });
+  return html`<bdi>${parts}</bdi>`;
+}

@@ -4,14 +4,15 @@ import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest }
 import { pino, type Logger } from 'pino';
 import { IdempotentProducer } from '../bullmq/idempotent-producer.js';
 import { OutboxRelay } from '../bullmq/outbox-relay.js';
-import { assertBindAllowed, resolveHttpApiOptions, type HttpApiOptions, type ResolvedHttpApiOptions } from '../config/http-options.js';
+import { assertBindAllowed, resolveHttpApiOptions, type HttpApiOptions, type ResolvedHttpApiOptions } from './http-options.js';
 import { answerClientError } from './client-errors.js';
 import { exportReadiness } from '../metrics/readiness-metrics.js';
 import { RequestTracing } from '../telemetry/http-tracing.js';
 import { httpMetrics, metricsExposition, type HttpMetrics } from './http-metrics.js';
-import { JobIngestion, isSettled, type JobView } from './job-ingestion.js';
+import { JobIngestion, isSettled, type ExpiredRequest, type JobView } from './job-ingestion.js';
 import { installJsonBodyParser } from './json-body.js';
 import { keyInspectorRoutes } from './key-inspector.js';
+import { scheduleRoutes } from './schedule-routes.js';
 import { jobRouteSchemas, openApiDocument } from './openapi.js';
 import { HttpProblem, sendProblem, toHttpProblem } from './problems.js';
 import { BearerAuthenticator, readIdempotencyKey, readPathKey, readPreferWait } from './request-headers.js';
@@ -84,17 +85,17 @@ export class HttpApi {
   /** Use {@link createHttpApi}, which also waits for the plugins to load. */
   constructor(options: HttpApiOptions) {
     this.#options = resolveHttpApiOptions(options);
-    const { keys, connection, prefix, queues, jobOptions } = this.#options;
+    const { keys, backend, connection, prefix, queues, jobOptions } = this.#options;
     const logger: Logger = this.#options.logger ?? pino({ level: 'info' });
     for (const queue of queues) {
-      const producer = new IdempotentProducer({ queue, connection, prefix, schema: keys.options.schema, fingerprint: keys.options.fingerprint, defaultJobOptions: jobOptions });
+      const producer = new IdempotentProducer({ queue, backend, connection, prefix, schema: keys.options.schema, fingerprint: keys.options.fingerprint, defaultJobOptions: jobOptions });
       // Without a listener, ioredis prints connection errors to stderr; they belong in the log
       // (and show as a 503 from /readyz).
-      producer.queue.on('error', (error) => logger.warn({ err: error, queue }, 'Redis connection error'));
+      producer.queue.on('error', (error) => logger.warn({ err: error, queue }, 'queue connection error'));
       this.#producers.set(queue, producer);
     }
     this.#relay = this.#options.relay
-      ? new OutboxRelay({ db: keys.db, schema: keys.options.schema, connection, prefix, pollIntervalMs: this.#options.relayPollIntervalMs, logger })
+      ? new OutboxRelay({ db: keys.db, schema: keys.options.schema, backend, connection, prefix, pollIntervalMs: this.#options.relayPollIntervalMs, logger })
       : undefined;
     this.#auth = new BearerAuthenticator(this.#options.tokens);
     this.#ingestion = new JobIngestion({
@@ -230,6 +231,7 @@ export class HttpApi {
     app.register(async (scope) => this.#operationalRoutes(scope));
     app.register(async (scope) => this.#jobRoutes(scope), { prefix: '/v1' });
     app.register(keyInspectorRoutes({ keys: this.#options.keys, producers: this.#producers, adminTokens: this.#options.adminTokens }), { prefix: '/ui' });
+    app.register(scheduleRoutes({ db: this.#options.keys.db, schema: this.#options.keys.options.schema, adminTokens: this.#options.adminTokens }), { prefix: '/schedules' });
     this.#relay?.start();
   }
 
@@ -303,6 +305,9 @@ export class HttpApi {
               { 'retry-after': String(seconds) },
             );
           }
+          case 'expired':
+            this.#metrics.outcomes.inc({ outcome: 'expired' });
+            throw expiredProblem(key, outcome);
           case 'created':
           case 'replayed': {
             this.#metrics.outcomes.inc({ outcome: outcome.kind });
@@ -319,12 +324,14 @@ export class HttpApi {
       const { queue } = request.params;
       const key = readPathKey(request.params.key);
       const view = await this.#ingestion.view(request.tenant, queue, key);
+      const expired = view ? undefined : await this.#ingestion.expired(request.tenant, key);
+      if (expired) throw expiredProblem(key, expired);
       if (!view) throw new HttpProblem('not-found', `No request with Idempotency-Key "${key}" on queue "${queue}" (or it has expired).`);
       return this.#sendView(reply, await this.#applyWait(request, reply, view), 200);
     });
   }
 
-  /** `Prefer: wait=N`: waits for the job to settle, at most N (capped) seconds, by notification. */
+  /** `Prefer: wait=N`: waits for the job's key to be settled, at most N (capped) seconds, by notification. */
   async #applyWait(request: FastifyRequest, reply: FastifyReply, view: JobView): Promise<JobView> {
     const asked = readPreferWait(request.headers.prefer);
     if (asked === undefined || asked <= 0 || !this.#options.listener || this.#options.maxWaitSeconds === 0) return view;
@@ -421,4 +428,13 @@ export async function createHttpApi(options: HttpApiOptions): Promise<HttpApi> {
     throw error;
   }
   return api;
+}
+
+/** The 410 of a request whose record has expired while its key is still refused (its tombstone). */
+function expiredProblem(key: string, expired: ExpiredRequest): HttpProblem {
+  return new HttpProblem(
+    'request-expired',
+    `A request with Idempotency-Key "${key}" was accepted at ${expired.acceptedAt.toISOString()}; its record has expired, so its job's state ` +
+      `is no longer known. Nothing was enqueued by this one. The key stays refused until ${expired.refusedUntil.toISOString()}.`,
+  );
 }

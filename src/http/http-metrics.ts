@@ -1,7 +1,7 @@
 import { Counter, Histogram, register, type Metric } from 'prom-client';
 
 /** The idempotency outcomes of POSTs, as counted in `idempotent_jobs_http_idempotency_outcomes_total`. */
-export type IdempotencyOutcomeLabel = 'created' | 'replayed' | 'in_progress' | 'key_reused';
+export type IdempotencyOutcomeLabel = 'created' | 'replayed' | 'in_progress' | 'expired' | 'key_reused';
 
 /** The HTTP API's Prometheus metrics, on prom-client's default registry (shared with the worker metrics). */
 export interface HttpMetrics {
@@ -27,7 +27,7 @@ export function httpMetrics(): HttpMetrics {
   return metrics;
 }
 
-const IDEMPOTENCY_OUTCOMES: readonly IdempotencyOutcomeLabel[] = ['created', 'replayed', 'in_progress', 'key_reused'];
+const IDEMPOTENCY_OUTCOMES: readonly IdempotencyOutcomeLabel[] = ['created', 'replayed', 'in_progress', 'expired', 'key_reused'];
 
 function createHttpMetrics(): HttpMetrics {
   return {
@@ -41,7 +41,7 @@ function createHttpMetrics(): HttpMetrics {
         buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
       }),
     outcomes: existing('idempotent_jobs_http_idempotency_outcomes_total') ??
-      new Counter({ name: 'idempotent_jobs_http_idempotency_outcomes_total', help: 'POSTs by idempotency outcome: created, replayed, in_progress (409), key_reused (422).', labelNames: ['outcome'] }),
+      new Counter({ name: 'idempotent_jobs_http_idempotency_outcomes_total', help: 'POSTs by idempotency outcome: created, replayed, in_progress (409), expired (410: accepted before, record expired), key_reused (422).', labelNames: ['outcome'] }),
     waits: existing('idempotent_jobs_http_prefer_waits_total') ??
       new Counter({ name: 'idempotent_jobs_http_prefer_waits_total', help: 'Prefer: wait requests by outcome: settled within the wait, or timed_out (answered 202).', labelNames: ['outcome'] }),
   };

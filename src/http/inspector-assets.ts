@@ -130,11 +130,16 @@ td { max-width: 32rem; overflow-wrap: anywhere; }
 dl.key-fields { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; }
 dl.key-fields dt { font-weight: 600; }
 dl.key-fields dd { margin: 0; overflow-wrap: anywhere; }
+/* Keys, scopes and other chosen text: their direction stays inside (browsers isolate <bdi>; said
+   again for any that do not), and their bidirectional controls show as marks. */
+bdi { unicode-bidi: isolate; }
+.bidi-control { font-size: .75em; padding: 0 .15em; border: 1px solid #c33; border-radius: .2em; color: #c33; unicode-bidi: isolate; direction: ltr; }
 pre.json { background: #f6f7fa; border: 1px solid #dde; padding: .4rem; max-height: 20rem; overflow: auto; margin: .2rem 0; white-space: pre-wrap; overflow-wrap: anywhere; }
 .status { padding: 0 .4rem; border-radius: .3rem; }
 .status-processing { background: #fff1c2; }
 .status-completed { background: #d8f5dc; }
 .status-failed { background: #fbd7d7; }
+.status-tombstone { background: #e4e4e4; }
 .notice { padding: .4rem .6rem; border-radius: .3rem; }
 .notice-done { background: #d8f5dc; }
 .notice-refused { background: #fbd7d7; }

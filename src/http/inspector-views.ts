@@ -1,11 +1,8 @@
-import { formatDuration, formatTime } from '../cli/table.js';
+import { formatDuration, formatTime } from '../text-table.js';
 import { stepResultBytes } from '../protocol/job-steps.js';
-import type { KeyRecord, KeyStatus } from '../store/key-record.js';
-import type { KeyAuditEntry } from '../store/sql/key-audit.js';
-import type { KeyStats } from '../store/sql/key-stats.js';
-import type { StepRecord } from '../store/sql/load-steps.js';
-import type { KeyCursor, KeyPage } from '../store/sql/page-keys.js';
-import { html, type SafeHtml } from './html.js';
+import { html, isolated, type SafeHtml } from './html.js';
+import type { ScheduleInfo } from '../ops/schedules.js';
+import type { KeyRecord, KeyStatus, KeyAuditEntry, KeyStats, StepRecord, KeyCursor, KeyPage, TombstoneRecord } from '../store/records.js';
 
 /**
  * The key inspector's views: server-rendered HTML fragments that the page's script puts in its
@@ -40,6 +37,11 @@ export interface KeyPageData {
   readonly now: Date;
   /** The outcome of an action just taken on the key. */
   readonly notice?: Notice;
+  /**
+   * For a schedule's tick (scope `schedule:<name>`): its schedule, or `'removed'` when no live
+   * schedule has that name any more. Unset for other keys.
+   */
+  readonly schedule?: ScheduleInfo | 'removed';
 }
 
 /** A line at the top of a view: what an action did, or why it was refused. */
@@ -97,11 +99,12 @@ export function overviewView(data: OverviewData): SafeHtml {
 <tr><th>Failed</th><td><a href="${listHref({ status: 'failed' })}" data-count="failed">${stats.failed}</a></td></tr>
 <tr><th>Expired leases</th><td data-count="expired-leases">${stats.expiredLeases}</td></tr>
 <tr><th>Expired keys (the janitor deletes them)</th><td data-count="expired-keys">${stats.expiredKeys}</td></tr>
+<tr><th>Tombstones (deleted keys whose duplicates are still refused)</th><td data-count="tombstones">${stats.tombstones}</td></tr>
 <tr><th>Outbox rows not yet relayed</th><td data-count="outbox-unsent">${stats.outboxUnsent}</td></tr>
 </table>
 <p>Oldest processing key: ${
     oldest
-      ? html`<a href="${keyHref(oldest.scope, oldest.key)}">${oldest.key}</a> in scope ${oldest.scope}, created ${formatDuration(oldest.ageMs)} ago`
+      ? html`<a href="${keyHref(oldest.scope, oldest.key)}">${isolated(oldest.key)}</a> in scope ${isolated(oldest.scope)}, created ${formatDuration(oldest.ageMs)} ago`
       : 'none'
   }</p>
 <h3>Expired leases</h3>
@@ -125,7 +128,7 @@ export function keyListView(data: KeyListData): SafeHtml {
   const hasPrevious = backward ? page.more : fromCursor;
   const hasNext = backward ? true : page.more;
   const cursor = (record: KeyRecord): KeyCursor => ({ scope: record.scope, key: record.key });
-  const title = `${status ? `${capitalize(status)} keys` : 'All keys'}${scope !== undefined ? ` in scope ${scope}` : ''}`;
+  const title = html`${status ? `${capitalize(status)} keys` : 'All keys'}${scope !== undefined ? html` in scope ${isolated(scope)}` : ''}`;
   return html`<section class="view" data-view="list">
 <h2>${title}</h2>
 <form class="filters" data-nav="/keys">
@@ -155,22 +158,23 @@ export function keyView(data: KeyPageData): SafeHtml {
   const releasable = r.status === 'processing' || r.status === 'failed';
   return html`<section class="view" data-view="key">
 ${data.notice ? noticeView(data.notice) : ''}
-<h2>Key <code class="key-name">${r.key}</code> in scope <code class="scope-name">${r.scope}</code></h2>
+<h2>Key <code class="key-name">${isolated(r.key)}</code> in scope <code class="scope-name">${isolated(r.scope)}</code></h2>
 <dl class="key-fields">
 <dt>Status</dt><dd data-field="status"><span class="status status-${r.status}">${r.status}</span></dd>
 <dt>Fence</dt><dd data-field="fence">${r.fence}</dd>
 <dt>Attempts</dt><dd data-field="attempts">${r.attempts}</dd>
 <dt>Owner</dt><dd data-field="owner">${r.owner ?? '- (none: the next claim takes the key over)'}</dd>
 <dt>Lease until</dt><dd data-field="lease">${lease}</dd>
-<dt>Job id</dt><dd data-field="job-id">${r.jobId ?? '-'}</dd>
-<dt>Queue</dt><dd data-field="queue">${r.queue ?? '-'}</dd>
-<dt>Job name</dt><dd data-field="job-name">${r.jobName ?? '-'}</dd>
+<dt>Job id</dt><dd data-field="job-id">${r.jobId === null ? '-' : isolated(r.jobId)}</dd>
+<dt>Queue</dt><dd data-field="queue">${r.queue === null ? '-' : isolated(r.queue)}</dd>
+<dt>Job name</dt><dd data-field="job-name">${r.jobName === null ? '-' : isolated(r.jobName)}</dd>
 <dt>BullMQ job state</dt><dd data-field="job-state">${data.jobState}</dd>
 <dt>Created</dt><dd>${formatTime(r.createdAt)}</dd>
 <dt>Updated</dt><dd>${formatTime(r.updatedAt)}</dd>
 <dt>Completed</dt><dd>${formatTime(r.completedAt)}</dd>
 <dt>Expires</dt><dd>${formatTime(r.expiresAt)}</dd>
 </dl>
+${data.schedule ? scheduleFields(data.schedule) : ''}
 <h3>Result</h3>
 ${jsonBlock(r.result, 'result')}
 <h3>Error</h3>
@@ -183,12 +187,26 @@ ${releasable ? releaseForm(r) : html`<p class="hint">Only processing or failed k
 </section>`;
 }
 
+/** A key deleted after its retention whose tombstone still refuses its duplicates: what is left of it. */
+export function tombstoneView(tombstone: TombstoneRecord): SafeHtml {
+  return html`<section class="view" data-view="tombstone">
+<h2>Key <code class="key-name">${isolated(tombstone.key)}</code> in scope <code class="scope-name">${isolated(tombstone.scope)}</code></h2>
+<p class="notice notice-done">The key ${tombstone.outcome} and was deleted after its retention; only its tombstone is left. A duplicate is answered "${tombstone.outcome}, result expired" and not run; another payload is refused as reused.</p>
+<dl class="key-fields">
+<dt>Status</dt><dd data-field="status"><span class="status status-tombstone">tombstone (${tombstone.outcome})</span></dd>
+<dt>Finished</dt><dd data-field="finished">${formatTime(tombstone.finishedAt)}</dd>
+<dt>Refused until</dt><dd data-field="refused-until">${formatTime(tombstone.expiresAt)}</dd>
+<dt>Fingerprint (SHA-256)</dt><dd data-field="fingerprint-hash"><code>${tombstone.fingerprintHash}</code></dd>
+</dl>
+</section>`;
+}
+
 /** The search form's answer when no such key exists. */
 export function keyNotFoundView(scope: string, key: string): SafeHtml {
   return html`<section class="view" data-view="not-found">
 <h2>No such key</h2>
-<p class="notice notice-refused">No key <code>${key}</code> in scope <code>${scope}</code>: it never existed, or the janitor deleted it after its retention.</p>
-<p><a href="${listHref({ scope })}">Keys in scope ${scope}</a></p>
+<p class="notice notice-refused">No key <code>${isolated(key)}</code> in scope <code>${isolated(scope)}</code>: it never existed, or the janitor deleted it after its retention and no tombstone is left.</p>
+<p><a href="${listHref({ scope })}">Keys in scope ${isolated(scope)}</a></p>
 </section>`;
 }
 
@@ -221,9 +239,9 @@ function keyTable(records: readonly KeyRecord[], now: Date, empty: string): Safe
 <thead><tr><th>Scope</th><th>Key</th><th>Status</th><th>Fence</th><th>Attempts</th><th>Lease until</th><th>Updated</th><th>Queue</th><th>Job id</th></tr></thead>
 <tbody>${records.map(
     (r) => html`<tr>
-<td>${r.scope}</td><td><a href="${keyHref(r.scope, r.key)}">${r.key}</a></td><td><span class="status status-${r.status}">${r.status}</span></td>
+<td>${isolated(r.scope)}</td><td><a href="${keyHref(r.scope, r.key)}">${isolated(r.key)}</a></td><td><span class="status status-${r.status}">${r.status}</span></td>
 <td>${r.fence}</td><td>${r.attempts}</td><td>${formatTime(r.lockedUntil)}</td><td title="${formatTime(r.updatedAt)}">${ago(r.updatedAt, now)}</td>
-<td>${r.queue ?? '-'}</td><td>${r.jobId ?? '-'}</td></tr>`,
+<td>${r.queue === null ? '-' : isolated(r.queue)}</td><td>${r.jobId === null ? '-' : isolated(r.jobId)}</td></tr>`,
   )}</tbody>
 </table>`;
 }
@@ -235,7 +253,7 @@ function stepsTable(steps: readonly StepRecord[]): SafeHtml {
 <tbody>${steps.map((step) => {
     const bytes = stepResultBytes(step);
     return html`<tr data-step="${step.name}">
-<td>${step.position}</td><td>${step.name}</td><td>${step.starts}</td><td>${step.fence}</td><td>${formatTime(step.startedAt)}</td>
+<td>${step.position}</td><td>${isolated(step.name)}</td><td>${step.starts}</td><td>${step.fence}</td><td>${formatTime(step.startedAt)}</td>
 <td>${step.recordedAt === null ? 'not recorded' : formatTime(step.recordedAt)}</td>
 <td>${step.recordedAt === null ? '-' : html`<pre class="json">${jsonText(step.result)}</pre><span class="hint">${bytes} bytes</span>`}</td></tr>`;
   })}</tbody>
@@ -248,8 +266,8 @@ function auditTable(entries: readonly KeyAuditEntry[], withKey: boolean): SafeHt
 <thead><tr><th>At</th>${withKey ? html`<th>Key</th>` : ''}<th>Action</th><th>By</th><th>Reason</th><th>Detail</th></tr></thead>
 <tbody>${entries.map(
     (e) => html`<tr>
-<td>${formatTime(e.at)}</td>${withKey ? html`<td><a href="${keyHref(e.scope, e.key)}">${e.key}</a> (${e.scope})</td>` : ''}
-<td>${e.action}</td><td class="actor">${e.actor}</td><td class="reason">${e.reason}</td><td><code>${JSON.stringify(e.detail)}</code></td></tr>`,
+<td>${formatTime(e.at)}</td>${withKey ? html`<td><a href="${keyHref(e.scope, e.key)}">${isolated(e.key)}</a> (${isolated(e.scope)})</td>` : ''}
+<td>${e.action}</td><td class="actor">${isolated(e.actor)}</td><td class="reason">${isolated(e.reason)}</td><td><code>${JSON.stringify(e.detail)}</code></td></tr>`,
   )}</tbody>
 </table>`;
 }
@@ -260,7 +278,8 @@ function jsonBlock(value: unknown, field: string): SafeHtml {
 }
 
 function jsonText(value: unknown): string {
-  const text = JSON.stringify(value, null, 2) ?? String(value);
+  // Bidirectional controls as JSON escapes (the same value): shown, not applied to the page.
+  const text = (JSON.stringify(value, null, 2) ?? String(value)).replace(/[\u061C\u200E\u200F\u202A-\u202E\u2066-\u2069]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
   return text.length <= MAX_JSON_CHARS ? text : `${text.slice(0, MAX_JSON_CHARS)}\n… (${text.length} characters; \`idempotent-jobs keys get --json\` shows all)`;
 }
 
@@ -271,4 +290,19 @@ function ago(date: Date, now: Date): string {
 
 function capitalize(text: string): string {
   return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
+/** The schedule a tick key belongs to: its spec, policy, queue, last and next tick. */
+function scheduleFields(schedule: ScheduleInfo | 'removed'): SafeHtml {
+  if (schedule === 'removed') return html`<h3>Schedule</h3>
+<p class="hint" data-field="schedule">This key is a tick of a schedule that has since been removed.</p>`;
+  const spec = schedule.kind === 'interval' ? `every ${formatDuration(Number(schedule.spec))}` : `${schedule.spec} (${schedule.timezone})`;
+  return html`<h3>Schedule</h3>
+<dl class="key-fields" data-field="schedule">
+<dt>Name</dt><dd>${isolated(schedule.name)}</dd>
+<dt>Spec</dt><dd data-field="schedule-spec">${spec}</dd>
+<dt>Missed ticks</dt><dd>${schedule.missed === 'all' ? `all (max ${schedule.maxMissed})` : 'latest'}</dd>
+<dt>Last tick</dt><dd data-field="schedule-last-tick">${schedule.lastTick ? formatTime(schedule.lastTick) : '-'}</dd>
+<dt>Next tick</dt><dd data-field="schedule-next-tick">${schedule.nextTick ? formatTime(schedule.nextTick) : 'none'}</dd>
+</dl>`;
 }

@@ -1,13 +1,13 @@
 import type { IdempotentProducer } from '../bullmq/idempotent-producer.js';
 import { fingerprintOfJob } from '../bullmq/job-fingerprint.js';
-import { jobIdFor } from '../bullmq/job-identity.js';
+import { jobIdFor } from '../consumer/wire-contract.js';
 import { IdempotencyError, ValidationError } from '../errors.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
-import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem } from '../protocol/json-limits.js';
+import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem } from '../json-limits.js';
 import { summarizeStep, type StepSummary } from '../protocol/job-steps.js';
-import type { KeyRecord } from '../store/key-record.js';
-import type { StepRecord } from '../store/sql/load-steps.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
+import { PostgresOperatorStore } from '../store/operator-store.js';
+import type { KeyRecord, StepRecord } from '../store/records.js';
 
 /** One step of a multi-step job (`ctx.step`), as the HTTP API reports it: its summary and its stored result (null until recorded). */
 export interface StepView extends StepSummary {
@@ -69,7 +69,22 @@ export type SubmitOutcome =
       readonly kind: 'in-progress';
       /** When to try again. */
       readonly retryAfterMs: number;
-    };
+    }
+  | ({
+      /**
+       * The same request was accepted before and its record has expired; only its tombstone is
+       * left, so nothing was enqueued and the job's state cannot be told any more (410).
+       */
+      readonly kind: 'expired';
+    } & ExpiredRequest);
+
+/** What is left of a request whose record expired: when it was accepted, and how long its key stays refused. */
+export interface ExpiredRequest {
+  /** When the request was accepted (database clock). */
+  readonly acceptedAt: Date;
+  /** Until when the key stays refused (its tombstone's end); after it the key is free. */
+  readonly refusedUntil: Date;
+}
 
 /** One POST's contents, after authentication and validation. */
 export interface SubmitRequest {
@@ -133,15 +148,6 @@ export interface JobIngestionOptions {
  * the commit leaves neither (the client's retry starts afresh), after it both (the relay
  * delivers the job; a retry replays). A concurrent duplicate waits on the record's index entry
  * (at most `claimLockTimeoutMs`) and then replays, or is told the request is in progress.
- *
- * @example
- * ```ts
- * import { JobIngestion } from 'idempotent-jobs';
- *
- * const ingestion = new JobIngestion({ keys, producers: new Map([['payments', producer]]) });
- * const outcome = await ingestion.submit({ tenant: 'acme', queue: 'payments', key: 'order-42', name: 'charge', payload: { cents: 1999 } });
- * if (outcome.kind === 'created' || outcome.kind === 'replayed') console.log(outcome.view.state);
- * ```
  */
 export class JobIngestion {
   readonly #options: JobIngestionOptions;
@@ -191,6 +197,7 @@ export class JobIngestion {
         return { kind: 'created', view };
       }
       case 'completed':
+        if (outcome.resultExpired) return { kind: 'expired', acceptedAt: outcome.resultExpired.finishedAt, refusedUntil: outcome.resultExpired.tombstoneExpiresAt };
         return { kind: 'replayed', view: await this.#viewOrThrow(tenant, queue, key) };
       case 'key-reused':
         return { kind: 'key-reused' };
@@ -208,6 +215,13 @@ export class JobIngestion {
    */
   view(tenant: string, queue: string, key: string): Promise<JobView | undefined> {
     return this.#view(tenant, queue, key, true);
+  }
+
+  /** The tombstone of a tenant's request whose record expired, if the key is still refused. */
+  async expired(tenant: string, key: string): Promise<ExpiredRequest | undefined> {
+    const { keys } = this.#options;
+    const tombstone = await new PostgresOperatorStore(keys.db, keys.options.schema).getTombstone(requestScopeFor(tenant), key);
+    return tombstone && { acceptedAt: tombstone.finishedAt, refusedUntil: tombstone.expiresAt };
   }
 
   /** {@link view}; without `withSteps` the steps are not read (and listed as empty). */

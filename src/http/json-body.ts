@@ -1,6 +1,6 @@
 import { isUtf8 } from 'node:buffer';
 import type { FastifyInstance } from 'fastify';
-import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, lossyIntegerLiterals } from '../protocol/json-limits.js';
+import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, lossyIntegerLiterals } from '../json-limits.js';
 import { HttpProblem } from './problems.js';
 
 /**

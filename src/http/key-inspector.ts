@@ -1,20 +1,15 @@
-import type { FastifyInstance, FastifyPluginAsync, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyPluginAsync, FastifyReply } from 'fastify';
 import type { IdempotentProducer } from '../bullmq/idempotent-producer.js';
-import { isLoopbackHost } from '../config/http-options.js';
+import { operatorOf } from './operator-access.js';
+import { Schedules, scheduleScope, type ScheduleInfo } from '../ops/schedules.js';
 import { ValidationError } from '../errors.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { assertValidKeyPart } from '../protocol/validate.js';
-import type { KeyStatus } from '../store/key-record.js';
-import { getKey } from '../store/sql/get-key.js';
-import { keyAuditOf, recentKeyAudit } from '../store/sql/key-audit.js';
-import { keyStats } from '../store/sql/key-stats.js';
-import { loadSteps } from '../store/sql/load-steps.js';
-import { operatorReleaseKey } from '../store/sql/operator-release.js';
-import { pageKeys, type KeyCursor } from '../store/sql/page-keys.js';
-import { databaseNow, recentKeys } from '../store/sql/recent-keys.js';
+import { PostgresOperatorStore, type OperatorStore } from '../store/operator-store.js';
+import type { KeyCursor, KeyStatus } from '../store/records.js';
 import type { SafeHtml } from './html.js';
 import { INSPECTOR_CSP, INSPECTOR_PAGE, INSPECTOR_SCRIPT, INSPECTOR_STYLE } from './inspector-assets.js';
-import { KEY_STATUSES, keyListView, keyNotFoundView, keyView, messageView, overviewView, type Notice } from './inspector-views.js';
+import { KEY_STATUSES, keyListView, keyNotFoundView, keyView, messageView, overviewView, tombstoneView, type Notice } from './inspector-views.js';
 import { HttpProblem, PROBLEMS, toHttpProblem } from './problems.js';
 import { BearerAuthenticator } from './request-headers.js';
 
@@ -30,8 +25,7 @@ export interface KeyInspectorOptions {
   readonly queueReadTimeoutMs?: number;
 }
 
-/** The operator recorded when no admin tokens are configured (the server then listens on loopback only). */
-export const LOOPBACK_OPERATOR = 'loopback';
+export { LOOPBACK_OPERATOR } from './operator-access.js';
 
 /** Rows in each overview list. */
 const OVERVIEW_ROWS = 10;
@@ -79,9 +73,13 @@ export function keyInspectorRoutes(options: KeyInspectorOptions): FastifyPluginA
 class KeyInspector {
   readonly #options: KeyInspectorOptions;
   readonly #admins: BearerAuthenticator;
+  readonly #store: OperatorStore;
+  readonly #schedules: Schedules;
 
   constructor(options: KeyInspectorOptions) {
     this.#options = Object.freeze({ ...options });
+    this.#store = new PostgresOperatorStore(options.keys.db, options.keys.options.schema);
+    this.#schedules = new Schedules({ db: options.keys.db, schema: options.keys.options.schema });
     this.#admins = new BearerAuthenticator(options.adminTokens);
   }
 
@@ -108,7 +106,7 @@ class KeyInspector {
   #views(app: FastifyInstance): void {
     app.decorateRequest('operator', '');
     app.addHook('onRequest', async (request) => {
-      request.operator = this.#operatorOf(request);
+      request.operator = operatorOf(this.#admins, request, 'The key inspector');
     });
     app.setErrorHandler((error, request, reply) => {
       const problem = toHttpProblem(error, String(request.id));
@@ -119,15 +117,14 @@ class KeyInspector {
     });
 
     app.get('/overview', async (_request, reply) => {
-      const { db, options } = this.#options.keys;
-      const schema = options.schema;
+      const store = this.#store;
       const [stats, expiredLeases, failures, takeovers, actions, now] = await Promise.all([
-        keyStats(db, schema),
-        recentKeys(db, schema, 'expired-lease', OVERVIEW_ROWS),
-        recentKeys(db, schema, 'failed', OVERVIEW_ROWS),
-        recentKeys(db, schema, 'taken-over', OVERVIEW_ROWS),
-        recentKeyAudit(db, schema, OVERVIEW_ROWS),
-        databaseNow(db),
+        store.keyStats(),
+        store.recentKeys('expired-lease', OVERVIEW_ROWS),
+        store.recentKeys('failed', OVERVIEW_ROWS),
+        store.recentKeys('taken-over', OVERVIEW_ROWS),
+        store.recentAudit(OVERVIEW_ROWS),
+        store.now(),
       ]);
       return sendView(reply, 200, overviewView({ stats, expiredLeases, failures, takeovers, actions, now }));
     });
@@ -140,8 +137,7 @@ class KeyInspector {
       const before = readCursor(query.beforeScope, query.beforeKey, 'before');
       const chosenLimit = readLimit(query.limit);
       const limit = chosenLimit ?? DEFAULT_PAGE_SIZE;
-      const { db, options } = this.#options.keys;
-      const [page, now] = await Promise.all([pageKeys(db, options.schema, { status, scope, after, before, limit }), databaseNow(db)]);
+      const [page, now] = await Promise.all([this.#store.pageKeys({ status, scope, after, before, limit }), this.#store.now()]);
       const backward = before !== undefined && after === undefined;
       return sendView(reply, 200, keyListView({ page, status, scope, limit: chosenLimit, backward, fromCursor: after !== undefined || before !== undefined, now }));
     });
@@ -150,7 +146,9 @@ class KeyInspector {
       const scope = readKeyPart('scope', request.query.scope);
       const key = readKeyPart('key', request.query.key);
       const page = await this.#keyPage(scope, key);
-      return page ? sendView(reply, 200, page) : sendView(reply, 404, keyNotFoundView(scope, key));
+      if (page) return sendView(reply, 200, page);
+      const tombstone = await this.#store.getTombstone(scope, key);
+      return tombstone ? sendView(reply, 200, tombstoneView(tombstone)) : sendView(reply, 404, keyNotFoundView(scope, key));
     });
 
     app.post<{ Body: unknown }>('/release', async (request, reply) => {
@@ -158,9 +156,8 @@ class KeyInspector {
       const scope = readKeyPart('scope', body.scope);
       const key = readKeyPart('key', body.key);
       const reason = readReason(body.reason);
-      const { db, options } = this.#options.keys;
       const operator = request.operator;
-      const released = await operatorReleaseKey(db, options.schema, { scope, key, reason, actor: operator });
+      const released = await this.#store.releaseKey({ scope, key, reason, actor: operator });
       if (released) {
         request.log.info(
           { operator, scope, key, reason, previousStatus: released.previousStatus, fence: released.record.fence },
@@ -172,7 +169,7 @@ class KeyInspector {
         };
         return sendView(reply, 200, (await this.#keyPage(scope, key, notice))!);
       }
-      const existing = await getKey(db, options.schema, scope, key);
+      const existing = await this.#store.getKey(scope, key);
       request.log.info({ operator, scope, key, reason, status: existing?.status ?? null }, 'key release refused in the key inspector');
       if (!existing) return sendView(reply, 404, keyNotFoundView(scope, key));
       const notice: Notice = {
@@ -185,17 +182,29 @@ class KeyInspector {
 
   /** A key's page, or undefined when there is no such key. */
   async #keyPage(scope: string, key: string, notice?: Notice): Promise<SafeHtml | undefined> {
-    const { db, options } = this.#options.keys;
-    const schema = options.schema;
+    const store = this.#store;
     const [record, steps, audit, now] = await Promise.all([
-      getKey(db, schema, scope, key),
-      loadSteps(db, schema, scope, key),
-      keyAuditOf(db, schema, scope, key, KEY_AUDIT_ROWS),
-      databaseNow(db),
+      store.getKey(scope, key),
+      store.loadSteps(scope, key),
+      store.keyAudit(scope, key, KEY_AUDIT_ROWS),
+      store.now(),
     ]);
     if (!record) return undefined;
-    const jobState = await this.#jobState(record.queue, record.jobId);
-    return keyView({ record, steps, audit, jobState, now, notice });
+    const [jobState, schedule] = await Promise.all([this.#jobState(record.queue, record.jobId), this.#scheduleOf(scope)]);
+    return keyView({ record, steps, audit, jobState, now, notice, ...(schedule ? { schedule } : {}) });
+  }
+
+  /** For a tick's key (scope `schedule:<name>`), the schedule it belongs to, or `'removed'`; undefined for other keys. */
+  async #scheduleOf(scope: string): Promise<ScheduleInfo | 'removed' | undefined> {
+    const prefix = scheduleScope('');
+    if (!scope.startsWith(prefix) || scope.length === prefix.length) return undefined;
+    try {
+      return (await this.#schedules.get(scope.slice(prefix.length))) ?? 'removed';
+    } catch (error) {
+      // A scope that only looks like a tick's (the rest is no schedule's name): an ordinary key.
+      if (error instanceof ValidationError) return undefined;
+      throw error;
+    }
   }
 
   /** The BullMQ job's state, read through the service's own queue, or why it was not read. */
@@ -216,31 +225,6 @@ class KeyInspector {
     } finally {
       clearTimeout(timer);
     }
-  }
-
-  /**
-   * Who is asking: the admin token's operator; without admin tokens, `"loopback"` while the
-   * server listens on loopback and the request was addressed to a loopback name. Throws a 401
-   * or 403 {@link HttpProblem} otherwise.
-   */
-  #operatorOf(request: FastifyRequest): string {
-    if (this.#admins.enabled) {
-      try {
-        return this.#admins.tenantOf(request.headers.authorization);
-      } catch (error) {
-        if (!(error instanceof HttpProblem)) throw error;
-        throw new HttpProblem('unauthorized', 'The key inspector needs an admin token (ADMIN_TOKENS), sent as Authorization: Bearer <token>; tenant tokens do not open it.', error.headers);
-      }
-    }
-    const address = request.server.server.address();
-    const listensOnLoopback = address === null || typeof address === 'string' || isLoopbackHost(address.address);
-    if (!listensOnLoopback) {
-      throw new HttpProblem('forbidden', 'The key inspector is off: the server listens beyond loopback and no admin tokens are configured. Set ADMIN_TOKENS="token=operator,…".');
-    }
-    if (!isLoopbackHost(request.hostname)) {
-      throw new HttpProblem('forbidden', `The key inspector without ADMIN_TOKENS answers only requests addressed to a loopback name (localhost, 127.0.0.1, [::1]), not "${request.hostname}".`);
-    }
-    return LOOPBACK_OPERATOR;
   }
 }
 

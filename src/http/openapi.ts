@@ -1,4 +1,4 @@
-import type { ResolvedHttpApiOptions } from '../config/http-options.js';
+import type { ResolvedHttpApiOptions } from './http-options.js';
 import { MAX_KEY_LENGTH } from '../protocol/validate.js';
 import { PROBLEMS, PROBLEM_TYPE_PREFIX } from './problems.js';
 
@@ -83,7 +83,13 @@ export const jobRouteSchemas = {
     headers: {
       type: 'object',
       properties: {
-        'idempotency-key': { type: 'string', description: `Required. 1–${MAX_KEY_LENGTH} characters; bare or a quoted Structured Field string.` },
+        'idempotency-key': {
+          type: 'string',
+          description:
+            `Required. 1–${MAX_KEY_LENGTH} characters; bare or a quoted Structured Field string. The job's key is (scope = tenant, key = this header): ` +
+            'a namespace shared with library producers, whose job enqueued under that scope and key (with the same job name and payload) is this request\'s job, ' +
+            'answered from without running again.',
+        },
         prefer: { type: 'string', description: 'Optional. wait=N: hold the response up to N seconds for the job to finish.' },
       },
     },
@@ -99,6 +105,7 @@ export const jobRouteSchemas = {
       401: problem,
       404: problem,
       409: { ...problem, description: 'request-in-progress: a request with this key is being handled; see Retry-After.' },
+      410: { ...problem, description: 'request-expired: the same request was accepted before and its record has expired (its tombstone is left); nothing was enqueued.' },
       413: problem,
       415: problem,
       422: { ...problem, description: 'idempotency-key-reused: the key was used with a different request.' },
@@ -114,6 +121,13 @@ export const jobRouteSchemas = {
       type: 'object',
       properties: { prefer: { type: 'string', description: 'Optional. wait=N: long-poll until the job settles.' } },
     },
-    response: { 200: { description: "The job's state.", ...jobView }, 400: problem, 401: problem, 404: problem, 503: unavailable },
+    response: {
+      200: { description: "The job's state.", ...jobView },
+      400: problem,
+      401: problem,
+      404: problem,
+      410: { ...problem, description: "request-expired: the request's record has expired; only its tombstone is left." },
+      503: unavailable,
+    },
   },
 };

@@ -28,6 +28,8 @@ export const PROBLEMS = {
   'not-found': { status: 404, title: 'Not found' },
   /** The same key is being handled by a concurrent request: retry after `Retry-After`. */
   'request-in-progress': { status: 409, title: 'A request with this Idempotency-Key is in progress' },
+  /** The same request was accepted before and its record has expired (only its tombstone is left): nothing was enqueued; do not retry. */
+  'request-expired': { status: 410, title: 'Request accepted before; its record has expired' },
   /** The request did not arrive in time. */
   'request-timeout': { status: 408, title: 'Request timeout' },
   /** A body over the size limit. */
@@ -70,13 +72,6 @@ export interface ProblemDetails {
 
 /**
  * Thrown by routes and hooks to answer with a problem; the error handler renders it.
- *
- * @example
- * ```ts
- * import { HttpProblem } from 'idempotent-jobs';
- *
- * throw new HttpProblem('request-in-progress', 'A request with this key is being handled.', { 'retry-after': '2' });
- * ```
  */
 export class HttpProblem extends Error {
   /** Which problem case: decides the status, title and `type` URI. */

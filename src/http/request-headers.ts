@@ -1,5 +1,5 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
-import { ANONYMOUS_TENANT } from '../config/http-options.js';
+import { ANONYMOUS_TENANT } from './http-options.js';
 import { ValidationError } from '../errors.js';
 import { assertValidKeyPart } from '../protocol/validate.js';
 import { HttpProblem } from './problems.js';

@@ -1,14 +1,14 @@
 import type { MaintenanceTask } from '../store/maintenance-lock.js';
-import type { KeyStats } from '../store/sql/key-stats.js';
 import type { JanitorReport } from '../ops/janitor.js';
 import type { EventEmitter } from 'node:events';
 import type { MaintenanceEvents } from '../ops/maintenance.js';
 import type { SweepRecovery, SweepReport } from '../ops/sweeper.js';
-import { counter, gauge } from './metric-registry.js';
+import { counter, gauge } from '../metric-registry.js';
+import type { KeyStats } from '../store/records.js';
 
 function maintenanceMetrics() {
   return {
-    janitorDeleted: counter('janitor_deleted_total', 'Rows deleted by the janitor: table="keys" (expired completed/failed keys) or "outbox" (old sent rows).', ['schema', 'table']),
+    janitorDeleted: counter('janitor_deleted_total', 'Rows deleted by the janitor: table="keys" (expired completed/failed keys), "tombstones" (tombstones whose window ended), "outbox" (old sent rows) or "key_concurrency_limits" (the concurrency key a key ran under, once it no longer runs).', ['schema', 'table']),
     janitorRuns: counter('janitor_runs_total', 'Janitor runs performed by this process (it held the janitor lock).', ['schema']),
     sweeperRecoveries: counter(
       'sweeper_recoveries_total',
@@ -30,6 +30,7 @@ function maintenanceMetrics() {
       ['schema'],
     ),
     expiredKeys: gauge('expired_keys', 'Completed or failed keys past expires_at, waiting for the janitor.', ['schema']),
+    tombstones: gauge('key_tombstones', 'Live tombstones: keys deleted after their retention whose duplicates are still refused (TOMBSTONE_MS).', ['schema']),
     oldestProcessingAge: gauge('oldest_processing_key_age_seconds', 'Age of the oldest processing key (0 when none).', ['schema']),
     outboxUnsent: gauge('outbox_unsent_rows', 'Outbox rows not yet relayed to BullMQ.', ['schema']),
     outboxOldestUnsentAge: gauge('outbox_oldest_unsent_age_seconds', 'Age of the oldest unsent outbox row (0 when none).', ['schema']),
@@ -61,11 +62,13 @@ export function instrumentMaintenance(
   options: InstrumentMaintenanceOptions = {},
 ): () => void {
   const m = maintenanceMetrics();
-  const statGauges = [m.keys, m.expiredLeases, m.pastSweepHorizon, m.expiredKeys, m.oldestProcessingAge, m.outboxUnsent, m.outboxOldestUnsentAge];
+  const statGauges = [m.keys, m.expiredLeases, m.pastSweepHorizon, m.expiredKeys, m.tombstones, m.oldestProcessingAge, m.outboxUnsent, m.outboxOldestUnsentAge];
   const onJanitor = (report: JanitorReport) => {
     m.janitorRuns.inc({ schema });
     m.janitorDeleted.inc({ schema, table: 'keys' }, report.keysDeleted);
     m.janitorDeleted.inc({ schema, table: 'outbox' }, report.outboxRowsDeleted);
+    m.janitorDeleted.inc({ schema, table: 'tombstones' }, report.tombstonesDeleted);
+    m.janitorDeleted.inc({ schema, table: 'key_concurrency_limits' }, report.concurrencyRecordsDeleted);
   };
   const onSweeper = (report: SweepReport) => {
     m.sweeperRuns.inc({ schema });
@@ -84,6 +87,7 @@ export function instrumentMaintenance(
     m.expiredLeases.set({ schema }, stats.expiredLeases);
     m.pastSweepHorizon.set({ schema }, stats.pastSweepHorizon);
     m.expiredKeys.set({ schema }, stats.expiredKeys);
+    m.tombstones.set({ schema }, stats.tombstones);
     m.oldestProcessingAge.set({ schema }, (stats.oldestProcessing?.ageMs ?? 0) / 1000);
     m.outboxUnsent.set({ schema }, stats.outboxUnsent);
     m.outboxOldestUnsentAge.set({ schema }, (stats.oldestUnsentAgeMs ?? 0) / 1000);
@@ -92,6 +96,8 @@ export function instrumentMaintenance(
   // Zero-initialised so the series exist before the first run.
   m.janitorDeleted.inc({ schema, table: 'keys' }, 0);
   m.janitorDeleted.inc({ schema, table: 'outbox' }, 0);
+  m.janitorDeleted.inc({ schema, table: 'tombstones' }, 0);
+  m.janitorDeleted.inc({ schema, table: 'key_concurrency_limits' }, 0);
   m.janitorRuns.inc({ schema }, 0);
   m.sweeperRuns.inc({ schema }, 0);
   for (const task of MAINTENANCE_TASKS) m.maintenanceErrors.inc({ schema, task }, 0);

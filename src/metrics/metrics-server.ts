@@ -1,7 +1,7 @@
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { collectDefaultMetrics, register } from 'prom-client';
-import { METRIC_PREFIX } from './metric-registry.js';
+import { METRIC_PREFIX } from '../metric-registry.js';
 import { exportReadiness } from './readiness-metrics.js';
 
 /** One named health check: resolves when healthy, throws (with a reason) when not. */
@@ -64,7 +64,7 @@ export interface MetricsServer {
  * @example
  * ```ts
  * import { sql } from 'kysely';
- * import { startMetricsServer } from 'idempotent-jobs';
+ * import { startMetricsServer } from 'idempotent-jobs/process';
  *
  * const server = await startMetricsServer({
  *   port: 9464,

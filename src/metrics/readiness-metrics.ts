@@ -1,5 +1,5 @@
 import { Gauge, register } from 'prom-client';
-import { METRIC_PREFIX } from './metric-registry.js';
+import { METRIC_PREFIX } from '../metric-registry.js';
 
 /** What a readiness probe answers: each named check, passed or not (as `/healthz` and `/readyz` report them). */
 export interface ReadinessReport {

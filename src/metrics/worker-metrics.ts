@@ -1,6 +1,6 @@
 import type { EventEmitter } from 'node:events';
 import type { WorkerEvent, WorkerEventKind } from '../bullmq/idempotent-worker.js';
-import { counter, histogram } from './metric-registry.js';
+import { counter, histogram } from '../metric-registry.js';
 
 // Outcomes of taking a job's key (and losing it), as the issue lists them.
 const CLAIM_OUTCOMES: ReadonlySet<WorkerEventKind> = new Set([
@@ -8,7 +8,10 @@ const CLAIM_OUTCOMES: ReadonlySet<WorkerEventKind> = new Set([
   'taken-over',
   'replayed',
   'replayed-failure',
+  'result-expired',
   'deferred',
+  'concurrency-limited',
+  'coalesced',
   'key-reused',
   'invalid',
   'lease-lost',
@@ -35,6 +38,20 @@ export const MAX_STEP_NAMES = 100;
 /** The `step` label of names past {@link MAX_STEP_NAMES}. */
 export const OTHER_STEP = 'other';
 
+/**
+ * Distinct concurrency groups per instrumented worker that get a `group` label of their own;
+ * later ones are counted under `group="other"`. A group is the concurrency key's part before
+ * its first `:` (`tenant` of `tenant:acme`), so that one series stands for every tenant; a key
+ * without `:` is its own group, and the cap keeps keys made from data from growing the series.
+ */
+export const MAX_CONCURRENCY_GROUPS = 100;
+
+/** The `group` label of a concurrency key: its part before the first `:`, or the whole key. */
+export function concurrencyGroupOf(concurrencyKey: string): string {
+  const colon = concurrencyKey.indexOf(':');
+  return colon > 0 ? concurrencyKey.slice(0, colon) : concurrencyKey;
+}
+
 /** Seconds: from a local database write to a handler at the edge of a typical lease. */
 const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
 
@@ -43,7 +60,7 @@ function workerMetrics() {
   return {
     claimOutcomes: counter(
       'claim_outcomes_total',
-      'Jobs by what happened when their key was claimed: claimed, taken-over, replayed, replayed-failure, deferred, key-reused, invalid; lease-lost (a held key taken over by another worker); store-unavailable (a transient Postgres fault deferred the job, no attempt used).',
+      'Jobs by what happened when their key was claimed: claimed, taken-over, replayed, replayed-failure, result-expired (a duplicate of a key whose tombstone is all that is left: not run again), coalesced (a coalescing job folded into the run in flight), concurrency-limited, deferred, key-reused, invalid; lease-lost (a held key taken over by another worker); store-unavailable (a transient Postgres fault deferred the job, no attempt used).',
       ['queue', 'outcome'],
     ),
     jobResults: counter(
@@ -57,6 +74,11 @@ function workerMetrics() {
       ['queue'],
     ),
     leaseExtensions: counter('lease_extensions_total', 'Successful lease heartbeats.', ['queue']),
+    concurrencyLimited: counter(
+      'concurrency_limited_total',
+      `Jobs deferred (no attempt used) because their concurrency key was at its limit, by group: the concurrency key's part before its first ":" (tenant of tenant:acme). At most ${MAX_CONCURRENCY_GROUPS} groups per worker; later ones are counted as group="${OTHER_STEP}".`,
+      ['queue', 'group'],
+    ),
     stepOutcomes: counter(
       'step_outcomes_total',
       `Calls of ctx.step by step name and how they ended: ran (ran and recorded under this worker's claim), replayed (returned the result an earlier run recorded, without running), lease-lost (the record was refused: another worker had taken the key over), failed (the step threw, or the determinism guard refused it). At most ${MAX_STEP_NAMES} step names per worker; later ones are counted as step="${OTHER_STEP}".`,
@@ -83,7 +105,8 @@ function workerMetrics() {
  *
  * @example
  * ```ts
- * import { IdempotencyKeys, createIdempotentWorker, instrumentWorker, startMetricsServer } from 'idempotent-jobs';
+ * import { IdempotencyKeys, createIdempotentWorker } from 'idempotent-jobs';
+ * import { instrumentWorker, startMetricsServer } from 'idempotent-jobs/process';
  *
  * const worker = createIdempotentWorker({
  *   queue: 'payments',
@@ -113,7 +136,16 @@ export function instrumentWorker(worker: Pick<EventEmitter<{ event: [WorkerEvent
     stepNames.add(name);
     return name;
   };
+  const groups = new Set<string>();
+  const groupLabel = (concurrencyKey: string) => {
+    const group = concurrencyGroupOf(concurrencyKey);
+    if (groups.has(group)) return group;
+    if (groups.size >= MAX_CONCURRENCY_GROUPS) return OTHER_STEP;
+    groups.add(group);
+    return group;
+  };
   const onEvent = (event: WorkerEvent) => {
+    if (event.kind === 'concurrency-limited') metrics.concurrencyLimited.inc({ queue, group: groupLabel(event.concurrencyKey ?? OTHER_STEP) });
     const stepOutcome = STEP_OUTCOMES.get(event.kind);
     if (stepOutcome !== undefined) {
       const labels = { queue, step: stepLabel(event.step ?? OTHER_STEP), outcome: stepOutcome };

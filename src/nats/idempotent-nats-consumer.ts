@@ -4,15 +4,18 @@ import { AckPolicy, jetstream, type ConsumerMessages, type JetStreamClient, type
 import { connect, millis, type NatsConnection, type NodeConnectionOptions } from '@nats-io/transport-node';
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
-import { positiveIntegerOption } from '../config/consumer-options.js';
-import { resolveWorkerTiming, storeRetryDelayMs, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../config/worker-timing.js';
+import { positiveIntegerOption } from '../consumer/consumer-options.js';
+import { resolveWorkerTiming, storeRetryDelayMs, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../consumer/worker-timing.js';
 import { ValidationError } from '../errors.js';
 import type { FaultHook } from '../fault-hook.js';
-import type { JobIdentity } from '../bullmq/job-identity.js';
-import { KeyedJobRunner, type Delivery, type ErrorDisposition, type KeyedJobContext, type RunOutcome } from '../consumer/keyed-job-runner.js';
+import type { JobIdentity } from '../consumer/wire-contract.js';
+import { KeyedJobRunner } from '../consumer/keyed-job-runner.js';
+import type { Delivery, KeyedJobContext } from '../consumer/job-context.js';
+import type { RunOutcome } from '../consumer/run-outcome.js';
+import type { ErrorDisposition } from '../consumer/runner-options.js';
 import type { WorkerEvent, WorkerEventKind } from '../consumer/worker-event.js';
 import { brokerQueueName } from '../consumer/broker-queue-names.js';
-import { handlerForm, type DatabaseOnlyContext, type DatabaseOnlyHandler, type KeyedJobHandler } from '../consumer/database-only-handler.js';
+import { handlerForm, withDatabaseOnlyContext, type DatabaseOnlyContext, type DatabaseOnlyHandler, type KeyedJobHandler } from '../consumer/database-only-handler.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { publishDeadLetter, type DeadLetterReason } from './dead-letter.js';
 import { identityFromNatsMessage, type NatsKeySource } from './nats-message-identity.js';
@@ -60,7 +63,9 @@ export interface IdempotentNatsConsumerOptions<P = unknown, R = unknown> extends
   readonly prefetch?: number;
   /**
    * Claims of a key before a retryable error is stored for good. Counted on the key, not by
-   * JetStream's delivery count, so redeliveries of a deferred duplicate use none.
+   * JetStream's delivery count, so redeliveries of a deferred duplicate or after a store fault
+   * use none. On the fast path, a failed run's claim rolls back with its transaction, so the
+   * consumer records the attempt on the key (claimed and released at once) before it naks.
    * @defaultValue `5`
    */
   readonly maxAttempts?: number;
@@ -113,13 +118,10 @@ function recordingAttempts<P, R>(handler: KeyedJobHandler<P, R, JsMsg>): KeyedJo
       return run(ctx);
     };
   }
-  const databaseOnly = handler as DatabaseOnlyHandler<P, R, DatabaseOnlyContext<P, JsMsg>>;
-  return {
-    transaction: (tx, ctx) => {
-      attemptOf.set(ctx.message, ctx.attempt);
-      return databaseOnly.transaction(tx, ctx);
-    },
-  };
+  return withDatabaseOnlyContext(handler as DatabaseOnlyHandler<P, R, DatabaseOnlyContext<P, JsMsg>>, (ctx: DatabaseOnlyContext<P, JsMsg>) => {
+    attemptOf.set(ctx.message, ctx.attempt);
+    return ctx;
+  });
 }
 
 /**
@@ -240,6 +242,13 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
       errorDisposition: options.errorDisposition,
       fastPath: options.fastPath,
       storePayload: options.storePayload ?? false,
+      // JetStream's delivery count cannot say how many runs failed: it also counts every nak
+      // this consumer sent to defer a message without using an attempt (a duplicate whose key
+      // is in progress elsewhere, a store fault), and a nak cannot carry a count of its own.
+      // Those deferrals could only be subtracted if counted somewhere durable, and a store
+      // fault's are counted when Postgres cannot be written. So attempts are the key's claims,
+      // as on the leased path; a fast-path run that failed has its attempt recorded on the key.
+      countAttemptsOnKey: true,
       logger: this.#log,
       faultHook: options.faultHook,
       events: { wanted: () => this.listenerCount('event') > 0, emit: (event) => this.emit('event', event) },
@@ -423,12 +432,13 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
       queue: brokerQueueName('nats', `${this.#options.stream}/${this.#options.consumer}`),
       name: message.subject,
       // Read when the handler has thrown, once its claim's count is known: attempts are the key's
-      // claims, so the redeliveries of a deferred duplicate use none (JetStream's delivery count
-      // counts them too).
+      // claims (on the fast path too: the runner records a failed run's attempt, countAttemptsOnKey),
+      // so the redeliveries of a deferred duplicate use none (JetStream's delivery count counts them too).
       get lastAttempt() {
         return (attemptOf.get(message) ?? 1) >= maxAttempts;
       },
       deferrals: message.info.deliveryCount - 1,
+      deliveryCount: message.info.deliveryCount,
     };
     // JetStream's redelivery timer is reset while the handler runs, as the runner's heartbeat
     // extends the lease; a lost lease aborts the handler, which ends the run and the beats.
@@ -444,11 +454,11 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
     } finally {
       clearInterval(working);
     }
-    await this.#settle(js, message, outcome, attemptOf.get(message) ?? 1);
+    await this.#answer(js, message, outcome, attemptOf.get(message) ?? 1);
   }
 
   /** Says the outcome to JetStream. */
-  async #settle(js: JetStreamClient, message: JsMsg, outcome: RunOutcome, attempt: number): Promise<void> {
+  async #answer(js: JetStreamClient, message: JsMsg, outcome: RunOutcome, attempt: number): Promise<void> {
     switch (outcome.kind) {
       case 'completed':
       case 'replayed':

@@ -19,5 +19,5 @@ export {
 } from './dead-letter.js';
 export type { JetStreamConsumerSetup } from './jetstream-setup.js';
 export { ensureJetStreamConsumer } from './jetstream-setup.js';
-export type { NatsConsumerProcess, NatsConsumerProcessOptions } from './nats-consumer-process.js';
-export { startNatsConsumerProcess } from './nats-consumer-process.js';
+export type { NatsConsumerProcess, NatsConsumerProcessOptions } from '../runtime/nats-consumer-process.js';
+export { startNatsConsumerProcess } from '../runtime/nats-consumer-process.js';

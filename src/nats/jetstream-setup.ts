@@ -1,5 +1,5 @@
 import { AckPolicy, DeliverPolicy, jetstreamManager, type ConsumerConfig, type StreamConfig } from '@nats-io/jetstream';
-import { nanos, type NatsConnection } from '@nats-io/transport-node';
+import { connect, nanos, type NatsConnection } from '@nats-io/transport-node';
 
 /** What {@link ensureJetStreamConsumer} creates when it is missing. */
 export interface JetStreamConsumerSetup {
@@ -67,4 +67,14 @@ async function ensureStream(jsm: Awaited<ReturnType<typeof jetstreamManager>>, c
 
 function isNotFound(error: unknown): boolean {
   return error instanceof Error && /not found/i.test(error.message);
+}
+
+/** {@link ensureJetStreamConsumer} over a connection of its own to `servers`, closed afterwards. */
+export async function ensureJetStreamConsumerAt(servers: string, setup: JetStreamConsumerSetup): Promise<void> {
+  const connection = await connect({ servers });
+  try {
+    await ensureJetStreamConsumer(connection, setup);
+  } finally {
+    await connection.close();
+  }
 }

@@ -1,7 +1,7 @@
 import type { JsMsg } from '@nats-io/jetstream';
 import { ValidationError } from '../errors.js';
-import { identityFromWireContract, type JobIdentity } from '../bullmq/job-identity.js';
-import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, printable } from '../protocol/json-limits.js';
+import { identityFromWireContract, type JobIdentity } from '../consumer/wire-contract.js';
+import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, printable } from '../json-limits.js';
 import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
 
 /** The header JetStream reads for its own publish deduplication, and that a foreign publisher can set as the key. */

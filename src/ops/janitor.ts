@@ -5,17 +5,19 @@ import {
   retryHorizonMs,
   type JanitorOptions,
   type ResolvedJanitorOptions,
-} from '../config/maintenance-options.js';
-import { deleteExpiredKeys } from '../store/sql/delete-expired-keys.js';
-import { deleteSentOutboxRows } from '../store/sql/delete-sent-outbox-rows.js';
-import { keysTableLayout } from '../store/sql/keys-table-layout.js';
+} from './maintenance-options.js';
+import { PostgresOperatorStore, type OperatorStore } from '../store/operator-store.js';
 
 /** What one janitor run did. */
 export interface JanitorReport {
   /** Completed and failed keys deleted because their retention ran out. */
   readonly keysDeleted: number;
+  /** Tombstones deleted because their window ran out (see {@link JanitorOptions.tombstoneMs}). */
+  readonly tombstonesDeleted: number;
   /** Sent outbox rows deleted because they were older than the retention. */
   readonly outboxRowsDeleted: number;
+  /** Records of the concurrency key a key ran under, deleted once older than the retention with their key no longer processing. */
+  readonly concurrencyRecordsDeleted: number;
   /** True when a table's deletion stopped at `maxBatchesPerRun` full batches: expired rows may remain for the next run. */
   readonly more: boolean;
 }
@@ -37,11 +39,13 @@ export interface RetentionWarning {
  * the retention, in small batches (`FOR UPDATE SKIP LOCKED`): any number of janitors may run
  * at once, each row is deleted by exactly one of them, and live keys are never touched.
  * Usually run by `Maintenance` (one active at a time via an advisory lock), but safe without.
- * A hash-partitioned keys table is cleaned partition by partition (see deleteExpiredKeys).
+ * A hash-partitioned keys table is cleaned partition by partition (see `store/sql/delete-expired-keys.ts`).
+ * With `tombstoneMs`, each deleted key leaves a tombstone in the same statement, and tombstones
+ * whose window ran out are deleted in batches too (see `store/sql/tombstones.ts`).
  *
  * @example
  * ```ts
- * import { Janitor } from 'idempotent-jobs';
+ * import { Janitor } from 'idempotent-jobs/process';
  *
  * const janitor = new Janitor({ db, schema: 'idempotent_jobs', retryPolicies: { payments: { attempts: 5, backoff: { type: 'exponential', delayMs: 1_000 } } } });
  * janitor.checkRetention(); // warns when a queue's retries outlive its keys
@@ -58,6 +62,32 @@ export class Janitor {
   constructor(options: JanitorOptions) {
     this.#options = resolveJanitorOptions(options);
     this.#log = (options.logger ?? pino()).child({ component: 'janitor', schema: this.#options.schema });
+    const { tombstoneMs, retentionMs } = this.#options;
+    if (tombstoneMs > 0 && tombstoneMs <= retentionMs) {
+      // Counted from when a key finished, a window no longer than the retention has ended by the time the key is deleted.
+      this.#log.warn(
+        { tombstoneMs, retentionMs },
+        `tombstoneMs (${tombstoneMs} ms) is not longer than the retention (${retentionMs} ms): no key will leave a tombstone. ` +
+          'Set TOMBSTONE_MS longer than RETENTION_MS for duplicates to be refused past retention, or 0.',
+      );
+    }
+  }
+
+  /**
+   * A janitor without a tombstone window deletes keys without tombstones, even where another
+   * process's janitor leaves them: workers run a janitor of their own by default, so
+   * `TOMBSTONE_MS` set on the maintenance process alone lets duplicates of keys these janitors
+   * deleted run again. Live tombstones in the schema say the window is wanted; this says so at
+   * each run that deleted keys, rather than silently.
+   */
+  async #warnOfTombstonesElsewhere(store: PostgresOperatorStore, keysDeleted: number): Promise<void> {
+    if (!(await store.hasLiveTombstones())) return;
+    this.#log.warn(
+      { keysDeleted },
+      `deleted ${keysDeleted} keys without tombstones while the schema holds live tombstones (another janitor has TOMBSTONE_MS): ` +
+        'duplicates of these keys will run again. Set the same TOMBSTONE_MS on every process that runs a janitor ' +
+        '(workers do by default), or JANITOR_ENABLED=false on those that should not.',
+    );
   }
 
   /** The resolved options. */
@@ -94,11 +124,12 @@ export class Janitor {
    * options' db (pass the maintenance lock's connection to run on it).
    */
   async runOnce(executor: Kysely<any> = this.#options.db): Promise<JanitorReport> {
-    const { schema, batchSize, maxBatchesPerRun, retentionMs } = this.#options;
+    const { schema, batchSize, maxBatchesPerRun, retentionMs, tombstoneMs } = this.#options;
+    const store = new PostgresOperatorStore(executor, schema);
     let keysDeleted = 0;
     let more = false;
     let batches = 0;
-    const tables = await this.#keysTables(executor);
+    const tables = await this.#keysTables(store);
     for (let i = 0; i < tables.length && !more; i++) {
       const table = tables[(this.#firstPartition + i) % tables.length]!;
       for (;;) {
@@ -108,10 +139,22 @@ export class Janitor {
           break;
         }
         batches++;
-        const deleted = (await deleteExpiredKeys(executor, schema, batchSize, table)).length;
+        const deleted = (await store.deleteExpiredKeys(batchSize, table, tombstoneMs)).length;
         keysDeleted += deleted;
         if (deleted < batchSize) break;
       }
+    }
+    if (keysDeleted > 0 && tombstoneMs === 0) await this.#warnOfTombstonesElsewhere(store, keysDeleted);
+    // Deleted whatever tombstoneMs is now: a window shortened (or turned off) ends the old tombstones on time.
+    let tombstonesDeleted = 0;
+    for (let batch = 0; ; batch++) {
+      if (batch === maxBatchesPerRun) {
+        more = true;
+        break;
+      }
+      const deleted = await store.deleteExpiredTombstones(batchSize);
+      tombstonesDeleted += deleted;
+      if (deleted < batchSize) break;
     }
     let outboxRowsDeleted = 0;
     for (let batch = 0; ; batch++) {
@@ -119,19 +162,30 @@ export class Janitor {
         more = true;
         break;
       }
-      const deleted = await deleteSentOutboxRows(executor, schema, retentionMs, batchSize);
+      const deleted = await store.deleteSentOutboxRows(retentionMs, batchSize);
       outboxRowsDeleted += deleted;
       if (deleted < batchSize) break;
     }
-    if (keysDeleted > 0 || outboxRowsDeleted > 0) {
-      this.#log.info({ keysDeleted, outboxRowsDeleted, more }, 'janitor deleted expired rows');
+    // What concurrency key a key ran under is needed while the key may be swept (processing), not after.
+    let concurrencyRecordsDeleted = 0;
+    for (let batch = 0; ; batch++) {
+      if (batch === maxBatchesPerRun) {
+        more = true;
+        break;
+      }
+      const deleted = await store.deleteStaleConcurrencyLimits(retentionMs, batchSize);
+      concurrencyRecordsDeleted += deleted;
+      if (deleted < batchSize) break;
     }
-    return { keysDeleted, outboxRowsDeleted, more };
+    if (keysDeleted > 0 || tombstonesDeleted > 0 || outboxRowsDeleted > 0 || concurrencyRecordsDeleted > 0) {
+      this.#log.info({ keysDeleted, tombstonesDeleted, outboxRowsDeleted, concurrencyRecordsDeleted, more }, 'janitor deleted expired rows');
+    }
+    return { keysDeleted, tombstonesDeleted, outboxRowsDeleted, concurrencyRecordsDeleted, more };
   }
 
   /** The keys table's partitions, or the table itself when it has none (read each run: cheap, and a conversion needs no restart). */
-  async #keysTables(executor: Kysely<any>): Promise<readonly string[]> {
-    const { partitions } = await keysTableLayout(executor, this.#options.schema);
+  async #keysTables(store: OperatorStore): Promise<readonly string[]> {
+    const { partitions } = await store.tableLayout();
     return partitions.length > 0 ? partitions : ['idempotency_keys'];
   }
 }

@@ -1,12 +1,13 @@
 import { EventEmitter } from 'node:events';
 import type { Kysely } from 'kysely';
 import { pino, type Logger } from 'pino';
-import { resolveMaintenanceIntervals } from '../config/maintenance-options.js';
+import { resolveMaintenanceIntervals } from './maintenance-options.js';
 import { withMaintenanceLock, type LockedRun, type MaintenanceTask } from '../store/maintenance-lock.js';
-import { keyStats, type KeyStats } from '../store/sql/key-stats.js';
+import { PostgresOperatorStore } from '../store/operator-store.js';
 import { isTransientStoreError } from '../store/pg-errors.js';
 import type { Janitor, JanitorReport } from './janitor.js';
 import type { SweepReport, Sweeper } from './sweeper.js';
+import type { KeyStats } from '../store/records.js';
 
 /** Options of {@link Maintenance}. */
 export interface MaintenanceOptions {
@@ -57,7 +58,7 @@ export interface MaintenanceEvents {
  *
  * @example
  * ```ts
- * import { BullmqJobLookup, Janitor, Maintenance, Sweeper } from 'idempotent-jobs';
+ * import { BullmqJobLookup, Janitor, Maintenance, Sweeper } from 'idempotent-jobs/process';
  *
  * const jobs = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
  * const maintenance = new Maintenance({
@@ -144,7 +145,7 @@ export class Maintenance extends EventEmitter<MaintenanceEvents> {
   /** Reads key statistics, if no other process is refreshing them; emits `'stats'` (null when skipped). */
   async refreshStats(): Promise<LockedRun<KeyStats>> {
     const run = await withMaintenanceLock(this.#db, this.#schema, 'stats', (connection) =>
-      keyStats(connection, this.#schema, { sweepAfterMs: this.#sweepAfterMs }),
+      new PostgresOperatorStore(connection, this.#schema).keyStats({ sweepAfterMs: this.#sweepAfterMs }),
     );
     this.emit('stats', run.ran ? run.result : null);
     return run;

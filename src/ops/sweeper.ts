@@ -5,12 +5,12 @@ import {
   type ResolvedSweeperOptions,
   type SweeperAction,
   type SweeperOptions,
-} from '../config/maintenance-options.js';
-import { jobIdFor, toWireJobData } from '../bullmq/job-identity.js';
-import type { JobPresence } from '../bullmq/job-lookup.js';
+} from './maintenance-options.js';
+import { jobIdFor, toWireJobData } from '../consumer/wire-contract.js';
+import type { JobPresence } from './job-lookup.js';
 import { isBrokerQueueName } from '../consumer/broker-queue-names.js';
-import { abandonKey } from '../store/sql/abandon-key.js';
-import { findLostKeyCandidates, type LostKeyCandidate, type LostKeyCursor } from '../store/sql/find-lost-keys.js';
+import { PostgresOperatorStore, type OperatorStore } from '../store/operator-store.js';
+import type { LostKeyCandidate, LostKeyCursor } from '../store/records.js';
 
 /** One lost job the sweeper dealt with. */
 export interface SweepRecovery {
@@ -58,7 +58,7 @@ export interface SweepReport {
  *
  * @example
  * ```ts
- * import { BullmqJobLookup, Sweeper } from 'idempotent-jobs';
+ * import { BullmqJobLookup, Sweeper } from 'idempotent-jobs/process';
  *
  * const jobs = new BullmqJobLookup({ connection: { url: 'redis://127.0.0.1:6379' } });
  * const sweeper = new Sweeper({ db, jobs, action: 'reenqueue', queues: ['payments'] });
@@ -98,6 +98,7 @@ export class Sweeper {
   /** One sweep over at most `maxKeysPerRun` candidates, oldest lease first. */
   async runOnce(executor: Kysely<any> = this.#options.db): Promise<SweepReport> {
     const { schema, sweepAfterMs, batchSize, maxKeysPerRun } = this.#options;
+    const store = new PostgresOperatorStore(executor, schema);
     const recoveries: SweepRecovery[] = [];
     let examined = 0;
     let alive = 0;
@@ -111,10 +112,10 @@ export class Sweeper {
         more = true;
         break;
       }
-      const page = await findLostKeyCandidates(executor, schema, sweepAfterMs, limit, cursor, this.#options.queues);
+      const page = await store.findLostKeys({ sweepAfterMs, limit, after: cursor, queues: this.#options.queues });
       for (const candidate of page) {
         examined++;
-        const verdict = await this.#sweepKey(executor, candidate);
+        const verdict = await this.#sweepKey(store, candidate);
         if (verdict === 'alive') alive++;
         else if (verdict === 'unverifiable') unverifiable++;
         else if (verdict === 'changed') changed++;
@@ -141,7 +142,7 @@ export class Sweeper {
   }
 
   async #sweepKey(
-    executor: Kysely<any>,
+    store: OperatorStore,
     candidate: LostKeyCandidate,
   ): Promise<SweepRecovery | 'alive' | 'unverifiable' | 'changed'> {
     const { scope, key, fence, queue, jobId } = candidate;
@@ -162,8 +163,8 @@ export class Sweeper {
     const presence = await this.#presence(queue, jobId, deterministicId);
     if (presence === 'pending') return 'alive';
 
-    const canReenqueue = candidate.hasPayload && candidate.jobName !== null;
-    if (this.actionFor(queue) === 'reenqueue' && canReenqueue) {
+    const lostJob = jobToAddAgain(candidate);
+    if (this.actionFor(queue) === 'reenqueue' && lostJob) {
       const policy = this.#options.retryPolicies[queue];
       const opts = policy
         ? {
@@ -171,28 +172,22 @@ export class Sweeper {
             ...(policy.backoff ? { backoff: { type: policy.backoff.type, delay: policy.backoff.delayMs } } : {}),
           }
         : undefined;
-      await this.#options.jobs.reenqueue({
-        queue,
-        jobId: deterministicId,
-        name: candidate.jobName!,
-        data: toWireJobData(scope, key, candidate.payload),
-        opts,
-      });
+      await this.#options.jobs.reenqueue({ queue, jobId: lostJob.jobId, name: lostJob.name, data: lostJob.data, opts });
       log.warn(
-        { outcome: 'reenqueued', jobWas: presence, newJobId: deterministicId },
+        { outcome: 'reenqueued', jobWas: presence, newJobId: lostJob.jobId },
         `Lost job re-enqueued: key "${key}" in scope "${scope}" was processing with an ended lease since ` +
           `${candidate.lockedUntil.toISOString()} and its job ${jobId} is ${presence} in queue "${queue}"; ` +
-          `added it again as ${deterministicId} with the stored payload. The next claim takes the key over.`,
+          `added it again as ${lostJob.jobId} with the stored payload. The next claim takes the key over.`,
       );
       return { scope, key, fence, queue, jobId, action: 'reenqueued', jobWas: presence };
     }
 
-    const why = canReenqueue ? `queue "${queue}" is set to abandon lost jobs` : 'no payload was stored with the key to re-enqueue it';
+    const why = lostJob ? `queue "${queue}" is set to abandon lost jobs` : 'no payload was stored with the key to re-enqueue it';
     const reason =
       `Key "${key}" in scope "${scope}" was abandoned by the sweeper: it was processing with an ended lease since ` +
       `${candidate.lockedUntil.toISOString()} and its job ${jobId} is ${presence} in queue "${queue}"; ${why}. ` +
       'Release it with `idempotent-jobs keys release` and enqueue the job again to run it.';
-    const abandoned = await abandonKey(executor, this.#options.schema, {
+    const abandoned = await store.abandonKey({
       scope,
       key,
       fence,
@@ -231,4 +226,25 @@ export class Sweeper {
     ]);
     return elsewhere.includes('pending') ? 'pending' : recorded!;
   }
+}
+
+/**
+ * The lost job as it was enqueued, rebuilt from what the store kept: its name, its payload, and
+ * what its data said beyond them, so the job added again runs as the lost one would have:
+ * - under its concurrency key and limit, if it named one (else it would run outside the limit);
+ * - as a run of its coalescing key, if the key is one (`<key>#<generation>`): the same job id as
+ *   the lost job (the coalescing key hands that generation to that job, which runs it again with
+ *   its payload and then takes the pending successor; a job of another id would only fold into
+ *   the run the key believes in flight, and the successor would wait for a new arrival).
+ * Undefined when the job cannot be rebuilt (no payload stored, or no job name).
+ */
+function jobToAddAgain(candidate: LostKeyCandidate): { jobId: string; name: string; data: unknown } | undefined {
+  const { scope, key, jobName, coalescing, concurrency } = candidate;
+  if (jobName === null) return undefined;
+  if (coalescing && candidate.jobId) {
+    const data = { ...toWireJobData(scope, coalescing.key, coalescing.payload, concurrency), coalesce: true };
+    return { jobId: candidate.jobId, name: jobName, data };
+  }
+  if (!candidate.hasPayload) return undefined;
+  return { jobId: jobIdFor(scope, key), name: jobName, data: toWireJobData(scope, key, candidate.payload, concurrency) };
 }

@@ -50,7 +50,7 @@ const NOT_STARTED: Tracing = { enabled: false, shutdown: async () => {} };
  *
  * @example
  * ```ts
- * import { loadEnvConfig, startWorkerProcess } from 'idempotent-jobs';
+ * import { loadEnvConfig, startWorkerProcess } from 'idempotent-jobs/process';
  * import { startTracingFromEnv } from 'idempotent-jobs/otel';
  *
  * // OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 turns it on; without OTEL_* it does nothing.

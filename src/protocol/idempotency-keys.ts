@@ -1,95 +1,87 @@
+/**
+ * The claim protocol's facade, and its words. One name per concept, here and everywhere:
+ *
+ * - **claim**: taking a key for one run: `INSERT … ON CONFLICT DO NOTHING`, or taking over a key
+ *   whose lease ended. Its {@link ClaimOutcome} says whether this run holds the key (a *held*
+ *   claim: `claimed`, `taken-over`) or what else it found (`completed`, `failed`, `key-reused`,
+ *   `in-progress`).
+ * - **lease**: how long a held claim owns the key, by the database clock; a heartbeat extends it.
+ *   A dead worker's key is taken over once its lease ends.
+ * - **owner**: the claim's random token, kept on the key's row while the claim holds it.
+ * - **fence**: the claim's number, one more at every claim and takeover. Completion, release,
+ *   failure and every step are conditioned on owner and fence, so a run whose key was taken over
+ *   (a zombie) changes nothing.
+ * - **settled**: a key that is `completed` or `failed`, final until the janitor deletes it; a
+ *   duplicate replays it.
+ * - **effect**: what a job does in the database, on the transaction that also completes its key;
+ *   the **effect boundary** is that transaction ({@link IdempotencyKeys.commitEffect}).
+ * - **fast path**: the claim (as `completed`) and the effect in one transaction, no lease
+ *   ({@link IdempotencyKeys.executeOnce}), for effects entirely in this database.
+ * - **database-only**: a handler or effect that only touches this database through its `tx`, so a
+ *   rolled-back run is invisible outside it: the fast path and group commit are safe for it.
+ * - **group**: effects of concurrent jobs sharing one transaction and one COMMIT (group commit).
+ *   Gathered: the group's statements sent together, as long as that equals running its jobs one
+ *   after another; otherwise one after another. A job that cannot share runs **alone**, in a
+ *   transaction of its own.
+ * - **held record**: an external step's record held back to ride, with its own COMMIT, in front
+ *   of the run's next round trip (a `HeldRecord`).
+ * - **pipeline**: statements sent together on one connection without waiting for each reply; one
+ *   round trip for all of them.
+ *
+ * The pieces: the effect boundary (`effect-boundary.ts`), the fast path (`fast-path.ts`), the
+ * step records (`step-calls.ts`), a COMMIT cut off in flight (`interrupted-commit.ts`), the store's
+ * statements as store faults (`store-calls.ts`).
+ */
 import { randomUUID } from 'node:crypto';
 import type { Kysely, Transaction } from 'kysely';
-import {
-  resolveIdempotencyOptions,
-  type GroupedEffects,
-  type IdempotencyOptions,
-  type ResolvedIdempotencyOptions,
-} from '../config/idempotency-options.js';
-import { LeaseLostError, ResultNotStorableError, StepsUnsupportedError, StoreUnavailableError, ValidationError } from '../errors.js';
-import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
-import { freshCompletingClaim, isHeld, type HeldClaim } from '../store/claim-outcome.js';
-import type { ClaimInput, GroupStatements, KeyStore } from '../store/key-store.js';
-import type { KeyRecord } from '../store/key-record.js';
-import type { LeaseExtension } from '../store/sql/extend.js';
-import type { StepRecord } from '../store/sql/load-steps.js';
-import type { StepPlace } from '../store/sql/start-step.js';
-import { LeadingStatements, endWithCommit, endWithRollback, runTransaction, sendLeadingStatements } from '../store/one-trip-commit.js';
-import { transientStoreFault } from '../store/pg-errors.js';
+import { LeaseLostError, ResultNotStorableError, StoreUnavailableError, ValidationError } from '../errors.js';
+import { isHeld, type Claim, type ClaimOutcome } from '../store/claim-outcome.js';
+import type { DataLayer } from '../store/data-layer.js';
+import type { KeyStore } from '../store/key-store.js';
+import type { HeldRecord } from '../store/one-trip-commit.js';
+import { checkDataLayer } from '../store/foreign-transaction.js';
 import { PostgresKeyStore } from '../store/postgres-key-store.js';
-import { traceClaim, traceCommit, traceEffectTransaction, traceExecuteOnce, traceSettle } from '../telemetry/claim-tracing.js';
-import { GroupCommitter, type BatchedStep } from './group-commit.js';
+import { DataLayerBoundary } from './data-layer-boundary.js';
+import type { KeyRecord, LeaseExtension, StepPlace, StepRecord } from '../store/records.js';
+import { traceClaim, traceReleaseOrFail } from '../telemetry/claim-tracing.js';
+import { EffectBoundary } from './effect-boundary.js';
+import type {
+  ClaimOptions,
+  CommitEffectOptions,
+  Effect,
+  EffectFailureAction,
+  ExecuteOnceOptions,
+  ExecuteOnceOutcome,
+  RunEffectOptions,
+} from './effect-options.js';
+import { FastPath, claimInput } from './fast-path.js';
+import { GroupCommitter } from './group-commit.js';
+import { resolveIdempotencyOptions, type IdempotencyOptions, type ResolvedIdempotencyOptions } from './idempotency-options.js';
+import type { ProtocolParts } from './protocol-parts.js';
+import { StepCalls } from './step-calls.js';
+import { storeCall } from './store-calls.js';
 import { assertValidKeyPart, serializePayload, serializeResult, toStoredError, type FailedStep } from './validate.js';
+import type { CoalesceAnswer, CoalesceSuccessor } from '../store/records.js';
 
-/** Per-claim options of {@link IdempotencyKeys.claim}. */
-export interface ClaimOptions {
-  /** Lease length for this claim. @defaultValue the instance's `leaseMs` */
-  readonly leaseMs?: number;
-  /** BullMQ job id that made the claim, kept on the row for operators. @defaultValue unset (a takeover keeps the row's) */
-  readonly jobId?: string;
-  /** Queue of the job, kept on the row for operators; the sweeper asks this queue about the job. @defaultValue unset */
-  readonly queue?: string;
-  /** Name of the job, kept on the row for operators (a re-enqueued job gets it). @defaultValue unset */
-  readonly jobName?: string;
-  /**
-   * Payload to keep with the key so the sweeper can re-enqueue a lost job.
-   * It must be JSON that Postgres `jsonb` can store (no NUL, no lone surrogate); otherwise the
-   * claim throws a `ValidationError` (`INVALID_JOB_DATA`) before sending anything.
-   * @defaultValue unset (not stored)
-   */
-  readonly payload?: unknown;
+/** No slot: the concurrency group is at its limit (see {@link IdempotencyKeys.acquireConcurrencySlot}). */
+export interface ConcurrencySlotRefused {
+  /** Always false: every slot of the group is held. */
+  readonly acquired: false;
+  /** When to ask again. */
+  readonly retryAfterMs: number;
 }
 
-/** How an effect may be run: options of {@link IdempotencyKeys.commitEffect}, `runEffect` and `executeOnce`. */
-export interface EffectOptions {
-  /**
-   * The effect only touches this database, through its `tx`, and does nothing else (no call to
-   * another system, no queue publish): it may share a group transaction with other effects and
-   * run again after its group rolled back, one run committing, without anyone outside the
-   * database noticing. Such effects are grouped unless `groupCommit` is false; other effects
-   * only when `groupCommit` groups every effect (see {@link IdempotencyOptions.groupCommit}).
-   * @defaultValue `false`
-   */
-  readonly databaseOnly?: boolean;
+/** A slot of a concurrency group, held by one run (see {@link IdempotencyKeys.acquireConcurrencySlot}). */
+export interface ConcurrencySlot {
+  /** Always true: a slot was taken. */
+  readonly acquired: true;
+  /** The concurrency key: the group whose slots are limited. */
+  readonly group: string;
+  /** Which of the group's slots (0 … limit − 1). */
+  readonly slot: number;
+  /** The slot's owner token: only this run frees it. */
+  readonly owner: string;
 }
-
-/** Per-call options of {@link IdempotencyKeys.executeOnce}: what is kept on the key, and how the effect may run. */
-export interface ExecuteOnceOptions extends Omit<ClaimOptions, 'leaseMs'>, EffectOptions {}
-
-/** What to do with the key when an effect throws: make it claimable again, or fail it for good. */
-export type EffectFailureAction = 'release' | 'fail';
-
-/** Options of {@link IdempotencyKeys.runEffect}. */
-export interface RunEffectOptions extends EffectOptions {
-  /**
-   * Decides what a thrown error does to the key. `LeaseLostError` never reaches it (the key is
-   * someone else's), nor does {@link StoreUnavailableError} (a store fault: the key is released).
-   * @defaultValue `'fail'` for {@link ResultNotStorableError} (the same effect would produce it
-   * again), `'release'` for everything else
-   */
-  readonly onError?: (error: unknown) => EffectFailureAction;
-}
-
-/** Outcome of the fast path: the effect ran and committed, or the claim outcome that stopped it. */
-export type ExecuteOnceOutcome<T> =
-  | {
-      /** The effect ran and committed together with the key's completion. */
-      readonly kind: 'executed';
-      /** The effect's return value (as stored, when a COMMIT cut off in flight was resolved by reading the key). */
-      readonly result: T;
-      /** The claim the effect ran under. */
-      readonly claim: Claim;
-    }
-  | Exclude<
-      ClaimOutcome,
-      {
-        /** Held outcomes are not returned: the effect ran under them, which is `executed`. */
-        kind: 'claimed' | 'taken-over';
-      }
-    >;
-
-/** A transactional effect: runs on the transaction that also completes the key. */
-export type Effect<T> = (tx: Transaction<any>) => Promise<T>;
 
 /**
  * The claim protocol over the `idempotency_keys` table: claim a key under a lease, run the
@@ -126,30 +118,39 @@ export type Effect<T> = (tx: Transaction<any>) => Promise<T>;
 export class IdempotencyKeys {
   readonly #options: ResolvedIdempotencyOptions;
   readonly #store: KeyStore;
-  /**
-   * Set when group commit may group effects (see `group-commit.ts`): every effect, or only
-   * database-only ones (`effects`).
-   */
-  readonly #group: (GroupOfEffects & { readonly effects: GroupedEffects }) | undefined;
+  readonly #parts: ProtocolParts;
+  readonly #effects: EffectBoundary;
+  readonly #fastPath: FastPath;
+  readonly #dataLayers: DataLayerBoundary;
+  readonly #steps: StepCalls;
 
   constructor(options: IdempotencyOptions, store?: KeyStore) {
     this.#options = resolveIdempotencyOptions(options);
     this.#store = store ?? new PostgresKeyStore(this.#options.db, this.#options.schema);
+    this.#parts = { options: this.#options, store: this.#store, group: this.#groupOfEffects(options) };
+    this.#effects = new EffectBoundary(this.#parts);
+    this.#fastPath = new FastPath(this.#parts);
+    this.#dataLayers = new DataLayerBoundary(this.#parts);
+    this.#steps = new StepCalls(this.#parts);
+  }
+
+  /**
+   * The group effects may join when group commit is on (see `group-commit.ts`): every effect, or
+   * only database-only ones (`effects`).
+   */
+  #groupOfEffects(options: IdempotencyOptions): ProtocolParts['group'] {
     const { groupCommit } = this.#options;
-    if (groupCommit) {
-      const statements = this.#store.groupStatements;
-      if (statements) {
-        const insertCompletedKeys = statements.insertCompletedKeys;
-        const committer = new GroupCommitter(this.#options.db, groupCommit, {
-          batchedStep: claimNewKeysStep(statements),
-          insertCompletedKeys: insertCompletedKeys && ((rows) => insertCompletedKeys(rows, this.#options.claimLockTimeoutMs)),
-        });
-        this.#group = { committer, statements, effects: groupCommit.effects };
-      } else if (options.groupCommit !== undefined) {
-        // Asked for: refuse. By default (database-only effects), such a store runs them alone.
-        throw new ValidationError('INVALID_OPTIONS', 'groupCommit', 'groupCommit needs a store that offers groupStatements (PostgresKeyStore does).');
-      }
+    if (!groupCommit) return undefined;
+    const statements = this.#store.groupStatements;
+    if (statements) {
+      const committer = new GroupCommitter(this.#options.db, statements, { ...groupCommit, lockTimeoutMs: this.#options.claimLockTimeoutMs });
+      return { committer, statements, effects: groupCommit.effects };
     }
+    // Asked for: refuse. By default (database-only effects), such a store runs them alone.
+    if (options.groupCommit !== undefined) {
+      throw new ValidationError('INVALID_OPTIONS', 'groupCommit', 'groupCommit needs a store that offers groupStatements (PostgresKeyStore does).');
+    }
+    return undefined;
   }
 
   /** The resolved options (defaults applied). */
@@ -174,7 +175,7 @@ export class IdempotencyKeys {
   async claim(scope: string, key: string, fingerprint: string, options: ClaimOptions = {}): Promise<ClaimOutcome> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
-    const input = this.#claimInput(scope, key, fingerprint, 'lease', options);
+    const input = claimInput(this.#parts, { scope, key, fingerprint, mode: 'lease' }, options);
     return traceClaim(scope, key, options.queue, () => storeCall(scope, key, 'claim', () => this.#store.claim(this.db, input)));
   }
 
@@ -204,12 +205,12 @@ export class IdempotencyKeys {
    */
   async runEffect<T>(claim: Claim, effect: Effect<T>, options: RunEffectOptions = {}): Promise<T> {
     try {
-      return await this.commitEffect(claim, effect, undefined, undefined, options);
+      return await this.commitEffect(claim, effect, options);
     } catch (error) {
       if (!(error instanceof LeaseLostError)) {
         // A store fault says nothing about the effect: never a stored failure.
         const action = error instanceof StoreUnavailableError ? 'release' : (options.onError ?? defaultFailureAction)(error);
-        await this.#settleFailedClaim(claim, error, action);
+        await this.#releaseOrFail(claim, error, action);
       }
       throw error;
     }
@@ -227,80 +228,63 @@ export class IdempotencyKeys {
    * own error). When the fault cut off the COMMIT, whether it committed is read from the key:
    * completed under this claim's owner and fence, and the stored result is returned.
    *
-   * `lead`, a step record held back (see {@link IdempotencyKeys.holdStepRecord}), commits just
-   * before the transaction, in the round trip of its first statement (under group commit, on
+   * `options.heldRecord`, a step record held back (see {@link IdempotencyKeys.holdStepRecord}),
+   * commits just before the transaction, in the round trip of its first statement (under group commit, on
    * its own first). Refused, it throws {@link LeaseLostError} and nothing else runs; its state
    * tells the caller whether it went.
    *
    * `options.databaseOnly` says the effect may share a group transaction (see {@link EffectOptions}).
    */
-  async commitEffect<T>(
-    claim: Claim,
-    effect: Effect<T>,
-    beforeCommit?: () => Promise<void> | void,
-    lead?: LeadingStatements,
-    options: EffectOptions = {},
-  ): Promise<T> {
-    const effectErrors = new WeakSet<object>();
-    const runEffect = async (tx: Transaction<any>): Promise<T> => {
-      try {
-        return await effect(tx);
-      } catch (error) {
-        throw markEffectError(effectErrors, effectFault(claim, error));
-      }
-    };
-    const group = this.#groupFor(options);
-    return traceEffectTransaction(claim, group !== undefined, async () => {
-      try {
-        return await this.#commitEffect(group, claim, runEffect, beforeCommit, lead);
-      } catch (error) {
-        if (lead?.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-        if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
-        const result = (await this.#resultOfInterruptedCommit(claim, error)) as T;
-        // Completed under this claim: what went ahead of the transaction committed too.
-        if (lead?.state === 'unknown') lead.state = 'committed';
-        return result;
-      }
-    });
+  commitEffect<T>(claim: Claim, effect: Effect<T>, options: CommitEffectOptions = {}): Promise<T> {
+    return this.#effects.commit(claim, effect, options);
   }
 
-  async #commitEffect<T>(
-    group: GroupOfEffects | undefined,
-    claim: Claim,
-    effect: Effect<T>,
-    beforeCommit?: () => Promise<void> | void,
-    lead?: LeadingStatements,
-  ): Promise<T> {
-    if (group) {
-      // A shared transaction has no front to ride in: the held record goes alone first.
-      if (lead) await this.sendStepRecord(claim, lead);
-      if (lead?.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-      const runAndComplete = async (tx: Transaction<any>) => {
-        const result = await effect(tx);
-        const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-        await beforeCommit?.();
-        return { value: result, closing: group.statements.completion(claim, json, this.#options.retentionMs) };
-      };
-      return group.committer.run({
-        careful: async (tx) => ({
-          ...(await runAndComplete(tx)),
-          closingError: (error: unknown) => this.#explainClosingFailure(group.statements, error, claim),
-        }),
-        // Optimistically, a lost lease fails the fenced completion at the group's end: the
-        // group runs again the careful way, where this job fails alone with LeaseLostError.
-        optimistic: { identity: keyIdentity(claim), run: runAndComplete },
-      });
-    }
-    return runTransaction(
-      this.db,
-      async (tx) => {
-        const result = await effect(tx);
-        const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-        await beforeCommit?.();
-        return { value: result, end: (t: Transaction<any>) => traceCommit(() => this.#completeAndCommit(t, claim, json)) };
-      },
-      lead,
-    );
+  /**
+   * {@link IdempotencyKeys.commitEffect} in a data layer of your own (see {@link DataLayer}):
+   * the data layer opens the transaction, `effect(tx)` runs on its transaction object, and the
+   * key's fenced completion runs last inside that same transaction through the data layer's
+   * raw-SQL call. When the claim no longer owns the key, {@link LeaseLostError} is thrown inside
+   * the transaction, so the data layer rolls the effect back. Never in a group (group commit
+   * shares one connection's transaction; a data layer's is on its own pool). A step record held
+   * back goes alone, just before the transaction.
+   *
+   * An effect that caught the error of a failed statement leaves its transaction aborted: the
+   * completion then fails, nothing commits, and {@link AbortedEffectTransactionError} is thrown.
+   * The first transaction of each data layer checks that it meets the keys in one database
+   * ({@link DataLayerElsewhereError} otherwise).
+   */
+  commitEffectIn<Tx, T>(claim: Claim, layer: DataLayer<Tx>, effect: (tx: Tx) => Promise<T>, options: CommitEffectOptions = {}): Promise<T> {
+    return this.#dataLayers.commit(claim, layer, effect, options);
+  }
+
+  /**
+   * Checks, in one transaction of `layer`, that it meets the keys in one database: the same
+   * server and database, the keys' table visible. A worker given the data layer runs it at
+   * start, so that a data layer pointed at another database stops the start instead of meeting
+   * its first job. Rejects with {@link DataLayerElsewhereError} (naming the fix) when it does not,
+   * or with the driver's error when the check could not be carried out (Postgres unreachable).
+   * A layer that passed is not checked again at its first transaction.
+   */
+  checkDataLayer(layer: DataLayer<unknown>): Promise<void> {
+    return checkDataLayer(this.#parts.options.db, this.#parts.options.schema, layer);
+  }
+
+  /**
+   * {@link IdempotencyKeys.executeOnce} in a data layer of your own (see {@link DataLayer}): the
+   * key is claimed as `completed`, the effect runs and its result is stored, all in the data
+   * layer's one transaction. Never in a group.
+   */
+  executeOnceIn<Tx, T>(
+    scope: string,
+    key: string,
+    fingerprint: string,
+    layer: DataLayer<Tx>,
+    effect: (tx: Tx, claim: Claim) => Promise<T>,
+    options: ExecuteOnceOptions = {},
+  ): Promise<ExecuteOnceOutcome<T>> {
+    assertValidKeyPart('scope', scope);
+    assertValidKeyPart('key', key);
+    return this.#dataLayers.execute(scope, key, fingerprint, layer, effect, options);
   }
 
   /**
@@ -310,13 +294,7 @@ export class IdempotencyKeys {
    * The payload is not kept. If the failure cannot be stored, the key is released (never left
    * `processing`) and the store's error is thrown.
    */
-  async recordFailure(
-    scope: string,
-    key: string,
-    fingerprint: string,
-    error: unknown,
-    options: ClaimOptions = {},
-  ): Promise<ClaimOutcome> {
+  async recordFailure(scope: string, key: string, fingerprint: string, error: unknown, options: ClaimOptions = {}): Promise<ClaimOutcome> {
     // No payload: it is kept only for re-enqueueing a key left processing, which this one is
     // not, and a payload that cannot be stored may be the very failure being recorded.
     const { payload: _, ...withoutPayload } = options;
@@ -351,7 +329,7 @@ export class IdempotencyKeys {
    *
    * `options.databaseOnly` says the effect may share a group transaction (see {@link EffectOptions}).
    */
-  async executeOnce<T>(
+  executeOnce<T>(
     scope: string,
     key: string,
     fingerprint: string,
@@ -360,87 +338,57 @@ export class IdempotencyKeys {
   ): Promise<ExecuteOnceOutcome<T>> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
-    const effectErrors = new WeakSet<object>();
-    let held: Claim | undefined;
-    const runEffect = async (tx: Transaction<any>, claim: Claim): Promise<T> => {
-      held = claim;
-      try {
-        return await effect(tx, claim);
-      } catch (error) {
-        throw markEffectError(effectErrors, effectFault(claim, error));
-      }
-    };
-    const group = this.#groupFor(options);
-    return traceExecuteOnce(scope, key, options.queue, group !== undefined, async (): Promise<ExecuteOnceOutcome<T>> => {
-      try {
-        return await this.#executeOnce(group, scope, key, fingerprint, runEffect, options);
-      } catch (error) {
-        if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
-        if (!held) throw new StoreUnavailableError(scope, key, 'claim', { cause: error });
-        const result = (await this.#resultOfInterruptedCommit(held, error)) as T;
-        return { kind: 'executed', result, claim: held };
-      }
-    });
+    return this.#fastPath.execute(scope, key, fingerprint, effect, options);
   }
 
-  async #executeOnce<T>(
-    group: GroupOfEffects | undefined,
+  /**
+   * Takes one of `limit` slots of concurrency group `group` for the key about to run, or says
+   * when to ask again (the group is at its limit): one statement, serialized per group in
+   * Postgres, so the limit holds across every worker. A slot is held for `leaseMs`, and for as
+   * long as the key is `processing` under a live lease (heartbeats keep it; a crashed worker's
+   * slot frees when its lease ends); free it with {@link releaseConcurrencySlot} when the run
+   * ends. A job that has waited `starvationMs` goes before every job of the group that has
+   * waited less. Transient store faults throw {@link StoreUnavailableError}.
+   */
+  async acquireConcurrencySlot(
     scope: string,
     key: string,
-    fingerprint: string,
-    effect: (tx: Transaction<any>, claim: Claim) => Promise<T>,
-    options: ExecuteOnceOptions,
-  ): Promise<ExecuteOnceOutcome<T>> {
-    const store = this.#store;
-    const input = this.#claimInput(scope, key, fingerprint, 'complete', options);
-    // A settled key (a duplicate) replays from one read, without a transaction.
-    const settled = await store.findSettled?.(scope, key, fingerprint);
-    if (settled) return settled as ExecuteOnceOutcome<T>;
-    if (group) {
-      // The same steps inside the job's savepoint of a shared transaction. A new key may have
-      // been claimed already, with the keys of the jobs grouped with this one (one statement).
-      return group.committer.run<ExecuteOnceOutcome<T>>({
-        careful: async (tx, claimedAhead) => {
-          const outcome = (claimedAhead as HeldClaim | undefined) ?? (await store.claim(tx, input));
-          if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, closing: 'rollback' as const };
-          const result = await effect(tx, outcome);
-          const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
-          if (result === undefined) return { value };
-          const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
-          return {
-            value,
-            closing: group.statements.fastPathResult(outcome, json),
-            closingError: (error: unknown) => this.#explainClosingFailure(group.statements, error, outcome),
-          };
-        },
-        stepInput: input,
-        // Optimistically: the effect first, then the key written once, completed with its result,
-        // at the group's end. If the key has a row by then, the group runs again the careful way.
-        optimistic: {
-          identity: keyIdentity(input),
-          run: async (tx) => {
-            const claim = freshCompletingClaim(input);
-            const result = await effect(tx, claim);
-            const resultJson = result === undefined ? null : serializeResult(scope, key, result, this.#options.maxResultBytes);
-            return { value: { kind: 'executed', result, claim }, newKey: { input, resultJson } };
-          },
-        },
-      });
-    }
-    // The claim bounds its own lock wait and puts lock_timeout back in the same statement, so
-    // the effect runs under the session's usual lock_timeout. A claim that does not hold the
-    // key rolls back: its transaction may be aborted (the lock wait timed out), so no COMMIT.
-    // A new key (the common case) is claimed by the store's cheaper statement when it has one;
-    // a key with a row, by the claim that handles every case, in the same transaction.
-    return runTransaction(this.db, async (tx) => {
-      const outcome = (await store.claimNewKey?.(tx, input)) ?? (await store.claim(tx, input));
-      if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, end: endWithRollback };
-      const result = await effect(tx, outcome);
-      const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
-      if (result === undefined) return { value, end: (t: Transaction<any>) => traceCommit(() => endWithCommit(t)) };
-      const json = serializeResult(scope, key, result, this.#options.maxResultBytes);
-      return { value, end: (t: Transaction<any>) => traceCommit(() => this.#storeResultAndCommit(t, outcome, json)) };
-    });
+    group: { readonly key: string; readonly limit: number },
+    options: { readonly leaseMs?: number; readonly starvationMs: number },
+  ): Promise<ConcurrencySlot | ConcurrencySlotRefused> {
+    const acquire = this.#store.acquireSlot?.bind(this.#store);
+    if (!acquire) throw new ValidationError('INVALID_OPTIONS', 'store', 'This key store has no concurrency slots (acquireSlot).');
+    const owner = randomUUID();
+    const answer = await storeCall(scope, key, 'concurrency slot', () =>
+      acquire({ group: group.key, limit: group.limit, scope, key, owner, leaseMs: options.leaseMs ?? this.#options.leaseMs, starvationMs: options.starvationMs }),
+    );
+    return answer.acquired ? { acquired: true, group: group.key, slot: answer.slot, owner } : answer;
+  }
+
+  /**
+   * A job of a coalescing key arrives (explicit coalescing mode: one running job plus at most one
+   * pending successor per key, the newest payload winning): `run` a generation (each one its own
+   * idempotency key, `<key>#<generation>`, so each run's effect commits once) with the payload to
+   * run it with, or `coalesced` (a run is in flight; this payload is now its pending successor's,
+   * and the job is done). Transient store faults throw {@link StoreUnavailableError}.
+   */
+  coalesceArrive(scope: string, key: string, jobId: string, payload: unknown, options: { readonly staleMs?: number } = {}): Promise<CoalesceAnswer> {
+    assertValidKeyPart('scope', scope);
+    assertValidKeyPart('key', key);
+    const arrive = this.#store.coalesceArrive?.bind(this.#store);
+    if (!arrive) throw new ValidationError('INVALID_OPTIONS', 'store', 'This key store has no coalescing keys (coalesceArrive).');
+    const payloadJson = serializePayload(scope, key, payload);
+    return storeCall(scope, key, 'coalescing arrival', () => arrive({ scope, key, jobId, payloadJson, staleMs: options.staleMs ?? this.#options.leaseMs * 10 }));
+  }
+
+  /** After the running job's run of `generation` ended: the pending successor to run next in the same job, if any. */
+  coalesceNext(scope: string, key: string, jobId: string, generation: number): Promise<CoalesceSuccessor | undefined> {
+    return storeCall(scope, key, 'coalescing successor', () => this.#store.coalesceNext!({ scope, key, jobId, generation }));
+  }
+
+  /** Frees a slot taken by {@link acquireConcurrencySlot}; false when it was no longer held (its time was up). */
+  releaseConcurrencySlot(scope: string, key: string, slot: ConcurrencySlot): Promise<boolean> {
+    return storeCall(scope, key, 'concurrency slot release', () => this.#store.releaseSlot!(slot.group, slot.slot, slot.owner));
   }
 
   /**
@@ -459,7 +407,7 @@ export class IdempotencyKeys {
    */
   release(claim: Claim, error?: unknown, step?: FailedStep): Promise<boolean> {
     const errorJson = error === undefined ? null : JSON.stringify(toStoredError(error, step));
-    return traceSettle('release', claim, () => storeCall(claim.scope, claim.key, 'release', () => this.#store.release(claim, errorJson)));
+    return traceReleaseOrFail('release', claim, () => storeCall(claim.scope, claim.key, 'release', () => this.#store.release(claim, errorJson)));
   }
 
   /**
@@ -469,40 +417,36 @@ export class IdempotencyKeys {
    */
   fail(claim: Claim, error: unknown, step?: FailedStep): Promise<boolean> {
     const errorJson = JSON.stringify(toStoredError(error, step));
-    return traceSettle('fail', claim, () =>
+    return traceReleaseOrFail('fail', claim, () =>
       storeCall(claim.scope, claim.key, 'recording of the failure', () => this.#store.fail(claim, errorJson, this.#options.retentionMs)),
     );
   }
 
   /** True when the store keeps step records, which multi-step jobs (`ctx.step`) need. */
   get supportsSteps(): boolean {
-    return this.#store.steps !== undefined;
+    return this.#steps.supported;
   }
 
   /** The steps recorded (or started) for `claim`'s key, in position order: one statement. */
   loadSteps(claim: Claim): Promise<StepRecord[]> {
-    const steps = this.#stepStore(claim);
-    return storeCall(claim.scope, claim.key, 'read of its steps', () => steps.load(claim.scope, claim.key));
+    return this.#steps.load(claim);
   }
 
   /**
    * Marks an external step started under `claim` (one statement, fenced) and returns how many
    * times it has started, this time included. Throws {@link LeaseLostError} when the claim no
-   * longer owns the key: a zombie learns it before it calls anyone. `lead`, a held record of
-   * the step before, is recorded first in the same round trip (refused: the same error).
+   * longer owns the key: a zombie learns it before it calls anyone. `heldRecord`, the held
+   * record of the step before, is recorded first in the same round trip (refused: the same error).
    */
-  async startStep(claim: Claim, step: StepPlace, lead?: LeadingStatements): Promise<number> {
-    const steps = this.#stepStore(claim);
-    const starts = await storeCall(claim.scope, claim.key, `start of step "${step.name}"`, () => steps.start(claim, step, lead));
-    if (starts === undefined) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-    return starts;
+  startStep(claim: Claim, step: StepPlace, heldRecord?: HeldRecord): Promise<number> {
+    return this.#steps.start(claim, step, heldRecord);
   }
 
   /**
    * An external step's record, checked (as {@link IdempotencyKeys.recordStep} checks it) and
-   * held back instead of sent: literal SQL for the run's next round trip to carry (the next
+   * held back instead of sent: one statement for the run's next round trip to carry (the next
    * step's start, a database step's or the completion's transaction), and the result as it
-   * will be stored. Undefined when the store cannot hold records (no `KeyStore.steps.recordText`):
+   * will be stored. Undefined when the store cannot hold records (no `KeyStore.steps.recordStatement`):
    * record it with {@link IdempotencyKeys.recordStep}. Throws {@link ResultNotStorableError}.
    */
   holdStepRecord(
@@ -514,13 +458,10 @@ export class IdempotencyKeys {
         /** The result as it will be stored (its JSON form), which the step returns. */
         readonly value: unknown;
         /** The held record, for the run's next round trip to carry. */
-        readonly record: LeadingStatements;
+        readonly record: HeldRecord;
       }
     | undefined {
-    const steps = this.#stepStore(claim);
-    if (!steps.recordText) return undefined;
-    const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-    return { value: JSON.parse(json) as unknown, record: new LeadingStatements(steps.recordText(claim, step, json)) };
+    return this.#steps.hold(claim, step, result);
   }
 
   /**
@@ -528,8 +469,8 @@ export class IdempotencyKeys {
    * trip will carry it. Its state tells how it went (`refused`: the claim lost the key); a
    * transient fault throws {@link StoreUnavailableError}.
    */
-  sendStepRecord(claim: Claim, record: LeadingStatements): Promise<void> {
-    return storeCall(claim.scope, claim.key, 'record of a step', () => sendLeadingStatements(this.db, record));
+  sendStepRecord(claim: Claim, record: HeldRecord): Promise<void> {
+    return this.#steps.send(claim, record);
   }
 
   /**
@@ -538,12 +479,8 @@ export class IdempotencyKeys {
    * not JSON or exceeds `maxResultBytes`, and {@link LeaseLostError} when the claim no longer
    * owns the key.
    */
-  async recordStep(claim: Claim, step: StepPlace, result: unknown): Promise<unknown> {
-    const steps = this.#stepStore(claim);
-    const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-    const recorded = await storeCall(claim.scope, claim.key, `record of step "${step.name}"`, () => steps.record(claim, step, json));
-    if (!recorded) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-    return JSON.parse(json) as unknown;
+  recordStep(claim: Claim, step: StepPlace, result: unknown): Promise<unknown> {
+    return this.#steps.record(claim, step, result);
   }
 
   /**
@@ -554,47 +491,8 @@ export class IdempotencyKeys {
    * {@link ResultNotStorableError}, also rolled back. Transient faults are handled as in
    * {@link commitEffect}: a COMMIT cut off in flight is resolved by reading the key's steps.
    */
-  async runDatabaseStep(claim: Claim, step: StepPlace, effect: Effect<unknown>, lead?: LeadingStatements): Promise<unknown> {
-    const steps = this.#stepStore(claim);
-    const effectErrors = new WeakSet<object>();
-    try {
-      return await runTransaction(
-        this.db,
-        async (tx) => {
-          let result: unknown;
-          try {
-            result = await effect(tx);
-          } catch (error) {
-            throw markEffectError(effectErrors, effectFault(claim, error));
-          }
-          const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-          return {
-            value: JSON.parse(json) as unknown,
-            end: async (t: Transaction<any>) => {
-              if (!(await steps.recordAndCommit(t, claim, step, json))) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-            },
-          };
-        },
-        lead,
-      );
-    } catch (error) {
-      // The held record ahead of the transaction was refused: the step's statements never ran.
-      if (lead?.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-      if (isMarked(effectErrors, error) || transientStoreFault(error) === undefined) throw error;
-      // The COMMIT may have been applied with its reply lost: the step's record tells.
-      const recorded = (await steps.load(claim.scope, claim.key).catch(() => [])).find((s) => s.name === step.name);
-      if (recorded?.recordedAt && recorded.fence === claim.fence) {
-        if (lead?.state === 'unknown') lead.state = 'committed'; // it went ahead of this transaction
-        return recorded.result;
-      }
-      throw new StoreUnavailableError(claim.scope, claim.key, `transaction of step "${step.name}"`, { cause: error });
-    }
-  }
-
-  #stepStore(claim: Claim) {
-    const steps = this.#store.steps;
-    if (!steps) throw new StepsUnsupportedError(claim.scope, claim.key, 'the key store keeps no step records (KeyStore.steps).');
-    return steps;
+  runDatabaseStep(claim: Claim, step: StepPlace, effect: Effect<unknown>, heldRecord?: HeldRecord): Promise<unknown> {
+    return this.#steps.runDatabaseStep(claim, step, effect, heldRecord);
   }
 
   /** Inspects one key. */
@@ -611,80 +509,11 @@ export class IdempotencyKeys {
   getSteps(scope: string, key: string): Promise<StepRecord[]> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
-    const steps = this.#store.steps;
-    if (!steps) return Promise.resolve([]);
-    return storeCall(scope, key, 'read of its steps', () => steps.load(scope, key));
+    return this.#steps.loadOf(scope, key);
   }
 
-  /** The group an effect joins: any effect when every effect is grouped, else only a database-only one. */
-  #groupFor(options: EffectOptions): GroupOfEffects | undefined {
-    const group = this.#group;
-    if (group === undefined) return undefined;
-    return group.effects === 'all' || options.databaseOnly === true ? group : undefined;
-  }
-
-  /**
-   * What became of a transaction whose end met a transient fault: the COMMIT may have been
-   * applied with its reply lost. The key tells: completed under this claim's owner token and
-   * fence means it committed (returns the stored result); anything else, or no answer, means
-   * it did not, or not yet (a {@link StoreUnavailableError}: try again later).
-   */
-  async #resultOfInterruptedCommit(claim: Claim, fault: unknown): Promise<unknown> {
-    const record = await this.#store.get(claim.scope, claim.key).catch(() => undefined);
-    if (record?.status === 'completed' && record.owner === claim.owner && record.fence === claim.fence) return record.result;
-    throw new StoreUnavailableError(claim.scope, claim.key, 'effect transaction', { cause: fault });
-  }
-
-  #claimInput(scope: string, key: string, fingerprint: string, mode: 'lease' | 'complete', options: ClaimOptions) {
-    return {
-      scope,
-      key,
-      fingerprint,
-      owner: randomUUID(),
-      leaseMs: options.leaseMs ?? this.#options.leaseMs,
-      lockTimeoutMs: this.#options.claimLockTimeoutMs,
-      synchronousCommit: this.#options.claimSynchronousCommit,
-      retentionMs: this.#options.retentionMs,
-      mode,
-      jobId: options.jobId ?? null,
-      queue: options.queue ?? null,
-      jobName: options.jobName ?? null,
-      payloadJson: options.payload === undefined ? null : serializePayload(scope, key, options.payload),
-    };
-  }
-
-  /**
-   * Ends an effect transaction with the fenced completion and the COMMIT: one round trip when
-   * the store can send both at once, else two. Throws {@link LeaseLostError} (the transaction
-   * is still open then, and the caller rolls it back) when the claim no longer owns the key.
-   */
-  async #completeAndCommit(tx: Transaction<any>, claim: Claim, json: string): Promise<void> {
-    const store = this.#store;
-    const retentionMs = this.#options.retentionMs;
-    let completed: boolean;
-    if (store.completeAndCommit) {
-      completed = await store.completeAndCommit(tx, claim, json, retentionMs);
-    } else {
-      completed = await store.complete(tx, claim, json, retentionMs);
-      if (completed) await endWithCommit(tx);
-    }
-    if (!completed) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-  }
-
-  /** Ends a fast-path transaction with the effect's result and the COMMIT (one round trip when the store can). */
-  async #storeResultAndCommit(tx: Transaction<any>, claim: Claim, json: string): Promise<void> {
-    const store = this.#store;
-    if (store.storeFastPathResultAndCommit) return store.storeFastPathResultAndCommit(tx, claim, json);
-    await store.storeFastPathResult(tx, claim, json);
-    await endWithCommit(tx);
-  }
-
-  #explainClosingFailure(statements: GroupStatements, error: unknown, claim: Claim): unknown {
-    const failure = statements.explainFailure(error, claim);
-    return 'leaseLost' in failure ? new LeaseLostError(claim.scope, claim.key, claim.fence) : failure.error;
-  }
-
-  async #settleFailedClaim(claim: Claim, error: unknown, action: EffectFailureAction): Promise<void> {
+  /** After an effect threw: the key released for a retry, or failed for good, as `action` says. */
+  async #releaseOrFail(claim: Claim, error: unknown, action: EffectFailureAction): Promise<void> {
     try {
       if (action === 'fail') await this.fail(claim, error);
       else await this.release(claim, error);
@@ -693,67 +522,6 @@ export class IdempotencyKeys {
       // claim take it over. The effect's error is the one worth surfacing.
     }
   }
-}
-
-/**
- * Group commit's batched step for the fast path, when the store offers it: the new keys of the
- * jobs about to run in a group, claimed in one statement. A job gets its claim, which is what
- * its own claim of a new key would have returned; undone (the row deleted) if the job fails.
- */
-function claimNewKeysStep(statements: GroupStatements): BatchedStep | undefined {
-  const claims = statements.newKeyClaims;
-  if (!claims) return undefined;
-  return async (tx, inputs) => {
-    const claimInputs = inputs as readonly ClaimInput[];
-    const claimed = await claims.claim(tx, claimInputs);
-    return claimInputs.map((input, i) => {
-      if (!claimed[i]) return undefined;
-      const claim = freshCompletingClaim(input);
-      return { value: claim, undo: claims.undo(claim) };
-    });
-  };
-}
-
-/** The committer that groups effects, and the store's statements its jobs end with. */
-interface GroupOfEffects {
-  readonly committer: GroupCommitter;
-  readonly statements: GroupStatements;
-}
-
-/** A key's identity as one string (scope and key cannot contain NUL). */
-function keyIdentity(k: { readonly scope: string; readonly key: string }): string {
-  return `${k.scope}\u0000${k.key}`;
-}
-
-/** Runs one of the store's own statements for a key: a transient fault becomes a {@link StoreUnavailableError}. */
-async function storeCall<T>(scope: string, key: string, operation: string, call: () => Promise<T>): Promise<T> {
-  try {
-    return await call();
-  } catch (error) {
-    if (transientStoreFault(error) === undefined) throw error;
-    throw new StoreUnavailableError(scope, key, operation, { cause: error });
-  }
-}
-
-/**
- * An error the effect threw: a store fault when its connection broke, or it met a
- * serialization failure or deadlock (running it again may well succeed); as it is otherwise.
- * A lock or statement timeout of the effect's own statements is the effect's business.
- */
-function effectFault(claim: Claim, error: unknown): unknown {
-  const fault = transientStoreFault(error);
-  if (fault === undefined || fault === 'timeout') return error;
-  return new StoreUnavailableError(claim.scope, claim.key, 'effect transaction', { cause: error });
-}
-
-/** Remembers that `error` came from the effect (it is not the transaction's end failing). */
-function markEffectError(marked: WeakSet<object>, error: unknown): unknown {
-  if (error !== null && typeof error === 'object') marked.add(error);
-  return error;
-}
-
-function isMarked(marked: WeakSet<object>, error: unknown): boolean {
-  return error !== null && typeof error === 'object' && marked.has(error);
 }
 
 function defaultFailureAction(error: unknown): EffectFailureAction {

@@ -2,12 +2,11 @@ import { createHash } from 'node:crypto';
 import type { Transaction } from 'kysely';
 import { LeaseLostError, StepMismatchError, StoreUnavailableError, ValidationError, findStoreUnavailable } from '../errors.js';
 import type { Claim } from '../store/claim-outcome.js';
-import type { LeadingStatements } from '../store/one-trip-commit.js';
-import type { StepRecord } from '../store/sql/load-steps.js';
-import type { StepPlace } from '../store/sql/start-step.js';
+import type { HeldRecord } from '../store/one-trip-commit.js';
 import type { IdempotencyKeys } from './idempotency-keys.js';
 import { assertValidStepName, type FailedStep } from './validate.js';
 import { traceStep } from '../telemetry/claim-tracing.js';
+import type { StepRecord, StepPlace } from '../store/records.js';
 
 /** What a step's function receives. */
 export interface StepContext {
@@ -53,13 +52,8 @@ export function stepKeyFor(scope: string, key: string, name: string): string {
   return `ijs_${createHash('sha256').update(JSON.stringify([scope, key, name])).digest('hex').slice(0, 32)}`;
 }
 
-/**
- * How one call of a step ended: `ran` (ran under this claim and was recorded), `replayed`
- * (returned the result an earlier run recorded, without running), `lease-lost` (this claim
- * lost the key: the record was refused, a database step's effect rolled back with it) or
- * `failed` (the step threw, or the call was refused by the determinism guard).
- */
-export type StepOutcome = 'ran' | 'replayed' | 'lease-lost' | 'failed';
+/** How a step call ended: see {@link StepReport.outcome}. */
+type StepOutcome = StepReport['outcome'];
 
 /** What {@link JobSteps} reports for each call of a step with a valid name. */
 export interface StepReport {
@@ -67,8 +61,13 @@ export interface StepReport {
   readonly name: string;
   /** 1-based position of the step in its key's sequence. */
   readonly position: number;
-  /** How the call ended. */
-  readonly outcome: StepOutcome;
+  /**
+   * How one call of a step ended: `ran` (ran under this claim and was recorded), `replayed`
+   * (returned the result an earlier run recorded, without running), `lease-lost` (this claim
+   * lost the key: the record was refused, a database step's effect rolled back with it) or
+   * `failed` (the step threw, or the call was refused by the determinism guard).
+   */
+  readonly outcome: 'ran' | 'replayed' | 'lease-lost' | 'failed';
   /** Time the call took, replays included (they read the step records once per run). */
   readonly durationMs: number;
 }
@@ -141,12 +140,12 @@ export interface JobStepsOptions {
 }
 
 /** An external step's record, held back for the run's next round trip. */
-interface HeldRecord {
+interface HeldStep {
   readonly step: StepPlace;
-  readonly record: LeadingStatements;
+  readonly record: HeldRecord;
   /** When the step's call began (`performance.now()`): its report, sent once the record commits, measures up to then. */
   readonly startedAt: number;
-  /** Settles when the round trip carrying it ended, with its error if it failed (never rejects); undefined until one takes it. */
+  /** Resolves when the round trip carrying it ended, with its error if it failed (never rejects); undefined until one takes it. */
   carried?: Promise<unknown>;
 }
 
@@ -208,9 +207,9 @@ export class JobSteps {
   #recorded: Promise<RecordedSteps> | undefined;
   #next = 1;
   #broken: StepMismatchError | undefined;
-  #held: HeldRecord | undefined;
+  #held: HeldStep | undefined;
   /** What became of a held record that did not commit (refused, or lost to a fault): every later call throws it. */
-  #halted: LeaseLostError | StoreUnavailableError | undefined;
+  #halted: { readonly error: unknown } | undefined;
 
   /** `onStep`, when given, hears how each call of a step with a valid name ended (the worker's step events). */
   constructor(keys: IdempotencyKeys, claim: Claim, signal: AbortSignal, onStep?: (report: StepReport) => void, options: JobStepsOptions = {}) {
@@ -246,7 +245,7 @@ export class JobSteps {
     } catch (error) {
       throw this.#report(name, position, startedAt, error);
     }
-    // A held record is reported once a round trip has carried it (see #settle).
+    // A held record is reported once a round trip has carried it (see #noteCarried).
     if (ran[1] !== 'held') this.#onStep?.({ name, position, outcome: ran[1], durationMs: performance.now() - startedAt });
     return ran[0];
   }
@@ -299,7 +298,7 @@ export class JobSteps {
     if (this.#holdRecords) {
       // Steps called together: a record still waiting goes first, alone, so only one is held.
       if (this.#held) await this.flush();
-      if (this.#halted) throw this.#halted;
+      if (this.#halted) throw this.#halted.error;
       const held = this.#keys.holdStepRecord(this.#claim, step, result);
       if (held) {
         this.#held = { step, record: held.record, startedAt };
@@ -311,16 +310,16 @@ export class JobSteps {
   }
 
   /**
-   * Runs `trip` with the held record (if one waits) to carry, and settles the record after it.
+   * Runs `trip` with the held record (if one waits) to carry, and notes what became of the record.
    * Throws, before `trip` runs, what became of an earlier held record that did not commit.
    */
-  async #withHeld<T>(trip: (record: LeadingStatements | undefined) => Promise<T>): Promise<T> {
+  async #withHeld<T>(trip: (record: HeldRecord | undefined) => Promise<T>): Promise<T> {
     // A record already on its way (alone, or with a step called alongside) is waited for.
     while (this.#held?.carried) {
       const held = this.#held;
-      this.#settle(held, await held.carried);
+      this.#noteCarried(held, await held.carried);
     }
-    if (this.#halted) throw this.#halted;
+    if (this.#halted) throw this.#halted.error;
     const held = this.#held;
     if (!held) return trip(undefined);
     const running = trip(held.record);
@@ -328,12 +327,12 @@ export class JobSteps {
       () => undefined,
       (error: unknown) => error,
     );
-    this.#settle(held, await held.carried);
+    this.#noteCarried(held, await held.carried);
     return running;
   }
 
   /** Looks at what the round trip that carried `held` did with it (`error`: how that round trip failed). */
-  #settle(held: HeldRecord, error: unknown): void {
+  #noteCarried(held: HeldStep, error: unknown): void {
     if (this.#held !== held) return;
     const { step, record } = held;
     const durationMs = performance.now() - held.startedAt;
@@ -346,12 +345,16 @@ export class JobSteps {
     if (record.state === 'committed') {
       this.#onStep?.({ ...step, outcome: 'ran', durationMs });
     } else if (record.state === 'refused') {
-      this.#halted ??= new LeaseLostError(this.#claim.scope, this.#claim.key, this.#claim.fence);
+      this.#halted ??= { error: new LeaseLostError(this.#claim.scope, this.#claim.key, this.#claim.fence) };
       this.#onStep?.({ ...step, outcome: 'lease-lost', durationMs });
+    } else if (record.state === 'failed') {
+      // Postgres refused the record itself, for another reason: certainly not recorded. The run
+      // stops with that error; the step is not recorded, so the next run starts it again.
+      this.#halted ??= { error: record.error };
     } else {
       // Perhaps recorded, perhaps not: sending it again could not tell "recorded already" from
       // "lease lost". The run stops here; the next run reads what is recorded.
-      this.#halted ??= new StoreUnavailableError(this.#claim.scope, this.#claim.key, `record of step "${step.name}"`, { cause: error });
+      this.#halted ??= { error: new StoreUnavailableError(this.#claim.scope, this.#claim.key, `record of step "${step.name}"`, { cause: error }) };
     }
   }
 
@@ -367,17 +370,17 @@ export class JobSteps {
         if (record) await this.#keys.sendStepRecord(this.#claim, record);
       });
     } catch {
-      // Kept in #halted (see #settle).
+      // Kept in #halted (see #noteCarried).
     }
   }
 
   /**
    * Ends the run: checks it called every recorded step (as {@link JobSteps.assertComplete}
    * does), then runs `completion` (the key's completion transaction, e.g.
-   * `(record) => keys.commitEffect(claim, effect, undefined, record)`) with the held record,
+   * `(record) => keys.commitEffect(claim, effect, { heldRecord: record })`) with the held record,
    * if any, to commit ahead of it in its first round trip.
    */
-  async complete<T>(completion: (record: LeadingStatements | undefined) => Promise<T>): Promise<T> {
+  async complete<T>(completion: (record: HeldRecord | undefined) => Promise<T>): Promise<T> {
     await this.#assertCalledAll();
     return this.#withHeld(completion);
   }
@@ -390,7 +393,7 @@ export class JobSteps {
    */
   async assertComplete(): Promise<void> {
     await this.flush();
-    if (this.#halted) throw this.#halted;
+    if (this.#halted) throw this.#halted.error;
     await this.#assertCalledAll();
   }
 

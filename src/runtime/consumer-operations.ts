@@ -1,12 +1,12 @@
 import type { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
-import type { EnvConfig } from '../config/env-config.js';
+import type { EnvConfig } from './env-config.js';
 import { startMetricsServer, type MetricsServer } from '../metrics/metrics-server.js';
 import { instrumentWorker } from '../metrics/worker-metrics.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
 import type { Maintenance } from '../ops/maintenance.js';
-import { createMaintenanceFromConfig } from '../ops/maintenance-process.js';
-import { pingDatabase } from '../store/sql/ping.js';
+import { createMaintenanceFromConfig } from './maintenance-process.js';
+import { PostgresOperatorStore } from '../store/operator-store.js';
 import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from './close-within.js';
 import type { KeyStoreFromEnv } from './key-store-from-env.js';
 
@@ -91,7 +91,7 @@ export async function operateConsumer<C extends OperatedConsumer>(
             port: config.METRICS_PORT,
             component: options.component,
             checks: {
-              postgres: () => pingDatabase(store.db),
+              postgres: () => new PostgresOperatorStore(store.db, config.SCHEMA).ping(),
               broker: () => {
                 if (!consumer.isConsuming) throw new Error(options.notConsuming);
               },

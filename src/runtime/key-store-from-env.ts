@@ -1,12 +1,15 @@
 import type { Kysely } from 'kysely';
 import type { Logger } from 'pino';
-import { directDatabaseUrl, groupCommitFromEnv, type EnvConfig } from '../config/env-config.js';
+import { directDatabaseUrl, groupCommitFromEnv, preparedStatementsOverDatabaseUrl, type EnvConfig } from './env-config.js';
+import { ReadOnlyStoreError } from '../errors.js';
 import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { migrate } from '../store/migrate.js';
-import { pingDatabase } from '../store/sql/ping.js';
+import { PostgresOperatorStore } from '../store/operator-store.js';
 import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from './close-within.js';
-import { waitForStore } from './wait-for-store.js';
+import { explainDatabaseError, notMigratedError } from './database-problems.js';
+import { StoreUnreachableAtStartError, waitForStore } from './wait-for-store.js';
+import { checkWritableStore, startFailure, worthWaitingAtStart } from './writable-store.js';
 
 /** The Postgres side of a worker or consumer process, opened from the environment. */
 export interface KeyStoreFromEnv {
@@ -43,17 +46,30 @@ export interface KeyStoreFromEnvOptions {
  * Opens what every worker and consumer process needs from Postgres: the pool (`PG_POOL_SIZE`,
  * or the concurrency plus two), a small session pool over `DATABASE_DIRECT_URL` for migrations
  * and maintenance (they hold session advisory locks, which a transaction-mode pooler cannot),
+ * the check that each takes writes (a read-only setting is refused with a `ReadOnlyStoreError`
+ * at once, a standby at the deadline, as it may be a failover's demoted primary; commits
+ * acknowledged without a synchronous standby are warned about),
  * migrations with the keys table's layout (`KEYS_PARTITIONS`) when `MIGRATE`, else a ping of
  * each pool, and the claim protocol with the lease, retention and group commit settings.
  * Postgres down at start (refused, starting up, …) is waited for, with a warning per try, until
  * the start's deadline; then it rejects with a `StoreUnreachableAtStartError` having closed
- * the pools (waiting at most {@link CLOSE_AFTER_FAILED_START_MS} for them). Other errors (a
- * wrong password, a missing database) reject at once, the pools closed the same way.
+ * the pools (waiting at most {@link CLOSE_AFTER_FAILED_START_MS} for them). Other errors reject
+ * at once, the pools closed the same way: a wrong password or a missing database as a
+ * `ConfigError` naming the variable and the next step (`createdb …`), as is a schema without
+ * the tables when `MIGRATE` is off (`idempotent-jobs migrate`).
  */
 export async function openKeyStoreFromEnv(config: EnvConfig, options: KeyStoreFromEnvOptions): Promise<KeyStoreFromEnv> {
   const { logger, applicationName } = options;
   const onPoolError = (error: Error) => logger.warn({ err: error }, 'idle Postgres connection failed; the pool replaces it');
-  const db = createPostgresDb({ connectionString: config.DATABASE_URL, maxConnections: config.PG_POOL_SIZE ?? options.concurrency + 2, applicationName }, onPoolError);
+  const db = createPostgresDb(
+    {
+      connectionString: config.DATABASE_URL,
+      maxConnections: config.PG_POOL_SIZE ?? options.concurrency + 2,
+      applicationName,
+      preparedStatements: preparedStatementsOverDatabaseUrl(config),
+    },
+    onPoolError,
+  );
   // Idle connections close after node-postgres's 10 s: between maintenance runs it holds none.
   const directUrl = directDatabaseUrl(config);
   const sessionDb =
@@ -64,16 +80,33 @@ export async function openKeyStoreFromEnv(config: EnvConfig, options: KeyStoreFr
   try {
     // Without migrations a ping stands in for them: the process is not "ready" before Postgres is.
     await waitForStore<unknown>(
-      () =>
-        config.MIGRATE
-          ? migrate(sessionDb, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS })
-          : Promise.all([pingDatabase(db), sessionDb === db ? undefined : pingDatabase(sessionDb)]),
+      async () => {
+        // A standby (a reader endpoint) or a read-only setting: refused before anything is claimed
+        // (a standby only at the deadline: during a failover the URL may reach the demoted primary).
+        await checkWritableStore(db, { variable: 'DATABASE_URL', url: config.DATABASE_URL }, logger);
+        if (sessionDb !== db) await checkWritableStore(sessionDb, { variable: 'DATABASE_DIRECT_URL', url: directUrl }, logger);
+        if (config.MIGRATE) await migrate(sessionDb, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
+      },
       {
         what: `Postgres (${config.MIGRATE ? 'migrations' : 'first connection'})`,
         deadline: options.startupDeadline ?? Date.now() + config.STARTUP_WAIT_MS,
         logger,
+        retryable: worthWaitingAtStart,
       },
-    );
+    ).catch((unwrapped: unknown) => {
+      const error = startFailure(unwrapped);
+      if (error instanceof StoreUnreachableAtStartError || error instanceof ReadOnlyStoreError) throw error;
+      // A database that does not exist, a login refused: say which variable, and what to do.
+      throw explainDatabaseError(error, {
+        variable: config.MIGRATE && directUrl !== config.DATABASE_URL ? 'DATABASE_DIRECT_URL' : 'DATABASE_URL',
+        url: config.MIGRATE ? directUrl : config.DATABASE_URL,
+        schema: config.SCHEMA,
+      });
+    });
+    // Not migrating: the schema must have been migrated already, or the first claim would fail.
+    if (!config.MIGRATE && !(await new PostgresOperatorStore(db, config.SCHEMA).tableLayout()).exists) {
+      throw notMigratedError({ variable: 'DATABASE_URL', url: config.DATABASE_URL, schema: config.SCHEMA });
+    }
     const keys = new IdempotencyKeys({
       db,
       schema: config.SCHEMA,
@@ -97,9 +130,11 @@ export function runnerSettingsFromEnv(config: EnvConfig, overrides: { readonly f
     leaseMs: config.LEASE_MS,
     heartbeatMs: config.HEARTBEAT_MS,
     deferMaxMs: config.DEFER_MAX_MS,
+    concurrencyStarvationMs: config.CONCURRENCY_STARVATION_MS,
     shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
     storeRetryMinMs: config.STORE_RETRY_MIN_MS,
     storeRetryMaxMs: config.STORE_RETRY_MAX_MS,
+    storeRetryWindowMs: config.STORE_RETRY_WINDOW_MS,
     // Unset (no override, no FAST_PATH): the runner chooses by the handler's kind.
     fastPath: overrides.fastPath ?? config.FAST_PATH,
     storePayload: config.STORE_PAYLOAD,

@@ -1,17 +1,19 @@
-import { EXIT_FAILURE, EXIT_USAGE } from '../cli/exit-codes.js';
+import { EXIT_FAILURE, EXIT_USAGE } from './exit-codes.js';
 import { ConfigError, ValidationError } from '../errors.js';
+import { DatabaseUnreachableError } from './database-problems.js';
 import { StoreUnreachableAtStartError } from './wait-for-store.js';
 
 /**
  * The exit code for an error that stops a process from starting and whose message says all
  * there is to fix, so that it is printed alone, without a stack trace: bad configuration or a
- * bad argument (each variable or option and what is wrong with it) exits 2; a server that
- * stayed unreachable through the start's wait exits 1. `undefined` for anything else: that is
+ * bad argument (each variable or option and what is wrong with it, a database or schema that is
+ * not there) exits 2; a server that stayed unreachable through the start's wait, or did not
+ * answer a command, exits 1. `undefined` for anything else: that is
  * a defect, and its stack trace is what a report needs.
  */
 export function startupFailureExitCode(error: unknown): number | undefined {
   if (error instanceof ConfigError || error instanceof ValidationError) return EXIT_USAGE;
-  if (error instanceof StoreUnreachableAtStartError) return EXIT_FAILURE;
+  if (error instanceof StoreUnreachableAtStartError || error instanceof DatabaseUnreachableError) return EXIT_FAILURE;
   return undefined;
 }
 

@@ -1,5 +1,26 @@
-import { Redis } from 'ioredis';
-import pg from 'pg';
+import { redisAnswerProblem } from '../bullmq/redis-answer.js';
+import { postgresAnswerProblem } from '../store/postgres-answer.js';
+
+/** Which of Postgres and Redis did not answer, each with a line naming its URL and the error. */
+export interface ServicesAnswer {
+  /** Set when Postgres did not answer. */
+  readonly postgres?: string;
+  /** Set when Redis did not answer. */
+  readonly redis?: string;
+}
+
+/**
+ * Asks Postgres and Redis once each, with a short timeout, whether they answer: for a starting
+ * tool that chooses what to run on (the demo falls back to the Postgres queue backend, or to an
+ * embedded Postgres).
+ */
+export async function servicesAnswer(databaseUrl: string, redisUrl: string, timeoutMs = 3000): Promise<ServicesAnswer> {
+  const [postgres, redis] = await Promise.all([postgresAnswerProblem(databaseUrl, timeoutMs), redisAnswerProblem(redisUrl, timeoutMs)]);
+  return {
+    ...(postgres === undefined ? {} : { postgres: `Postgres at ${databaseUrl} did not answer: ${describe(postgres)}` }),
+    ...(redis === undefined ? {} : { redis: `Redis at ${redisUrl} did not answer: ${describe(redis)}` }),
+  };
+}
 
 /**
  * Asks Postgres and Redis once each, with a short timeout, whether they answer. Resolves to a
@@ -8,36 +29,8 @@ import pg from 'pg';
  * instead of failing later with a connection error's stack trace.
  */
 export async function unansweredServices(databaseUrl: string, redisUrl: string, timeoutMs = 3000): Promise<string[]> {
-  const [postgres, redis] = await Promise.all([postgresProblem(databaseUrl, timeoutMs), redisProblem(redisUrl, timeoutMs)]);
-  return [postgres, redis].filter((problem): problem is string => problem !== undefined);
-}
-
-async function postgresProblem(databaseUrl: string, timeoutMs: number): Promise<string | undefined> {
-  const client = new pg.Client({ connectionString: databaseUrl, connectionTimeoutMillis: timeoutMs });
-  client.on('error', () => {});
-  try {
-    await client.connect();
-    await client.query('select 1');
-    return undefined;
-  } catch (error) {
-    return `Postgres at ${databaseUrl} did not answer: ${describe(error)}`;
-  } finally {
-    await client.end().catch(() => {});
-  }
-}
-
-async function redisProblem(redisUrl: string, timeoutMs: number): Promise<string | undefined> {
-  const redis = new Redis(redisUrl, { lazyConnect: true, maxRetriesPerRequest: 0, connectTimeout: timeoutMs, retryStrategy: () => null });
-  redis.on('error', () => {});
-  try {
-    await redis.connect();
-    await redis.ping();
-    return undefined;
-  } catch (error) {
-    return `Redis at ${redisUrl} did not answer: ${describe(error)}`;
-  } finally {
-    redis.disconnect();
-  }
+  const answer = await servicesAnswer(databaseUrl, redisUrl, timeoutMs);
+  return [answer.postgres, answer.redis].filter((problem): problem is string => problem !== undefined);
 }
 
 function describe(error: unknown): string {

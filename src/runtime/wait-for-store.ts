@@ -1,4 +1,5 @@
 import type { Logger } from 'pino';
+import { describeError } from '../describe-error.js';
 import { isTransientStoreError } from '../store/pg-errors.js';
 
 /** Options of {@link waitForStore}. */
@@ -21,7 +22,7 @@ export interface WaitForStoreOptions {
 /** A server a starting process needs stayed unreachable until the start's deadline. */
 export class StoreUnreachableAtStartError extends Error {
   constructor(what: string, tries: number, waitedMs: number, setting: string, options: { cause: unknown }) {
-    const cause = options.cause instanceof Error ? options.cause.message || options.cause.name : String(options.cause);
+    const cause = describeError(options.cause);
     super(
       `${what} was still unreachable after ${tries} tries over ${Math.round(waitedMs / 1000)} s (last error: ${cause}); ` +
         `giving up. Check that the server is up and its URL is right; ${setting} sets how long a starting process waits.`,
@@ -34,8 +35,8 @@ export class StoreUnreachableAtStartError extends Error {
 /**
  * Runs `attempt` until it succeeds. A process starting while Postgres or Redis is down (a
  * restart, a whole stack coming up at once) waits for it instead of crashing: each transient
- * failure is logged as a warning and tried again after an exponential backoff, until the
- * deadline; then a {@link StoreUnreachableAtStartError}. Any other error (a wrong password, a
+ * failure is logged as one warning line (its stack at debug) and tried again after an
+ * exponential backoff, until the deadline; then a {@link StoreUnreachableAtStartError}. Any other error (a wrong password, a
  * missing database, a schema it may not create) is thrown at once: waiting cannot fix it.
  */
 export async function waitForStore<T>(attempt: () => Promise<T>, options: WaitForStoreOptions): Promise<T> {
@@ -57,7 +58,10 @@ export async function waitForStore<T>(attempt: () => Promise<T>, options: WaitFo
       const left = options.deadline - Date.now();
       if (left <= 0) throw giveUp();
       const waitMs = Math.min(delayMs, left);
-      options.logger.warn({ err: error, tries, retryInMs: waitMs }, `${options.what} is not reachable yet; trying again in ${waitMs} ms`);
+      // One line per try, the error's message in it; its stack only at debug: a server that is
+      // down is not a defect, and a stack per try buries the one line that says so.
+      options.logger.warn({ error: describeError(error), tries, retryInMs: waitMs }, `${options.what} is not reachable yet; trying again in ${waitMs} ms`);
+      options.logger.debug({ err: error, tries }, `${options.what}: the failed try's error`);
       await new Promise((resolve) => setTimeout(resolve, waitMs));
       delayMs = Math.min(delayMs * 2, maxDelayMs);
     }

@@ -1,28 +1,37 @@
 import { pino, type Logger } from 'pino';
-import type { EnvConfig } from '../config/env-config.js';
+import type { EnvConfig } from './env-config.js';
 import type { FaultHook } from '../fault-hook.js';
-import { createIdempotentWorker, type DatabaseOnlyJobHandler, type IdempotentWorker, type JobHandler } from '../bullmq/idempotent-worker.js';
+import { createIdempotentWorker, type DataLayerJobHandler, type DatabaseOnlyJobHandler, type IdempotentWorker, type JobHandler } from '../bullmq/idempotent-worker.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { KeySettledListener } from '../store/key-settled-listener.js';
 import { startMetricsServer, type MetricsServer } from '../metrics/metrics-server.js';
 import { instrumentWorker } from '../metrics/worker-metrics.js';
 import { pingBullWorker } from '../bullmq/job-lookup.js';
-import { openRedisConnection } from '../bullmq/redis-connection.js';
+import { queueConnectionFromEnv } from './queue-connection-from-env.js';
 import type { Maintenance } from '../ops/maintenance.js';
-import { createMaintenanceFromConfig } from '../ops/maintenance-process.js';
-import { pingDatabase } from '../store/sql/ping.js';
+import { createMaintenanceFromConfig } from './maintenance-process.js';
+import { PostgresOperatorStore } from '../store/operator-store.js';
 import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from './close-within.js';
 import { openKeyStoreFromEnv, runnerSettingsFromEnv } from './key-store-from-env.js';
 import { onShutdownSignals } from './shutdown-signals.js';
 import { NotReadyYetError, readyWithin, waitForStore } from './wait-for-store.js';
+import { StoreWriteHealth } from './store-write-health.js';
+import type { WorkerEvent } from '../consumer/worker-event.js';
 import { isTransientStoreError } from '../store/pg-errors.js';
+import type { DataLayer } from '../store/data-layer.js';
 
 /** What {@link startWorkerProcess} needs besides the environment. */
 export interface WorkerProcessOptions<P, R> {
   /** The validated environment ({@link loadEnvConfig}). */
   readonly config: EnvConfig;
   /** A function, or a database-only handler (`{ transaction }`: fast path and group commit unless `FAST_PATH` / `GROUP_COMMIT` are false). */
-  readonly handler: JobHandler<P, R> | DatabaseOnlyJobHandler<P, R>;
+  readonly handler: JobHandler<P, R> | DatabaseOnlyJobHandler<P, R> | DataLayerJobHandler<P, R>;
+  /**
+   * The data layers the handler writes in (`ctx.transaction(dataLayer, fn)`), checked at start
+   * (see `IdempotentWorkerOptions.dataLayers`): one on another database than the keys stops the
+   * start with `DataLayerElsewhereError`. @defaultValue none
+   */
+  readonly dataLayers?: readonly DataLayer<any>[];
   /** Overrides `FAST_PATH`. @defaultValue `config.FAST_PATH` (unset: by the handler's kind) */
   readonly fastPath?: boolean;
   /** Structured logger. @defaultValue `pino()` at `LOG_LEVEL` */
@@ -53,7 +62,7 @@ export interface WorkerProcess<P, R> {
  * Builds and starts a worker process from validated configuration: the Postgres pool,
  * migrations, the claim protocol, the BullMQ worker, and signal handling (first SIGTERM or
  * SIGINT: graceful shutdown within SHUTDOWN_TIMEOUT_MS; second: force). Postgres or Redis
- * down at start (refused, starting up, …) is waited for, with a warning per try, for at most
+ * down at start (refused, starting up, …) is waited for, with a warning line per try, for at most
  * STARTUP_WAIT_MS; then it rejects with a `StoreUnreachableAtStartError` having closed what
  * it opened. Other errors (a wrong password, a missing database) reject at once.
  */
@@ -75,13 +84,15 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
   // Janitor, sweeper, statistics; built before the worker so bad options stop the start early.
   // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
   const maintenance = createMaintenanceFromConfig(config, sessionDb, logger, { stats: config.METRICS_PORT !== undefined });
-  const redis = openRedisConnection({ url: config.REDIS_URL, clusterNodes: config.REDIS_CLUSTER_NODES });
+  const queues = queueConnectionFromEnv(config);
   const worker = createIdempotentWorker<P, R>({
     queue: config.QUEUE,
-    connection: redis.connection,
-    prefix: config.REDIS_PREFIX,
+    backend: queues.backend,
+    connection: queues.connection,
+    prefix: queues.prefix,
     keys,
     handler: options.handler,
+    ...(options.dataLayers ? { dataLayers: options.dataLayers } : {}),
     concurrency: config.CONCURRENCY,
     ...runnerSettingsFromEnv(config, { fastPath: options.fastPath }),
     lockDurationMs: config.LOCK_DURATION_MS,
@@ -93,13 +104,15 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
   });
   const uninstrument = instrumentWorker(worker, config.QUEUE);
   try {
-    await waitForRedis(worker, startupDeadline, logger);
+    await waitForQueue(worker, queues.label, startupDeadline, logger);
   } catch (error) {
     uninstrument();
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }).then(() => redis.close()), listener?.close(), maintenance?.stop(), store.destroy());
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }).then(() => queues.close()), listener?.close(), maintenance?.stop(), store.destroy());
     throw error;
   }
   maintenance?.maintenance.start();
+  const writeHealth = new StoreWriteHealth();
+  if (config.METRICS_PORT !== undefined) worker.on('event', (event: WorkerEvent) => writeHealth.observe(event));
   const metricsServer =
     config.METRICS_PORT === undefined
       ? undefined
@@ -107,21 +120,24 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
           port: config.METRICS_PORT,
           component: 'worker',
           checks: {
-            postgres: () => pingDatabase(db),
-            redis: () => pingBullWorker(worker.bullWorker),
+            postgres: () => new PostgresOperatorStore(db, config.SCHEMA).ping(),
+            // Reads can work while writes fail (a full disk, a demoted primary): say so.
+            'postgres-writes': () => writeHealth.check(),
+            [queues.backend === 'postgres' ? 'queue' : 'redis']: () => pingBullWorker(worker.bullWorker),
             worker: () => {
               if (!worker.bullWorker.isRunning()) throw new Error('the worker is not running (closing or closed)');
             },
           },
         });
-  logger.info({ pid: process.pid, queue: config.QUEUE, concurrency: config.CONCURRENCY, leaseMs: config.LEASE_MS }, 'worker ready');
+  // pino's own fields carry the pid; the metrics port is the one bound (METRICS_PORT=0 picks a free one).
+  logger.info({ queue: config.QUEUE, queueBackend: queues.backend, concurrency: config.CONCURRENCY, leaseMs: config.LEASE_MS, metricsPort: metricsServer?.port }, 'worker ready');
 
   let stopped: Promise<void> | undefined;
   const stop = (stopOptions: { force?: boolean } = {}) => {
     if (stopOptions.force) return worker.close({ force: true });
     stopped ??= (async () => {
       await worker.close();
-      await redis.close();
+      await queues.close();
       await listener?.close();
       await maintenance?.stop();
       await metricsServer?.close();
@@ -135,11 +151,13 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
 }
 
 /**
- * Waits for the BullMQ worker's Redis connection, which ioredis keeps retrying by itself (its
- * readiness never fails, it just does not come): each try waits a second on it and logs the
- * last connection error.
+ * Waits for the BullMQ worker's queue connection. On Redis, ioredis keeps retrying by itself (its
+ * readiness never fails, it just does not come); on Postgres, BullMQ's readiness (connection and
+ * migrations) is retried the same way: each try waits a second on it. The worker
+ * itself logs a warning line per failed reconnect (WorkerErrorLog), so the wait logs none of
+ * its own: one line per try, not two; its last error ends the start if Redis never answers.
  */
-async function waitForRedis(worker: IdempotentWorker<any, any>, deadline: number, logger: Logger): Promise<void> {
+async function waitForQueue(worker: IdempotentWorker<any, any>, what: string, deadline: number, logger: Logger): Promise<void> {
   let lastError: unknown;
   const remember = (error: Error) => (lastError = error);
   worker.bullWorker.on('error', remember);
@@ -148,9 +166,9 @@ async function waitForRedis(worker: IdempotentWorker<any, any>, deadline: number
     // Each wait ends just before the deadline, so that the last try reports Redis's own error.
     const tryMs = () => Math.max(0, Math.min(1_000, deadline - Date.now() - 50));
     await waitForStore(() => readyWithin(ready, tryMs(), () => lastError), {
-      what: 'Redis',
+      what,
       deadline,
-      logger,
+      logger: logger.child({}, { level: 'silent' }),
       retryable: (error) => error instanceof NotReadyYetError || isTransientStoreError(error),
     });
   } finally {

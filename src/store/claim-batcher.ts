@@ -1,11 +1,12 @@
 import type { Kysely } from 'kysely';
 import type { ClaimOutcome } from './claim-outcome.js';
 import { claimKeysBatch } from './sql/claim-batch.js';
-import { claimKey, classifyClaimRow, type ClaimStatementInput } from './sql/claim.js';
+import { claimKey, classifyClaimRow } from './sql/claim.js';
 import { compareLockOrder } from './lock-order.js';
 import { StatementBatcher } from './statement-batcher.js';
+import type { ClaimStatementInput } from './records.js';
 
-type Settled = { readonly outcome: ClaimOutcome } | { readonly error: unknown };
+type ClaimResult = { readonly outcome: ClaimOutcome } | { readonly error: unknown };
 
 /**
  * Group commit for leased claims, over a {@link StatementBatcher}: a claim that finds fewer than
@@ -24,7 +25,7 @@ type Settled = { readonly outcome: ClaimOutcome } | { readonly error: unknown };
 export class ClaimBatcher {
   readonly #db: Kysely<any>;
   readonly #schema: string;
-  readonly #batcher: StatementBatcher<ClaimStatementInput, Settled>;
+  readonly #batcher: StatementBatcher<ClaimStatementInput, ClaimResult>;
 
   constructor(db: Kysely<any>, schema: string) {
     this.#db = db;
@@ -39,7 +40,7 @@ export class ClaimBatcher {
     return settled.outcome;
   }
 
-  async #claimAll(inputs: ClaimStatementInput[]): Promise<Settled[]> {
+  async #claimAll(inputs: ClaimStatementInput[]): Promise<ClaimResult[]> {
     if (inputs.length === 1) return [await this.#claimAlone(inputs[0]!)];
     // One lock order for every batch: two batches sharing keys cannot deadlock.
     const order = inputs.map((input, i) => ({ input, i })).sort((a, b) => compareLockOrder(a.input, b.input));
@@ -51,7 +52,7 @@ export class ClaimBatcher {
       return Promise.all(inputs.map((input) => this.#claimAlone(input)));
     }
     const byIndex = new Map(rows.map((row) => [row.idx, row]));
-    const out: Settled[] = new Array(inputs.length);
+    const out: ClaimResult[] = new Array(inputs.length);
     await Promise.all(
       order.map(async ({ input, i }, position) => {
         const outcome = classifyClaimRow(input, byIndex.get(position + 1));
@@ -61,7 +62,7 @@ export class ClaimBatcher {
     return out;
   }
 
-  async #claimAlone(input: ClaimStatementInput): Promise<Settled> {
+  async #claimAlone(input: ClaimStatementInput): Promise<ClaimResult> {
     try {
       return { outcome: await claimKey(this.#db, input) };
     } catch (error) {

@@ -39,8 +39,10 @@ export type ClaimOutcome =
       readonly scope: string;
       /** The idempotency key. */
       readonly key: string;
-      /** The stored result of the effect that completed the key. */
+      /** The stored result of the effect that completed the key (`null` when it expired). */
       readonly result: unknown;
+      /** Set when only the key's tombstone is left: it completed, its result has expired. */
+      readonly resultExpired?: ExpiredResult;
     }
   | {
       /** Failed permanently before: replay `error`, do not run the effect. */
@@ -51,6 +53,8 @@ export type ClaimOutcome =
       readonly key: string;
       /** The stored error (see {@link StoredError}) of the run that failed the key. */
       readonly error: unknown;
+      /** Set when only the key's tombstone is left: it failed, its stored error has expired. */
+      readonly resultExpired?: ExpiredResult;
     }
   | {
       /** Another owner's lease is live: try again later. */
@@ -70,6 +74,39 @@ export type ClaimOutcome =
       /** The idempotency key. */
       readonly key: string;
     };
+
+/** What a key's tombstone says when a duplicate finds it: the key finished, its result is gone. */
+export interface ExpiredResult {
+  /** When the key finished (database clock). */
+  readonly finishedAt: Date;
+  /** When its tombstone expires, after which the key is free again (database clock). */
+  readonly tombstoneExpiresAt: Date;
+}
+
+/** What a claim found when the insert of a key met the key's live tombstone (see `sql/tombstones.ts`). */
+export interface TombstoneFound {
+  readonly fingerprintMatches: boolean;
+  readonly failed: boolean;
+  readonly finishedAt: Date;
+  readonly expiresAt: Date;
+}
+
+/**
+ * The claim outcome of meeting a tombstone: `completed` (result `null`) or `failed` (a stored
+ * error saying it expired) with `resultExpired` set; `key-reused` for another fingerprint.
+ */
+export function tombstoneOutcome(input: { readonly scope: string; readonly key: string }, found: TombstoneFound): ClaimOutcome {
+  const { scope, key } = input;
+  if (!found.fingerprintMatches) return { kind: 'key-reused', scope, key };
+  const resultExpired: ExpiredResult = { finishedAt: found.finishedAt, tombstoneExpiresAt: found.expiresAt };
+  if (!found.failed) return { kind: 'completed', scope, key, result: null, resultExpired };
+  const error = {
+    name: 'ResultExpiredError',
+    code: 'RESULT_EXPIRED',
+    message: `failed at ${found.finishedAt.toISOString()}; its stored error has expired (the key's tombstone lasts until ${found.expiresAt.toISOString()})`,
+  };
+  return { kind: 'failed', scope, key, error, resultExpired };
+}
 
 /** The outcomes in which this worker holds the key: `claimed` and `taken-over`. */
 export type HeldClaim = Extract<

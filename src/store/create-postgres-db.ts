@@ -1,6 +1,7 @@
 import type { Kysely } from 'kysely';
 import pg from 'pg';
-import { kyselyOverPool } from './last-result-pool.js';
+import { kyselyOverPool } from './pipelining-pool.js';
+import { isReadOnlyServer } from './pg-errors.js';
 
 /** Options for {@link createPostgresDb}. */
 export interface PostgresDbOptions {
@@ -13,6 +14,16 @@ export interface PostgresDbOptions {
   readonly maxConnections?: number;
   /** Shown in `pg_stat_activity.application_name`. @defaultValue `'idempotent-jobs'` */
   readonly applicationName?: string;
+  /**
+   * Send the store's hot statements (claims, fenced completions, BEGIN and COMMIT of an effect's
+   * transaction) as named prepared statements, parsed and planned once per connection instead of
+   * once per job. Set false behind a pooler in transaction mode that keeps no prepared
+   * statements (PgBouncer before 1.21, or without `max_prepared_statements`). Should one be
+   * found gone anyway, its job is deferred (a store fault) and the pool sends them unnamed from
+   * then on.
+   * @defaultValue `true`
+   */
+  readonly preparedStatements?: boolean;
 }
 
 /**
@@ -22,7 +33,9 @@ export interface PostgresDbOptions {
  * entry and then sees the committed row, where serializable would fail it. Connection errors (a
  * terminated backend, a restarted server) never crash the process: on an idle connection they
  * go to `onPoolError`; on a lent-out one they fail its statement. Either way the pool drops the
- * client and opens a new one on the next query. Close it with `db.destroy()`.
+ * client and opens a new one on the next query. So does it with a connection whose server
+ * refused a write as read-only (25006: a failover demoted it under the open connection), so the
+ * next one reaches the new primary. Close it with `db.destroy()`.
  *
  * @param onPoolError - told of errors on idle connections (log them); unset: they are dropped
  *
@@ -40,7 +53,7 @@ export interface PostgresDbOptions {
  * ```
  */
 export function createPostgresDb(options: PostgresDbOptions, onPoolError?: (error: Error) => void): Kysely<any> {
-  const pool = new pg.Pool({
+  const pool = new PrimaryOnlyPool({
     ...pinnedToReadCommitted(options.connectionString),
     max: options.maxConnections ?? 10,
     application_name: options.applicationName ?? 'idempotent-jobs',
@@ -51,7 +64,53 @@ export function createPostgresDb(options: PostgresDbOptions, onPoolError?: (erro
   // the process. The error also fails the client's current or next statement, which the
   // caller sees, and the pool discards the broken client when it is released.
   pool.on('connect', (client) => client.on('error', () => {}));
-  return kyselyOverPool(pool);
+  return kyselyOverPool(pool, { preparedStatements: options.preparedStatements ?? true });
+}
+
+/**
+ * Connections whose server answered 25006 read_only_sql_transaction: a standby, or a primary
+ * that a failover demoted while the connection stayed open (managed failovers often keep the old
+ * primary's sessions alive as a replica's). Such a connection refuses every write until it is
+ * replaced; kept in the pool, it would fail one job after another long after the failover ended.
+ */
+const answeredReadOnly = new WeakSet<pg.Client>();
+
+/**
+ * A node-postgres pool that destroys, at its release, a connection that answered 25006, rather
+ * than lend it out again: the next connection goes to wherever the address leads now (the new
+ * primary). The error itself reaches the caller as usual (a transient store fault: the job is
+ * deferred). The answer is read from the protocol's error messages, so every statement counts,
+ * whoever sent it.
+ */
+class PrimaryOnlyPool extends pg.Pool {
+  constructor(config: pg.PoolConfig) {
+    super(config);
+    this.on('connect', (client) => {
+      client.connection.on('errorMessage', (message: unknown) => {
+        if (isReadOnlyServer(message)) answeredReadOnly.add(client);
+      });
+    });
+  }
+
+  override connect(): Promise<pg.PoolClient>;
+  override connect(callback: (err: Error | undefined, client: pg.PoolClient | undefined, done: (release?: any) => void) => void): void;
+  override connect(
+    callback?: (err: Error | undefined, client: pg.PoolClient | undefined, done: (release?: any) => void) => void,
+  ): Promise<pg.PoolClient> | void {
+    if (!callback) return super.connect().then(destroyedIfReadOnly);
+    super.connect((err, client, done) => {
+      if (!client) return callback(err, client, done);
+      destroyedIfReadOnly(client);
+      callback(err, client, client.release);
+    });
+  }
+}
+
+/** `client`, whose release destroys it once it has answered 25006. */
+function destroyedIfReadOnly(client: pg.PoolClient): pg.PoolClient {
+  const release = client.release;
+  client.release = (destroy?: Error | boolean) => release(destroy || answeredReadOnly.has(client));
+  return client;
 }
 
 /**

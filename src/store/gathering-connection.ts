@@ -1,75 +1,127 @@
-import { CompiledQuery, type DatabaseConnection, type QueryResult } from 'kysely';
-import { inlineParameters } from './inline-parameters.js';
-import { everyResultQuery, statementResults, type StatementResult } from './last-result-pool.js';
+import type { CompiledQuery, DatabaseConnection, QueryResult } from 'kysely';
+import { TransactionControlError } from '../errors.js';
+import { pipelineQuery, replyOf, type PipelineReply } from './pipeline.js';
+import { sqlStateOf } from './pg-errors.js';
+import { screenStatement } from './statement-screen.js';
 
 /**
- * Why a gathered group stopped: a job sent a statement after another job's statement had run
- * since its own previous one. Its statements would no longer run as if the jobs ran one after
- * another (a `SELECT … FOR UPDATE` then an `UPDATE` of two jobs interleaved in one transaction
- * loses an update, as the transaction's row locks do not keep its own jobs apart), so the group
- * rolls back and runs again with its jobs one after another.
+ * Why a group stopped, and whose fault it was:
+ * - `'job'`: the jobs in `culprits` failed on their own: a statement of theirs failed, they
+ *   threw, or they sent a statement that cannot share a transaction. Each runs alone; the others
+ *   may share a transaction again.
+ * - `'interleaved'`: a gathered job sent a statement after a group-mate's (see
+ *   {@link InterleavedStatements}); the jobs run again, one after another.
+ * - `'uncertain'`: something failed that no single job caused for certain (a statement of the
+ *   group's own, the connection). Every job runs alone.
+ */
+export type GroupFailure =
+  | { readonly kind: 'job'; readonly error: unknown; readonly culprits: ReadonlySet<object> }
+  | { readonly kind: 'interleaved'; readonly error: unknown }
+  | { readonly kind: 'uncertain'; readonly error: unknown };
+
+/**
+ * A job of a gathered group sent a statement after another job's statement had run since its
+ * own previous one. Its statements would no longer run as if the jobs ran one after another (a
+ * `SELECT … FOR UPDATE` then an `UPDATE` of two jobs interleaved in one transaction loses an
+ * update, as the transaction's row locks do not keep its own jobs apart), so the group rolls back
+ * and runs again with its jobs one after another.
  */
 export class InterleavedStatements extends Error {
   constructor() {
-    super('a job of a gathered group sent a statement after a group-mate\'s; the group runs again, one job after another');
+    super("a job of a gathered group sent a statement after a group-mate's; the group runs again, one job after another");
     this.name = 'InterleavedStatements';
   }
 }
 
+/**
+ * A job of a group sent a statement that leaves state behind for the statements after it (a
+ * setting, a temporary table; see `statement-screen.ts`): its group-mates would run under it.
+ * It was not sent; the group rolls back, and the job runs alone, in a transaction of its own.
+ */
+export class StatementLeavesState extends Error {
+  constructor(readonly statement: string) {
+    super(`a job of a group sent a statement that changes its transaction's state for the statements after it (${statement.slice(0, 80)}); the job runs alone`);
+    this.name = 'StatementLeavesState';
+  }
+}
+
+/**
+ * A statement of a job that was not sent, because its group had already failed (SQLSTATE 25P02,
+ * as Postgres would answer in the aborted transaction). The job runs again, in another group or
+ * alone; nothing of this run is kept.
+ */
+export class GroupAbortedError extends Error {
+  readonly code = '25P02';
+
+  constructor(cause: unknown) {
+    super('the group this job shared a transaction with failed; this run of the job is rolled back and the job runs again', { cause });
+    this.name = 'GroupAbortedError';
+  }
+}
+
 interface Pending {
+  readonly member: object;
   readonly query: CompiledQuery;
-  /** The statement as literal SQL, when it can share a string with others. */
-  readonly inlined: string | undefined;
+  /** Cannot go in a pipeline: a parameterless text of several statements. */
+  readonly alone: boolean;
   readonly resolve: (result: QueryResult<any>) => void;
   readonly reject: (error: unknown) => void;
 }
 
 /**
- * The connection of an optimistic group whose jobs run at once. Each job sends its statements
- * through its own view ({@link GatheringConnection.forJob}); the statements sent in one turn of
- * the event loop go out together as one simple-protocol string, behind the deferred statements
- * (the group's BEGIN), and each job receives its own statement's result. A group of N jobs of
- * one statement each sends them in one round trip instead of N.
+ * The connection of a group whose jobs share one transaction. Each job sends its statements
+ * through its own view ({@link GatheringConnection.forJob}). Gathered (`gather`), the statements
+ * the jobs send in one turn of the event loop go out together as one pipeline, behind the
+ * deferred statements (the group's BEGIN): a group of N jobs of one statement each sends them in
+ * one round trip. Otherwise each statement goes as soon as it is sent (the jobs then run one
+ * after another). Every statement keeps its own parameters and gets its own result or error
+ * (see `pipeline.ts`), so a failure is always the statement's own.
  *
- * Gathering is only safe while the result is what running the jobs one after another would
- * have given: so a job may send a statement only if nothing of another job has run since its own
+ * Gathering is only safe while the result is what running the jobs one after another would have
+ * given: so a job may send a statement only if nothing of another job has run since its own
  * previous statement (each statement is atomic, and jobs of one statement each run as if in the
  * order their statements went). A statement that breaks this fails with
  * {@link InterleavedStatements}, and the group with it.
  *
- * Any failure (a string Postgres refused, a job that threw, an interleaving) is the group's:
- * every later statement fails with it at once, and {@link flush} refuses to commit. Strings go
- * out strictly in order, one after another. Without `gather`, each statement goes out as soon
- * as it is sent (jobs then run one after another); without `everyResult` (a Kysely instance not
- * made by `kyselyOverPool`), each goes alone.
+ * A job's statement that would end the transaction is refused (`TransactionControlError`); one
+ * that leaves state for its group-mates is not sent ({@link StatementLeavesState}). Either fails
+ * the group, with that job to blame.
+ *
+ * Any failure is the group's: every later statement fails at once ({@link GroupAbortedError}),
+ * and {@link failure} says whose it was. Strings go out strictly in order, one after another.
  */
 export class GatheringConnection {
   readonly #inner: DatabaseConnection;
   readonly #gather: boolean;
-  readonly #everyResult: boolean;
-  #deferred: string[] = [];
+  readonly #pipelines: boolean;
+  #deferred: CompiledQuery[] = [];
   #pending: Pending[] = [];
   #drainScheduled = false;
-  /** Strings sent so far, in order: each starts when the one before has ended. */
+  /** Round trips sent so far, in order: each starts when the one before has ended. */
   #sending: Promise<void> = Promise.resolve();
   /** The job whose statement was the last sent, and every job that sent any. */
   #lastSender: object | undefined;
   readonly #senders = new WeakSet<object>();
-  #failure: { readonly error: unknown } | undefined;
+  #failure: GroupFailure | undefined;
 
-  constructor(inner: DatabaseConnection, options: { gather: boolean; everyResult: boolean }) {
+  /**
+   * `gather`: jobs run at once and their statements are sent together (needs `pipelines`).
+   * `pipelines`: the inner connection answers pipeline queries; without it, each statement goes
+   * on its own.
+   */
+  constructor(inner: DatabaseConnection, options: { gather: boolean; pipelines: boolean }) {
     this.#inner = inner;
-    this.#gather = options.gather;
-    this.#everyResult = options.everyResult;
+    this.#pipelines = options.pipelines;
+    this.#gather = options.gather && options.pipelines;
   }
 
   /** What failed the group, if anything did. */
-  get failure(): { readonly error: unknown } | undefined {
+  get failure(): GroupFailure | undefined {
     return this.#failure;
   }
 
-  /** Holds `statements` (literal SQL) back, to lead the next string. */
-  defer(...statements: string[]): void {
+  /** Holds `statements` back (the group's BEGIN), to lead the next round trip. */
+  defer(...statements: CompiledQuery[]): void {
     this.#deferred.push(...statements);
   }
 
@@ -78,51 +130,52 @@ export class GatheringConnection {
     this.#deferred = [];
   }
 
-  /** Fails the group with `error` (first failure wins): every later statement fails with it. */
-  fail(error: unknown): void {
-    this.#failure ??= { error };
+  /** Fails the group (the first failure wins): every later statement fails at once. */
+  fail(failure: GroupFailure): void {
+    this.#failure ??= failure;
   }
 
-  /** One job's view of the connection: what it sends is told apart from its group-mates'. */
-  forJob(): DatabaseConnection {
-    const sender = {};
+  /** `member`'s view of the connection: what it sends is told apart from its group-mates'. */
+  forJob(member: object): DatabaseConnection {
     return {
-      executeQuery: <R>(query: CompiledQuery) => this.#submit<R>(sender, query),
-      streamQuery: <R>(query: CompiledQuery, chunkSize?: number) => this.#stream<R>(sender, query, chunkSize),
+      executeQuery: <R>(query: CompiledQuery) => this.#submit<R>(member, query),
+      streamQuery: <R>(query: CompiledQuery, chunkSize?: number) => this.#stream<R>(member, query, chunkSize),
     };
   }
 
   /**
-   * Waits for every string sent, then sends the deferred statements and `statements` as one
-   * string (the group's end). Refuses, with the group's failure, when the group failed.
+   * Waits for every round trip sent, then sends the deferred statements and `statements` as one
+   * pipeline (the group's end) and returns Postgres's answer, the deferred statements' results
+   * left out (their failure is reported at index -1). Refuses, with the group's failure, when
+   * the group failed; a failed connection throws.
    */
-  async flush(statements: readonly string[]): Promise<void> {
+  async flush(statements: readonly CompiledQuery[]): Promise<PipelineReply> {
     this.#drain();
     await this.#sending;
     if (this.#failure) throw this.#failure.error;
-    await this.#inner.executeQuery(CompiledQuery.raw([...this.#take(), ...statements].join(';\n')));
+    const deferred = this.#take();
+    const reply = await this.#send([...deferred, ...statements]);
+    const failure = reply.failure && { index: Math.max(-1, reply.failure.index - deferred.length), error: reply.failure.error };
+    return { results: reply.results.slice(deferred.length), ...(failure ? { failure } : {}) };
   }
 
-  /** Waits for every string sent, then ends the transaction with a ROLLBACK, unless nothing was sent (then nothing began). */
-  async rollback(): Promise<void> {
+  /** Waits for every round trip sent, then ends the transaction with a ROLLBACK, unless nothing was sent (then nothing began). */
+  async rollback(rollback: CompiledQuery): Promise<void> {
     this.#drain();
     await this.#sending;
     if (this.#deferred.length > 0) this.discard();
-    else await this.#inner.executeQuery(CompiledQuery.raw('rollback')).catch(() => {});
+    else await this.#inner.executeQuery(rollback).catch(() => {});
   }
 
-  #submit<R>(sender: object, query: CompiledQuery): Promise<QueryResult<R>> {
+  #submit<R>(member: object, query: CompiledQuery): Promise<QueryResult<R>> {
+    let alone: boolean;
     try {
-      this.#admit(sender);
+      alone = this.#admit(member, query);
     } catch (error) {
       return Promise.reject(error);
     }
     return new Promise<QueryResult<R>>((resolve, reject) => {
-      // Written as literal SQL only when it may share a string: gathered, or behind the BEGIN.
-      // One after another with nothing deferred, it goes as it is, parameters and all.
-      const shares = this.#everyResult && (this.#gather || this.#deferred.length > 0);
-      const inlined = shares ? inlineParameters(query.sql, query.parameters) : undefined;
-      this.#pending.push({ query, inlined, resolve, reject });
+      this.#pending.push({ member, query, alone, resolve, reject });
       if (!this.#gather) this.#drain();
       else if (!this.#drainScheduled) {
         // The jobs' statements sent in this turn of the event loop go out together.
@@ -132,97 +185,136 @@ export class GatheringConnection {
     });
   }
 
-  async *#stream<R>(sender: object, query: CompiledQuery, chunkSize?: number): AsyncIterableIterator<QueryResult<R>> {
-    this.#admit(sender);
+  async *#stream<R>(member: object, query: CompiledQuery, chunkSize?: number): AsyncIterableIterator<QueryResult<R>> {
+    this.#admit(member, query);
     this.#drain();
-    // The strings sent after this wait for the stream's end.
+    // The round trips sent after this wait for the stream's end.
     let streamed!: () => void;
     const ended = new Promise<void>((resolve) => (streamed = resolve));
     const before = this.#sending;
     this.#sending = before.then(() => ended);
     await before;
     try {
-      if (this.#failure) throw this.#failure.error;
-      if (this.#deferred.length > 0) await this.#inner.executeQuery(CompiledQuery.raw(this.#take().join(';\n')));
+      if (this.#failure) throw new GroupAbortedError(this.#failure.error);
+      await this.#sendDeferred();
       yield* this.#inner.streamQuery<R>(query, chunkSize);
     } catch (error) {
-      this.fail(error);
+      this.#failWith(member, error);
       throw error;
     } finally {
       streamed();
     }
   }
 
-  /** Lets `sender` send a statement now, or fails the group (see the class's comment). */
-  #admit(sender: object): void {
-    if (this.#failure) throw this.#failure.error;
-    if (this.#senders.has(sender) && this.#lastSender !== sender) {
-      this.fail(new InterleavedStatements());
-      throw this.#failure!.error;
+  /**
+   * Lets `member` send `query` now, or refuses it and fails the group (see the class's
+   * comment). Returns whether the statement must go alone (not in a pipeline).
+   */
+  #admit(member: object, query: CompiledQuery): boolean {
+    if (this.#failure) throw new GroupAbortedError(this.#failure.error);
+    const { effect, statements } = screenStatement(query.sql);
+    if (effect !== 'plain') {
+      const error = effect === 'ends-transaction' ? new TransactionControlError(query.sql) : new StatementLeavesState(query.sql);
+      this.fail({ kind: 'job', error, culprits: new Set([member]) });
+      throw error;
     }
-    this.#senders.add(sender);
-    this.#lastSender = sender;
+    if (this.#senders.has(member) && this.#lastSender !== member) {
+      const error = new InterleavedStatements();
+      this.fail({ kind: 'interleaved', error });
+      throw error;
+    }
+    this.#senders.add(member);
+    this.#lastSender = member;
+    return !this.#pipelines || (query.parameters.length === 0 && statements > 1);
   }
 
-  /** Sends what is pending, after the strings already on their way. */
+  /** Sends what is pending, after the round trips already on their way. */
   #drain(): void {
     this.#drainScheduled = false;
     const pending = this.#pending;
     if (pending.length === 0) return;
     this.#pending = [];
-    this.#sending = this.#sending.then(() => this.#send(pending));
+    this.#sending = this.#sending.then(() => this.#sendPending(pending));
   }
 
-  /** Sends `pending` in order: runs of inlined statements as one string each, the others alone. */
-  async #send(pending: readonly Pending[]): Promise<void> {
+  /** Sends `pending` in order: runs of statements that can share a pipeline as one each, the others alone. */
+  async #sendPending(pending: readonly Pending[]): Promise<void> {
     for (let start = 0; start < pending.length; ) {
       if (this.#failure) {
-        for (const item of pending.slice(start)) item.reject(this.#failure.error);
+        const aborted = new GroupAbortedError(this.#failure.error);
+        for (const item of pending.slice(start)) item.reject(aborted);
         return;
       }
       let end = start + 1;
-      if (pending[start]!.inlined !== undefined) while (end < pending.length && pending[end]!.inlined !== undefined) end++;
-      const run = pending.slice(start, end);
-      try {
-        const results = run[0]!.inlined === undefined ? [await this.#sendAlone(run[0]!.query)] : await this.#sendString(run);
-        run.forEach((item, i) => item.resolve(results[i]!));
-      } catch (error) {
-        this.fail(error);
-        for (const item of run) item.reject(error);
-      }
+      if (!pending[start]!.alone) while (end < pending.length && !pending[end]!.alone) end++;
+      await this.#sendRun(pending.slice(start, end));
       start = end;
     }
   }
 
-  /** One statement that cannot share a string (binary values, or no multi-result connection). */
-  async #sendAlone(query: CompiledQuery): Promise<QueryResult<unknown>> {
-    if (this.#deferred.length > 0) await this.#inner.executeQuery(CompiledQuery.raw(this.#take().join(';\n')));
-    return this.#inner.executeQuery(query);
-  }
-
-  /** Inlined statements behind the deferred ones, as one string; each statement's result. */
-  async #sendString(run: readonly Pending[]): Promise<Array<QueryResult<unknown>>> {
-    const deferred = this.#take();
-    const results = statementResults(await this.#inner.executeQuery(everyResultQuery([...deferred, ...run.map((item) => item.inlined!)])));
-    // A caller's text of several statements would shift every result after it: nothing can be
-    // told apart then, so the group fails (its careful run sends each statement on its own).
-    if (results.length !== deferred.length + run.length) {
-      throw new Error(`a gathered string of ${deferred.length + run.length} statements returned ${results.length} results`);
+  /** One round trip: the deferred statements and `run`'s, each item getting its own result or error. */
+  async #sendRun(run: readonly Pending[]): Promise<void> {
+    try {
+      if (run[0]!.alone) {
+        await this.#sendDeferred();
+        run[0]!.resolve(await this.#inner.executeQuery(run[0]!.query));
+        return;
+      }
+      const deferred = this.#take();
+      const reply = await this.#send([...deferred, ...run.map((item) => item.query)]);
+      const failedAt = reply.failure ? reply.failure.index - deferred.length : run.length;
+      if (failedAt < 0) {
+        // A statement of the group's own failed: nobody's for certain.
+        this.fail({ kind: 'uncertain', error: reply.failure!.error });
+        for (const item of run) item.reject(new GroupAbortedError(reply.failure!.error));
+        return;
+      }
+      run.forEach((item, i) => {
+        if (i < failedAt) item.resolve(reply.results[deferred.length + i]!);
+        else if (i === failedAt) this.#failWith(item.member, reply.failure!.error, item);
+        else item.reject(new GroupAbortedError(reply.failure!.error));
+      });
+    } catch (error) {
+      // The connection failed (or the statement sent alone did): answer everything in the run.
+      this.#failWith(run[0]!.member, error);
+      for (const item of run) item.reject(error);
     }
-    return results.slice(deferred.length).map(asKyselyResult);
   }
 
-  #take(): string[] {
-    const statements = this.#deferred;
+  /** Fails the group for `member`'s statement (its own, when Postgres answered it), rejecting `item` with the error. */
+  #failWith(member: object, error: unknown, item?: Pending): void {
+    if (sqlStateOf(error) !== undefined && !(error instanceof GroupAbortedError)) this.fail({ kind: 'job', error, culprits: new Set([member]) });
+    else this.fail({ kind: 'uncertain', error });
+    item?.reject(error);
+  }
+
+  async #sendDeferred(): Promise<void> {
+    const deferred = this.#take();
+    if (deferred.length === 0) return;
+    const reply = await this.#send(deferred);
+    if (reply.failure) {
+      this.fail({ kind: 'uncertain', error: reply.failure.error });
+      throw new GroupAbortedError(reply.failure.error);
+    }
+  }
+
+  async #send(statements: readonly CompiledQuery[]): Promise<PipelineReply> {
+    if (this.#pipelines) return replyOf(await this.#inner.executeQuery(pipelineQuery(statements)));
+    const results: Array<QueryResult<unknown>> = [];
+    for (const [index, statement] of statements.entries()) {
+      try {
+        results.push(await this.#inner.executeQuery(statement));
+      } catch (error) {
+        if (sqlStateOf(error) === undefined) throw error;
+        return { results, failure: { index, error } };
+      }
+    }
+    return { results };
+  }
+
+  #take(): CompiledQuery[] {
+    const deferred = this.#deferred;
     this.#deferred = [];
-    return statements;
+    return deferred;
   }
-}
-
-/** A statement's result as Kysely's Postgres connection reports it (`PostgresConnection.executeQuery`). */
-function asKyselyResult(result: StatementResult): QueryResult<unknown> {
-  const { command, rowCount, rows } = result;
-  if (command === 'ROLLBACK' || command === 'COMMIT') return { rows: [{ command }] };
-  const affects = command === 'INSERT' || command === 'UPDATE' || command === 'DELETE' || command === 'MERGE';
-  return { numAffectedRows: affects ? BigInt(rowCount ?? 0) : undefined, rows: rows ?? [] };
 }

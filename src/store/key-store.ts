@@ -1,28 +1,30 @@
-import type { Kysely } from 'kysely';
+import type { CompiledQuery, Kysely } from 'kysely';
 import type { Claim, ClaimOutcome } from './claim-outcome.js';
-import type { KeyRecord } from './key-record.js';
-import type { LeadingStatements } from './one-trip-commit.js';
-import type { ClaimStatementInput } from './sql/claim.js';
-import type { LeaseExtension } from './sql/extend.js';
-import type { CompletedKeyRow } from './sql/insert-completed-keys.js';
-import type { StepRecord } from './sql/load-steps.js';
-import type { StepPlace } from './sql/start-step.js';
-
-/**
- * What {@link KeyStore.claim} needs; the schema is the store's own.
- *
- * @interface
- */
-export type ClaimInput = Omit<ClaimStatementInput, 'schema'>;
+import type { HeldRecord } from './one-trip-commit.js';
+import type { ClaimInput, CompletedKeyRow, KeyRecord, LeaseExtension, StepPlace, StepRecord } from './records.js';
+import type { SlotAnswer, SlotRequest } from './sql/concurrency-slots.js';
+import type { CoalesceAnswer, CoalesceSuccessor } from './records.js';
 
 /**
  * The seam between the claim protocol and SQL: every atomic operation on a key, and
  * nothing else. `executor` parameters accept the store's Kysely instance or an open
  * transaction, so operations can join the caller's transaction.
+ *
+ * Not stable: may change in a minor release.
+ *
+ * @experimental
  */
 export interface KeyStore {
   /** Schema holding the tables. */
   readonly schema: string;
+  /** Takes a slot of a concurrency group for a key about to run, or says when to ask again (see `sql/concurrency-slots.ts`). */
+  acquireSlot?(request: SlotRequest): Promise<SlotAnswer>;
+  /** Frees a slot taken by {@link acquireSlot}; false when it was no longer held. */
+  releaseSlot?(group: string, slot: number, owner: string): Promise<boolean>;
+  /** A coalescing job arrives: run a generation, or fold into the run in flight (see `sql/coalescing.ts`). */
+  coalesceArrive?(input: { scope: string; key: string; jobId: string; payloadJson: string; staleMs: number }): Promise<CoalesceAnswer>;
+  /** The running job's generation ended: the pending successor's generation and payload, if any. */
+  coalesceNext?(input: { scope: string; key: string; jobId: string; generation: number }): Promise<CoalesceSuccessor | undefined>;
   /** Claims a key (see `sql/claim.ts`). */
   claim(executor: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome>;
   /**
@@ -47,8 +49,8 @@ export interface KeyStore {
   /** Optional, like {@link KeyStore.completeAndCommit}: {@link KeyStore.storeFastPathResult} and the COMMIT at once. */
   storeFastPathResultAndCommit?(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void>;
   /**
-   * Optional, needed for group commit: the closing statements of a job in a shared transaction,
-   * as literal SQL (see `group-transaction.ts`).
+   * Optional, needed for group commit: the statements that end a job's part of a shared
+   * transaction (see `protocol/group-commit.ts`).
    */
   readonly groupStatements?: GroupStatements;
   /**
@@ -77,23 +79,27 @@ export interface KeyStore {
 /**
  * The step records of multi-step jobs (see `sql/record-step.ts`). Starting and recording are
  * fenced: they succeed only for the key's current owner token and fence, `processing`.
+ *
+ * Not stable: may change in a minor release.
+ *
+ * @experimental
  */
 export interface StepStore {
   /** A key's steps in position order (one statement). */
   load(scope: string, key: string): Promise<StepRecord[]>;
   /**
    * Marks an external step started: its start count, this one included; undefined when the
-   * claim lost the key. `lead` (the previous step's held record, from {@link StepStore.recordText})
+   * claim lost the key. `heldRecord` (the previous step's held record, from {@link StepStore.recordStatement})
    * rides in the same round trip, before the start, when the store can send both at once.
    */
-  start(claim: Claim, step: StepPlace, lead?: LeadingStatements): Promise<number | undefined>;
+  start(claim: Claim, step: StepPlace, heldRecord?: HeldRecord): Promise<number | undefined>;
   /**
-   * Optional, for fewer round trips: a step's record as one self-contained statement of literal
-   * SQL, which fails only by raising the lease-lost SQLSTATE. A run holds an external step's
-   * record back in this form until its next round trip carries it. Without it, each external
-   * step's record is a round trip of its own.
+   * Optional, for fewer round trips: a step's record as one self-contained statement, which
+   * fails by raising the lease-lost SQLSTATE when the claim lost the key. A run holds an external
+   * step's record back in this form until its next round trip carries it. Without it, each
+   * external step's record is a round trip of its own.
    */
-  recordText?(claim: Claim, step: StepPlace, resultJson: string): string;
+  recordStatement?(claim: Claim, step: StepPlace, resultJson: string): CompiledQuery;
   /** Records a step's result as a statement of its own; false when the claim lost the key (or the step was recorded). */
   record(claim: Claim, step: StepPlace, resultJson: string): Promise<boolean>;
   /**
@@ -104,50 +110,47 @@ export interface StepStore {
   recordAndCommit(tx: Kysely<any>, claim: Claim, step: StepPlace, resultJson: string): Promise<boolean>;
 }
 
-/** The statements group commit needs from a store, as literal SQL (no bind parameters). */
-export interface GroupStatements {
-  /** The fenced completion; it must fail when the claim no longer owns the key. */
-  completion(claim: Claim, resultJson: string, retentionMs: number): string;
-  /** Stores a fast-path result on a key claimed as completed in this transaction. */
-  fastPathResult(claim: Claim, resultJson: string): string;
-  /** What a failed closing statement means: the lease was lost, or an error to report as it is (mapped). */
-  explainFailure(
-    error: unknown,
-    claim: Claim,
-  ):
-    | {
-        /** The claim no longer owns the key: the job's effect must not count. */
-        readonly leaseLost: true;
-      }
-    | {
-        /** Any other failure, mapped as the store maps its errors (a {@link StoreUnavailableError}, say). */
-        readonly error: unknown;
-      };
-  /**
-   * Optional, for optimistic groups: the fast path's keys of a whole group, inserted as
-   * `completed` with their results, as literal SQL that rides with the COMMIT. It must fail
-   * (not skip the key) when a key has a row. Without it, groups are careful only.
-   */
-  insertCompletedKeys?(rows: readonly CompletedKeyRow[], lockTimeoutMs: number): string[];
-  /**
-   * Optional, for fewer round trips: the fast path's claims of a whole group at once. Without
-   * it, each job of a group claims its own key.
-   */
-  readonly newKeyClaims?: NewKeyClaims;
-}
-
 /**
- * Claims, in one statement on a group's open transaction, every key that has no row yet, as a
- * fast-path (`'complete'` mode) claim would; and undoes one such claim within the transaction.
+ * The statements group commit needs from a store. Each goes in the pipeline of the group's
+ * COMMIT, with its own parameters; the group reads from Postgres's answer which one failed.
+ *
+ * Not stable: may change in a minor release.
+ *
+ * @experimental
  */
-export interface NewKeyClaims {
+export interface GroupStatements {
+  /** The fenced completion of a leased job; it must fail (not do nothing) when the claim no longer owns the key. */
+  completion(claim: Claim, resultJson: string, retentionMs: number): CompiledQuery;
   /**
-   * For each input (`'complete'` mode), whether it was claimed (fresh key: fence 1, attempts 1,
-   * owner `input.owner`). Inputs not claimed are left for their jobs to claim as usual (an
-   * existing row, or a key repeated in `inputs`). It may throw (a `lock_timeout`, say); the
-   * caller runs it inside a savepoint and rolls back to it.
+   * Optional, for the fast path in groups: the new keys of the group's jobs, inserted as
+   * `completed` with their results. It must fail when a key has a row, and say which
+   * (`keysWithRows`). Without it, fast-path jobs run alone.
    */
-  claim(tx: Kysely<any>, inputs: readonly ClaimInput[]): Promise<readonly boolean[]>;
-  /** Literal SQL that undoes one claim of {@link NewKeyClaims.claim} in the same transaction (its job failed). */
-  undo(claim: Claim): string;
+  readonly completedKeys?: {
+    /** The statement, and the rows in the order its failure names them. */
+    insert(
+      rows: readonly CompletedKeyRow[],
+      lockTimeoutMs: number,
+    ): {
+      /** The insert. */
+      readonly statement: CompiledQuery;
+      /** `rows` in the order the statement takes them (and its error names them). */
+      readonly rows: readonly CompletedKeyRow[];
+    };
+    /** The rows whose keys had a row, read from the insert's error; undefined when the error does not say. */
+    keysWithRows(error: unknown, rows: readonly CompletedKeyRow[]): CompletedKeyRow[] | undefined;
+  };
+  /**
+   * Optional: the statements that keep a group's watched settings at its start and check them
+   * before its COMMIT (see `sql/group-settings.ts`). Without them, a job that changes a setting
+   * inside a function goes unnoticed; one that does it in its own statement is still caught.
+   */
+  readonly settings?: {
+    /** Names of the settings to watch on this store's database (read once). */
+    names(): Promise<readonly string[]>;
+    /** Keeps the settings' values with the group's BEGIN. */
+    keep(names: readonly string[]): CompiledQuery;
+    /** Fails (so the COMMIT after it never runs) when a setting differs from what `keep` kept. */
+    check(names: readonly string[]): CompiledQuery;
+  };
 }

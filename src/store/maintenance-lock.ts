@@ -7,7 +7,7 @@ export type MaintenanceTask = 'janitor' | 'sweeper' | 'stats';
 // the schema by default, so the same task in two schemas does not contend. (Migrations use "idem".)
 const LOCK_CLASS: Record<MaintenanceTask, number> = { janitor: 0x696a6a61, sweeper: 0x696a7377, stats: 0x696a7374 };
 
-/** What {@link withMaintenanceLock} returns: the task's result, or that another process holds the lock. */
+/** What `withMaintenanceLock` returns: the task's result, or that another process holds the lock. */
 export type LockedRun<T> =
   | {
       /** This process held the lock and ran the task. */

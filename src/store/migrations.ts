@@ -5,9 +5,15 @@ import { claimNewKeyFunctionDdl } from './sql/claim-new-key.js';
 import { claimNewKeysFunctionDdl } from './sql/claim-new-keys.js';
 import { completeKeyFunctionDdl, storeFastPathResultFunctionDdl } from './sql/complete-and-commit.js';
 import { extendLeaseFunctionDdl } from './sql/extend.js';
+import { groupSettingsFunctionsDdl } from './sql/group-settings.js';
+import { insertCompletedKeysFunctionDdl } from './sql/insert-completed-keys.js';
 import { recordStepFunctionDdl } from './sql/record-step.js';
 import { startStepFunctionDdl } from './sql/start-step.js';
 import { keysTableLayout } from './sql/keys-table-layout.js';
+import { tombstonesDdl } from './sql/tombstones.js';
+import { acquireConcurrencySlotFunctionDdl, concurrencySlotsDdl, keyConcurrencyLimitsDdl } from './sql/concurrency-slots.js';
+import { coalescingDdl } from './sql/coalescing.js';
+import { schedulesDdl } from './sql/schedules.js';
 
 /** How a new schema's tables are laid out (see {@link migrationsFor}). */
 export interface SchemaLayout {
@@ -183,6 +189,54 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
         await sql`create index key_audit_by_key on ${t('key_audit')} (scope, key, id)`.execute(db);
       },
     },
+    '016_group_end_functions': {
+      // A group's end (see protocol/group-transaction.ts): its new keys inserted by one call
+      // that names the keys that had a row, and the check that no job changed a watched setting.
+      // claim_new_keys (migration 008) is no longer called; it stays for workers of earlier
+      // versions still running during a rolling upgrade.
+      async up(db: Kysely<any>) {
+        await insertCompletedKeysFunctionDdl(schema).execute(db);
+        await groupSettingsFunctionsDdl(schema).execute(db);
+      },
+    },
+    '017_key_tombstones': {
+      // What is left of a finished key after its retention, and the trigger that refuses a new
+      // insert of a tombstoned key (see sql/tombstones.ts). Empty, and checked only by inserts of
+      // brand-new keys, until the janitor is given a tombstone window.
+      async up(db: Kysely<any>) {
+        for (const statement of tombstonesDdl(schema)) await statement.execute(db);
+      },
+    },
+    '018_concurrency_slots': {
+      // Per-key concurrency limits: a group's slots, its waiters and the one function that takes
+      // a slot (see sql/concurrency-slots.ts). Untouched by jobs that name no concurrency key.
+      async up(db: Kysely<any>) {
+        for (const statement of concurrencySlotsDdl(schema)) await statement.execute(db);
+      },
+    },
+    '019_coalescing': {
+      // Coalescing keys: the generation running and the pending successor's payload per key (see sql/coalescing.ts).
+      async up(db: Kysely<any>) {
+        for (const statement of coalescingDdl(schema)) await statement.execute(db);
+      },
+    },
+    '020_schedules': {
+      // Schedules: one row per schedule, with the cursor its ticks have been enqueued up to (see sql/schedules.ts).
+      async up(db: Kysely<any>) {
+        for (const statement of schedulesDdl(schema)) await statement.execute(db);
+      },
+    },
+    '021_key_concurrency_limits': {
+      // The concurrency key and limit each key took a slot under, recorded by the slot's own
+      // statement, so the sweeper adds a lost job again under its limit (see sql/concurrency-slots.ts).
+      async up(db: Kysely<any>) {
+        for (const statement of keyConcurrencyLimitsDdl(schema)) await statement.execute(db);
+        await acquireConcurrencySlotFunctionDdl(schema).execute(db);
+      },
+    },
+    // A starving waiter holds the free slots of its group only while it keeps coming back (seen
+    // within the starvation bound); before, one that did not come back held them for nobody.
+    '022_concurrency_waiters_seen': installing(acquireConcurrencySlotFunctionDdl),
   };
 
   /** A migration that only installs (the current body of) one function. */

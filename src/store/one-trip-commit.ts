@@ -1,58 +1,101 @@
-import { DummyDriver, SingleConnectionProvider, Transaction, sql, type ConnectionProvider, type DatabaseConnection, type Dialect, type Kysely } from 'kysely';
-import { returnsLastResult } from './last-result-pool.js';
-import { MergingConnection } from './merging-connection.js';
+import { DummyDriver, SingleConnectionProvider, Transaction, type CompiledQuery, type ConnectionProvider, type DatabaseConnection, type Dialect, type Kysely } from 'kysely';
+import { DeferringConnection } from './deferring-connection.js';
+import { markPipelining, pipelines, sendStatements, type PipelineReply } from './pipeline.js';
 import { transientStoreFault } from './pg-errors.js';
 import { isLeaseLost } from './sql/complete-and-commit.js';
-import { commitTransaction, rollbackTransaction } from './sql/transaction-control.js';
+import { BEGIN, BEGIN_READ_COMMITTED, COMMIT, commitTransaction, isStoreTransactionControl, rollbackTransaction } from './transaction-control.js';
+import { screenStatement } from './statement-screen.js';
+import { TransactionControlError } from '../errors.js';
 
 /**
- * What became of {@link LeadingStatements}: `pending` (not sent, free to ride with any round
- * trip), `queued` (handed to a round trip that has not ended), `committed`, `refused` (they
- * raised the lease-lost SQLSTATE: the claim lost the key, nothing committed) or `unknown` (a
- * transient fault cut the round trip off: they may or may not have committed).
+ * What became of a {@link HeldRecord}:
+ * - `pending`: not sent, or sent and certainly not committed (its round trip failed before it,
+ *   or rolled it back with what came after it): free to ride with any round trip;
+ * - `queued`: handed to a round trip that has not ended;
+ * - `committed`: Postgres confirmed its COMMIT;
+ * - `refused`: it raised the lease-lost SQLSTATE: the claim lost the key, nothing committed;
+ * - `failed`: it raised another error (kept in `error`): nothing committed;
+ * - `unknown`: the connection failed before its COMMIT was confirmed: it may or may not have committed.
+ *
+ * Not stable: may change in a minor release.
+ *
+ * @experimental
  */
-export type LeadState = 'pending' | 'queued' | 'committed' | 'refused' | 'unknown';
+export type HeldRecordState = 'pending' | 'queued' | 'committed' | 'refused' | 'failed' | 'unknown';
 
 /**
- * Literal SQL that commits on its own just ahead of another round trip's work, in the same
- * string: an external step's record held back until the run's next call (see
- * `protocol/job-steps.ts`). It must be safe to run alone, and fail only by raising the
- * lease-lost SQLSTATE (or by a transient fault), so that a failed string can be attributed.
- * The round trip that carries it moves {@link LeadingStatements.state} on from `queued`.
+ * One statement that commits on its own just ahead of another round trip's work: an external
+ * step's record, held back until the run's next call (see `protocol/job-steps.ts`). It must be
+ * safe to run alone, and fail by raising the lease-lost SQLSTATE when the claim lost its key.
+ * The round trip that carries it reads its fate from Postgres's answer to it (see {@link HeldRecordState}).
+ *
+ * Not stable: may change in a minor release.
+ *
+ * @experimental
  */
-export class LeadingStatements {
-  /** Where the statements are: see {@link LeadState}. Moved on by the round trip that carries them. */
-  state: LeadState = 'pending';
+export class HeldRecord {
+  /** Where the statement is: see {@link HeldRecordState}. Moved on by the round trip that carries it. */
+  state: HeldRecordState = 'pending';
+  /** What it failed with (`failed`), or what cut its round trip off (`unknown`). */
+  error: unknown;
+
   constructor(
-    /** The literal SQL (a step's record), self-contained, that may ride ahead of a round trip's own statements. */
-    readonly text: string,
+    /** The statement (a step's record), self-contained, that may ride ahead of a round trip's own statements. */
+    readonly statement: CompiledQuery,
   ) {}
 
-  /** Takes the statements for a round trip; false when they are not `pending` (sent already, or on their way). */
+  /** Takes the statement for a round trip; false when it is not `pending` (sent already, or on its way). */
   take(): boolean {
     if (this.state !== 'pending') return false;
     this.state = 'queued';
     return true;
   }
-
-  /** What a failed round trip that carried the statements means for them. */
-  failedWith(error: unknown): void {
-    this.state = isLeaseLost(error) ? 'refused' : transientStoreFault(error) === undefined ? 'committed' : 'unknown';
-  }
 }
 
 /**
- * Sends `lead` alone, as one statement in autocommit: no round trip came by to carry it. Its
- * state says how it went; a transient fault is thrown as well.
+ * Reads the held record's fate from a pipeline that carried it at index `at`, committed by the statement
+ * at `committedAt` (its own COMMIT, or the statement itself in autocommit), which is also the last
+ * one of its transaction: `reply` undefined when the connection failed.
  */
-export async function sendLeadingStatements(db: Kysely<any>, lead: LeadingStatements): Promise<void> {
-  if (!lead.take()) return;
+export function noteHeldRecordFate(heldRecord: HeldRecord, reply: PipelineReply | undefined, at: number, committedAt: number): void {
+  if (reply === undefined) {
+    heldRecord.state = 'unknown';
+    return;
+  }
+  if (reply.results.length > committedAt) {
+    heldRecord.state = 'committed';
+    return;
+  }
+  const failure = reply.failure;
+  if (failure && failure.index >= at && failure.index <= committedAt) {
+    heldRecord.error = failure.error;
+    const fault = transientStoreFault(failure.error);
+    // The server ending the session (an administrator, a shutdown) may do so after its COMMIT
+    // was applied; a conflict or a timeout certainly undid it, and it may go again.
+    if (fault === 'connection') heldRecord.state = 'unknown';
+    else if (fault !== undefined) heldRecord.state = 'pending';
+    else heldRecord.state = isLeaseLost(failure.error) ? 'refused' : 'failed';
+    return;
+  }
+  // Failed (or never reached) before the statement, or undone with the rest of its implicit
+  // transaction: not committed, and free to go again.
+  heldRecord.state = 'pending';
+}
+
+/**
+ * Sends `heldRecord` alone, as one statement in autocommit: no round trip came by to carry it. Its
+ * state says how it went; a failed connection is thrown as well.
+ */
+export async function sendHeldRecord(db: Kysely<any>, heldRecord: HeldRecord): Promise<void> {
+  if (!heldRecord.take()) return;
+  let reply: PipelineReply | undefined;
   try {
-    await sql.raw(lead.text).execute(db);
-    lead.state = 'committed';
+    reply = await sendStatements(db, [heldRecord.statement]);
   } catch (error) {
-    lead.state = isLeaseLost(error) ? 'refused' : 'unknown';
-    if (lead.state === 'unknown') throw error;
+    heldRecord.error = error;
+    throw error;
+  } finally {
+    noteHeldRecordFate(heldRecord, reply, 0, 0);
   }
 }
 
@@ -84,58 +127,57 @@ const NO_DIALECT: Dialect = {
 
 /**
  * A transaction whose BEGIN and COMMIT the store sends itself, so that each shares a round trip
- * with a statement: BEGIN with the body's first statement (on a connection that can answer a
- * string of statements, see `returnsLastResult`), and the last write with the COMMIT (Kysely's
- * `db.transaction()` sends both on their own). The body runs on one pooled connection, then
- * `end`; on any error a ROLLBACK (safe even when `end` already ended the transaction: Postgres
- * only warns; skipped when not even BEGIN went out) and the error is rethrown. The body
- * receives a real Kysely `Transaction` over that connection, with the instance's plugins.
+ * with a statement: BEGIN with the body's first statement, and the last write with the COMMIT
+ * (Kysely's `db.transaction()` sends both on their own), in pipelines on a connection of
+ * `createPostgresDb` (see `pipeline.ts`); elsewhere BEGIN goes on its own. The body runs on one
+ * pooled connection, then `end`; on any error a ROLLBACK (safe even when `end` already ended the
+ * transaction: Postgres only warns; skipped when not even BEGIN went out) and the error is
+ * rethrown. The body receives a real Kysely `Transaction` over that connection, with the
+ * instance's plugins; a statement of its own that would end the transaction is refused with a
+ * {@link TransactionControlError}.
  *
- * `lead`, when given and still pending, rides in front of the BEGIN as `begin; …; commit` (a
+ * `heldRecord`, when given and still pending, rides in front of the BEGIN as `begin; …; commit` (a
  * held step record): committed before this transaction starts, in the same round trip as its
- * first statement. Its state tells afterwards whether it went (it did whenever this resolves).
+ * first statement. Its state tells afterwards what became of it, read from Postgres's answer to
+ * its own COMMIT; when it is refused, nothing after it runs.
  */
 export function runTransaction<T>(
   db: Kysely<any>,
   body: (tx: Transaction<any>) => Promise<TransactionEnd<T>>,
-  lead?: LeadingStatements,
+  heldRecord?: HeldRecord,
 ): Promise<T> {
-  const mergeStatements = returnsLastResult(db);
-  let connection!: MergingConnection;
-  const carried = lead?.take() ? lead : undefined;
+  const carried = heldRecord?.take() ? heldRecord : undefined;
+  const carriedStatements = carried ? [BEGIN, carried.statement, COMMIT] : [];
+  let connection!: DeferringConnection;
   return onOneConnection(
     db,
     async (tx) => {
-      // `lead` goes first, as a transaction of its own (committed before this one begins, so
-      // nothing here runs before it is durable). Refused, it leaves the connection in an
-      // aborted block: what follows in the string is skipped, and every later statement fails
-      // until the ROLLBACK below, so none can run outside a transaction.
-      if (carried) connection.defer('begin', carried.text, 'commit');
-      // BEGIN rides with the transaction's first statement (see MergingConnection). Read
-      // committed, whatever the server's default: the claim protocol relies on it (a duplicate
-      // waits on the key's index entry, then sees the committed row), where serializable would
-      // fail that duplicate with a serialization error.
-      connection.defer(BEGIN_READ_COMMITTED);
+      // `heldRecord` goes first, as a transaction of its own (committed before this one begins, so
+      // nothing here runs before it is durable). BEGIN rides with the transaction's first
+      // statement. Read committed, whatever the server's default: the claim protocol relies on
+      // it (a duplicate waits on the key's index entry, then sees the committed row), where
+      // serializable would fail that duplicate with a serialization error.
+      connection.defer(...carriedStatements, BEGIN_READ_COMMITTED);
       try {
         const { value, end } = await body(tx);
         await end(tx);
-        if (carried?.state === 'queued') carried.state = 'committed';
         return value;
       } catch (error) {
         const unsent = connection.deferred.length > 0;
-        // Still queued: its string went through (committed), or never went out (still pending).
-        if (carried?.state === 'queued') carried.state = unsent && connection.deferred.includes(carried.text) ? 'pending' : 'committed';
         if (unsent) connection.discard(); // never sent: nothing to roll back
         else await rollbackTransaction(tx).catch(() => {});
         throw error;
+      } finally {
+        if (carried?.state === 'queued') carried.state = 'pending'; // it never went out
       }
     },
     (inner) =>
-      (connection = new MergingConnection(inner, {
-        mergeStatements,
-        recover: async (error, sent) => {
-          if (carried && sent.includes(carried.text)) carried.failedWith(error);
-          return undefined;
+      (connection = new DeferringConnection(inner, {
+        pipelines: pipelines(db),
+        screen: refuseEndingTheTransaction,
+        onReply: (sent, reply) => {
+          const at = carried ? sent.indexOf(carried.statement) : -1;
+          if (at >= 0) noteHeldRecordFate(carried!, reply, at, at + 1);
         },
       })),
   ).catch((error: unknown) => {
@@ -143,6 +185,12 @@ export function runTransaction<T>(
     if (carried?.state === 'queued') carried.state = 'pending';
     throw error;
   });
+}
+
+/** The screen of a job's statements in a transaction of the store's: nothing may end it but the store. */
+function refuseEndingTheTransaction(query: CompiledQuery): void {
+  if (isStoreTransactionControl(query)) return;
+  if (screenStatement(query.sql).effect === 'ends-transaction') throw new TransactionControlError(query.sql);
 }
 
 /**
@@ -160,27 +208,25 @@ export function onOneConnection<T>(
 
 /**
  * A Kysely `Transaction` object (with `db`'s plugins) whose statements go to `provider`'s
- * connection, and that sends no BEGIN, COMMIT or ROLLBACK of its own. A
- * `SingleConnectionProvider` lets one statement run at a time; a provider that hands out its
- * connection at once lets several callers send at once (a gathered group's jobs).
+ * connection, and that sends no BEGIN, COMMIT or ROLLBACK of its own. It pipelines when `db`
+ * does (the connection must then answer pipeline queries). A `SingleConnectionProvider` lets one
+ * statement run at a time; a provider that hands out its connection at once lets several callers
+ * send at once (a gathered group's jobs). `pipelining` false for a connection that cannot
+ * answer pipeline queries (a data layer's, see `foreign-transaction.ts`).
  */
-export function transactionOn(db: Kysely<any>, provider: ConnectionProvider): Transaction<any> {
-  return new Transaction<any>({
+export function transactionOn(db: Kysely<any>, provider: ConnectionProvider, pipelining: boolean = pipelines(db)): Transaction<any> {
+  const tx = new Transaction<any>({
     config: { dialect: NO_DIALECT },
     dialect: NO_DIALECT,
     driver: new DummyDriver(),
     executor: db.getExecutor().withConnectionProvider(provider),
   });
+  return pipelining ? markPipelining(tx) : tx;
 }
 
-/**
- * The BEGIN of every transaction the store drives by hand: isolation pinned to read committed,
- * so a server or role whose `default_transaction_isolation` is stricter does not turn concurrent
- * duplicates into serialization failures.
- */
-export const BEGIN_READ_COMMITTED = 'begin isolation level read committed';
+export { BEGIN_READ_COMMITTED };
 
-/** Ends a transaction with a plain COMMIT (nothing left to write). */
+/** Ends a transaction with a plain COMMIT (nothing left to write); throws when Postgres rolled it back instead. */
 export const endWithCommit = (tx: Transaction<any>): Promise<void> => commitTransaction(tx);
 
 /** Ends a transaction with ROLLBACK (nothing worth keeping). */

@@ -1,34 +1,36 @@
 import type { Kysely } from 'kysely';
 import { ResultNotStorableError } from '../errors.js';
-import { freshCompletingClaim, lockWaitTimedOut, type Claim, type ClaimOutcome } from './claim-outcome.js';
-import type { ClaimInput, GroupStatements, KeyStore, StepStore } from './key-store.js';
-import type { KeyRecord } from './key-record.js';
+import { freshCompletingClaim, lockWaitTimedOut, tombstoneOutcome, type Claim, type ClaimOutcome } from './claim-outcome.js';
+import type { GroupStatements, KeyStore, StepStore } from './key-store.js';
 import { isLockTimeout, isUnstorableJson } from './pg-errors.js';
 import { ClaimBatcher } from './claim-batcher.js';
-import { findSettledKeys, type SettledKeyRow } from './sql/find-settled-keys.js';
+import { findSettledKeys } from './sql/find-settled-keys.js';
 import { StatementBatcher } from './statement-batcher.js';
 import { claimKey } from './sql/claim.js';
 import { claimNewKey } from './sql/claim-new-key.js';
-import { claimNewKeys, unclaimNewKeyText } from './sql/claim-new-keys.js';
-import {
-  completeAndCommit,
-  completeKey,
-  fastPathResultText,
-  fencedCompletionText,
-  isLeaseLost,
-  storeFastPathResult,
-  storeResultAndCommit,
-} from './sql/complete-and-commit.js';
-import { extendLease, type LeaseExtension } from './sql/extend.js';
+import { tombstoneOf } from './sql/tombstones.js';
+import { coalesceArrive, coalesceNext } from './sql/coalescing.js';
+import type { CoalesceAnswer, CoalesceSuccessor } from './records.js';
+import { acquireConcurrencySlot, releaseConcurrencySlot, type SlotAnswer, type SlotRequest } from './sql/concurrency-slots.js';
+import { completeAndCommit, completeKey, completionStatement, storeFastPathResult, storeResultAndCommit } from './sql/complete-and-commit.js';
+import { extendLease } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
-import { insertCompletedKeysText } from './sql/insert-completed-keys.js';
+import { insertCompletedKeysStatement, rowsThatHadKeys } from './sql/insert-completed-keys.js';
+import { WATCHED_SETTINGS, checkGroupSettingsStatement, customSettingNames, keepGroupSettingsStatement } from './sql/group-settings.js';
 import { loadSteps } from './sql/load-steps.js';
-import { recordStep, recordStepAndCommit, recordStepText } from './sql/record-step.js';
+import { recordStep, recordStepAndCommit, recordStepStatement } from './sql/record-step.js';
 import { releaseKey } from './sql/release.js';
 import { startStep } from './sql/start-step.js';
+import type { ClaimInput, KeyRecord, SettledKeyRow, LeaseExtension } from './records.js';
 
-/** Options of {@link PostgresKeyStore}. */
+/**
+ * Options of {@link PostgresKeyStore}.
+ *
+ * Not stable: may change in a minor release.
+ *
+ * @experimental
+ */
 export interface PostgresKeyStoreOptions {
   /**
    * Batch concurrent leased claims made on the store's own pool into one statement and one
@@ -48,40 +50,57 @@ export interface PostgresKeyStoreOptions {
 }
 
 /**
- * The {@link KeyStore} over Postgres that {@link IdempotencyKeys} uses unless given another:
+ * The {@link KeyStore} over Postgres that `IdempotencyKeys` uses unless given another:
  * each operation is one statement (a claim, a fenced completion, a release…), and it offers
  * every optional part (group commit, steps, the fast path's one-round-trip reads). Build one
  * yourself only to change its {@link PostgresKeyStoreOptions}; its schema must be the keys'.
  *
+ * Not stable: may change in a minor release.
+ *
  * @example
  * ```ts
- * import { IdempotencyKeys, PostgresKeyStore } from 'idempotent-jobs';
+ * import { IdempotencyKeys } from 'idempotent-jobs';
+ * import { PostgresKeyStore } from 'idempotent-jobs/store';
  *
  * // Every claim its own statement (no batching of concurrent claims), e.g. to measure one claim's latency.
  * const store = new PostgresKeyStore(db, 'idempotent_jobs', { batchClaims: false });
  * const keys = new IdempotencyKeys({ db, schema: 'idempotent_jobs' }, store);
  * ```
+ * @experimental
  */
 export class PostgresKeyStore implements KeyStore {
   readonly #db: Kysely<any>;
   readonly #batcher: ClaimBatcher | undefined;
   readonly schema: string;
 
+  /** The settings a group watches (see `sql/group-settings.ts`): read once, again after a failed read. */
+  #watchedSettings: Promise<readonly string[]> | undefined;
+
   readonly groupStatements: GroupStatements = {
-    completion: (claim, resultJson, retentionMs) => fencedCompletionText(this.schema, claim, resultJson, retentionMs),
-    fastPathResult: (claim, resultJson) => fastPathResultText(this.schema, claim, resultJson),
-    explainFailure: (error, claim) => (isLeaseLost(error) ? { leaseLost: true } : { error: this.#mapResultError(error, claim) }),
-    insertCompletedKeys: (rows, lockTimeoutMs) => insertCompletedKeysText(this.schema, rows, lockTimeoutMs),
-    newKeyClaims: {
-      claim: (tx, inputs) => claimNewKeys(tx, this.schema, inputs),
-      undo: (claim) => unclaimNewKeyText(this.schema, claim),
+    completion: (claim, resultJson, retentionMs) => completionStatement(this.schema, claim, resultJson, retentionMs),
+    completedKeys: {
+      insert: (rows, lockTimeoutMs) => insertCompletedKeysStatement(this.schema, rows, lockTimeoutMs),
+      keysWithRows: (error, rows) => rowsThatHadKeys(error, rows),
+    },
+    settings: {
+      names: () =>
+        (this.#watchedSettings ??= customSettingNames(this.#db).then(
+          (custom) => [...WATCHED_SETTINGS, ...custom],
+          (error: unknown) => {
+            this.#watchedSettings = undefined;
+            throw error;
+          },
+        )),
+      keep: (names) => keepGroupSettingsStatement(this.schema, names),
+      check: (names) => checkGroupSettingsStatement(this.schema, names),
     },
   };
 
+
   readonly steps: StepStore = {
     load: (scope, key) => loadSteps(this.#db, this.schema, scope, key),
-    start: (claim, step, lead) => startStep(this.#db, this.schema, claim, step, lead),
-    recordText: (claim, step, resultJson) => recordStepText(this.schema, claim, step, resultJson),
+    start: (claim, step, heldRecord) => startStep(this.#db, this.schema, claim, step, heldRecord),
+    recordStatement: (claim, step, resultJson) => recordStepStatement(this.schema, claim, step, resultJson),
     record: async (claim, step, resultJson) => {
       try {
         return await recordStep(this.#db, this.schema, claim, step, resultJson);
@@ -131,12 +150,31 @@ export class PostgresKeyStore implements KeyStore {
     return claimKey(executor, statementInput);
   }
 
+  coalesceArrive(input: { scope: string; key: string; jobId: string; payloadJson: string; staleMs: number }): Promise<CoalesceAnswer> {
+    return coalesceArrive(this.#db, this.schema, input);
+  }
+
+  coalesceNext(input: { scope: string; key: string; jobId: string; generation: number }): Promise<CoalesceSuccessor | undefined> {
+    return coalesceNext(this.#db, this.schema, input);
+  }
+
+  acquireSlot(request: SlotRequest): Promise<SlotAnswer> {
+    return acquireConcurrencySlot(this.#db, this.schema, request);
+  }
+
+  releaseSlot(group: string, slot: number, owner: string): Promise<boolean> {
+    return releaseConcurrencySlot(this.#db, this.schema, group, slot, owner);
+  }
+
   /** See {@link KeyStore.claimNewKey}. */
   async claimNewKey(tx: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome | undefined> {
     try {
       return (await claimNewKey(tx, this.schema, input)) ? freshCompletingClaim(input) : undefined;
     } catch (error) {
       if (isLockTimeout(error)) return lockWaitTimedOut(input);
+      // The key's tombstone refused the insert; the caller rolls its (aborted) transaction back.
+      const tombstone = tombstoneOf(error);
+      if (tombstone) return tombstoneOutcome(input, tombstone);
       throw error;
     }
   }

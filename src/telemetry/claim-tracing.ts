@@ -75,7 +75,7 @@ export function traceExecuteOnce<R extends { readonly kind: string; readonly cla
 }
 
 /** `release` or `fail`: a held key given back or failed for good; `settled` false when the claim no longer owned it. */
-export function traceSettle(name: 'release' | 'fail', claim: Claim, work: () => Promise<boolean>): Promise<boolean> {
+export function traceReleaseOrFail(name: 'release' | 'fail', claim: Claim, work: () => Promise<boolean>): Promise<boolean> {
   if (tracingOff()) return work();
   return inSpan(name, { attributes: () => claimAttributes(claim) }, async (span) => {
     const settled = await work();

@@ -28,7 +28,10 @@ const FINAL_OUTCOMES: ReadonlySet<string> = new Set([
   'completed',
   'replayed',
   'replayed-failure',
+  'result-expired',
   'deferred',
+  'concurrency-limited',
+  'coalesced',
   'key-reused',
   'invalid',
   'failed',
@@ -47,13 +50,20 @@ const FINAL_OUTCOMES: ReadonlySet<string> = new Set([
 export class JobTracing {
   readonly #queue: string;
   readonly #isDeferral: (error: unknown) => boolean;
+  readonly #keyOf: (job: TracedJob) => { readonly scope: string; readonly key: string } | undefined;
   /** The span of each job being run (WeakMap: a job whose run ended leaves nothing behind). */
   readonly #spans = new WeakMap<object, Span>();
 
-  /** `isDeferral`: the error a run throws when it has moved its job to delayed (not a failure). */
-  constructor(queue: string, isDeferral: (error: unknown) => boolean) {
+  /**
+   * `isDeferral`: the error a run throws when it has moved its job to delayed (not a failure).
+   * `keyOf`: the job's scope and key, read from its data when the span starts (undefined for
+   * data that names none), so that every run's span is about its key, a replay's too, which
+   * claims nothing.
+   */
+  constructor(queue: string, isDeferral: (error: unknown) => boolean, keyOf: (job: TracedJob) => { readonly scope: string; readonly key: string } | undefined = () => undefined) {
     this.#queue = queue;
     this.#isDeferral = isDeferral;
+    this.#keyOf = keyOf;
   }
 
   /** Runs one job inside its span. */
@@ -66,6 +76,7 @@ export class JobTracing {
         parent: contextFromCarrier(job.data),
         isExpected: this.#isDeferral,
         attributes: () => ({
+          ...this.#keyAttributesOf(job),
           [ATTR.messagingSystem]: 'bullmq',
           [ATTR.messagingOperation]: 'process',
           [ATTR.messagingDestination]: this.#queue,
@@ -84,6 +95,11 @@ export class JobTracing {
         }
       },
     );
+  }
+
+  #keyAttributesOf(job: TracedJob) {
+    const named = this.#keyOf(job);
+    return named ? keyAttributes(named.scope, named.key) : {};
   }
 
   /** Records what happened to a job being run (late reports, after its run ended, are dropped). */

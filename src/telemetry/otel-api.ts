@@ -5,24 +5,43 @@
  * the one copy of the API its SDK registered with (two copies of different minor versions do
  * not always see each other's global tracer provider).
  */
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
 import type * as OtelApi from '@opentelemetry/api';
 
 export type { Attributes, Context, Span } from '@opentelemetry/api';
 
-async function loadOtelApi(): Promise<typeof OtelApi | undefined> {
+/**
+ * Loads the API synchronously: a top-level `await` anywhere in the library's module graph would
+ * make `require('idempotent-jobs')` (Node's require of an ES module, which CommonJS
+ * applications rely on) fail with ERR_REQUIRE_ASYNC_MODULE. It resolves the specifier as an
+ * `import` would, then requires that file: for an ES module build, Node's require of an ES
+ * module returns the same module instance an `import` gets, so the library and the application
+ * share one copy of the API, and with it the tracer provider the application's SDK registered
+ * (its ES and CommonJS builds are two copies, each with its own proxy provider).
+ */
+function loadOtelApi(): typeof OtelApi | undefined {
+  let resolved: string;
   try {
-    return await import('@opentelemetry/api');
+    resolved = import.meta.resolve('@opentelemetry/api');
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === 'ERR_MODULE_NOT_FOUND') return undefined;
     throw error;
   }
+  return createRequire(import.meta.url)(resolved.startsWith('file:') ? fileURLToPath(resolved) : resolved) as typeof OtelApi;
 }
 
 /** The API's module, loaded once when this module is first imported. */
-export const otel: typeof OtelApi | undefined = await loadOtelApi();
+export const otel: typeof OtelApi | undefined = loadOtelApi();
 
-/** The library's tracer (a proxy: spans go to whichever provider is registered when they start). */
-export const tracer: OtelApi.Tracer | undefined = otel?.trace.getTracer('idempotent-jobs');
+/**
+ * The library's tracer, from the provider registered now (asked at each span, not kept: an
+ * application whose SDK registered through another copy of the API, its CommonJS build say,
+ * registers that copy's provider globally, which a tracer kept from this copy's would not see).
+ */
+export function libraryTracer(): OtelApi.Tracer | undefined {
+  return otel?.trace.getTracer('idempotent-jobs');
+}
 
 /** What the API's global proxy delegates to while no SDK has registered a provider (a fresh proxy's delegate). */
 const NO_PROVIDER = otel ? new otel.ProxyTracerProvider().getDelegate() : undefined;
@@ -35,5 +54,7 @@ const NO_PROVIDER = otel ? new otel.ProxyTracerProvider().getDelegate() : undefi
 export function tracingOff(): boolean {
   if (!otel) return true;
   const provider = otel.trace.getTracerProvider();
+  // Another copy's proxy (registered globally by an SDK through it) is not an instance of this
+  // copy's class; it is there because a provider was registered.
   return provider instanceof otel.ProxyTracerProvider && provider.getDelegate() === NO_PROVIDER;
 }

@@ -1,4 +1,4 @@
-import { otel, tracer, tracingOff, type Attributes, type Context, type Span } from './otel-api.js';
+import { libraryTracer, otel, tracingOff, type Attributes, type Context, type Span } from './otel-api.js';
 
 /** How a span is started by {@link inSpan}. */
 export interface SpanStart {
@@ -22,7 +22,7 @@ export function inSpan<T>(name: string, start: SpanStart, work: (span: Span | un
 }
 
 async function inActiveSpan<T>(name: string, start: SpanStart, work: (span: Span | undefined) => Promise<T>): Promise<T> {
-  if (!otel || !tracer) return work(undefined);
+  if (!otel) return work(undefined);
   const span = startSpan(name, start);
   // No SDK (or a span that neither records nor carries a trace on): nothing to make active.
   if (!span.isRecording() && !otel.trace.isSpanContextValid(span.spanContext())) return work(undefined);
@@ -40,7 +40,7 @@ async function inActiveSpan<T>(name: string, start: SpanStart, work: (span: Span
 export function startSpan(name: string, start: SpanStart): Span {
   const kinds = otel!.SpanKind;
   const kind = start.kind === 'server' ? kinds.SERVER : start.kind === 'producer' ? kinds.PRODUCER : start.kind === 'consumer' ? kinds.CONSUMER : kinds.INTERNAL;
-  const span = tracer!.startSpan(name, { kind }, start.parent);
+  const span = libraryTracer()!.startSpan(name, { kind }, start.parent);
   if (start.attributes && span.isRecording()) span.setAttributes(start.attributes());
   return span;
 }

@@ -5,8 +5,9 @@
  * run's queue (the prefix's hash tag puts the whole queue on one shard).
  */
 import { Redis } from 'ioredis';
-import type { RedisConnectionSettings } from '../../src/index.js';
+import type { RedisConnectionSettings } from '../../src/process/index.js';
 import { RedisCluster } from '../support/redis-cluster.js';
+import { RedisSentinelSet } from '../support/redis-sentinel.js';
 import { PrivateRedis } from './private-redis.js';
 
 /** What the harness, the producer and the nemesis need of the run's Redis. */
@@ -88,6 +89,47 @@ export async function startClusterChaosRedis(keyInQueueSlot: string): Promise<Ch
       return { from: master, to: replicas[0]! };
     },
     destroy: () => cluster.stop(),
+  };
+}
+
+/**
+ * A private Redis Sentinel set-up (`--redis-sentinel`: a master, a replica, three sentinels;
+ * test/support/redis-sentinel.ts). Every process finds the master through the sentinels
+ * (`REDIS_SENTINELS`; `REDIS_URL` names a port where nothing listens). `restart` crashes the
+ * master: the sentinels promote the replica, and the old master rejoins as a replica when it is
+ * started again; `failover` is `SENTINEL FAILOVER`. Neither is coordinated with the writes:
+ * an add acknowledged by the old master and not yet replicated is lost.
+ */
+export async function startSentinelChaosRedis(): Promise<ChaosRedis> {
+  const set = await RedisSentinelSet.start({ replicas: 1, sentinels: 3 });
+  const unused = 'redis://127.0.0.1:1';
+  const onMaster = async <T>(use: (admin: Redis) => Promise<T>): Promise<T> => {
+    const admin = new Redis({ port: await set.masterPort(), host: '127.0.0.1', maxRetriesPerRequest: 1, retryStrategy: () => null });
+    admin.on('error', () => {});
+    try {
+      return await use(admin);
+    } finally {
+      admin.disconnect();
+    }
+  };
+  return {
+    settings: { url: unused, sentinels: set.sentinelsSetting, sentinelMaster: set.masterName },
+    workerEnv: { REDIS_URL: unused, REDIS_SENTINELS: set.sentinelsSetting, REDIS_SENTINEL_MASTER: set.masterName },
+    description: `private Redis Sentinel set-up (master ${set.masterName}: data nodes on ports ${set.nodePorts.join(', ')}, 3 sentinels) in ${set.dir}`,
+    port: set.nodePorts[0]!,
+    killClients: (fraction, next) => onMaster((admin) => killClientsOn(admin, fraction, next)),
+    async restart(downMs) {
+      const change = await set.crashMaster();
+      await new Promise((resolve) => setTimeout(resolve, downMs));
+      await set.restartNode(change.from);
+      await set.waitForHealthy(60_000);
+    },
+    async failover() {
+      const change = await set.failover();
+      await set.waitForHealthy(60_000);
+      return { from: change.from, to: change.to };
+    },
+    destroy: () => set.stop(),
   };
 }
 

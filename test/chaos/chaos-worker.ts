@@ -4,13 +4,14 @@
  * process at protocol points. Extra environment:
  * - `CHAOS_STEPS`: `true` runs the multi-step handler (`--steps`), with its own crash points;
  * - `CHAOS_DATABASE_ONLY`: `true` runs the database-only handler (`--database-only`);
+ * - `CHAOS_DRIZZLE`: `true` writes the effect through Drizzle over node-postgres (`--drizzle`);
  * - `FAULT_POINTS`: crash probabilities, e.g. `after-claim:0.02,before-commit:0.02` (default none);
  * - `FAULT_SEED`: seed of those random crashes (default 1).
  * The harness also arms single crashes over IPC: `{ arm: 'before-commit' }`.
  */
 import type { Kysely } from 'kysely';
-import { loadEnvConfig, startWorkerProcess } from '../../src/index.js';
-import { chaosHandler, chaosStepsHandler, databaseOnlyChaosHandler, type ChaosPayload } from './chaos-handler.js';
+import { loadEnvConfig, startWorkerProcess } from '../../src/process/index.js';
+import { chaosHandler, chaosStepsHandler, databaseOnlyChaosHandler, drizzleEffect, type ChaosPayload } from './chaos-handler.js';
 import { ArmedFaults, CRASH_POINTS, crasher, crashingFaultHook, parseFaultPoints, type CrashPoint } from './fault-injection.js';
 
 const config = loadEnvConfig();
@@ -25,6 +26,7 @@ process.on('disconnect', () => process.kill(process.pid, 'SIGKILL'));
 const crash = crasher(rates, armed, Number(process.env.FAULT_SEED ?? 1));
 let resolveDb!: (db: Kysely<any>) => void;
 const db = new Promise<Kysely<any>>((resolve) => (resolveDb = resolve));
+const drizzle = process.env.CHAOS_DRIZZLE === 'true' ? drizzleEffect(config.DATABASE_URL, config.SCHEMA, config.PG_POOL_SIZE ?? 10) : undefined;
 const worker = await startWorkerProcess<ChaosPayload, unknown>({
   config,
   handler:
@@ -32,7 +34,9 @@ const worker = await startWorkerProcess<ChaosPayload, unknown>({
       ? chaosStepsHandler(config.SCHEMA, db, crash)
       : process.env.CHAOS_DATABASE_ONLY === 'true'
         ? databaseOnlyChaosHandler(config.SCHEMA)
-        : chaosHandler(config.SCHEMA, db),
+        : chaosHandler(config.SCHEMA, db, drizzle?.effect),
+  // Checked at start, as a user's worker does: on another database than the keys, it takes no job.
+  ...(drizzle ? { dataLayers: [drizzle.layer] } : {}),
   faultHook: crashingFaultHook(crash),
 });
 resolveDb(worker.keys.db);

@@ -6,6 +6,7 @@
  */
 import type { WorkerExit, WorkerLogLine } from './worker-fleet.js';
 import { FAULT_LOG_MESSAGE } from './fault-injection.js';
+import { JOB_FAULT_ERRORS, isFailingJobFault, type JobFault } from './job-faults.js';
 
 /** One row of `effects`, `external_calls` or `step_effects`. */
 export interface ExecutionRow {
@@ -17,6 +18,12 @@ export interface ExecutionRow {
   readonly at: number;
   /** The step that wrote the row (multi-step handler: `external_calls` and `step_effects`). */
   readonly step?: string;
+  /** `effects` of the database-only handler: the transaction that committed it. */
+  readonly txid?: number;
+  /** `effects` of the database-only handler: `current_setting('app.tenant', true)` as the job saw it. */
+  readonly seenTenant?: string | null;
+  /** `effects` of the database-only handler: `current_setting('synchronous_commit')` as the job saw it. */
+  readonly seenSynchronousCommit?: string | null;
 }
 
 /** One row of `job_steps`: a step's record (or, for an external step, its start). */
@@ -55,6 +62,8 @@ export interface KeyRow {
   readonly key: string;
   readonly status: string;
   readonly fence: number;
+  /** The stored error of a failed key (for the evidence). */
+  readonly error?: unknown;
 }
 
 /** A BullMQ job left in the `failed` state. */
@@ -91,6 +100,20 @@ export interface History {
   readonly fastPath?: boolean;
   /** The multi-step profile's rows and records; the step checks run only when present. */
   readonly steps?: StepsHistory;
+  /**
+   * The job-fault profile (`--job-faults`): the fault of each key that carries one, by
+   * `scope/key`. When present, the job-fault checks run, and keys with a failing fault are
+   * expected to fail (they leave `lost`, `failedKeys` and `failedJobs`).
+   */
+  readonly jobFaults?: ReadonlyMap<string, JobFault>;
+  /**
+   * Completed jobs stay in the queue (no `removeOnComplete`), so a job id holds one job for the
+   * whole run and a replay under the id of the job that committed its key is that job delivered
+   * again: the checker counts those ({@link CheckResult.redeliveredCommittedJobs}).
+   */
+  readonly completedJobsKept?: boolean;
+  /** The job's completion commits with its effect (the Postgres backend): a committed job delivered again fails the run. */
+  readonly jobFinishedInEffect?: boolean;
 }
 
 /** Summary of a distribution, in ms. */
@@ -130,12 +153,26 @@ export interface CheckResult {
   readonly repeatedWithinLease: string[];
   /** The multi-step profile's checks (absent without steps). */
   readonly steps?: StepsCheck;
+  /** The job-fault profile's checks (absent without job faults). */
+  readonly jobFaults?: JobFaultsCheck;
   readonly outcomes: Readonly<Record<string, number>>;
   readonly injectedCrashes: Readonly<Record<string, number>>;
   /** Deaths by SIGKILL before the stop (nemesis kills and injected crashes). */
   readonly killedProcesses: number;
   /** Per key a killed worker held: from its death to the key's effect committing elsewhere. */
   readonly recoveryMs: Percentiles;
+  /**
+   * Runs that replayed a key under the job id whose run committed it: a job delivered again
+   * after its effect committed (a worker died between the COMMIT and telling the queue). Counted
+   * when completed jobs are kept; `scope/key` per redelivery.
+   */
+  readonly redeliveredCommittedJobs?: string[];
+  /**
+   * Replays under the committing job's id by a delivery older than the committing one: a worker
+   * held the job through a stall (its lock expired, the job went to another) and claimed the key
+   * after the other's commit. Not a redelivery; counted to show the race was exercised.
+   */
+  readonly replaysByOlderDeliveries?: string[];
   /** True when every required check is zero. */
   readonly ok: boolean;
 }
@@ -165,6 +202,48 @@ export interface StepsCheck {
   readonly extraCalls: number;
 }
 
+/** The job-fault checks. Lists hold `scope/key`. */
+export interface JobFaultsCheck {
+  /** Acknowledged keys by fault (`none`: without one). */
+  readonly keysByFault: Readonly<Record<string, number>>;
+  /**
+   * Keys without a failing fault that failed: lost (acknowledged, not completed with an effect,
+   * no job left), stored `failed`, or with a BullMQ job `failed`. A job failed for a group-mate's
+   * fault (or for a fault of the system's) is one.
+   */
+  readonly innocentFailures: string[];
+  /**
+   * Keys with a failing fault that committed an effect or completed, or (acknowledged, no job
+   * left for them) did not end `failed`.
+   */
+  readonly poisonNotFailed: string[];
+  /**
+   * Keys whose effect row saw another job's state: a tenant neither unset (null or empty) nor
+   * its own, or a `synchronous_commit` other than `on` without a `set-local` fault of its own.
+   */
+  readonly settingsSeenAcross: string[];
+  /**
+   * Keys with a state fault whose effect row committed in a transaction with another key's: a
+   * job that changed transaction-scoped state shared its transaction.
+   */
+  readonly stateFaultsGrouped: string[];
+  /**
+   * Keys with a state fault whose effect row does not show it (`set-local`: `synchronous_commit`
+   * `off`; the tenant faults: its own tenant): the handler did not send its fault, and the
+   * checks above would pass without testing anything.
+   */
+  readonly faultsNotSeen: string[];
+  /**
+   * Keys with a failing fault with a BullMQ job failed for another reason than the fault's
+   * error: a fault of the system's (a cut connection) used up the job's attempt, which only the
+   * job's own error may do.
+   */
+  readonly poisonFailedOtherwise: string[];
+  /** Effect rows committed in a transaction with other keys' rows (group commit at work), and those transactions. */
+  readonly groupedEffects: number;
+  readonly sharedTransactions: number;
+}
+
 const TERMINAL = new Set(['completed', 'fenced', 'released', 'failed', 'lease-lost']);
 const idOf = (row: { scope?: string; key?: string }) => `${row.scope}/${row.key}`;
 
@@ -174,12 +253,14 @@ export function checkHistory(history: History): CheckResult {
   const keyRows = new Map(history.keys.map((row) => [idOf(row), row]));
 
   const acknowledged = [...history.produced].filter(([, p]) => p.acks > 0).map(([id]) => id);
+  // Keys whose jobs must fail (the job-fault profile): checked by their own rules, not as losses.
+  const poisoned = (id: string) => isFailingJobFault(history.jobFaults?.get(id));
   const notDone = acknowledged.filter((id) => !effectsByKey.has(id) || keyRows.get(id)?.status !== 'completed');
   const stillQueued = (id: string) => history.pending?.has(id) === true && keyRows.get(id)?.status !== 'failed';
-  const lost = notDone.filter((id) => !stillQueued(id));
+  const lost = notDone.filter((id) => !stillQueued(id) && !poisoned(id));
   const unfinished = notDone.filter(stillQueued);
-  const failedKeys = history.keys.filter((row) => row.status === 'failed').map(idOf);
-  const failedJobs = [...(history.failedJobs ?? [])];
+  const failedKeys = history.keys.filter((row) => row.status === 'failed' && !poisoned(idOf(row))).map(idOf);
+  const failedJobs = (history.failedJobs ?? []).filter((job) => !poisoned(job.id));
   const leftProcessing = history.keys.filter((row) => row.status === 'processing').map(idOf);
   const duplicated = [...effectsByKey].filter(([, rows]) => rows.length > 1).map(([id]) => id);
   const unexpected = [...effectsByKey.keys()].filter((id) => !history.produced.has(id));
@@ -286,6 +367,27 @@ export function checkHistory(history: History): CheckResult {
   }
 
   const steps = history.steps ? checkSteps(history.steps, history.externalCalls, effectsByKey, keyRows) : undefined;
+  // A committed job delivered again: a replay under the job id of the run that committed the key.
+  let redeliveredCommittedJobs: string[] | undefined;
+  let replaysByOlderDeliveries: string[] | undefined;
+  if (history.completedJobsKept) {
+    const committedBy = new Map<string, WorkerLogLine>();
+    for (const line of history.lines) if (line.outcome === 'completed' && line.jobId) committedBy.set(idOf(line), line);
+    const replaysOfTheCommittedJob = history.lines.filter((line) => line.outcome === 'replayed' && line.jobId !== undefined && committedBy.get(idOf(line))?.jobId === line.jobId);
+    // A delivery older than the one that committed (a worker that held the job through a stall
+    // and claimed only after the new holder's commit) replays, but it is not the job delivered
+    // again. Without delivery numbers, every replay under the job id counts.
+    const older = (line: WorkerLogLine) => {
+      const committing = committedBy.get(idOf(line))!.delivery;
+      return line.delivery !== undefined && committing !== undefined && line.delivery < committing;
+    };
+    redeliveredCommittedJobs = replaysOfTheCommittedJob.filter((line) => !older(line)).map(idOf);
+    replaysByOlderDeliveries = replaysOfTheCommittedJob.filter(older).map(idOf);
+  }
+
+  const jobFaults = history.jobFaults
+    ? checkJobFaults(history, history.jobFaults, { acknowledged, effectsByKey, keyRows, stillQueued, lost })
+    : undefined;
 
   const ok =
     lost.length === 0 &&
@@ -296,9 +398,17 @@ export function checkHistory(history: History): CheckResult {
     unexpected.length === 0 &&
     committedOverlaps.length === 0 &&
     fenceMismatches.length === 0 &&
+    (!history.jobFinishedInEffect || redeliveredCommittedJobs?.length === 0) &&
     (history.fastPath === true || repeatedWithinLease.length === 0) &&
     (steps === undefined ||
-      (steps.databaseNotOnce.length === 0 && steps.calledAfterRecord.length === 0 && steps.uncountedCalls.length === 0 && steps.outOfOrder.length === 0));
+      (steps.databaseNotOnce.length === 0 && steps.calledAfterRecord.length === 0 && steps.uncountedCalls.length === 0 && steps.outOfOrder.length === 0)) &&
+    (jobFaults === undefined ||
+      (jobFaults.innocentFailures.length === 0 &&
+        jobFaults.poisonNotFailed.length === 0 &&
+        jobFaults.settingsSeenAcross.length === 0 &&
+        jobFaults.stateFaultsGrouped.length === 0 &&
+        jobFaults.faultsNotSeen.length === 0 &&
+        jobFaults.poisonFailedOtherwise.length === 0));
   return {
     acknowledgedKeys: acknowledged.length,
     lost,
@@ -314,10 +424,13 @@ export function checkHistory(history: History): CheckResult {
     externalCalls: { total: history.externalCalls.length, keysCalledMoreThanOnce, extraCalls },
     repeatedWithinLease,
     ...(steps ? { steps } : {}),
+    ...(jobFaults ? { jobFaults } : {}),
     outcomes,
     injectedCrashes,
     killedProcesses,
     recoveryMs: percentiles(samples),
+    ...(redeliveredCommittedJobs ? { redeliveredCommittedJobs } : {}),
+    ...(replaysByOlderDeliveries ? { replaysByOlderDeliveries } : {}),
     ok,
   };
 }
@@ -393,6 +506,91 @@ function checkSteps(
     if (history.sequence.length > 0 && completion.length > 0 && !recordedBefore(before, completion)) outOfOrder.push(`${id}:completion`);
   }
   return { databaseNotOnce, calledAfterRecord, uncountedCalls, outOfOrder, lateZombieCalls, repeatedSteps, extraCalls };
+}
+
+/**
+ * The job-fault checks: no job fails for another's fault, every job with a failing fault fails
+ * and commits nothing, no job sees another's state, and a job that changed state committed in a
+ * transaction of its own.
+ */
+function checkJobFaults(
+  history: History,
+  faults: ReadonlyMap<string, JobFault>,
+  seen: {
+    readonly acknowledged: readonly string[];
+    readonly effectsByKey: ReadonlyMap<string, readonly ExecutionRow[]>;
+    readonly keyRows: ReadonlyMap<string, KeyRow>;
+    readonly stillQueued: (id: string) => boolean;
+    readonly lost: readonly string[];
+  },
+): JobFaultsCheck {
+  const { acknowledged, effectsByKey, keyRows, stillQueued } = seen;
+  const failing = (id: string) => isFailingJobFault(faults.get(id));
+  const keysByFault: Record<string, number> = {};
+  for (const id of acknowledged) {
+    const fault = faults.get(id) ?? 'none';
+    keysByFault[fault] = (keysByFault[fault] ?? 0) + 1;
+  }
+
+  const innocentFailures = new Set<string>(seen.lost);
+  for (const row of history.keys) if (row.status === 'failed' && !failing(idOf(row))) innocentFailures.add(idOf(row));
+  for (const job of history.failedJobs ?? []) if (!failing(job.id)) innocentFailures.add(job.id);
+
+  const poisonNotFailed = new Set<string>();
+  for (const id of faults.keys()) {
+    if (!failing(id)) continue;
+    if (effectsByKey.has(id) || keyRows.get(id)?.status === 'completed') poisonNotFailed.add(id);
+  }
+  for (const id of acknowledged) {
+    if (failing(id) && !stillQueued(id) && keyRows.get(id)?.status !== 'failed') poisonNotFailed.add(id);
+  }
+
+  const settingsSeenAcross = new Set<string>();
+  const faultsNotSeen = new Set<string>();
+  for (const row of history.effects) {
+    const id = idOf(row);
+    const fault = faults.get(id);
+    const tenant = row.seenTenant ?? '';
+    if ((tenant !== '' && tenant !== id) || (row.seenSynchronousCommit !== 'on' && fault !== 'set-local')) settingsSeenAcross.add(id);
+    if ((fault === 'set-local' && row.seenSynchronousCommit !== 'off') || ((fault === 'set-tenant' || fault === 'set-tenant-quietly') && tenant !== id)) {
+      faultsNotSeen.add(id);
+    }
+  }
+
+  const byTransaction = groupBy(
+    history.effects.filter((row) => row.txid !== undefined),
+    (row) => String(row.txid),
+  );
+  const stateFaultsGrouped = new Set<string>();
+  let groupedEffects = 0;
+  let sharedTransactions = 0;
+  for (const rows of byTransaction.values()) {
+    if (new Set(rows.map(idOf)).size < 2) continue;
+    sharedTransactions++;
+    groupedEffects += rows.length;
+    for (const row of rows) {
+      const fault = faults.get(idOf(row));
+      if (fault !== undefined && !isFailingJobFault(fault)) stateFaultsGrouped.add(idOf(row));
+    }
+  }
+
+  const poisonFailedOtherwise = new Set<string>();
+  for (const job of history.failedJobs ?? []) {
+    const fault = faults.get(job.id);
+    if (isFailingJobFault(fault) && !JOB_FAULT_ERRORS[fault].test(job.reason)) poisonFailedOtherwise.add(job.id);
+  }
+
+  return {
+    keysByFault,
+    innocentFailures: [...innocentFailures],
+    poisonNotFailed: [...poisonNotFailed],
+    settingsSeenAcross: [...settingsSeenAcross],
+    stateFaultsGrouped: [...stateFaultsGrouped],
+    faultsNotSeen: [...faultsNotSeen],
+    poisonFailedOtherwise: [...poisonFailedOtherwise],
+    groupedEffects,
+    sharedTransactions,
+  };
 }
 
 /** Whether `record` was recorded before each of `rows` was written. */

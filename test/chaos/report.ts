@@ -5,7 +5,7 @@
 import { closeSync, mkdirSync, openSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { CRASH_POINTS, PROTOCOL_CRASH_POINTS } from './fault-injection.js';
-import type { ChaosRun } from './harness.js';
+import type { ChaosRun, FailoverResend } from './harness.js';
 
 /** The numbers of a run, as written to the JSON report. */
 export interface ChaosSummary {
@@ -20,10 +20,16 @@ export interface ChaosSummary {
   readonly steps: boolean;
   /** The database-only handler with its defaults (`--database-only`): fast path and group commit. */
   readonly databaseOnly: boolean;
+  /** With `databaseOnly`: a share of keys carried a job fault (`--job-faults`). */
+  readonly jobFaults: boolean;
   /** The workers reached Postgres through PgBouncer in transaction mode. */
   readonly pgBouncer: boolean;
   /** Redis was a private Redis Cluster (`--redis-cluster`). */
   readonly redisCluster: boolean;
+  /** Redis was a private Sentinel set-up (`--redis-sentinel`). */
+  readonly redisSentinel?: boolean;
+  /** Postgres was a private Patroni cluster behind HAProxy (`--patroni`), with this replication. */
+  readonly patroni?: 'synchronous' | 'asynchronous';
   readonly chaosSeconds: number;
   readonly jobs: number;
   readonly requests: Readonly<Record<string, number>>;
@@ -44,6 +50,17 @@ export interface ChaosSummary {
     readonly redisRestarts: number;
     /** Coordinated failovers of the queue's shard (Redis Cluster only). */
     readonly redisFailovers: number;
+    /** The Patroni profile's faults, by kind, and the longest time until the cluster was healthy again. */
+    readonly patroni?: {
+      readonly leaderPostgresKills: number;
+      readonly leaderCrashes: number;
+      /** Crashes of the leader while its standby had received nothing for a while (`patroni-lagging-crash`). */
+      readonly laggingCrashes: number;
+      readonly switchovers: number;
+      readonly failovers: number;
+      readonly leaderChanges: number;
+      readonly longestUnhealthyMs: number;
+    };
     readonly crashesArmed: number;
     readonly injectedCrashes: Readonly<Record<string, number>>;
     readonly skipped: number;
@@ -62,6 +79,12 @@ export interface ChaosSummary {
   readonly recoveryAfterKillMs: { readonly samples: number; readonly p50: number | null; readonly p99: number | null; readonly max: number | null };
   readonly externalCalls: { readonly total: number; readonly keysCalledMoreThanOnce: number; readonly extraCalls: number };
   readonly leaseOverlaps: number;
+  /** Committed jobs delivered again (counted when completed jobs are kept: the Postgres queue backend). */
+  readonly redeliveredCommittedJobs?: number;
+  /** Replays under the committing job's id by an older delivery of it (a stall's race, not a redelivery). */
+  readonly replaysByOlderDeliveries?: number;
+  /** Where BullMQ kept the queue. */
+  readonly queueBackend?: 'redis' | 'postgres';
   readonly lost: number;
   readonly unfinished: number;
   readonly duplicated: number;
@@ -79,12 +102,41 @@ export interface ChaosSummary {
     readonly repeatedSteps: number;
     readonly extraCalls: number;
   };
+  /** The job-fault checks (`--job-faults` only). */
+  readonly jobFaultChecks?: {
+    readonly keysByFault: Readonly<Record<string, number>>;
+    readonly innocentFailures: number;
+    readonly poisonNotFailed: number;
+    readonly settingsSeenAcross: number;
+    readonly stateFaultsGrouped: number;
+    readonly faultsNotSeen: number;
+    readonly poisonFailedOtherwise: number;
+    readonly groupedEffects: number;
+    readonly sharedTransactions: number;
+    /** Errors the faults made Postgres log, by cause. */
+    readonly serverErrors: Readonly<Record<string, number>>;
+  };
+  /** A key-feature profile's rules (`--tombstones`, `--concurrency-limits`, `--coalescing`, `--racing-schedulers`): numbers, and each rule's failures. */
+  readonly keyFeature?: {
+    readonly feature: string;
+    readonly numbers: ReadonlyArray<readonly [string, string]>;
+    readonly rules: ReadonlyArray<{ readonly rule: string; readonly failing: number }>;
+  };
+  /** Keys stored `failed`, and BullMQ jobs `failed` (with `--job-faults`: of keys without a failing fault). */
   readonly failedKeys: number;
   readonly failedJobs: number;
   readonly keysLeftProcessing: number;
   readonly producerRetries: number;
   readonly unacknowledgedRequests: number;
   readonly drained: boolean;
+  /**
+   * On Redis Sentinel: after the first drain, the acknowledged keys the changes of master had lost
+   * (of them outside the re-sending windows), and the keys acknowledged around a change of master
+   * that the producer sent again (`failover-resend.ts`).
+   */
+  readonly resent?: FailoverResend;
+  /** With `--reconcile`: completed jobs checked, those whose key had vanished (of them left processing), sent again. */
+  readonly reconciled?: { readonly checked: number; readonly vanished: number; readonly unfinished: number; readonly reenqueued: number };
   readonly drainSeconds: number;
   readonly totalSeconds: number;
 }
@@ -97,7 +149,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
   const cut = (kind: string) => done.filter((e) => e.kind === kind).reduce((sum, e) => sum + (e.cut ?? 0), 0);
   const outcome = (name: string) => check.outcomes[name] ?? 0;
   return {
-    verdict: check.ok && run.drained ? 'PASS' : 'FAIL',
+    verdict: check.ok && run.drained && (run.keyFeature?.ok ?? true) ? 'PASS' : 'FAIL',
     seed: options.seed,
     workers: options.workers,
     concurrency: options.concurrency,
@@ -106,9 +158,15 @@ export function summarize(run: ChaosRun): ChaosSummary {
     groupCommit: options.groupCommit,
     steps: options.steps,
     databaseOnly: options.databaseOnly ?? false,
+    jobFaults: options.jobFaults ?? false,
     pgBouncer: options.pgBouncer ?? false,
     redisCluster: options.redisCluster ?? false,
+    ...(options.redisSentinel ? { redisSentinel: true } : {}),
+    ...(options.patroni ? { patroni: options.patroni } : {}),
     chaosSeconds: Math.round(run.timings.chaosMs / 1000),
+    ...(run.keyFeature
+      ? { keyFeature: { feature: run.keyFeature.feature, numbers: run.keyFeature.numbers, rules: run.keyFeature.rules.map((r) => ({ rule: r.rule, failing: r.failing.length })) } }
+      : {}),
     jobs: load.acknowledged,
     requests: load.requests,
     uniqueKeys: load.keys.size,
@@ -118,6 +176,19 @@ export function summarize(run: ChaosRun): ChaosSummary {
       pauses: count('pause'),
       pgTerminations: count('pg-terminate'),
       pgBackendsTerminated: cut('pg-terminate'),
+      ...(options.patroni
+        ? {
+            patroni: {
+              leaderPostgresKills: count('patroni-kill-postgres'),
+              leaderCrashes: count('patroni-crash-leader'),
+              laggingCrashes: count('patroni-lagging-crash'),
+              switchovers: count('patroni-switchover'),
+              failovers: count('patroni-failover'),
+              leaderChanges: done.filter((e) => e.leader && e.leader.from !== e.leader.to).length,
+              longestUnhealthyMs: Math.max(0, ...done.map((e) => e.leader?.healthyAfterMs ?? 0)),
+            },
+          }
+        : {}),
       pgCrashes: count('pg-crash'),
       pgRestarts: count('pg-restart'),
       pgPauses: count('pg-pause'),
@@ -144,6 +215,9 @@ export function summarize(run: ChaosRun): ChaosSummary {
     recoveryAfterKillMs: check.recoveryMs,
     externalCalls: check.externalCalls,
     leaseOverlaps: check.leaseOverlaps,
+    ...(check.redeliveredCommittedJobs ? { redeliveredCommittedJobs: check.redeliveredCommittedJobs.length } : {}),
+    ...(check.replaysByOlderDeliveries ? { replaysByOlderDeliveries: check.replaysByOlderDeliveries.length } : {}),
+    queueBackend: run.options.queueBackend ?? 'redis',
     lost: check.lost.length,
     unfinished: check.unfinished.length,
     duplicated: check.duplicated.length,
@@ -164,12 +238,30 @@ export function summarize(run: ChaosRun): ChaosSummary {
           },
         }
       : {}),
+    ...(check.jobFaults
+      ? {
+          jobFaultChecks: {
+            keysByFault: check.jobFaults.keysByFault,
+            innocentFailures: check.jobFaults.innocentFailures.length,
+            poisonNotFailed: check.jobFaults.poisonNotFailed.length,
+            settingsSeenAcross: check.jobFaults.settingsSeenAcross.length,
+            stateFaultsGrouped: check.jobFaults.stateFaultsGrouped.length,
+            faultsNotSeen: check.jobFaults.faultsNotSeen.length,
+            poisonFailedOtherwise: check.jobFaults.poisonFailedOtherwise.length,
+            groupedEffects: check.jobFaults.groupedEffects,
+            sharedTransactions: check.jobFaults.sharedTransactions,
+            serverErrors: run.serverErrorsOfFaults ?? {},
+          },
+        }
+      : {}),
     failedKeys: check.failedKeys.length,
     failedJobs: check.failedJobs.length,
     keysLeftProcessing: check.leftProcessing.length,
     producerRetries: load.retries,
     unacknowledgedRequests: load.unacknowledged,
     drained: run.drained,
+    ...(run.resent ? { resent: run.resent } : {}),
+    ...(run.reconciled ? { reconciled: run.reconciled } : {}),
     drainSeconds: Math.round(run.timings.drainMs / 1000),
     totalSeconds: Math.round(run.timings.totalMs / 1000),
   };
@@ -177,7 +269,7 @@ export function summarize(run: ChaosRun): ChaosSummary {
 
 /** How the workers ran their jobs, e.g. `fast path, group commit`. */
 function paths(s: ChaosSummary): string {
-  if (s.databaseOnly) return 'database-only handler with its defaults: fast path, group commit';
+  if (s.databaseOnly) return `database-only handler with its defaults: fast path, group commit${s.jobFaults ? '; job faults' : ''}`;
   return `${s.fastPath ? 'fast path' : `lease ${s.leaseMs} ms`}${s.groupCommit ? ', group commit' : ''}`;
 }
 
@@ -189,7 +281,7 @@ export function formatTable(summary: ChaosSummary): string {
   const rows: Array<[string, string]> = [
     ['verdict', s.verdict],
     ['seed', String(s.seed)],
-    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${paths(s)}${s.steps ? ', steps' : ''}${s.pgBouncer ? ', through PgBouncer' : ''}${s.redisCluster ? ', on Redis Cluster' : ''})`],
+    ['workers × concurrency', `${s.workers} × ${s.concurrency} (${paths(s)}${s.steps ? ', steps' : ''}${s.pgBouncer ? ', through PgBouncer' : ''}${s.redisCluster ? ', on Redis Cluster' : ''}${s.redisSentinel ? ', on Redis Sentinel' : ''}${s.patroni ? `, on Patroni (${s.patroni} replication)` : ''})`],
     ['chaos phase', `${s.chaosSeconds} s (drain ${s.drainSeconds} s, total ${s.totalSeconds} s)`],
     ['jobs (acknowledged adds)', `${s.jobs} (new ${s.requests.new}, repeated ${s.requests.repeat}, foreign ${s.requests.foreign}, concurrent ${s.requests.concurrent})`],
     ['unique keys (acknowledged)', `${s.uniqueKeys} (${s.acknowledgedKeys})`],
@@ -199,7 +291,16 @@ export function formatTable(summary: ChaosSummary): string {
     ['Postgres crashes (SIGKILL, crash recovery) / fast restarts / pauses past the lease', `${s.faults.pgCrashes} (${s.faults.pgCrashRecoveries} recoveries) / ${s.faults.pgRestarts} / ${s.faults.pgPauses}`],
     ['Redis connections killed', `${s.faults.redisClientsKilled} in ${s.faults.redisClientKills} rounds`],
     ['Redis restarts (crash + AOF reload)', String(s.faults.redisRestarts)],
+    ...(s.faults.patroni
+      ? [
+          [
+            'Patroni: leader Postgres killed / leader crashed / crashed with a lagging standby / switchovers / failovers (leader changes; longest until healthy)',
+            `${s.faults.patroni.leaderPostgresKills} / ${s.faults.patroni.leaderCrashes} / ${s.faults.patroni.laggingCrashes} / ${s.faults.patroni.switchovers} / ${s.faults.patroni.failovers} (${s.faults.patroni.leaderChanges}; ${(s.faults.patroni.longestUnhealthyMs / 1000).toFixed(1)} s)`,
+          ] as [string, string],
+        ]
+      : []),
     ...(s.redisCluster ? [['Redis Cluster failovers of the queue\'s shard (coordinated)', String(s.faults.redisFailovers)] as [string, string]] : []),
+    ...(s.redisSentinel ? [['Redis Sentinel failovers (SENTINEL FAILOVER, not coordinated with writes)', String(s.faults.redisFailovers)] as [string, string]] : []),
     [
       'injected crashes by point',
       `${Object.entries(crashes)
@@ -217,8 +318,30 @@ export function formatTable(summary: ChaosSummary): string {
       `${s.externalCalls.total} (${s.externalCalls.keysCalledMoreThanOnce}, ${s.externalCalls.extraCalls}; ${s.fastPath || s.databaseOnly ? 'fast path: after rolled-back attempts' : 'all after takeovers'})`,
     ],
     ['lease overlaps (zombie still running, fenced)', String(s.leaseOverlaps)],
+    ...(s.resent
+      ? [
+          [
+            'adds lost by the changes of master (outside the re-sending windows) / keys sent again (given up)',
+            `${s.resent.lost} of ${s.acknowledgedKeys} keys in ${s.resent.masterChanges} changes (${s.resent.lostOutsideWindows}) / ${s.resent.resent} (${s.resent.unacknowledged})`,
+          ] as [string, string],
+        ]
+      : []),
+    ...(s.reconciled
+      ? [
+          [
+            'reconciler: completed jobs checked / whose key vanished (left processing) / sent again',
+            `${s.reconciled.checked} / ${s.reconciled.vanished} (${s.reconciled.unfinished}) / ${s.reconciled.reenqueued}`,
+          ] as [string, string],
+        ]
+      : []),
+    ...(s.redeliveredCommittedJobs === undefined
+      ? []
+      : [
+          [s.queueBackend === 'postgres' ? '**committed jobs delivered again**' : 'committed jobs delivered again', String(s.redeliveredCommittedJobs)] as [string, string],
+          ['replays by a delivery older than the committing one (held through a stall)', String(s.replaysByOlderDeliveries ?? 0)] as [string, string],
+        ]),
     ['**lost**', s.unfinished > 0 ? `${s.lost} (and ${s.unfinished} not finished: still queued when the drain timed out)` : String(s.lost)],
-    ['**failed jobs**', String(s.failedJobs)],
+    [s.jobFaults ? '**failed jobs** (of keys without a failing fault)' : '**failed jobs**', String(s.failedJobs)],
     ['**keys left processing**', String(s.keysLeftProcessing)],
     ['**duplicated**', String(s.duplicated)],
     ['**unexpected**', String(s.unexpected)],
@@ -228,6 +351,8 @@ export function formatTable(summary: ChaosSummary): string {
       `${s.fenceMismatches} / ${s.externalCallsRepeatedWithinLease}`,
     ],
     ...stepRows(s),
+    ...jobFaultRows(s),
+    ...keyFeatureRows(s),
     ['drained', s.drained ? 'yes' : 'NO'],
   ];
   const width = Math.max(...rows.map(([name]) => name.length));
@@ -246,6 +371,41 @@ function stepRows(s: ChaosSummary): Array<[string, string]> {
   ];
 }
 
+/** A key-feature profile's rows of the table: its numbers, then its rules (required: 0). */
+function keyFeatureRows(s: ChaosSummary): Array<[string, string]> {
+  const f = s.keyFeature;
+  if (!f) return [];
+  return [
+    ...f.numbers.map(([label, value]): [string, string] => [`${f.feature}: ${label}`, value]),
+    ...f.rules.map((r): [string, string] => [`**${f.feature}: ${r.rule}**`, String(r.failing)]),
+  ];
+}
+
+/** The job-fault checks' rows of the table (none without job faults). */
+function jobFaultRows(s: ChaosSummary): Array<[string, string]> {
+  const c = s.jobFaultChecks;
+  if (!c) return [];
+  const byFault = Object.entries(c.keysByFault)
+    .filter(([fault]) => fault !== 'none')
+    .map(([fault, n]) => `${fault} ${n}`)
+    .join(', ');
+  return [
+    ['acknowledged keys with a job fault', `${Object.values(c.keysByFault).reduce((a, b) => a + b, 0) - (c.keysByFault.none ?? 0)} (${byFault})`],
+    ['effects committed in shared transactions (transactions)', `${c.groupedEffects} (${c.sharedTransactions})`],
+    [
+      'errors the faults made Postgres log',
+      Object.entries(c.serverErrors)
+        .map(([cause, n]) => `${cause} ${n}`)
+        .join(', '),
+    ],
+    ['**innocent failures** (keys without a failing fault: lost, failed, or with a failed job)', String(c.innocentFailures)],
+    ['**failing faults not failed** (completed, an effect committed, or not ended failed)', String(c.poisonNotFailed)],
+    ['**settings seen across jobs** (another\'s tenant, synchronous_commit not on)', String(c.settingsSeenAcross)],
+    ['**state faults committed in a shared transaction / not seen by their own job**', `${c.stateFaultsGrouped} / ${c.faultsNotSeen}`],
+    ['**jobs with a failing fault failed for another reason** (a fault of the system\'s used up the attempt)', String(c.poisonFailedOtherwise)],
+  ];
+}
+
 /**
  * Writes the whole history, one JSON object a line ordered by time, to
  * `<dir>/history-<seed>.jsonl`: faults as carried out, worker starts and exits, every worker log
@@ -261,7 +421,8 @@ export function writeHistory(run: ChaosRun, dir: string): string {
   for (const exit of run.history.exits) add(exit.at, { type: 'worker-exit', ...exit });
   for (const line of run.history.lines) add(line.time, { type: 'worker', ...line });
   for (const key of run.load.keys.values()) {
-    if (key.firstAckAt !== undefined) add(key.firstAckAt, { type: 'acknowledged', at: key.firstAckAt, scope: key.scope, key: key.key, adds: key.acks });
+    const firstAckAt = key.ackedAt[0];
+    if (firstAckAt !== undefined) add(firstAckAt, { type: 'acknowledged', at: firstAckAt, scope: key.scope, key: key.key, adds: key.acks });
   }
   entries.sort((a, b) => a.at - b.at);
   // In chunks: a long run's history is larger than the longest string V8 can build.
@@ -308,7 +469,18 @@ export function writeJsonReport(run: ChaosRun, summary: ChaosSummary, dir: strin
             stepsOutOfOrder: cap(run.check.steps.outOfOrder),
           }
         : {}),
+      ...(run.check.jobFaults
+        ? {
+            innocentFailures: cap(run.check.jobFaults.innocentFailures),
+            poisonNotFailed: cap(run.check.jobFaults.poisonNotFailed),
+            settingsSeenAcross: cap(run.check.jobFaults.settingsSeenAcross),
+            stateFaultsGrouped: cap(run.check.jobFaults.stateFaultsGrouped),
+            faultsNotSeen: cap(run.check.jobFaults.faultsNotSeen),
+            poisonFailedOtherwise: cap(run.check.jobFaults.poisonFailedOtherwise),
+          }
+        : {}),
     },
+    ...(run.keyFeature ? { keyFeatureViolations: Object.fromEntries(run.keyFeature.rules.map((r) => [r.rule, r.failing.slice(0, 100)])) } : {}),
     faults: run.events,
     unexpectedWorkerExits: run.unexpectedExits,
     evidence: run.evidence,

@@ -24,6 +24,8 @@ export interface WorkerLogLine {
   readonly key?: string;
   readonly fence?: number;
   readonly jobId?: string;
+  /** Which delivery of the job the line's run is (BullMQ's attemptsStarted). */
+  readonly delivery?: number;
   /** On fault lines: where the worker crashed. */
   readonly point?: string;
   /** On fault lines at a step point, and on failures inside a step: the step. */
@@ -229,6 +231,7 @@ function parseLine(text: string): WorkerLogLine | undefined {
     ...(typeof raw.key === 'string' ? { key: raw.key } : {}),
     ...(raw.fence !== undefined ? { fence: Number(raw.fence) } : {}),
     ...(typeof raw.jobId === 'string' ? { jobId: raw.jobId } : {}),
+    ...(typeof raw.delivery === 'number' ? { delivery: raw.delivery } : {}),
     ...(typeof raw.point === 'string' ? { point: raw.point } : {}),
     ...(typeof raw.step === 'string' ? { step: raw.step } : {}),
     ...(err?.message ? { err: err.message } : {}),

@@ -1,7 +1,7 @@
 /** A Kysely instance whose every Postgres round trip (BEGIN and COMMIT included) is counted. */
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
-import { kyselyOverPool } from '../../src/store/last-result-pool.js';
+import { kyselyOverPool } from '../../src/store/pipelining-pool.js';
 
 /**
  * `kind: 'library'` builds the instance as `createPostgresDb` does (statements can share a

@@ -1,6 +1,9 @@
 import type { TestProject } from 'vitest/node';
 import { PgBouncer } from './pgbouncer.js';
+import { BROKER_TAGS, missingBrokerLine, type BrokerTag } from './broker-files.js';
+import { missingRedisLine } from './redis-files.js';
 import { resolveServiceUrls } from './service-urls.js';
+import { SYSTEM_TOOLS, findSystemTool, missingToolLine, type SystemToolName } from './system-tools.js';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -9,6 +12,13 @@ declare module 'vitest' {
     /** Postgres itself, for what needs a session (migrations, advisory locks, LISTEN); `databaseUrl` without a pooler. */
     databaseDirectUrl: string;
     redisUrl: string;
+    /**
+     * Why this run has no Redis (the URL tried and the error), from vitest.config.ts; '' when it
+     * has one. Without one the files marked `@module-tag redis` are skipped (under CI=true, fail).
+     */
+    redisMissing: string;
+    /** Per broker file tag, why this run has no such broker ('' when it has one); see ./broker-files.ts. */
+    brokersMissing: Record<BrokerTag, string>;
     /** Hash partitions of each test file's keys table (`TEST_KEYS_PARTITIONS=16`); 0: one plain table. */
     keysPartitions: number;
   }
@@ -18,14 +28,17 @@ declare module 'vitest' {
 const PGBOUNCER_POOL_SIZE = 20;
 
 /**
- * Resolves Postgres and Redis once for the whole run and hands the URLs to every test file.
- * With `TEST_PGBOUNCER=1`, starts a PgBouncer in transaction mode in front of that Postgres
+ * Resolves Postgres and Redis once for the whole run and hands the URLs to every test file;
+ * where no Postgres answers and none is named, starts an embedded one and stops it after the
+ * run, and where no Redis answers, says in one line that the files that need it are skipped
+ * (./service-urls.ts, ./redis-files.ts). With `TEST_PGBOUNCER=1`, starts a PgBouncer in transaction mode in front of that Postgres
  * (test/support/pgbouncer.ts) and hands its URL out as `databaseUrl`, Postgres's own as
  * `databaseDirectUrl`; it is stopped after the run. With `TEST_KEYS_PARTITIONS=<n>`, every test
  * file's keys table is hash-partitioned in n partitions (the protocol's tests on that layout).
  */
 export default async function setup(project: TestProject) {
-  const urls = await resolveServiceUrls().catch((error: Error) => {
+  const redisMissing = project.getProvidedContext().redisMissing;
+  const urls = await resolveServiceUrls(redisMissing || undefined).catch((error: Error) => {
     // One message that says how to get the servers, not a stack trace from inside the set-up.
     console.error(`\n${error.message}\n`);
     process.exit(1);
@@ -36,10 +49,18 @@ export default async function setup(project: TestProject) {
   const databaseUrl = bouncer ? bouncer.url() : urls.databaseUrl;
   const keysPartitions = keysPartitionsFromEnv();
   console.log(
-    `[tests] Node ${process.version}; Postgres and Redis from ${urls.source}: ${urls.databaseUrl} ${urls.redisUrl}` +
+    `[tests] Node ${process.version}; Postgres ${urls.postgresFrom}: ${urls.databaseUrl}; ${redisMissing ? 'no Redis' : `Redis ${urls.redisFrom}: ${urls.redisUrl}`}` +
       (bouncer ? `; the store through PgBouncer (transaction mode, ${PGBOUNCER_POOL_SIZE} server connections) at ${databaseUrl}` : '') +
       (keysPartitions > 0 ? `; keys tables in ${keysPartitions} hash partitions` : ''),
   );
+  if (redisMissing) console.log(`[tests] ${missingRedisLine(redisMissing)}`);
+  const brokersMissing = project.getProvidedContext().brokersMissing;
+  for (const tag of BROKER_TAGS) if (brokersMissing[tag]) console.log(`[tests] ${missingBrokerLine(tag, brokersMissing[tag])}`);
+  // One line per program a test file needs and does not find (./system-tools.ts): outside CI
+  // its tests are skipped, under CI=true the file fails.
+  for (const name of Object.keys(SYSTEM_TOOLS) as SystemToolName[]) {
+    if (findSystemTool(name) === undefined) console.log(`[tests] ${missingToolLine(name)}`);
+  }
   project.provide('databaseUrl', databaseUrl);
   project.provide('databaseDirectUrl', urls.databaseUrl);
   project.provide('redisUrl', urls.redisUrl);

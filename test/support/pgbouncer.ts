@@ -6,15 +6,17 @@
  * and its directory deleted afterwards. It never touches the server's own settings.
  *
  * The binary: `PGBOUNCER`, else `pgbouncer` on PATH, else `/usr/sbin/pgbouncer` (Debian's
- * `pgbouncer` package). PgBouncer refuses to run as root: when this process is root, it runs as
- * the `postgres` OS user (`PG_OS_USER`), and the directory is handed to that user.
+ * `pgbouncer` package; see ./system-tools.ts). PgBouncer refuses to run as root: when this
+ * process is root, it runs as the `postgres` OS user (`PG_OS_USER`), and the directory is
+ * handed to that user.
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { chownSync, closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chownSync, closeSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { findSystemTool, missingToolLine } from './system-tools.js';
 
 /** Options of {@link PgBouncer.start}. */
 export interface PgBouncerOptions {
@@ -176,13 +178,9 @@ export function pgBouncerConfig(options: Omit<PgBouncerOptions, 'upstream'> & { 
 
 /** `PGBOUNCER`, else `pgbouncer` on PATH, else `/usr/sbin/pgbouncer`. */
 export function findPgBouncer(): string {
-  if (process.env.PGBOUNCER) return process.env.PGBOUNCER;
-  try {
-    return execFileSync('sh', ['-c', 'command -v pgbouncer'], { encoding: 'utf8' }).trim() || '/usr/sbin/pgbouncer';
-  } catch {
-    if (existsSync('/usr/sbin/pgbouncer')) return '/usr/sbin/pgbouncer';
-    throw new Error('no pgbouncer binary: install Debian\'s pgbouncer package (apt-get install pgbouncer), or set PGBOUNCER');
-  }
+  const found = findSystemTool('pgbouncer');
+  if (found === undefined) throw new Error(`no pgbouncer binary: ${missingToolLine('pgbouncer')}`);
+  return found;
 }
 
 interface OsUser {

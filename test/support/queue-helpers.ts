@@ -30,7 +30,7 @@ async function beforeDeadline<T>(promise: Promise<T>, deadline: number, message:
 }
 
 /** Waits until the job is in `state` and returns its state record. */
-export async function waitForJobState(queue: Queue, jobId: string, states: string[], timeoutMs = 20_000) {
+export async function waitForJobState(queue: Queue<any, any, string, any, any, string, any, any>, jobId: string, states: string[], timeoutMs = 20_000) {
   return waitFor(`job ${jobId} to be ${states.join('|')}`, async () => {
     // State first, then the job: a job read before its state could be older than the state.
     const state = await queue.getJobState(jobId);

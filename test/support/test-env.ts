@@ -1,6 +1,7 @@
 /**
  * Per-test-file isolation: a Postgres schema and a Redis key prefix of the file's own, both
  * removed afterwards. Nothing outside them is touched (no FLUSHDB, no DROP of shared objects).
+ * In a run without Redis (./redis-files.ts) the prefix is not cleaned and `openRedis` refuses.
  */
 import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
@@ -16,6 +17,12 @@ export interface TestEnv {
   /** Postgres itself, for sessions: migrations, advisory locks, LISTEN (`DATABASE_DIRECT_URL` of child processes). */
   readonly databaseDirectUrl: string;
   readonly redisUrl: string;
+  /**
+   * Whether pools over {@link databaseUrl} may name the store's statements (`preparedStatements`
+   * of `createPostgresDb`): not through the run's PgBouncer, whose version keeps no prepared
+   * statements in transaction mode (the rule of `PG_PREPARED_STATEMENTS`'s default).
+   */
+  readonly preparedStatements: boolean;
   /** Hash partitions of this file's keys table (`TEST_KEYS_PARTITIONS`); 0: one plain table. */
   readonly keysPartitions: number;
   /** This file's Postgres schema (idempotency tables live here). */
@@ -37,6 +44,7 @@ export async function createTestEnv(name: string, options: { keysPartitions?: nu
   const databaseUrl = inject('databaseUrl');
   const databaseDirectUrl = inject('databaseDirectUrl');
   const redisUrl = inject('redisUrl');
+  const redisMissing = inject('redisMissing');
   const keysPartitions = options.keysPartitions ?? inject('keysPartitions');
   const suffix = randomBytes(4).toString('hex');
   const schema = `t_${name.replace(/[^a-z0-9]/gi, '_').toLowerCase()}_${suffix}`.slice(0, 63);
@@ -44,8 +52,9 @@ export async function createTestEnv(name: string, options: { keysPartitions?: nu
   const dbs: Kysely<any>[] = [];
   const redises: Redis[] = [];
 
+  const preparedStatements = databaseUrl === databaseDirectUrl;
   const openDb = (maxConnections = 20) => {
-    const db = createPostgresDb({ connectionString: databaseUrl, maxConnections, applicationName: `test:${name}` }, () => {});
+    const db = createPostgresDb({ connectionString: databaseUrl, maxConnections, applicationName: `test:${name}`, preparedStatements }, () => {});
     dbs.push(db);
     return db;
   };
@@ -58,6 +67,7 @@ export async function createTestEnv(name: string, options: { keysPartitions?: nu
   return {
     databaseUrl,
     databaseDirectUrl,
+    preparedStatements,
     redisUrl,
     keysPartitions,
     schema,
@@ -65,17 +75,23 @@ export async function createTestEnv(name: string, options: { keysPartitions?: nu
     db,
     openDb,
     openRedis(options = {}) {
+      // A file that runs in a run without Redis was not marked as needing it (./redis-files.ts).
+      if (redisMissing !== '') {
+        throw new Error(`test file "${name}" uses Redis, which this run does not have (${redisMissing}): mark the file \`// @module-tag redis\``);
+      }
       const redis = new Redis(redisUrl, { maxRetriesPerRequest: options.maxRetriesPerRequest ?? null });
       redises.push(redis);
       return redis;
     },
     async teardown() {
       await sql`drop schema if exists ${sql.id(schema)} cascade`.execute(db);
-      const cleaner = new Redis(redisUrl);
-      try {
-        await deleteKeysWithPrefix(cleaner, redisPrefix);
-      } finally {
-        cleaner.disconnect();
+      if (redisMissing === '') {
+        const cleaner = new Redis(redisUrl);
+        try {
+          await deleteKeysWithPrefix(cleaner, redisPrefix);
+        } finally {
+          cleaner.disconnect();
+        }
       }
       for (const redis of redises) redis.disconnect();
       for (const each of dbs) await each.destroy();

@@ -22,3 +22,14 @@ declare const payments: {
 declare const mailer: {
   send(message: { readonly to: string; readonly idempotencyKey: string }): Promise<{ readonly id: string }>;
 };
+
+/** The application's generated Prisma client (`prisma generate`), with a `Ledger` model. */
+declare const prisma: {
+  $transaction<T>(fn: (tx: PrismaTransaction) => Promise<T>, options?: { isolationLevel?: any; maxWait?: number; timeout?: number }): Promise<T>;
+} & PrismaTransaction;
+
+/** What the Prisma client's interactive transactions receive. */
+interface PrismaTransaction {
+  ledger: { create(args: { data: { orderId: number; cents: number } }): Promise<unknown> };
+  $queryRawUnsafe<T = unknown>(query: string, ...values: any[]): Promise<T>;
+}

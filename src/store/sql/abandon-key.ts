@@ -1,19 +1,6 @@
 import { sql, type Kysely } from 'kysely';
 import { notifyWaitersOf } from './notify-waiters.js';
-
-/** Which key the sweeper gives up on, and the state it saw it in. */
-export interface AbandonKeyInput {
-  readonly scope: string;
-  readonly key: string;
-  /** The fence the sweeper saw; a claim since then changes it and the key is left alone. */
-  readonly fence: number;
-  /** The owner token the sweeper saw (null: released); a release or claim since then changes it. */
-  readonly owner: string | null;
-  readonly sweepAfterMs: number;
-  readonly retentionMs: number;
-  /** Why, for the stored error's message. */
-  readonly reason: string;
-}
+import type { AbandonKeyInput } from '../records.js';
 
 /**
  * Marks a lost key failed for good with error code `ABANDONED`, so duplicates replay the

@@ -1,11 +1,8 @@
-import { sql, type Kysely } from 'kysely';
+import { CompiledQuery, sql, type Kysely } from 'kysely';
+import pg from 'pg';
+import { prepared } from '../named-statements.js';
 import { keySettledChannel } from '../channels.js';
-import type { ClaimRow, ClaimStatementInput } from './claim.js';
-
-/** A `claim_keys` row: the claim row of input number `idx` (1-based). */
-export interface BatchClaimRow extends ClaimRow {
-  readonly idx: number;
-}
+import type { BatchClaimRow, ClaimStatementInput } from '../records.js';
 
 /**
  * Several leased claims in ONE statement, one round trip and one commit: `claim_keys` claims
@@ -25,14 +22,39 @@ export interface BatchClaimRow extends ClaimRow {
 export async function claimKeysBatch(db: Kysely<any>, schema: string, inputs: readonly ClaimStatementInput[]): Promise<BatchClaimRow[]> {
   const column = <T>(pick: (input: ClaimStatementInput) => T) => inputs.map(pick);
   const asyncCommit = inputs.every((input) => input.synchronousCommit === false);
-  const { rows } = await sql<BatchClaimRow>`
-    select * from ${sql.id(schema, 'claim_keys')}(
-      ${column((i) => i.scope)}::text[], ${column((i) => i.key)}::text[], ${column((i) => i.fingerprint)}::text[],
-      ${column((i) => i.owner)}::uuid[], ${column((i) => i.leaseMs)}::int[], ${column((i) => i.retentionMs)}::bigint[],
-      ${column((i) => i.lockTimeoutMs)}::int[], ${asyncCommit}::boolean,
-      ${column((i) => i.jobId ?? null)}::text[], ${column((i) => i.queue ?? null)}::text[], ${column((i) => i.jobName ?? null)}::text[],
-      ${column((i) => i.payloadJson ?? null)}::jsonb[], ${keySettledChannel(schema)}::text)`.execute(db);
+  const statement = prepared(
+    CompiledQuery.raw(claimKeysText(schema), [
+      column((i) => i.scope),
+      column((i) => i.key),
+      column((i) => i.fingerprint),
+      column((i) => i.owner),
+      column((i) => i.leaseMs),
+      column((i) => i.retentionMs),
+      column((i) => i.lockTimeoutMs),
+      asyncCommit,
+      column((i) => i.jobId ?? null),
+      column((i) => i.queue ?? null),
+      column((i) => i.jobName ?? null),
+      column((i) => i.payloadJson ?? null),
+      keySettledChannel(schema),
+    ]),
+  );
+  const { rows } = await db.executeQuery<BatchClaimRow>(statement);
   return rows;
+}
+
+/** The batch claim's text per schema: one string, so that it is one named prepared statement (see `named-statements.ts`). */
+const claimKeysTexts = new Map<string, string>();
+
+function claimKeysText(schema: string): string {
+  let text = claimKeysTexts.get(schema);
+  if (text === undefined) {
+    text =
+      `select * from ${pg.escapeIdentifier(schema)}."claim_keys"($1::text[], $2::text[], $3::text[], $4::uuid[], $5::int[], $6::bigint[], ` +
+      `$7::int[], $8::boolean, $9::text[], $10::text[], $11::text[], $12::jsonb[], $13::text)`;
+    claimKeysTexts.set(schema, text);
+  }
+  return text;
 }
 
 /**

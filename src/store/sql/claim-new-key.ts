@@ -1,5 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-import type { ClaimInput } from '../key-store.js';
+import type { ClaimInput } from '../records.js';
 
 /**
  * The fast path's claim of ONE key that has no row yet, inside the caller's open transaction

@@ -1,8 +1,8 @@
 import { sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import type { Claim } from '../claim-outcome.js';
-import type { ClaimInput } from '../key-store.js';
 import { compareLockOrder, type KeyIdentity } from '../lock-order.js';
+import type { ClaimInput } from '../records.js';
 
 /**
  * The fast path's claims for a whole commit group in ONE statement, inside the group's open

@@ -1,61 +1,12 @@
-import { sql, type Kysely } from 'kysely';
+import { CompiledQuery, sql, type Kysely } from 'kysely';
+import pg from 'pg';
 import { ClaimContendedError } from '../../errors.js';
 import { keySettledChannel } from '../channels.js';
-import { lockWaitTimedOut, type ClaimOutcome } from '../claim-outcome.js';
+import { lockWaitTimedOut, tombstoneOutcome, type ClaimOutcome } from '../claim-outcome.js';
 import { isLockTimeout } from '../pg-errors.js';
-
-/** Everything one claim statement needs. */
-export interface ClaimStatementInput {
-  /** Postgres schema of the keys table. */
-  readonly schema: string;
-  /** Namespace of the key; keys are unique per scope. */
-  readonly scope: string;
-  /** The idempotency key. */
-  readonly key: string;
-  /** Fingerprint of the payload; a key claimed before with another one is `key-reused`. */
-  readonly fingerprint: string;
-  /** Fresh random token for this claim. */
-  readonly owner: string;
-  /** Length of the lease a `'lease'` claim takes, by the database clock. */
-  readonly leaseMs: number;
-  /** Longest wait on the key's row lock (another transaction inserting or updating it) before the claim answers `in-progress`. */
-  readonly lockTimeoutMs: number;
-  /**
-   * `'lease'`: claim as `processing` under a lease (the effect commits later, fenced).
-   * `'complete'`: the fast path: claim as `completed` inside the caller's open transaction,
-   * so the claim commits, or rolls back, with the effect.
-   */
-  readonly mode: 'lease' | 'complete';
-  /** Used in `'complete'` mode: when the completed key expires. */
-  readonly retentionMs: number;
-  /** Id of the job making the claim, kept on the row for operators and the sweeper. @defaultValue `null` */
-  readonly jobId?: string | null;
-  /** Queue of that job, kept on the row; the sweeper asks it about the job. @defaultValue `null` */
-  readonly queue?: string | null;
-  /** Name of that job, kept on the row (a re-enqueued job gets it). @defaultValue `null` */
-  readonly jobName?: string | null;
-  /** JSON text of the payload to keep with the key (lets the sweeper re-enqueue). @defaultValue `null` (not kept) */
-  readonly payloadJson?: string | null;
-  /**
-   * `false`: a `'lease'` claim commits with `synchronous_commit = off` (no wait for the WAL
-   * flush). Ignored in `'complete'` mode, whose commit is the effect's. @defaultValue `true`
-   */
-  readonly synchronousCommit?: boolean;
-}
-
-/** One row of `claim_key` (and, with its index, of `claim_keys`). */
-export interface ClaimRow {
-  outcome: 'claimed' | 'taken-over' | 'existing';
-  fence: string;
-  attempts: number;
-  locked_until: Date | null;
-  status: 'processing' | 'completed' | 'failed';
-  fingerprint: string;
-  claimable: boolean;
-  result: unknown;
-  error: unknown;
-  retry_after_ms: string;
-}
+import type { ClaimRow, ClaimStatementInput } from '../records.js';
+import { prepared } from '../named-statements.js';
+import { tombstoneOf } from './tombstones.js';
 
 // Each retry needs a concurrent writer to have changed the row between two statements; five
 // in a row means heavy contention on one key, which the caller treats as "in progress".
@@ -84,6 +35,10 @@ const MAX_STATEMENTS = 5;
  *    with the same token), so it is returned as `claimed` (or `taken-over`) with the row's
  *    fence, not as another owner's key in progress.
  *
+ * A new key whose tombstone is live (it finished before and the janitor has deleted it) is
+ * refused by the keys table's trigger (`sql/tombstones.ts`): the outcome is `completed` or
+ * `failed` with `resultExpired`, or `key-reused` for another fingerprint, and nothing is inserted.
+ *
  * Each step takes a fresh snapshot (read committed), so a row committed by someone else between
  * steps is seen by the next one. What remains racy: the row can be deleted (janitor) between
  * 1 and 3 (no row), or taken over between 2 and 3 (a row that looks claimable although the
@@ -110,9 +65,11 @@ export async function claimKey(db: Kysely<any>, input: ClaimStatementInput): Pro
   for (let statement = 1; statement <= MAX_STATEMENTS; statement++) {
     let row: ClaimRow | undefined;
     try {
-      row = (await claimStatement(input).execute(db)).rows[0];
+      row = (await db.executeQuery<ClaimRow>(claimStatement(input))).rows[0];
     } catch (error) {
       if (isLockTimeout(error)) return lockWaitTimedOut(input);
+      const tombstone = tombstoneOf(error);
+      if (tombstone) return tombstoneOutcome(input, tombstone);
       throw error;
     }
     const outcome = classifyClaimRow(input, row);
@@ -143,16 +100,38 @@ export function classifyClaimRow(input: ClaimStatementInput, row: ClaimRow | und
   return { kind: 'in-progress', scope, key, retryAfterMs: Math.max(1, Number(row.retry_after_ms)) };
 }
 
-function claimStatement(input: ClaimStatementInput) {
+/** The claim's text per schema: one string, so that it is one named prepared statement (see `named-statements.ts`). */
+const claimTexts = new Map<string, string>();
+
+function claimStatement(input: ClaimStatementInput): CompiledQuery<ClaimRow> {
   const completing = input.mode === 'complete';
   // Never in 'complete' mode: that would make the caller's transaction, effect included, async.
   const asyncCommit = !completing && input.synchronousCommit === false;
-  return sql<ClaimRow>`
-    select * from ${sql.id(input.schema, 'claim_key')}(
-      ${input.scope}::text, ${input.key}::text, ${input.fingerprint}::text, ${input.owner}::uuid, ${input.mode}::text,
-      ${input.leaseMs}::int, ${input.retentionMs}::bigint, ${input.lockTimeoutMs}::int, ${asyncCommit}::boolean,
-      ${input.jobId ?? null}::text, ${input.queue ?? null}::text, ${input.jobName ?? null}::text, ${input.payloadJson ?? null}::jsonb,
-      ${keySettledChannel(input.schema)}::text)`;
+  let text = claimTexts.get(input.schema);
+  if (text === undefined) {
+    text =
+      `select * from ${pg.escapeIdentifier(input.schema)}."claim_key"($1::text, $2::text, $3::text, $4::uuid, $5::text, $6::int, $7::bigint, ` +
+      `$8::int, $9::boolean, $10::text, $11::text, $12::text, $13::jsonb, $14::text)`;
+    claimTexts.set(input.schema, text);
+  }
+  return prepared(
+    CompiledQuery.raw(text, [
+      input.scope,
+      input.key,
+      input.fingerprint,
+      input.owner,
+      input.mode,
+      input.leaseMs,
+      input.retentionMs,
+      input.lockTimeoutMs,
+      asyncCommit,
+      input.jobId ?? null,
+      input.queue ?? null,
+      input.jobName ?? null,
+      input.payloadJson ?? null,
+      keySettledChannel(input.schema),
+    ]),
+  ) as CompiledQuery<ClaimRow>;
 }
 
 /**

@@ -1,7 +1,10 @@
-import { sql, type Kysely } from 'kysely';
+import { CompiledQuery, sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import { keySettledChannel } from '../channels.js';
 import type { Claim } from '../claim-outcome.js';
+import { prepared } from '../named-statements.js';
+import { sendStatements, type PipelineReply } from '../pipeline.js';
+import { AbortedTransactionError, COMMIT, commitApplied } from '../transaction-control.js';
 
 /**
  * SQLSTATE the `complete_key` function raises when the fenced UPDATE matched no row (the claim
@@ -11,18 +14,16 @@ export const LEASE_LOST_STATE = 'IJ001';
 
 /**
  * The leased path's fenced completion and the COMMIT, in ONE round trip: the two statements go
- * as one simple-protocol query string (`…; commit`), which node-postgres sends as one message.
- * The simple protocol takes no bind parameters, so the values are inlined as literals escaped
- * by node-postgres (`escapeLiteral`); numbers are checked to be integers.
+ * as one pipeline (see `../pipeline.ts`), each with its own parameters.
  *
  * The completion is a call of the `complete_key` function ({@link completeKeyFunctionDdl}):
  * the same UPDATE as ever (owner token + fence + `processing`, no clock check), planned once
- * per connection instead of parsed and planned from literal text on every job. When it matches
- * no row the lease was lost: the function raises {@link LEASE_LOST_STATE}, Postgres skips the
- * rest of the string, so the COMMIT never runs, and the caller rolls the transaction (effect
- * included) back.
+ * per connection. When it matches no row the lease was lost: the function raises
+ * {@link LEASE_LOST_STATE}, Postgres skips the rest of the pipeline, so the COMMIT never runs,
+ * and the caller rolls the transaction (effect included) back.
  *
- * Returns false when the lease was lost; any other error is thrown as it is.
+ * Returns false when the lease was lost; any other error is thrown as it is (a COMMIT that
+ * Postgres answered with ROLLBACK, too: see `commitApplied`).
  */
 export async function completeAndCommit(
   tx: Kysely<any>,
@@ -31,12 +32,11 @@ export async function completeAndCommit(
   resultJson: string,
   retentionMs: number,
 ): Promise<boolean> {
-  return completeKey(tx, schema, claim, resultJson, retentionMs, '; commit');
+  return endsWell(await sendStatements(tx, [completionStatement(schema, claim, resultJson, retentionMs), COMMIT]));
 }
 
 /**
- * Fenced completion, run inside the effect's transaction ({@link fencedCompletionText}),
- * followed in the same string by `then` (`'; commit'` for {@link completeAndCommit}): the key
+ * Fenced completion, run inside the effect's transaction ({@link completionStatement}): the key
  * becomes `completed` with its result only if this claim still owns it (owner token and fence
  * match, still `processing`). Deliberately no clock check: a worker whose lease expired but was
  * not taken over still owns the key and may complete; fencing is by token, not by time. The
@@ -45,36 +45,46 @@ export async function completeAndCommit(
  * Returns false when no row matched (the caller throws `LeaseLostError`, so the whole
  * transaction, effect included, rolls back); any other error is thrown as it is.
  */
-export async function completeKey(
-  tx: Kysely<any>,
-  schema: string,
-  claim: Claim,
-  resultJson: string,
-  retentionMs: number,
-  then = '',
-): Promise<boolean> {
-  try {
-    await sql.raw(`${fencedCompletionText(schema, claim, resultJson, retentionMs)}${then}`).execute(tx);
-    return true;
-  } catch (error) {
-    if (isLeaseLost(error)) return false;
-    throw error;
-  }
+export async function completeKey(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean> {
+  return endsWell(await sendStatements(tx, [completionStatement(schema, claim, resultJson, retentionMs)]));
 }
 
-/** True for the deliberate error of a fenced completion that matched no row (see {@link fencedCompletionText}). */
+/**
+ * What a pipeline that ends a key's transaction says: false when a statement raised
+ * {@link LEASE_LOST_STATE} (nothing after it ran); any other failure thrown; a COMMIT that
+ * Postgres answered with ROLLBACK thrown as {@link AbortedTransactionError}.
+ */
+function endsWell(reply: PipelineReply): boolean {
+  if (reply.failure) {
+    if (isLeaseLost(reply.failure.error)) return false;
+    throw reply.failure.error;
+  }
+  if (!reply.results.every(commitApplied)) throw new AbortedTransactionError();
+  return true;
+}
+
+/** True for the deliberate error of a fenced completion that matched no row (see {@link completionStatement}). */
 export function isLeaseLost(error: unknown): boolean {
   return (error as { code?: unknown } | null)?.code === LEASE_LOST_STATE;
 }
 
 /**
- * The fenced completion as one self-contained statement of literal SQL, for a simple-protocol
- * string that also carries other statements (`…; commit` here, savepoints in group commit).
- * It fails with {@link LEASE_LOST_STATE} when the claim no longer owns the key, so nothing
- * after it in the string runs.
+ * The fenced completion as one statement, for a pipeline that also carries other statements (the
+ * COMMIT here, a group's other jobs in group commit). It fails with {@link LEASE_LOST_STATE} when
+ * the claim no longer owns the key, so nothing after it in the pipeline runs.
  */
-export function fencedCompletionText(schema: string, claim: Claim, resultJson: string, retentionMs: number): string {
-  return `select ${pg.escapeIdentifier(schema)}.complete_key(${pg.escapeLiteral(claim.scope)}, ${pg.escapeLiteral(claim.key)}, ${pg.escapeLiteral(claim.owner)}::uuid, ${integer(claim.fence, 'fence')}, ${pg.escapeLiteral(resultJson)}::jsonb, ${integer(retentionMs, 'retentionMs')}, ${pg.escapeLiteral(keySettledChannel(schema))})`;
+export function completionStatement(schema: string, claim: Claim, resultJson: string, retentionMs: number): CompiledQuery {
+  return prepared(
+    CompiledQuery.raw(`select ${pg.escapeIdentifier(schema)}.complete_key($1::text, $2::text, $3::uuid, $4::bigint, $5::jsonb, $6::bigint, $7::text)`, [
+      claim.scope,
+      claim.key,
+      claim.owner,
+      claim.fence,
+      resultJson,
+      retentionMs,
+      keySettledChannel(schema),
+    ]),
+  );
 }
 
 /**
@@ -114,28 +124,29 @@ export function completeKeyFunctionDdl(schema: string) {
     $complete_key$`;
 }
 
-/**
- * The fast path's result and the COMMIT in one round trip (same simple-protocol technique as
- * {@link completeAndCommit}).
- */
-export function storeResultAndCommit(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string): Promise<void> {
-  return storeFastPathResult(tx, schema, claim, resultJson, '; commit');
+/** The fast path's result and the COMMIT in one round trip (as {@link completeAndCommit}). */
+export async function storeResultAndCommit(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string): Promise<void> {
+  endsWell(await sendStatements(tx, [fastPathResultStatement(schema, claim, resultJson), COMMIT]));
+}
+
+/** Stores the effect's result on a key the fast path already claimed as `completed` in this same transaction. */
+export async function storeFastPathResult(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string): Promise<void> {
+  endsWell(await sendStatements(tx, [fastPathResultStatement(schema, claim, resultJson)]));
 }
 
 /**
- * Stores the effect's result on a key the fast path already claimed as `completed` in this same
- * transaction ({@link fastPathResultText}), followed in the same string by `then`.
- */
-export async function storeFastPathResult(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string, then = ''): Promise<void> {
-  await sql.raw(`${fastPathResultText(schema, claim, resultJson)}${then}`).execute(tx);
-}
-
-/**
- * The fast path's result as one statement of literal SQL: a call of `store_fast_path_result`
+ * The fast path's result as one statement: a call of `store_fast_path_result`
  * ({@link storeFastPathResultFunctionDdl}), planned once per connection.
  */
-export function fastPathResultText(schema: string, claim: Claim, resultJson: string): string {
-  return `select ${pg.escapeIdentifier(schema)}.store_fast_path_result(${pg.escapeLiteral(claim.scope)}, ${pg.escapeLiteral(claim.key)}, ${pg.escapeLiteral(claim.owner)}::uuid, ${pg.escapeLiteral(resultJson)}::jsonb)`;
+export function fastPathResultStatement(schema: string, claim: Claim, resultJson: string): CompiledQuery {
+  return prepared(
+    CompiledQuery.raw(`select ${pg.escapeIdentifier(schema)}.store_fast_path_result($1::text, $2::text, $3::uuid, $4::jsonb)`, [
+      claim.scope,
+      claim.key,
+      claim.owner,
+      resultJson,
+    ]),
+  );
 }
 
 /**
@@ -162,7 +173,3 @@ export function storeFastPathResultFunctionDdl(schema: string) {
     $store_result$`;
 }
 
-function integer(value: number, name: string): string {
-  if (!Number.isSafeInteger(value)) throw new TypeError(`${name} must be a safe integer to be inlined into SQL (got ${value}).`);
-  return String(value);
-}

@@ -1,12 +1,6 @@
 import { sql, type Kysely } from 'kysely';
 import type { Claim } from '../claim-outcome.js';
-
-/**
- * What a heartbeat's extension found: the new lease expiry (a `Date`); `'completed'`: the key
- * was completed under this very claim (owner token and fence), i.e. its own job committed; or
- * `null`: the claim was taken over, released or failed, so the lease is lost.
- */
-export type LeaseExtension = Date | 'completed' | null;
+import type { LeaseExtension } from '../records.js';
 
 /**
  * Heartbeat: pushes the lease to `now() + leaseMs` (database clock) if this claim still owns

@@ -1,30 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-
-/** A `processing` key whose lease ended long ago: a candidate for the sweeper. */
-export interface LostKeyCandidate {
-  readonly scope: string;
-  readonly key: string;
-  readonly fence: number;
-  /** The owner token the key was left under (null once released); the abandon is conditioned on it. */
-  readonly owner: string | null;
-  readonly lockedUntil: Date;
-  /** `locked_until` as Postgres text, exact to the microsecond (a Date keeps milliseconds only); for the cursor. */
-  readonly lockedUntilExact: string;
-  readonly jobId: string | null;
-  readonly queue: string | null;
-  readonly jobName: string | null;
-  /** True when a payload was stored with the key (even a JSON `null` payload). */
-  readonly hasPayload: boolean;
-  readonly payload: unknown;
-}
-
-/** Where the previous page ended (keyset pagination). */
-export interface LostKeyCursor {
-  /** {@link LostKeyCandidate.lockedUntilExact} of the last key read. */
-  readonly lockedUntil: string;
-  readonly scope: string;
-  readonly key: string;
-}
+import type { LostKeyCandidate, LostKeyCursor } from '../records.js';
 
 /**
  * Lists up to `limit` keys still `processing` whose lease ended more than `sweepAfterMs` ago
@@ -37,6 +12,12 @@ export interface LostKeyCursor {
  * text because a JavaScript Date would round its microseconds away and re-read the last page.
  * `payload is not null` tells a stored
  * JSON `null` (jsonb 'null') from no payload stored (SQL NULL).
+ *
+ * What the job said beyond its name and payload comes along, so that a job added again is the
+ * job that was lost: the concurrency key and limit it took a slot under (`key_concurrency_limits`),
+ * and, for a run of a coalescing key (`<key>#<generation>`, the generation that key's
+ * `coalescing_keys` row hands to this very job), the coalescing key and that run's payload.
+ * Each is a primary-key probe, made only for the page's rows.
  */
 export async function findLostKeyCandidates(
   db: Kysely<any>,
@@ -63,15 +44,28 @@ export async function findLostKeyCandidates(
     job_name: string | null;
     has_payload: boolean;
     payload: unknown;
+    concurrency_key: string | null;
+    concurrency_limit: number | null;
+    coalescing_key: string | null;
+    coalescing_payload: unknown;
   }>`
-    select scope, key, fence, owner, locked_until, locked_until::text as locked_until_exact, job_id, queue, job_name, payload is not null as has_payload, payload
-      from ${sql.id(schema, 'idempotency_keys')}
-     where status = 'processing'
-       and locked_until <= now() - ${sweepAfterMs}::bigint * interval '1 millisecond'
-       ${after}
-       ${ofQueues}
-     order by locked_until, scope, key
-     limit ${limit}`.execute(db);
+    with page as (
+      select scope, key, fence, owner, locked_until, locked_until::text as locked_until_exact, job_id, queue, job_name,
+             payload is not null as has_payload, payload
+        from ${sql.id(schema, 'idempotency_keys')}
+       where status = 'processing'
+         and locked_until <= now() - ${sweepAfterMs}::bigint * interval '1 millisecond'
+         ${after}
+         ${ofQueues}
+       order by locked_until, scope, key
+       limit ${limit}
+    )
+    select p.*, l.group_key as concurrency_key, l.concurrency_limit, c.key as coalescing_key, c.running_payload as coalescing_payload
+      from page as p
+      left join ${sql.id(schema, 'key_concurrency_limits')} as l on l.scope = p.scope and l.key = p.key
+      left join ${sql.id(schema, 'coalescing_keys')} as c
+        on c.scope = p.scope and p.key = c.key || '#' || c.generation and c.running_job = p.job_id
+     order by p.locked_until, p.scope, p.key`.execute(db);
   return rows.map((r) => ({
     scope: r.scope,
     key: r.key,
@@ -84,5 +78,7 @@ export async function findLostKeyCandidates(
     jobName: r.job_name,
     hasPayload: r.has_payload,
     payload: r.payload,
+    concurrency: r.concurrency_key !== null && r.concurrency_limit !== null ? { key: r.concurrency_key, limit: r.concurrency_limit } : undefined,
+    coalescing: r.coalescing_key !== null ? { key: r.coalescing_key, payload: r.coalescing_payload } : undefined,
   }));
 }

@@ -1,14 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-
-/** A key's row as the settled-key probe sees it. */
-export interface SettledKeyRow {
-  readonly scope: string;
-  readonly key: string;
-  readonly status: 'processing' | 'completed' | 'failed';
-  readonly fingerprint: string;
-  readonly result: unknown;
-  readonly error: unknown;
-}
+import type { SettledKeyRow } from '../records.js';
 
 /**
  * Reads the rows of several keys in one statement (one round trip): the fast path's probe for

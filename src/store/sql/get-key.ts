@@ -1,5 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-import { toKeyRecord, type IdempotencyKeysTable, type KeyRecord } from '../key-record.js';
+import { toKeyRecord, type IdempotencyKeysTable, type KeyRecord } from '../records.js';
 
 /** Reads one key's row, or undefined. */
 export async function getKey(db: Kysely<any>, schema: string, scope: string, key: string): Promise<KeyRecord | undefined> {

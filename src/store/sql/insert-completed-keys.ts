@@ -1,61 +1,101 @@
+import { CompiledQuery, sql } from 'kysely';
 import pg from 'pg';
-import type { ClaimInput } from '../key-store.js';
 import { compareLockOrder } from '../lock-order.js';
+import type { CompletedKeyRow } from '../records.js';
 
-/** A key an optimistic group writes at its end: its claim input (`'complete'` mode) and the effect's result. */
-export interface CompletedKeyRow {
-  /** The key's claim input, in `'complete'` mode (its owner token becomes the row's). */
-  readonly input: ClaimInput;
-  /** JSON text of the result, or null when the effect returned nothing. */
-  readonly resultJson: string | null;
+/**
+ * SQLSTATE `insert_completed_keys` raises when some of its keys already have a row; the
+ * error's `detail` lists their positions (1-based, in the order the statement was given them).
+ */
+export const KEYS_HAVE_ROWS_STATE = 'IJ002';
+
+/**
+ * A group's fast-path keys, written once each at the group's end, in the pipeline of its COMMIT:
+ * every key inserted as `completed` with its result, as the fast path's claim followed by its
+ * result would leave it (fence 1, attempts 1, owner the claim's token). One call of
+ * `insert_completed_keys` ({@link insertCompletedKeysFunctionDdl}).
+ *
+ * A key that has a row (settled, leased, or inserted by a transaction that committed while the
+ * group ran) is not inserted, and the function then raises {@link KEYS_HAVE_ROWS_STATE} naming
+ * those keys: the COMMIT after it never runs, the group rolls back, and exactly those keys' jobs
+ * run alone (claim first), the others together again. Writing the key after the effect is
+ * invisible to every other transaction, since both commit together: a concurrent duplicate that
+ * inserted the key first wins, and this group's insert waits on its index entry, then finds it.
+ *
+ * The wait is bounded by `lockTimeoutMs`. Rows go in lock order (`lock-order.ts`), so two groups
+ * that share keys wait in one order; `rows` says which row each position of the error's detail is.
+ */
+export function insertCompletedKeysStatement(
+  schema: string,
+  rows: readonly CompletedKeyRow[],
+  lockTimeoutMs: number,
+): { readonly statement: CompiledQuery; readonly rows: readonly CompletedKeyRow[] } {
+  const ordered = [...rows].sort((a, b) => compareLockOrder(a.input, b.input));
+  const column = <T>(pick: (row: CompletedKeyRow) => T) => ordered.map(pick);
+  const statement = CompiledQuery.raw(
+    `select ${pg.escapeIdentifier(schema)}.insert_completed_keys($1::text[], $2::text[], $3::text[], $4::uuid[], $5::bigint[], $6::int, $7::text[], $8::text[], $9::text[], $10::jsonb[], $11::jsonb[])`,
+    [
+      column((r) => r.input.scope),
+      column((r) => r.input.key),
+      column((r) => r.input.fingerprint),
+      column((r) => r.input.owner),
+      column((r) => r.input.retentionMs),
+      lockTimeoutMs,
+      column((r) => r.input.jobId ?? null),
+      column((r) => r.input.queue ?? null),
+      column((r) => r.input.jobName ?? null),
+      column((r) => r.input.payloadJson ?? null),
+      column((r) => r.resultJson),
+    ],
+  );
+  return { statement, rows: ordered };
+}
+
+/** The rows (of `rows`, as {@link insertCompletedKeysStatement} ordered them) that a {@link KEYS_HAVE_ROWS_STATE} error names. */
+export function rowsThatHadKeys<R>(error: unknown, rows: readonly R[]): R[] | undefined {
+  const { code, detail } = (error ?? {}) as { code?: unknown; detail?: unknown };
+  if (code !== KEYS_HAVE_ROWS_STATE || typeof detail !== 'string') return undefined;
+  const named = detail.split(',').map((position) => rows[Number(position) - 1]);
+  return named.every((row) => row !== undefined) ? (named as R[]) : undefined;
 }
 
 /**
- * An optimistic group's keys, written once each at the group's end, as literal SQL that rides
- * with the COMMIT: every key inserted as `completed` with its result, as the fast path's claim
- * followed by its result would leave it (fence 1, attempts 1, owner the claim's token).
- *
- * A plain insert, with no `on conflict`: a key that has a row (settled, leased, or inserted by a
- * transaction that committed while this group ran) fails the whole statement with a unique
- * violation, Postgres skips the COMMIT after it, and the group rolls back: nothing of it is kept,
- * and its jobs run again the careful way (claim first). Writing the key after the effect is
- * invisible to every other transaction, since both commit together: a concurrent duplicate that
- * inserted the key first wins, and this group's insert waits on its index entry, then fails.
- *
- * The wait is bounded by `lockTimeoutMs` (`set local`: it holds until the COMMIT, which is next).
- * Rows go in lock order (`lock-order.ts`), so two groups that share keys wait in one order.
+ * DDL of `insert_completed_keys` (see {@link insertCompletedKeysStatement}), for the migration that
+ * installs it. `on conflict do nothing`, then the positions whose key was not inserted (it has a
+ * row): raised, so nothing of the group commits. `lock_timeout` is set for the insert and put back
+ * before it returns, as `claim_key` does.
  */
-export function insertCompletedKeysText(schema: string, rows: readonly CompletedKeyRow[], lockTimeoutMs: number): string[] {
-  if (rows.length === 0) return [];
-  const ordered = [...rows].sort((a, b) => compareLockOrder(a.input, b.input));
-  const text = (value: string | null | undefined) => (value == null ? 'null' : pg.escapeLiteral(value));
-  const values = ordered.map(({ input, resultJson }) =>
-    [
-      text(input.scope),
-      text(input.key),
-      text(input.fingerprint),
-      `'completed'`,
-      `${text(input.owner)}::uuid`,
-      '1',
-      '1',
-      `${text(input.jobId)}`,
-      `${text(input.queue)}`,
-      `${text(input.jobName)}`,
-      `${text(input.payloadJson)}::jsonb`,
-      `${text(resultJson)}::jsonb`,
-      'now()',
-      `now() + ${milliseconds(input.retentionMs)} * interval '1 millisecond'`,
-    ].join(', '),
-  );
-  return [
-    `set local lock_timeout = ${milliseconds(lockTimeoutMs)}`,
-    `insert into ${pg.escapeIdentifier(schema)}.idempotency_keys ` +
-      '(scope, key, fingerprint, status, owner, fence, attempts, job_id, queue, job_name, payload, result, completed_at, expires_at) values ' +
-      values.map((row) => `(${row})`).join(', '),
-  ];
-}
-
-function milliseconds(value: number): string {
-  if (!Number.isSafeInteger(value) || value < 0) throw new RangeError(`expected a whole number of milliseconds, got ${value}`);
-  return String(value);
+export function insertCompletedKeysFunctionDdl(schema: string) {
+  const table = sql.id(schema, 'idempotency_keys');
+  return sql`
+    create or replace function ${sql.id(schema, 'insert_completed_keys')}(
+      p_scopes text[], p_keys text[], p_fingerprints text[], p_owners uuid[], p_retention_ms bigint[],
+      p_lock_timeout_ms int, p_job_ids text[], p_queues text[], p_job_names text[], p_payloads jsonb[], p_results jsonb[])
+    returns void
+    language plpgsql volatile as $insert_completed_keys$
+    declare
+      v_prior_lock_timeout text := current_setting('lock_timeout');
+      v_had_rows int[];
+    begin
+      perform set_config('lock_timeout', p_lock_timeout_ms::text, true);
+      with inserted as (
+        insert into ${table} as k
+          (scope, key, fingerprint, status, owner, fence, attempts, job_id, queue, job_name, payload, result, completed_at, expires_at)
+        select u.scope, u.key, u.fingerprint, 'completed', u.owner, 1, 1, u.job_id, u.queue, u.job_name, u.payload, u.result,
+               now(), now() + u.retention_ms * interval '1 millisecond'
+          from unnest(p_scopes, p_keys, p_fingerprints, p_owners, p_retention_ms, p_job_ids, p_queues, p_job_names, p_payloads, p_results)
+               with ordinality as u(scope, key, fingerprint, owner, retention_ms, job_id, queue, job_name, payload, result, position)
+         order by u.position
+        on conflict do nothing
+        returning k.scope, k.key)
+      select array_agg(u.position order by u.position) into v_had_rows
+        from unnest(p_scopes, p_keys) with ordinality as u(scope, key, position)
+       where not exists (select 1 from inserted i where i.scope = u.scope and i.key = u.key);
+      perform set_config('lock_timeout', v_prior_lock_timeout, true);
+      if v_had_rows is not null then
+        raise exception 'keys at positions % already have rows', v_had_rows
+          using errcode = ${sql.lit(KEYS_HAVE_ROWS_STATE)}, detail = array_to_string(v_had_rows, ',');
+      end if;
+    end;
+    $insert_completed_keys$`;
 }

@@ -1,19 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-
-/** One operator action on a key (a row of `key_audit`). */
-export interface KeyAuditEntry {
-  readonly id: number;
-  readonly scope: string;
-  readonly key: string;
-  /** What was done, e.g. `release`. */
-  readonly action: string;
-  /** Who did it: an admin token's name, or `cli:<user>`. */
-  readonly actor: string;
-  readonly reason: string;
-  /** What the action found and changed, e.g. `{previous_status, fence}`. */
-  readonly detail: unknown;
-  readonly at: Date;
-}
+import type { KeyAuditEntry } from '../records.js';
 
 interface KeyAuditRow {
   id: string;

@@ -1,45 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-
-/** A snapshot of the keys table (and the outbox) for `stats` and the gauges. */
-export interface KeyStats {
-  /** Keys being worked on (under a lease, or released for a retry). */
-  readonly processing: number;
-  /** Keys completed, their results kept for replay until they expire. */
-  readonly completed: number;
-  /** Keys failed for good, their errors kept for replay until they expire. */
-  readonly failed: number;
-  /** Processing keys whose lease has run out (crashed owners, released keys not yet reclaimed). */
-  readonly expiredLeases: number;
-  /**
-   * Processing keys whose lease ended more than the sweep horizon ago (`sweepAfterMs`): keys
-   * that neither a retry nor a takeover picked up, which the sweeper examines. Nonzero for
-   * long means their jobs are not running and the sweeper is not recovering them.
-   */
-  readonly pastSweepHorizon: number;
-  /** Completed or failed keys past `expires_at`, waiting for the janitor. */
-  readonly expiredKeys: number;
-  /** The processing key created longest ago, if any. */
-  readonly oldestProcessing: {
-    /** The key's scope. */
-    readonly scope: string;
-    /** The key. */
-    readonly key: string;
-    /** When it was first claimed. */
-    readonly createdAt: Date;
-    /** How long ago that was, by the database clock. */
-    readonly ageMs: number;
-  } | null;
-  /** Outbox rows not yet relayed to BullMQ. */
-  readonly outboxUnsent: number;
-  /** Age of the oldest unsent outbox row, or null. */
-  readonly oldestUnsentAgeMs: number | null;
-}
-
-/** Options of {@link keyStats}. */
-export interface KeyStatsOptions {
-  /** Lease end this long ago puts a processing key past the sweep horizon. @defaultValue `900_000` (the sweeper's default) */
-  readonly sweepAfterMs?: number;
-}
+import type { KeyStats, KeyStatsOptions } from '../records.js';
 
 /**
  * Counts keys by status and reports the oldest processing key, in one statement (one
@@ -47,7 +7,9 @@ export interface KeyStatsOptions {
  * numbers are what an operator asks for, and the cost (measured in docs/operations.md) is paid
  * only by `stats` and by the one maintenance leader per refresh interval, never per scrape.
  * The processing-only parts read the partial `processing` index; the outbox backlog reads the
- * partial `outbox_unsent` index. Ages use the database clock.
+ * partial `outbox_unsent` index; the live tombstones are counted over their table (a
+ * tombstone is ~100 bytes, so a count of 10 M of them reads about a gigabyte). Ages use the
+ * database clock.
  */
 export async function keyStats(db: Kysely<any>, schema: string, options: KeyStatsOptions = {}): Promise<KeyStats> {
   const sweepAfterMs = options.sweepAfterMs ?? 900_000;
@@ -60,6 +22,7 @@ export async function keyStats(db: Kysely<any>, schema: string, options: KeyStat
     expired_leases: string;
     past_sweep_horizon: string;
     expired_keys: string;
+    tombstones: string;
     oldest_scope: string | null;
     oldest_key: string | null;
     oldest_created_at: Date | null;
@@ -84,17 +47,21 @@ export async function keyStats(db: Kysely<any>, schema: string, options: KeyStat
        order by created_at
        limit 1
     ),
+    tombs as (
+      select count(*) as tombstones from ${sql.id(schema, 'key_tombstones')} where expires_at > now()
+    ),
     unsent as (
       select count(*) as outbox_unsent, min(created_at) as oldest_unsent
         from ${outbox}
        where sent_at is null
     )
-    select c.*, o.scope as oldest_scope, o.key as oldest_key, o.created_at as oldest_created_at,
+    select c.*, t.tombstones, o.scope as oldest_scope, o.key as oldest_key, o.created_at as oldest_created_at,
            floor(extract(epoch from now() - o.created_at) * 1000)::bigint as oldest_age_ms,
            u.outbox_unsent,
            floor(extract(epoch from now() - u.oldest_unsent) * 1000)::bigint as oldest_unsent_age_ms
       from counts as c
       cross join unsent as u
+      cross join tombs as t
       left join oldest as o on true`.execute(db);
   const r = rows[0]!;
   return {
@@ -104,6 +71,7 @@ export async function keyStats(db: Kysely<any>, schema: string, options: KeyStat
     expiredLeases: Number(r.expired_leases),
     pastSweepHorizon: Number(r.past_sweep_horizon),
     expiredKeys: Number(r.expired_keys),
+    tombstones: Number(r.tombstones),
     oldestProcessing:
       r.oldest_scope !== null && r.oldest_key !== null && r.oldest_created_at !== null
         ? { scope: r.oldest_scope, key: r.oldest_key, createdAt: r.oldest_created_at, ageMs: Number(r.oldest_age_ms) }

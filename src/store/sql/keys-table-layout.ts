@@ -1,15 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-
-/** How the keys table of a schema is stored. */
-export interface KeysTableLayout {
-  /** False before the first migration created the table. */
-  readonly exists: boolean;
-  /**
-   * Its hash partitions, by name in the schema, in partition order (remainder 0 first); empty
-   * when the table is one plain table.
-   */
-  readonly partitions: readonly string[];
-}
+import type { KeysTableLayout } from '../records.js';
 
 /**
  * Reads from the catalog whether `schema.idempotency_keys` exists and which hash partitions

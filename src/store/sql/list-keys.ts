@@ -1,17 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-import { toKeyRecord, type IdempotencyKeysTable, type KeyRecord, type KeyStatus } from '../key-record.js';
-
-/** Filters of {@link listKeys}. */
-export interface ListKeysFilter {
-  readonly status?: KeyStatus;
-  readonly scope?: string;
-  /**
-   * Only keys whose time is up: completed or failed past `expires_at` (waiting for the
-   * janitor), or processing with an expired lease (waiting for a takeover or the sweeper).
-   */
-  readonly expired?: boolean;
-  readonly limit: number;
-}
+import { toKeyRecord, type IdempotencyKeysTable, type KeyRecord, type ListKeysFilter } from '../records.js';
 
 /**
  * Lists keys for operators, most recently updated first. An ad-hoc read for the CLI, not a hot

@@ -1,22 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-
-/** One row of `job_steps`, as the library hands it out. */
-export interface StepRecord {
-  /** The step's name (the first argument of `ctx.step`), unique within its key. */
-  readonly name: string;
-  /** 1-based position in the key's step sequence. */
-  readonly position: number;
-  /** The claim that last started or recorded the step. */
-  readonly fence: number;
-  /** How many times the step started (external steps; a database step records with 1). */
-  readonly starts: number;
-  /** The stored result; null until recorded. */
-  readonly result: unknown;
-  /** When the step last started (an external step; a run after a takeover starts it again) or was recorded (a database step). */
-  readonly startedAt: Date;
-  /** When the step was recorded; null for an external step that started and never recorded. */
-  readonly recordedAt: Date | null;
-}
+import type { StepRecord } from '../records.js';
 
 interface StepRow {
   name: string;

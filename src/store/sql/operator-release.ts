@@ -1,20 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-import { toKeyRecord, type IdempotencyKeysTable, type KeyRecord, type KeyStatus } from '../key-record.js';
-
-/** A key released by an operator: its new row and the status it had before. */
-export interface OperatorRelease {
-  readonly record: KeyRecord;
-  readonly previousStatus: KeyStatus;
-}
-
-/** Who released a key and why (stored on the key and in `key_audit`). */
-export interface OperatorReleaseInput {
-  readonly scope: string;
-  readonly key: string;
-  readonly reason: string;
-  /** The operator: the key inspector's admin token name, or `cli:<user>` for the CLI. */
-  readonly actor: string;
-}
+import { toKeyRecord, type IdempotencyKeysTable, type KeyStatus, type OperatorRelease, type OperatorReleaseInput } from '../records.js';
 
 /**
  * Operator unlock (`idempotent-jobs keys release`, the key inspector's release): makes a

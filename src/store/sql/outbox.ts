@@ -1,17 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-
-/** One job waiting in the outbox for the relay to add it to BullMQ. */
-export interface OutboxRow {
-  readonly id: string;
-  readonly queue: string;
-  readonly jobName: string;
-  readonly jobId: string;
-  readonly data: unknown;
-  readonly opts: Record<string, unknown>;
-}
-
-/** What the producer writes into the outbox. */
-export type OutboxEntry = Omit<OutboxRow, 'id'>;
+import type { OutboxEntry, OutboxRow } from '../records.js';
 
 /**
  * Writes jobs into the outbox inside the caller's transaction: they exist if and only if the

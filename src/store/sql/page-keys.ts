@@ -1,29 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-import { toKeyRecord, type IdempotencyKeysTable, type KeyRecord, type KeyStatus } from '../key-record.js';
-
-/** A position between two keys in (scope, key) order: a page starts after it or ends before it. */
-export interface KeyCursor {
-  readonly scope: string;
-  readonly key: string;
-}
-
-/** What {@link pageKeys} lists, and where. */
-export interface KeyPageRequest {
-  readonly status?: KeyStatus;
-  readonly scope?: string;
-  /** The page after this key (the next page); omitted with `before`: the first page. */
-  readonly after?: KeyCursor;
-  /** The page before this key (the previous page). */
-  readonly before?: KeyCursor;
-  readonly limit: number;
-}
-
-/** One page of keys in (scope, key) order, and whether more lie beyond it in the direction read. */
-export interface KeyPage {
-  readonly records: KeyRecord[];
-  /** Reading forward: there is a next page; reading backward: there is a previous one. */
-  readonly more: boolean;
-}
+import { toKeyRecord, type IdempotencyKeysTable, type KeyPage, type KeyPageRequest } from '../records.js';
 
 /**
  * Keyset paging over the keys for the key inspector: (scope, key) order, the primary key's, so

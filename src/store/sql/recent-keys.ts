@@ -1,8 +1,5 @@
 import { sql, type Kysely } from 'kysely';
-import { toKeyRecord, type IdempotencyKeysTable, type KeyRecord } from '../key-record.js';
-
-/** The lists of the key inspector's overview. */
-export type RecentKeysKind = 'expired-lease' | 'failed' | 'taken-over';
+import { toKeyRecord, type IdempotencyKeysTable, type KeyRecord, type RecentKeysKind } from '../records.js';
 
 /**
  * A short list of keys an operator looks at first:

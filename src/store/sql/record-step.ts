@@ -1,8 +1,10 @@
-import { sql, type Kysely } from 'kysely';
+import { CompiledQuery, sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import type { Claim } from '../claim-outcome.js';
+import { sendStatements } from '../pipeline.js';
+import { AbortedTransactionError, COMMIT, commitApplied } from '../transaction-control.js';
 import { LEASE_LOST_STATE, isLeaseLost } from './complete-and-commit.js';
-import type { StepPlace } from './start-step.js';
+import type { StepPlace } from '../records.js';
 
 /**
  * Records a step's result, fenced, by a call of `record_step` ({@link recordStepFunctionDdl}),
@@ -24,27 +26,29 @@ export async function recordStep(db: Kysely<any>, schema: string, claim: Claim, 
 }
 
 /**
- * A database step's record and the COMMIT of the step's transaction, in ONE round trip (the
- * technique of `completeAndCommit`: one simple-protocol string, values inlined as literals
- * escaped by node-postgres). When the record is refused, Postgres skips the rest of the string,
- * so the COMMIT never runs and the caller rolls the step's effect back with it.
+ * A database step's record and the COMMIT of the step's transaction, in ONE round trip (one
+ * pipeline, as `completeAndCommit`). When the record is refused, Postgres skips the rest of the
+ * pipeline, so the COMMIT never runs and the caller rolls the step's effect back with it.
  *
  * Returns false when the record was refused (lease lost, or recorded already); any other error
  * is thrown as it is.
  */
 export async function recordStepAndCommit(tx: Kysely<any>, schema: string, claim: Claim, step: StepPlace, resultJson: string): Promise<boolean> {
-  try {
-    await sql.raw(`${recordStepText(schema, claim, step, resultJson)}; commit`).execute(tx);
-    return true;
-  } catch (error) {
-    if (isLeaseLost(error)) return false;
-    throw error;
+  const reply = await sendStatements(tx, [recordStepStatement(schema, claim, step, resultJson), COMMIT]);
+  if (reply.failure) {
+    if (isLeaseLost(reply.failure.error)) return false;
+    throw reply.failure.error;
   }
+  if (!commitApplied(reply.results[1])) throw new AbortedTransactionError();
+  return true;
 }
 
-/** The record as one self-contained statement of literal SQL. */
-export function recordStepText(schema: string, claim: Claim, step: StepPlace, resultJson: string): string {
-  return `select ${pg.escapeIdentifier(schema)}.record_step(${pg.escapeLiteral(claim.scope)}, ${pg.escapeLiteral(claim.key)}, ${pg.escapeLiteral(claim.owner)}::uuid, ${integer(claim.fence)}, ${pg.escapeLiteral(step.name)}, ${integer(step.position)}, ${pg.escapeLiteral(resultJson)}::jsonb)`;
+/** The record as one statement: a call of `record_step`, which a pipeline can carry ahead of other work. */
+export function recordStepStatement(schema: string, claim: Claim, step: StepPlace, resultJson: string): CompiledQuery {
+  return CompiledQuery.raw(
+    `select ${pg.escapeIdentifier(schema)}.record_step($1::text, $2::text, $3::uuid, $4::bigint, $5::text, $6::int, $7::jsonb)`,
+    [claim.scope, claim.key, claim.owner, claim.fence, step.name, step.position, resultJson],
+  );
 }
 
 /**
@@ -90,7 +94,3 @@ export function recordStepFunctionDdl(schema: string) {
     $record_step$`;
 }
 
-function integer(value: number): string {
-  if (!Number.isSafeInteger(value)) throw new TypeError(`${value} must be a safe integer to be inlined into SQL.`);
-  return String(value);
-}

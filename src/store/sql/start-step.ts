@@ -1,17 +1,10 @@
-import { sql, type Kysely } from 'kysely';
+import { CompiledQuery, sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import type { Claim } from '../claim-outcome.js';
-import { returnsLastResult } from '../last-result-pool.js';
-import { sendLeadingStatements, type LeadingStatements } from '../one-trip-commit.js';
+import { sendHeldRecord, noteHeldRecordFate, type HeldRecord } from '../one-trip-commit.js';
+import { pipelines, sendStatements, type PipelineReply } from '../pipeline.js';
 import { LEASE_LOST_STATE, isLeaseLost } from './complete-and-commit.js';
-
-/** A step's place in its key's sequence. */
-export interface StepPlace {
-  /** The step's name, unique within its key. */
-  readonly name: string;
-  /** 1-based position. */
-  readonly position: number;
-}
+import type { StepPlace } from '../records.js';
 
 /**
  * Marks an external step as started, before it runs, by a call of `start_step`
@@ -19,13 +12,14 @@ export interface StepPlace {
  * by one (a run after a takeover starting it again). Fenced: only the key's current owner and
  * fence may start a step, so a zombie learns it lost the key before it calls anyone.
  *
- * `lead` (the previous step's held record), when given and pending, goes in the same string
- * just before the start, both in one implicit transaction: the previous step is recorded before
- * this one starts, one round trip for both. Over a connection that cannot answer a string of
- * statements with the last one's rows, it goes alone first.
+ * `heldRecord` (the previous step's held record), when given and pending, goes in the same pipeline
+ * just before the start, both in one implicit transaction (no BEGIN: they commit together at the
+ * pipeline's end, or neither does): the previous step is recorded before this one starts, one
+ * round trip for both. The heldRecord's state says what became of it. Over a connection that cannot
+ * pipeline, it goes alone first.
  *
  * Returns the step's start count, this start included; undefined when the claim no longer owns
- * the key, the step is already recorded, or `lead` was refused (the caller throws
+ * the key, the step is already recorded, or `heldRecord` was refused (the caller throws
  * `LeaseLostError`).
  */
 export async function startStep(
@@ -33,32 +27,39 @@ export async function startStep(
   schema: string,
   claim: Claim,
   step: StepPlace,
-  lead?: LeadingStatements,
+  heldRecord?: HeldRecord,
 ): Promise<number | undefined> {
-  if (lead && !returnsLastResult(db)) {
-    await sendLeadingStatements(db, lead);
-    if (lead.state === 'refused') return undefined;
+  if (heldRecord && !pipelines(db)) {
+    await sendHeldRecord(db, heldRecord);
+    if (heldRecord.state === 'refused') return undefined;
+    if (heldRecord.state === 'failed') throw heldRecord.error;
   }
-  const carried = lead?.take() ? lead : undefined;
+  const carried = heldRecord?.take() ? heldRecord : undefined;
+  const statements = [...(carried ? [carried.statement] : []), startStepStatement(schema, claim, step)];
+  let reply: PipelineReply | undefined;
   try {
-    const { rows } = await sql.raw<{ starts: number }>(`${carried ? `${carried.text};\n` : ''}${startStepText(schema, claim, step)}`).execute(db);
-    if (carried) carried.state = 'committed';
-    return rows[0]!.starts;
-  } catch (error) {
-    carried?.failedWith(error);
-    if (isLeaseLost(error)) return undefined;
-    throw error;
+    reply = await sendStatements(db, statements);
+  } finally {
+    // Both commit at the pipeline's end: the record did only if the start did too.
+    if (carried) noteHeldRecordFate(carried, reply, 0, statements.length - 1);
   }
+  if (reply.failure) {
+    if (isLeaseLost(reply.failure.error)) return undefined;
+    throw reply.failure.error;
+  }
+  return (reply.results[statements.length - 1]!.rows[0] as { starts: number }).starts;
 }
 
-/** The start as one self-contained statement of literal SQL (values escaped by node-postgres). */
-export function startStepText(schema: string, claim: Claim, step: StepPlace): string {
-  return `select ${pg.escapeIdentifier(schema)}.start_step(${pg.escapeLiteral(claim.scope)}, ${pg.escapeLiteral(claim.key)}, ${pg.escapeLiteral(claim.owner)}::uuid, ${integer(claim.fence)}, ${pg.escapeLiteral(step.name)}, ${integer(step.position)}) as starts`;
-}
-
-function integer(value: number): string {
-  if (!Number.isSafeInteger(value)) throw new TypeError(`${value} must be a safe integer to be inlined into SQL.`);
-  return String(value);
+/** The start as one statement: a call of `start_step`. */
+export function startStepStatement(schema: string, claim: Claim, step: StepPlace): CompiledQuery {
+  return CompiledQuery.raw(`select ${pg.escapeIdentifier(schema)}.start_step($1::text, $2::text, $3::uuid, $4::bigint, $5::text, $6::int) as starts`, [
+    claim.scope,
+    claim.key,
+    claim.owner,
+    claim.fence,
+    step.name,
+    step.position,
+  ]);
 }
 
 /**

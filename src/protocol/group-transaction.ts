@@ -1,0 +1,193 @@
+import type { CompiledQuery, ConnectionProvider, DatabaseConnection, Kysely, Transaction } from 'kysely';
+import { GatheringConnection, GroupAbortedError, InterleavedStatements } from '../store/gathering-connection.js';
+import type { GroupStatements } from '../store/key-store.js';
+import { transactionOn } from '../store/one-trip-commit.js';
+import { transientStoreFault } from '../store/pg-errors.js';
+import { BEGIN_READ_COMMITTED, COMMIT, ROLLBACK, commitApplied } from '../store/transaction-control.js';
+import type { CompletedKeyRow } from '../store/records.js';
+
+/** A job's part of a group: its work on the shared transaction, and what it leaves for the group's end. */
+export interface GroupMember<T> {
+  /** The key it writes: two jobs of one key never share a group. */
+  readonly identity: string;
+  readonly run: (tx: Transaction<any>) => Promise<GroupMemberEnd<T>>;
+}
+
+/** What a job leaves for its group's end. */
+export interface GroupMemberEnd<T> {
+  readonly value: T;
+  /**
+   * A statement run at the group's end, before the COMMIT (a fenced completion). It must fail,
+   * not quietly do nothing, when it cannot do its part: the job then runs alone.
+   */
+  readonly closing?: CompiledQuery;
+  /** A key the group inserts at its end, as `completed` with its result (the fast path's). */
+  readonly newKey?: CompletedKeyRow;
+}
+
+/**
+ * How a group's transaction ended. Only `committed` settles its jobs; every other verdict means
+ * nothing of the group was kept, and says how its jobs go on:
+ * - `interleaved`: a gathered job sent a statement after a group-mate's; all run again, one after another;
+ * - `culprits`: these jobs failed on their own (a statement of theirs failed, they threw, their
+ *   closing statement failed, their key had a row, they sent a statement that cannot share a
+ *   transaction); they run alone, the others share a transaction again;
+ * - `uncertain`: something failed that no single job caused for certain (the COMMIT itself, a
+ *   setting changed inside a function, a statement of the group's own, a connection that failed
+ *   before the COMMIT went out); every job runs alone;
+ * - `unknown`: the connection failed at the end: the COMMIT may or may not have been applied.
+ */
+export type GroupVerdict<M> =
+  | { readonly kind: 'committed'; readonly values: ReadonlyMap<M, unknown> }
+  | { readonly kind: 'interleaved' }
+  | { readonly kind: 'culprits'; readonly culprits: ReadonlySet<M>; readonly errors: ReadonlyMap<M, unknown> }
+  | { readonly kind: 'uncertain'; readonly error: unknown }
+  | { readonly kind: 'unknown'; readonly error: unknown };
+
+/** How a group runs its jobs. */
+export interface GroupTransactionOptions {
+  /** The store's statements for the group's end. */
+  readonly statements: GroupStatements;
+  /**
+   * Run the jobs of each batch at once, their statements gathered into one pipeline per turn
+   * (see {@link GatheringConnection}); false: one after another.
+   */
+  readonly gather: boolean;
+  /** The connection answers pipeline queries (`pipelines(db)`); without it, each statement goes alone. */
+  readonly pipelines: boolean;
+  /** The settings to watch ({@link GroupStatements.settings}); undefined: not watched. */
+  readonly watchedSettings: readonly string[] | undefined;
+  /** How long the insert of the group's new keys may wait on a key another transaction holds. */
+  readonly lockTimeoutMs: number;
+}
+
+/**
+ * Runs one group's transaction: BEGIN (riding with the first statements, with the keeping of the
+ * watched settings); the jobs, in batches taken from `take` while it offers more; then one
+ * pipeline of every job's closing statement, the settings check, one insert of every new key,
+ * and the COMMIT. No savepoints: a group commits whole or not at all.
+ *
+ * Gathered (`gather`), the jobs of a batch run at once, and the statements they send in one turn
+ * go out as one pipeline: a batch of jobs of one statement each costs one round trip. A job that
+ * sends a statement after a group-mate's has run since its own previous one stops the group
+ * (`interleaved`).
+ *
+ * Every failure stops the group and rolls it back; the verdict says whose it was, from what
+ * Postgres answered for each statement (see `store/pipeline.ts`), never from a guess. No job's
+ * outcome is decided in a group that did not commit: a job that failed here runs again alone,
+ * where its failure (if it fails again) is its own.
+ *
+ * Nothing is taken when no connection could be had: that error is thrown.
+ */
+export async function runGroupTransaction<M extends GroupMember<unknown>>(
+  db: Kysely<any>,
+  take: () => readonly M[],
+  options: GroupTransactionOptions,
+): Promise<GroupVerdict<M>> {
+  const { statements } = options;
+  return db.getExecutor().provideConnection(async (inner): Promise<GroupVerdict<M>> => {
+    const connection = new GatheringConnection(inner, { gather: options.gather, pipelines: options.pipelines });
+    const ends = new Map<M, GroupMemberEnd<unknown>>();
+    // Jobs that threw an error of their own (not one the group's failure caused).
+    const threw = new Map<M, unknown>();
+    const stop = async (verdict: GroupVerdict<M>): Promise<GroupVerdict<M>> => {
+      await connection.rollback(ROLLBACK);
+      return verdict;
+    };
+    const watched = options.watchedSettings;
+    connection.defer(BEGIN_READ_COMMITTED, ...(watched && statements.settings ? [statements.settings.keep(watched)] : []));
+    for (let batch = take(); batch.length > 0; batch = take()) {
+      const run = (member: M) =>
+        member.run(transactionOn(db, sharedProvider(connection.forJob(member)))).then(
+          (end) => void ends.set(member, end),
+          (error: unknown) => {
+            if (!(error instanceof GroupAbortedError) && !(error instanceof InterleavedStatements)) threw.set(member, error);
+            // The group is lost: its other jobs' statements go no further.
+            connection.fail({ kind: 'job', error, culprits: new Set([member]) });
+          },
+        );
+      if (options.gather) await Promise.all(batch.map(run));
+      else await oneAfterAnother(batch, run, () => connection.failure !== undefined);
+      const failure = connection.failure;
+      if (failure?.kind === 'interleaved') return stop({ kind: 'interleaved' });
+      if (failure?.kind === 'uncertain') return stop({ kind: 'uncertain', error: failure.error });
+      if (failure) {
+        const errors = new Map<M, unknown>(threw);
+        for (const culprit of failure.culprits) if (!errors.has(culprit as M)) errors.set(culprit as M, failure.error);
+        return stop({ kind: 'culprits', culprits: new Set(errors.keys()), errors });
+      }
+    }
+    if (ends.size === 0) {
+      connection.discard(); // another group took the jobs first: BEGIN never went out
+      return { kind: 'committed', values: new Map() };
+    }
+    return endGroup(connection, [...ends], options, stop);
+  });
+}
+
+/** The group's end: every closing statement, the settings check, the new keys and the COMMIT in one pipeline; the verdict from Postgres's answer. */
+async function endGroup<M>(
+  connection: GatheringConnection,
+  ends: ReadonlyArray<readonly [M, GroupMemberEnd<unknown>]>,
+  options: GroupTransactionOptions,
+  stop: (verdict: GroupVerdict<M>) => Promise<GroupVerdict<M>>,
+): Promise<GroupVerdict<M>> {
+  const { statements, watchedSettings } = options;
+  const sent: CompiledQuery[] = [];
+  // What failing at each position of the pipeline means.
+  const blame: Array<(error: unknown) => GroupVerdict<M>> = [];
+  const culprit = (member: M) => (error: unknown): GroupVerdict<M> => ({ kind: 'culprits', culprits: new Set([member]), errors: new Map([[member, error]]) });
+  const uncertain = (error: unknown): GroupVerdict<M> => ({ kind: 'uncertain', error });
+  for (const [member, end] of ends) {
+    if (!end.closing) continue;
+    sent.push(end.closing);
+    blame.push(culprit(member));
+  }
+  if (watchedSettings && statements.settings) {
+    sent.push(statements.settings.check(watchedSettings));
+    blame.push(uncertain);
+  }
+  const newKeys = ends.filter(([, end]) => end.newKey !== undefined);
+  if (newKeys.length > 0) {
+    const owners = new Map(newKeys.map(([member, end]) => [end.newKey!, member]));
+    const insert = statements.completedKeys!.insert([...owners.keys()], options.lockTimeoutMs);
+    sent.push(insert.statement);
+    blame.push((error) => {
+      const rows = statements.completedKeys!.keysWithRows(error, insert.rows);
+      if (!rows) return uncertain(error);
+      const members = rows.map((row) => owners.get(row)!);
+      return { kind: 'culprits', culprits: new Set(members), errors: new Map(members.map((member) => [member, error])) };
+    });
+  }
+  sent.push(COMMIT);
+  // A COMMIT refused (a deferred constraint, a serialization failure) is nobody's for certain;
+  // one cut off by the connection may have been applied.
+  blame.push((error) => (transientStoreFault(error) === 'connection' ? { kind: 'unknown', error } : uncertain(error)));
+  let reply;
+  try {
+    reply = await connection.flush(sent);
+  } catch (error) {
+    // The connection failed: the COMMIT may have been applied.
+    await connection.rollback(ROLLBACK);
+    return { kind: 'unknown', error };
+  }
+  if (reply.failure) {
+    const verdict = reply.failure.index < 0 ? uncertain(reply.failure.error) : blame[reply.failure.index]!(reply.failure.error);
+    return verdict.kind === 'unknown' ? verdict : stop(verdict);
+  }
+  if (!commitApplied(reply.results[sent.length - 1])) return stop(uncertain(new Error('the group\'s COMMIT was answered with ROLLBACK')));
+  return { kind: 'committed', values: new Map(ends.map(([member, end]) => [member, end.value])) };
+}
+
+/** Runs each job once the one before has ended, up to the first that fails the group. */
+async function oneAfterAnother<J>(jobs: readonly J[], run: (job: J) => Promise<void>, failed: () => boolean): Promise<void> {
+  for (const job of jobs) {
+    await run(job);
+    if (failed()) return;
+  }
+}
+
+/** Hands its connection to every caller at once (the gathering connection keeps them in order). */
+function sharedProvider(connection: DatabaseConnection): ConnectionProvider {
+  return { provideConnection: (consume) => consume(connection) };
+}

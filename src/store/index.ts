@@ -1,0 +1,15 @@
+/**
+ * `idempotent-jobs/store`: the seams between the claim protocol and its store, for a store of
+ * your own (`new IdempotencyKeys(options, store)`) or to tune the Postgres one. Not stable: may
+ * change in a minor release.
+ *
+ * @experimental
+ * @packageDocumentation
+ * @module idempotent-jobs/store
+ */
+export type { KeyStore, GroupStatements, StepStore } from './key-store.js';
+export type { ClaimInput, CompletedKeyRow, LeaseExtension, StepPlace, StepRecord } from './records.js';
+export type { HeldRecord, HeldRecordState } from './one-trip-commit.js';
+export type { PostgresKeyStoreOptions } from './postgres-key-store.js';
+export type { SlotAnswer, SlotRequest } from './sql/concurrency-slots.js';
+export { PostgresKeyStore } from './postgres-key-store.js';

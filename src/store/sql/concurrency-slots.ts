@@ -1,0 +1,267 @@
+import { sql, type Kysely } from 'kysely';
+
+/** What `acquireConcurrencySlot` answered: the slot taken, or when to ask again. */
+export type SlotAnswer =
+  | {
+      /** Always true: a slot was taken. */
+      readonly acquired: true;
+      /** Which of the group's slots (0 … limit − 1). */
+      readonly slot: number;
+    }
+  | {
+      /** Always false: every slot of the group is held. */
+      readonly acquired: false;
+      /** When to ask again. */
+      readonly retryAfterMs: number;
+    };
+
+/** One slot acquisition: the group, its limit, the key that will run in it and the slot's owner token. */
+export interface SlotRequest {
+  /** The concurrency key: the group whose slots are limited. */
+  readonly group: string;
+  /** How many of the group's jobs may run at once. */
+  readonly limit: number;
+  /** The scope of the key that will run in the slot. */
+  readonly scope: string;
+  /** The key that will run in the slot. */
+  readonly key: string;
+  /** The slot's owner token (a UUID): only this run frees it. */
+  readonly owner: string;
+  /** How long the slot is held without its key's lease (the gap before the claim, a fast-path job's run). */
+  readonly leaseMs: number;
+  /** A waiter deferred this long goes before anyone who has waited less (the starvation bound). */
+  readonly starvationMs: number;
+}
+
+/**
+ * Takes one of a concurrency group's `limit` slots for a key about to run, or says when to ask
+ * again: one statement, a call of `acquire_concurrency_slot` ({@link concurrencySlotsDdl}).
+ *
+ * *Why an advisory lock per group:* two acquisitions that both see one free slot must not both
+ * take it, and "how many of this group run" is a question about rows that may not exist yet, which
+ * no row lock guards. The function first takes a transaction-scoped advisory lock on the group
+ * (`pg_advisory_xact_lock`, held only for the statement: an autocommit call), so acquisitions of
+ * one group run one after another, each seeing everything committed before it; groups never wait
+ * on each other. It is one short statement, so the serialization costs a group little.
+ *
+ * *Why a slot is live while its key's lease is:* a slot row names the key that runs in it and is
+ * held until `acquired_until` (now + `leaseMs`), or for as long as that key is `processing` under
+ * a live lease, whichever is later. So a worker that dies mid-run frees its slot when its key's
+ * lease ends (heartbeats keep it while the handler runs; a takeover keeps it until the new run
+ * ends), and a run that ends frees it at once ({@link releaseConcurrencySlot}). A key taken over
+ * by a worker that acquired a slot of its own counts twice until the old slot's time is up: the
+ * limit errs on the strict side, never the loose one.
+ *
+ * *Starvation:* an acquisition that finds no free slot records the key as a waiter of the group
+ * (since when it waits). A waiter that has waited longer than `starvationMs` goes first: while
+ * one exists and keeps coming back (seen within `starvationMs`), free slots go only to the
+ * oldest such waiter. So a job waits at most about `starvationMs` plus the runs of the waiters
+ * older than it, however many newcomers arrive. A starving waiter that has not come back within
+ * `starvationMs` (its job waits behind a long queue, or is gone) holds nothing back: were it to,
+ * every job of the group would wait for waiters that are not there, and with a backlog whose
+ * jobs come back less often than that, none would ever run.
+ */
+export async function acquireConcurrencySlot(db: Kysely<any>, schema: string, request: SlotRequest): Promise<SlotAnswer> {
+  const { rows } = await sql<{ slot: number | null; retry_after_ms: string | null }>`
+    select * from ${sql.id(schema, 'acquire_concurrency_slot')}(
+      ${request.group}::text, ${request.limit}::int, ${request.scope}::text, ${request.key}::text, ${request.owner}::uuid,
+      ${request.leaseMs}::int, ${request.starvationMs}::int)`.execute(db);
+  const row = rows[0]!;
+  return row.slot !== null ? { acquired: true, slot: row.slot } : { acquired: false, retryAfterMs: Math.max(1, Number(row.retry_after_ms ?? 1)) };
+}
+
+/** Frees a slot when its run ended (completed, failed, released or deferred); false when it was no longer held. */
+export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, group: string, slot: number, owner: string): Promise<boolean> {
+  const result = await sql`
+    delete from ${sql.id(schema, 'concurrency_slots')}
+     where group_key = ${group} and slot = ${slot} and owner = ${owner}::uuid`.execute(db);
+  return Number(result.numAffectedRows ?? 0n) === 1;
+}
+
+/** How many jobs each group has running and waiting now (for `stats`, tests and the chaos checker). */
+export async function concurrencyGroupCounts(db: Kysely<any>, schema: string, group: string): Promise<{ running: number; waiting: number }> {
+  const { rows } = await sql<{ running: number; waiting: number }>`
+    select (select count(*)::int from ${sql.id(schema, 'concurrency_slots')} as s
+             where s.group_key = ${group} and ${slotIsLive(schema)}) as running,
+           (select count(*)::int from ${sql.id(schema, 'concurrency_waiters')} as w
+             where w.group_key = ${group}) as waiting`.execute(db);
+  return rows[0]!;
+}
+
+/** The condition under which a row `s` of `concurrency_slots` holds its slot (see {@link acquireConcurrencySlot}). */
+function slotIsLive(schema: string) {
+  return sql`(s.acquired_until > now() or exists (
+      select 1 from ${sql.id(schema, 'idempotency_keys')} as k
+       where k.scope = s.scope and k.key = s.key and k.status = 'processing' and k.owner is not null and k.locked_until > now()))`;
+}
+
+/**
+ * DDL of the slots and waiters tables and of `acquire_concurrency_slot`, for migration
+ * `018_concurrency_slots`. The schema is baked in; a changed body needs a new migration
+ * ({@link acquireConcurrencySlotFunctionDdl}).
+ */
+export function concurrencySlotsDdl(schema: string) {
+  const slots = sql.id(schema, 'concurrency_slots');
+  const waiters = sql.id(schema, 'concurrency_waiters');
+  return [
+    sql`
+      create table ${slots} (
+        group_key       text        not null,
+        slot            int         not null,
+        owner           uuid        not null,
+        scope           text        not null,
+        key             text        not null,
+        acquired_until  timestamptz not null,
+        primary key (group_key, slot)
+      )`,
+    sql`
+      create table ${waiters} (
+        group_key  text        not null,
+        scope      text        not null,
+        key        text        not null,
+        since      timestamptz not null default now(),
+        seen_at    timestamptz not null default now(),
+        primary key (group_key, scope, key)
+      )`,
+    acquireConcurrencySlotFunctionDdl(schema),
+  ];
+}
+
+/**
+ * DDL of `acquire_concurrency_slot` (see {@link acquireConcurrencySlot}): its current body,
+ * installed by migrations `018_concurrency_slots`, `021_key_concurrency_limits` and
+ * `022_concurrency_waiters_seen` (a starving waiter holds the free slots only while it keeps
+ * coming back). Besides taking the slot, it records the key's concurrency key and limit in
+ * `key_concurrency_limits` ({@link keyConcurrencyLimitsDdl}), in the same statement, so no round
+ * trip is added.
+ */
+export function acquireConcurrencySlotFunctionDdl(schema: string) {
+  const slots = sql.id(schema, 'concurrency_slots');
+  const waiters = sql.id(schema, 'concurrency_waiters');
+  const limits = sql.id(schema, 'key_concurrency_limits');
+  return sql`
+      create or replace function ${sql.id(schema, 'acquire_concurrency_slot')}(
+        p_group text, p_limit int, p_scope text, p_key text, p_owner uuid, p_lease_ms int, p_starvation_ms int)
+      returns table (slot int, retry_after_ms bigint)
+      language plpgsql volatile as $slot$
+      #variable_conflict use_column
+      declare
+        v_slot int;
+        v_since timestamptz;
+        v_starving boolean;
+      begin
+        perform pg_advisory_xact_lock(hashtextextended('idempotent_jobs.concurrency:' || p_group, 0));
+        -- Waiters that stopped coming back (their job finished elsewhere, or was removed) no longer count.
+        delete from ${waiters} as w
+         where w.group_key = p_group and w.seen_at < now() - 2 * p_starvation_ms * interval '1 millisecond';
+        select w.since into v_since from ${waiters} as w
+         where w.group_key = p_group and w.scope = p_scope and w.key = p_key;
+        select s.n into v_slot
+          from generate_series(0, p_limit - 1) as s(n)
+         where not exists (
+           select 1 from ${slots} as s2
+            where s2.group_key = p_group and s2.slot = s.n
+              and (s2.acquired_until > now() or exists (
+                    select 1 from ${sql.id(schema, 'idempotency_keys')} as k
+                     where k.scope = s2.scope and k.key = s2.key and k.status = 'processing'
+                       and k.owner is not null and k.locked_until > now())))
+         order by s.n
+         limit 1;
+        if v_slot is not null then
+          -- A starving waiter older than this one goes first, if it keeps coming back: one that
+          -- has not asked again within the bound would hold every slot for nobody.
+          select exists (
+            select 1 from ${waiters} as w
+             where w.group_key = p_group and not (w.scope = p_scope and w.key = p_key)
+               and w.since < now() - p_starvation_ms * interval '1 millisecond'
+               and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
+               and w.since < coalesce(v_since, now()))
+            into v_starving;
+          if v_starving then
+            v_slot := null;
+          end if;
+        end if;
+        if v_slot is not null then
+          insert into ${slots} as s (group_key, slot, owner, scope, key, acquired_until)
+          values (p_group, v_slot, p_owner, p_scope, p_key, now() + p_lease_ms * interval '1 millisecond')
+          on conflict (group_key, slot) do update
+             set owner = excluded.owner, scope = excluded.scope, key = excluded.key, acquired_until = excluded.acquired_until;
+          delete from ${waiters} as w where w.group_key = p_group and w.scope = p_scope and w.key = p_key;
+          insert into ${limits} as r (scope, key, group_key, concurrency_limit) values (p_scope, p_key, p_group, p_limit)
+          on conflict (scope, key) do update
+             set group_key = excluded.group_key, concurrency_limit = excluded.concurrency_limit, recorded_at = now();
+          slot := v_slot;
+          retry_after_ms := null;
+          return next;
+          return;
+        end if;
+        insert into ${waiters} as w (group_key, scope, key) values (p_group, p_scope, p_key)
+        on conflict (group_key, scope, key) do update set seen_at = now();
+        -- Ask again about when the first slot's time is up; a slot held by a running key's lease
+        -- frees when the run ends, so never later than the lease, and the caller caps it anyway.
+        select greatest(1, least(coalesce(min(ceil(extract(epoch from (greatest(s.acquired_until, (
+                 select k.locked_until from ${sql.id(schema, 'idempotency_keys')} as k
+                  where k.scope = s.scope and k.key = s.key and k.status = 'processing' and k.owner is not null)) - now())) * 1000)),
+                 p_lease_ms), p_lease_ms))::bigint
+          into retry_after_ms
+          from ${slots} as s
+         where s.group_key = p_group and s.slot < p_limit;
+        slot := null;
+        return next;
+      end;
+      $slot$`;
+}
+
+/**
+ * DDL of `key_concurrency_limits`, for migration `021_key_concurrency_limits`: the concurrency key
+ * and limit of each key that took a slot, written by `acquire_concurrency_slot`.
+ *
+ * *Why:* a key's row keeps the job's name and payload, enough for the sweeper to add a lost job
+ * again, but not the job's concurrency key and limit, which are outside the fingerprint and not
+ * part of the key; a job added again without them would run outside its limit. A job takes a slot
+ * before it claims, so when the sweeper finds its key processing and lost, this table says what
+ * limit it ran under. A row outlives its key's run by design (the sweeper may need it at any time
+ * while the key is processing); the janitor deletes rows whose key is not processing once they
+ * are older than the retention ({@link deleteStaleConcurrencyLimits}).
+ */
+export function keyConcurrencyLimitsDdl(schema: string) {
+  const limits = sql.id(schema, 'key_concurrency_limits');
+  return [
+    sql`
+      create table ${limits} (
+        scope              text        not null,
+        key                text        not null,
+        group_key          text        not null,
+        concurrency_limit  int         not null,
+        recorded_at        timestamptz not null default now(),
+        primary key (scope, key)
+      )`,
+    // The janitor: records ordered by age.
+    sql`create index key_concurrency_limits_recorded on ${limits} (recorded_at)`,
+  ];
+}
+
+/**
+ * Deletes up to `limit` records of `key_concurrency_limits` older than `olderThanMs` whose key is
+ * not processing (finished, deleted, or never claimed); how many. `FOR UPDATE SKIP LOCKED` as in
+ * `deleteExpiredKeys`, so janitors running at once take disjoint batches.
+ */
+export async function deleteStaleConcurrencyLimits(db: Kysely<any>, schema: string, olderThanMs: number, limit: number): Promise<number> {
+  const limits = sql.id(schema, 'key_concurrency_limits');
+  const result = await sql`
+    with doomed as (
+      select r.scope, r.key
+        from ${limits} as r
+       where r.recorded_at < now() - ${olderThanMs}::bigint * interval '1 millisecond'
+         and not exists (
+           select 1 from ${sql.id(schema, 'idempotency_keys')} as k
+            where k.scope = r.scope and k.key = r.key and k.status = 'processing')
+       order by r.recorded_at
+       limit ${limit}
+         for update skip locked
+    )
+    delete from ${limits} as r
+     using doomed as d
+     where r.scope = d.scope and r.key = d.key`.execute(db);
+  return Number(result.numAffectedRows ?? 0n);
+}

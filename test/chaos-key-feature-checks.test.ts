@@ -1,0 +1,208 @@
+/**
+ * The key-feature profiles' rules on hand-made histories: a rule that cannot see a late
+ * duplicate run again, a key's limit exceeded, a slot leaked, a generation run twice or a
+ * replaced payload run, a tick committed twice or missed would make every such chaos run pass.
+ * (The runs themselves are `npm run chaos -- --tombstones` and the like, outside vitest.)
+ */
+import { describe, expect, it } from 'vitest';
+import type { ExecutionRow, FailedJob } from './chaos/checker.js';
+import {
+  checkCoalescing,
+  checkConcurrencyLimits,
+  checkRacingSchedulers,
+  checkTombstones,
+  type CoalescingHistory,
+  type ConcurrencyHistory,
+  type KeyFeatureCheck,
+  type SchedulesHistory,
+  type TombstonesHistory,
+} from './chaos/key-feature-checks.js';
+import type { WorkerLogLine } from './chaos/worker-fleet.js';
+
+const T0 = 1_700_000_000_000;
+const row = (scope: string, key: string, fence: number, at: number): ExecutionRow => ({ scope, key, fence, workerPid: 1, at: T0 + at });
+const line = (scope: string, key: string, outcome: string, at: number, jobId?: string): WorkerLogLine => ({
+  time: T0 + at, pid: 1, msg: outcome, level: 30, outcome, scope, key, ...(jobId ? { jobId } : {}),
+});
+const failing = (check: KeyFeatureCheck) => Object.fromEntries(check.rules.filter((r) => r.failing.length > 0).map((r) => [r.rule, r.failing]));
+
+describe('checkTombstones', () => {
+  const REUSED: FailedJob = { id: 's/k2', jobId: 'late-other-2', attemptsMade: 1, reason: 'Idempotency key "k2" in scope "s" was already used with a different payload; the request was refused and nothing ran.' };
+  const clean = (): TombstonesHistory => ({
+    late: [
+      { id: 's/k1', jobId: 'late-same-1', samePayload: true, sentAt: T0 + 10_000 },
+      { id: 's/k2', jobId: 'late-other-2', samePayload: false, sentAt: T0 + 10_000 },
+    ],
+    effects: [row('s', 'k1', 1, 100), row('s', 'k2', 1, 200)],
+    failedJobs: [REUSED],
+    lines: [line('s', 'k1', 'result-expired', 10_050)],
+    tombstones: 2,
+  });
+
+  it('passes late duplicates that ran nothing: the same payload acknowledged, another refused as KEY_REUSED', () => {
+    const check = checkTombstones(clean());
+    expect(failing(check)).toEqual({});
+    expect(check.ok).toBe(true);
+  });
+
+  it('fails a late duplicate that ran again: an effect after the late send', () => {
+    const history = { ...clean(), effects: [...clean().effects, row('s', 'k1', 1, 10_100)] };
+    expect(failing(checkTombstones(history))).toEqual({ 'late duplicates run again (an effect after the late send)': ['s/k1'] });
+  });
+
+  it('fails a late duplicate of another payload that was not refused, and one of the same payload that failed', () => {
+    const history: TombstonesHistory = {
+      ...clean(),
+      failedJobs: [{ id: 's/k1', jobId: 'late-same-1', attemptsMade: 1, reason: 'connection terminated' }],
+    };
+    const check = checkTombstones(history);
+    expect(check.ok).toBe(false);
+    expect(Object.keys(failing(check))).toEqual([
+      'late duplicates with the same payload not acknowledged (job failed)',
+      'late duplicates with another payload not refused as KEY_REUSED',
+    ]);
+  });
+
+  it('fails a run that sent no late duplicate of a kind: it tested nothing', () => {
+    const history = { ...clean(), late: clean().late.slice(0, 1), failedJobs: [] };
+    expect(Object.keys(failing(checkTombstones(history)))).toEqual(['no late duplicate of each kind sent (nothing tested)']);
+  });
+});
+
+describe('checkConcurrencyLimits', () => {
+  const groups = new Map([
+    ['s/a', { key: 'tenant:0', limit: 2 }],
+    ['s/b', { key: 'tenant:0', limit: 2 }],
+    ['s/c', { key: 'tenant:0', limit: 2 }],
+    ['s/d', { key: 'tenant:1', limit: 2 }],
+    ['s/e', { key: 'tenant:1', limit: 2 }],
+  ]);
+  /** a and b overlap (2 of limit 2); c starts the instant b ends; d runs in another key. */
+  const clean = (): ConcurrencyHistory => ({
+    groups,
+    externalCalls: [row('s', 'a', 1, 0), row('s', 'b', 1, 100), row('s', 'c', 2, 500), row('s', 'd', 1, 50)],
+    effects: [row('s', 'a', 1, 400), row('s', 'b', 1, 500), row('s', 'c', 2, 900), row('s', 'd', 1, 450)],
+    lines: [line('s', 'c', 'concurrency-limited', 150), line('s', 'c', 'concurrency-limited', 300)],
+    liveSlots: [],
+    starvedBoundMs: 100,
+  });
+
+  it('passes runs within their key\'s limit, a slot freed and taken at the same instant, and deferrals while the key is at its limit', () => {
+    const check = checkConcurrencyLimits(clean());
+    expect(failing(check)).toEqual({});
+    expect(check.numbers[0]![1]).toBe('4 (2; 2)');
+  });
+
+  it('fails a third run of a key in flight while two are', () => {
+    const history = { ...clean(), externalCalls: [...clean().externalCalls.filter((r) => r.key !== 'c'), row('s', 'c', 2, 300)] };
+    const broken = failing(checkConcurrencyLimits(history));
+    expect(Object.keys(broken)).toEqual(['runs of a concurrency key in flight past its limit']);
+    expect(broken['runs of a concurrency key in flight past its limit']![0]).toMatch(/^tenant:0: 3 runs/);
+  });
+
+  it('measures a run from the external call of its own fence, not a fenced earlier one', () => {
+    // c's first owner (fence 1) called at 120 and lost the key; only fence 2's run counts.
+    const history = { ...clean(), externalCalls: [...clean().externalCalls, row('s', 'c', 1, 120)] };
+    expect(checkConcurrencyLimits(history).ok).toBe(true);
+  });
+
+  it('fails a key that went on deferring with a free slot past the bound (a livelock), not one whose deferrals a run ended', () => {
+    // e is deferred at 1.0, 1.1 and 1.3 s while nothing of tenant:1 runs, then runs at 4 s.
+    const deferredIdle = (times: number[]) => ({
+      ...clean(),
+      externalCalls: [...clean().externalCalls, row('s', 'e', 1, 4_000)],
+      effects: [...clean().effects, row('s', 'e', 1, 4_100)],
+      lines: [...clean().lines, ...times.map((at) => line('s', 'e', 'concurrency-limited', at))],
+    });
+    const starved = failing(checkConcurrencyLimits(deferredIdle([1_000, 1_100, 1_300])));
+    expect(Object.keys(starved)).toEqual(['keys starved: deferring with a free slot for longer than 0.10 s without a run']);
+    expect(Object.values(starved)[0]![0]).toMatch(/^tenant:1: deferring with a free slot from .* for 0\.30 s/);
+    // A fault between the deferrals (a worker frozen, Postgres down) explains the idle slot.
+    expect(checkConcurrencyLimits({ ...deferredIdle([1_000, 1_100, 1_300]), faultWindows: [{ from: T0 + 1_150, to: T0 + 1_200 }] }).ok).toBe(true);
+    // Deferred once before and once after a run of the key started: served in between.
+    expect(checkConcurrencyLimits({ ...deferredIdle([3_950, 4_050]), starvedBoundMs: 90 }).ok).toBe(true);
+  });
+
+  it('fails a slot left held, and a run that deferred nothing', () => {
+    const leaked = { ...clean(), liveSlots: ['tenant:0/1 by s/c'] };
+    expect(failing(checkConcurrencyLimits(leaked))).toEqual({ 'slots left held after the drain': ['tenant:0/1 by s/c'] });
+    const untested = { ...clean(), lines: [] };
+    expect(Object.keys(failing(checkConcurrencyLimits(untested)))).toEqual(['no job deferred by its limit (nothing tested)']);
+  });
+});
+
+describe('checkCoalescing', () => {
+  /** Versions 1-4 of one key: 1 runs (0-1000); 2, 3 arrive during it and collapse; 3 runs (1000-2000); 4 runs alone later. */
+  const clean = (): CoalescingHistory => ({
+    sent: new Map([['c/e', [1, 2, 3, 4]]]),
+    runs: [
+      { id: 'c/e', generation: 1, version: 1, start: T0 + 10, end: T0 + 1_000 },
+      { id: 'c/e', generation: 2, version: 3, start: T0 + 1_010, end: T0 + 2_000 },
+      { id: 'c/e', generation: 3, version: 4, start: T0 + 3_000, end: T0 + 3_500 },
+    ],
+    generations: new Map([['c/e', [1, 2, 3]]]),
+    versionOfJob: new Map([['j1', 1], ['j2', 2], ['j3', 3], ['j4', 4]]),
+    lines: [line('c', 'e', 'coalesced', 200, 'j2'), line('c', 'e', 'coalesced', 400, 'j3')],
+  });
+
+  it('passes generations committed once, one after another, the newest pending payload run, the last one last', () => {
+    const check = checkCoalescing(clean());
+    expect(failing(check)).toEqual({});
+    expect(check.numbers[0]![1]).toBe('1: 4 / 3 / 2');
+  });
+
+  it('fails a generation committed twice, and one with a key row and no effect', () => {
+    const twice = { ...clean(), runs: [...clean().runs, { ...clean().runs[1]! }] };
+    expect(failing(checkCoalescing(twice))).toEqual({ 'generations not committed exactly once': ['c/e#2: 2 effects'] });
+    const lostRun = { ...clean(), generations: new Map([['c/e', [1, 2, 3, 4]]]) };
+    expect(failing(checkCoalescing(lostRun))['generations not committed exactly once']).toEqual(['c/e#4: 0 effects']);
+  });
+
+  it('fails a key whose last version did not run last, and runs of one key overlapping', () => {
+    const runs = clean().runs.slice(0, 2);
+    expect(Object.keys(failing(checkCoalescing({ ...clean(), runs, generations: new Map([['c/e', [1, 2]]]) })))).toEqual([
+      'keys whose last version sent did not run last',
+    ]);
+    const overlapping = clean().runs.map((run) => (run.generation === 2 ? { ...run, start: T0 + 900 } : run));
+    expect(Object.keys(failing(checkCoalescing({ ...clean(), runs: overlapping })))).toEqual(['runs of one key overlapping']);
+  });
+
+  it('fails a successor that ran a payload replaced before the run before it ended (a queue of successors)', () => {
+    const queued = clean().runs.map((run) => (run.generation === 2 ? { ...run, version: 2 } : run));
+    expect(Object.keys(failing(checkCoalescing({ ...clean(), runs: queued })))).toEqual([
+      'generations that ran a replaced payload (more than one pending successor)',
+    ]);
+  });
+
+  it('fails a run in which nothing was coalesced', () => {
+    expect(Object.keys(failing(checkCoalescing({ ...clean(), lines: [] })))).toEqual(['no arrival coalesced (nothing tested)']);
+  });
+});
+
+describe('checkRacingSchedulers', () => {
+  const scope = 'schedule:chaos-tick';
+  const clean = (): SchedulesHistory => ({
+    expectedTicks: ['t1', 't2', 't3', 't4'],
+    upToCursor: 3,
+    effects: [row(scope, 't1', 1, 0), row(scope, 't2', 1, 1_000), row(scope, 't3', 1, 2_000), row(scope, 't4', 1, 3_000)],
+    kills: 3,
+    starts: 6,
+  });
+
+  it('passes every tick due committed once, one past the cursor included', () => {
+    expect(failing(checkRacingSchedulers(clean()))).toEqual({});
+  });
+
+  it('fails a tick committed twice, a tick missed, and an effect of a time that is no tick', () => {
+    const history = { ...clean(), effects: [row(scope, 't1', 1, 0), row(scope, 't1', 2, 10), row(scope, 't3', 1, 2_000), row(scope, 'tx', 1, 2_500)] };
+    expect(failing(checkRacingSchedulers(history))).toEqual({
+      'ticks committed more than once': ['t1: 2 effects'],
+      'ticks missed': ['t2', 't4'],
+      'effects of times that are not ticks of the schedule (before its creation, after the stop, or off the second)': ['tx'],
+    });
+  });
+
+  it('fails a run in which no scheduler was killed', () => {
+    expect(Object.keys(failing(checkRacingSchedulers({ ...clean(), kills: 0 })))).toEqual(['no scheduler killed or no tick (nothing tested)']);
+  });
+});

@@ -1,0 +1,387 @@
+/**
+ * The checker rules of the key-feature profiles (`--tombstones`, `--concurrency-limits`,
+ * `--coalescing`, `--racing-schedulers`): one pure function per feature, over the rows and log
+ * lines a run left, added to the suite's checks (`checker.ts`). Each returns the numbers for the
+ * report's table and the failing ids of each required rule; a rule that had nothing to judge
+ * (no late duplicate sent, no job deferred by its limit, no arrival coalesced, no scheduler
+ * killed) fails the run too, since it would pass without testing anything.
+ */
+import { percentiles, type ExecutionRow, type FailedJob } from './checker.js';
+import type { WorkerLogLine } from './worker-fleet.js';
+
+/** The four profiles. */
+export const KEY_FEATURES = ['tombstones', 'concurrency-limits', 'coalescing', 'racing-schedulers'] as const;
+export type KeyFeature = (typeof KEY_FEATURES)[number];
+
+/** What a key-feature rule set found. */
+export interface KeyFeatureCheck {
+  readonly feature: KeyFeature;
+  /** True when every required rule found nothing. */
+  readonly ok: boolean;
+  /** Reported numbers, in the report's order: label, value. */
+  readonly numbers: ReadonlyArray<readonly [string, string]>;
+  /** Each required rule: its label, and what broke it (empty when it held). */
+  readonly rules: ReadonlyArray<{ readonly rule: string; readonly failing: readonly string[] }>;
+}
+
+const idOf = (row: { scope?: string; key?: string }) => `${row.scope}/${row.key}`;
+
+function result(feature: KeyFeature, numbers: Array<readonly [string, string]>, rules: Array<{ rule: string; failing: string[] }>): KeyFeatureCheck {
+  return { feature, ok: rules.every((r) => r.failing.length === 0), numbers, rules };
+}
+
+const seconds = (ms: number | null) => (ms === null ? 'n/a' : `${(ms / 1000).toFixed(2)} s`);
+
+// ---------------------------------------------------------------------------------------------
+// Tombstones past retention
+
+/** A duplicate sent after its key's row was deleted by the janitor, its tombstone live. */
+export interface LateDuplicate {
+  /** `scope/key`. */
+  readonly id: string;
+  /** The BullMQ job id it was added under. */
+  readonly jobId: string;
+  /** The key's own payload (expected: acknowledged, "completed, result expired") or another one (expected: `KEY_REUSED`). */
+  readonly samePayload: boolean;
+  /** When it was acknowledged (ms since epoch). */
+  readonly sentAt: number;
+}
+
+/** What {@link checkTombstones} reads. */
+export interface TombstonesHistory {
+  readonly late: readonly LateDuplicate[];
+  readonly effects: readonly ExecutionRow[];
+  readonly failedJobs: readonly FailedJob[];
+  readonly lines: readonly WorkerLogLine[];
+  /** Tombstones live after the drain. */
+  readonly tombstones: number;
+}
+
+/**
+ * Tombstones past retention: no late duplicate runs again (no effect row of its key after it
+ * was sent, never two rows), a late duplicate with the key's own payload is acknowledged (its
+ * job does not fail), one with another payload is refused as `KEY_REUSED` (its job fails with
+ * that error and nothing runs).
+ */
+export function checkTombstones(history: TombstonesHistory): KeyFeatureCheck {
+  const effectsByKey = groupBy(history.effects, idOf);
+  const failedByJob = new Map(history.failedJobs.map((job) => [job.jobId, job]));
+  const ranAgain = new Set<string>();
+  for (const late of history.late) {
+    const rows = effectsByKey.get(late.id) ?? [];
+    // The first run's row is older than the late send; any row after it, or a second row, ran again.
+    if (rows.length > 1 || rows.some((row) => row.at > late.sentAt)) ranAgain.add(late.id);
+  }
+  const same = history.late.filter((late) => late.samePayload);
+  const other = history.late.filter((late) => !late.samePayload);
+  const expiredFailed = same.filter((late) => failedByJob.has(late.jobId)).map((late) => `${late.id} (job ${late.jobId}: ${failedByJob.get(late.jobId)!.reason.slice(0, 120)})`);
+  const reuseNotRefused = other.filter((late) => !/KEY_REUSED|already used with a different payload/.test(failedByJob.get(late.jobId)?.reason ?? '')).map((late) => `${late.id} (job ${late.jobId})`);
+  const resultExpired = history.lines.filter((line) => line.outcome === 'result-expired').length;
+  return result(
+    'tombstones',
+    [
+      ['late duplicates sent after the key\'s row was gone (same payload / another payload)', `${history.late.length} (${same.length} / ${other.length})`],
+      ['claims answered "completed, result expired" (result-expired lines)', String(resultExpired)],
+      ['tombstones live after the drain', String(history.tombstones)],
+    ],
+    [
+      { rule: 'late duplicates run again (an effect after the late send)', failing: [...ranAgain] },
+      { rule: 'late duplicates with the same payload not acknowledged (job failed)', failing: expiredFailed },
+      { rule: 'late duplicates with another payload not refused as KEY_REUSED', failing: reuseNotRefused },
+      { rule: 'no late duplicate of each kind sent (nothing tested)', failing: same.length === 0 || other.length === 0 ? [`same ${same.length}, other ${other.length}`] : [] },
+    ],
+  );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-key concurrency limits under kills
+
+/** What {@link checkConcurrencyLimits} reads. */
+export interface ConcurrencyHistory {
+  /** The concurrency key and limit of each produced key, by `scope/key`. */
+  readonly groups: ReadonlyMap<string, { readonly key: string; readonly limit: number }>;
+  /** Committed effects: each run's end. */
+  readonly effects: readonly ExecutionRow[];
+  /** External calls: each run's start (the call of the effect's fence). */
+  readonly externalCalls: readonly ExecutionRow[];
+  readonly lines: readonly WorkerLogLine[];
+  /** Slots still held after the drain and the workers' stop (`group/slot by scope/key`). */
+  readonly liveSlots: readonly string[];
+  /**
+   * Longest a concurrency key may go on deferring its jobs while fewer than its limit of its runs
+   * are in flight, without starting one: a slot of a killed worker is held for a lease, a
+   * starving waiter's for the starvation bound; beyond both, the key is starved.
+   */
+  readonly starvedBoundMs: number;
+  /**
+   * When faults were in effect (from start to end, plus a lease for the slots they left held):
+   * a starved span is judged only between them, where nothing else explains an idle slot.
+   */
+  readonly faultWindows?: ReadonlyArray<{ readonly from: number; readonly to: number }>;
+}
+
+/**
+ * Limits under kills: never more than a concurrency key's limit of its runs in flight at once
+ * (a committed run is in flight from its external call, made after the claim under its fence,
+ * to its effect's insert, just before its COMMIT; all times in the database's clock); no key
+ * starved: deferring its jobs (`concurrency-limited` lines) with fewer than its limit in flight
+ * for longer than the bound without starting a run (a measure of fairness that a slow or
+ * loaded machine does not change: while workers are down or Postgres frozen nobody is
+ * deferred); no slot left held once everything drained. The wait of each deferred job, from its
+ * first deferral to its run, is reported.
+ */
+export function checkConcurrencyLimits(history: ConcurrencyHistory): KeyFeatureCheck {
+  const calls = groupBy(history.externalCalls, (row) => `${idOf(row)}#${row.fence}`);
+  const runs: Array<{ id: string; group: string; limit: number; start: number; end: number }> = [];
+  let withoutStart = 0;
+  for (const effect of history.effects) {
+    const id = idOf(effect);
+    const group = history.groups.get(id);
+    if (!group) continue;
+    const starts = (calls.get(`${id}#${effect.fence}`) ?? []).filter((call) => call.at <= effect.at);
+    if (starts.length === 0) {
+      withoutStart++;
+      continue;
+    }
+    runs.push({ id, group: group.key, limit: group.limit, start: Math.max(...starts.map((c) => c.at)), end: effect.at });
+  }
+  const overLimit: string[] = [];
+  let maxInFlight = 0;
+  for (const [group, list] of groupBy(runs, (run) => run.group)) {
+    // Ends before starts at the same instant: a slot freed and taken again is not an overlap.
+    const events = list.flatMap((run) => [{ at: run.start, delta: 1, run }, { at: run.end, delta: -1, run }]).sort((a, b) => a.at - b.at || a.delta - b.delta);
+    let inFlight = 0;
+    const running = new Set<(typeof runs)[number]>();
+    for (const event of events) {
+      inFlight += event.delta;
+      if (event.delta > 0) running.add(event.run);
+      else running.delete(event.run);
+      maxInFlight = Math.max(maxInFlight, inFlight);
+      if (event.delta > 0 && inFlight > event.run.limit) {
+        overLimit.push(`${group}: ${inFlight} runs at ${new Date(event.at).toISOString()} (limit ${event.run.limit}: ${[...running].map((r) => r.id).join(', ')})`);
+      }
+    }
+  }
+  const firstDeferral = new Map<string, number>();
+  let deferrals = 0;
+  for (const line of history.lines) {
+    if (line.outcome !== 'concurrency-limited') continue;
+    deferrals++;
+    const id = idOf(line);
+    if (!firstDeferral.has(id)) firstDeferral.set(id, line.time);
+  }
+  const waits: number[] = [];
+  const startOf = new Map(runs.map((run) => [run.id, run.start]));
+  for (const [id, since] of firstDeferral) {
+    const start = startOf.get(id);
+    if (start !== undefined) waits.push(Math.max(0, start - since)); // never committed: the suite's "lost" says so
+  }
+  const waited = percentiles(waits);
+  const starved = starvedSpans(history, runs);
+  return result(
+    'concurrency-limits',
+    [
+      ['runs with a concurrency key (groups; most in flight at once in a group)', `${runs.length} (${new Set(runs.map((r) => r.group)).size}; ${maxInFlight})${withoutStart ? `, ${withoutStart} without a start` : ''}`],
+      ['deferrals by the limit (jobs deferred)', `${deferrals} (${firstDeferral.size})`],
+      ['wait of a deferred job from its first deferral to its run p50 / p99 / max', `${seconds(waited.p50)} / ${seconds(waited.p99)} / ${seconds(waited.max)}`],
+    ],
+    [
+      { rule: 'runs of a concurrency key in flight past its limit', failing: overLimit },
+      { rule: `keys starved: deferring with a free slot for longer than ${seconds(history.starvedBoundMs)} without a run`, failing: starved },
+      { rule: 'slots left held after the drain', failing: [...history.liveSlots] },
+      { rule: 'no job deferred by its limit (nothing tested)', failing: deferrals === 0 ? ['0 deferrals'] : [] },
+    ],
+  );
+}
+
+/**
+ * Per concurrency key, the spans in which it deferred jobs while fewer than its limit of its
+ * runs were in flight, without a run of it starting, longer than the bound.
+ */
+function starvedSpans(history: ConcurrencyHistory, runs: ReadonlyArray<{ group: string; limit: number; start: number; end: number }>): string[] {
+  const runsByGroup = groupBy(runs, (run) => run.group);
+  const limitOf = new Map([...history.groups.values()].map((g) => [g.key, g.limit]));
+  const deferralsByGroup = groupBy(
+    history.lines.filter((line) => line.outcome === 'concurrency-limited' && history.groups.has(idOf(line))),
+    (line) => history.groups.get(idOf(line))!.key,
+  );
+  const starved: string[] = [];
+  for (const [group, deferrals] of deferralsByGroup) {
+    const groupRuns = runsByGroup.get(group) ?? [];
+    const starts = groupRuns.map((run) => run.start).sort((a, b) => a - b);
+    const inFlight = (at: number) => groupRuns.filter((run) => run.start <= at && at < run.end).length;
+    let spanStart: number | undefined;
+    let reported = false;
+    let nextStart = 0;
+    const faultBetween = (from: number, to: number) => (history.faultWindows ?? []).some((w) => w.from <= to && w.to >= from);
+    for (const time of deferrals.map((line) => line.time).sort((a, b) => a - b)) {
+      // A run of the group started since the span began: the key was served; a new span may begin.
+      while (nextStart < starts.length && starts[nextStart]! <= time) {
+        if (spanStart !== undefined && starts[nextStart]! >= spanStart) {
+          spanStart = undefined;
+          reported = false;
+        }
+        nextStart++;
+      }
+      if (inFlight(time) >= (limitOf.get(group) ?? Infinity)) continue; // at its limit: deferring is right
+      // A fault since the span began (a worker killed or frozen, Postgres down) explains the wait: start again.
+      if (spanStart !== undefined && faultBetween(spanStart, time)) {
+        spanStart = undefined;
+        reported = false;
+      }
+      spanStart ??= time;
+      if (!reported && time - spanStart > history.starvedBoundMs) {
+        starved.push(`${group}: deferring with a free slot from ${new Date(spanStart).toISOString()} for ${seconds(time - spanStart)} without a run`);
+        reported = true;
+      }
+    }
+  }
+  return starved;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Coalescing under bursts
+
+/** One committed run of a coalescing key's generation. */
+export interface GenerationRun {
+  /** `scope/key` of the coalescing key (without the generation). */
+  readonly id: string;
+  readonly generation: number;
+  /** The payload's version (the producer numbers a key's adds 1, 2, … in the order it sends them). */
+  readonly version: number;
+  /** Its external call (the run's start) and its effect's insert (its end), database clock. */
+  readonly start: number | undefined;
+  readonly end: number;
+}
+
+/** What {@link checkCoalescing} reads. */
+export interface CoalescingHistory {
+  /** Per coalescing key (`scope/key`): the versions whose adds were acknowledged, in the order sent. */
+  readonly sent: ReadonlyMap<string, readonly number[]>;
+  /** Every committed generation run. */
+  readonly runs: readonly GenerationRun[];
+  /** Per coalescing key, the generations that have a key row (`<key>#<generation>`), any status. */
+  readonly generations: ReadonlyMap<string, readonly number[]>;
+  /** The version each job id carried (the producer's job ids). */
+  readonly versionOfJob: ReadonlyMap<string, number>;
+  readonly lines: readonly WorkerLogLine[];
+}
+
+/**
+ * Coalescing under bursts: each generation of a key committed exactly once (generations 1 … n,
+ * none without its effect, none twice); the runs of one key one after another; the version sent
+ * last is the one that ran last; and at most one pending successor, the newest: a generation
+ * never runs a payload that a later arrival had replaced before the previous generation ended
+ * (arrivals ordered by their `coalesced` log lines; only arrivals logged at least
+ * `toleranceMs` before that end count, so clocks a few ms apart cannot fail the rule).
+ */
+export function checkCoalescing(history: CoalescingHistory, toleranceMs = 50): KeyFeatureCheck {
+  const runsByKey = groupBy(history.runs, (run) => run.id);
+  const notOnce: string[] = [];
+  const lastNotLast: string[] = [];
+  const overlapping: string[] = [];
+  const superseded: string[] = [];
+  const arrivals = groupBy(
+    history.lines.filter((line) => line.outcome === 'coalesced' && line.jobId !== undefined && history.versionOfJob.has(line.jobId)),
+    idOf,
+  );
+  let generationsRun = 0;
+  for (const [id, versions] of history.sent) {
+    if (versions.length === 0) continue;
+    const runs = [...(runsByKey.get(id) ?? [])].sort((a, b) => a.generation - b.generation);
+    const byGeneration = groupBy(runs, (run) => String(run.generation));
+    const highest = Math.max(0, ...runs.map((r) => r.generation), ...(history.generations.get(id) ?? []));
+    generationsRun += byGeneration.size;
+    for (let generation = 1; generation <= highest; generation++) {
+      const count = byGeneration.get(String(generation))?.length ?? 0;
+      if (count !== 1) notOnce.push(`${id}#${generation}: ${count} effects`);
+    }
+    const last = runs.at(-1);
+    const lastSent = versions.at(-1)!;
+    if (!last || last.version !== lastSent) lastNotLast.push(`${id}: sent last ${lastSent}, ran last ${last?.version ?? 'nothing'}`);
+    const keyArrivals = (arrivals.get(id) ?? []).map((line) => ({ at: line.time, version: history.versionOfJob.get(line.jobId!)! })).sort((a, b) => a.at - b.at);
+    for (let i = 1; i < runs.length; i++) {
+      const previous = runs[i - 1]!;
+      const run = runs[i]!;
+      if (run.generation !== previous.generation + 1) continue;
+      if (run.start !== undefined && run.start < previous.end) overlapping.push(`${id}#${run.generation} started before #${previous.generation} ended`);
+      // Coalesced arrivals before the previous run ended: the newest of them is the pending one
+      // the next generation takes; a run of an earlier one of them means a queue of successors.
+      const before = keyArrivals.filter((a) => a.at < previous.end - toleranceMs);
+      const ranIndex = before.findIndex((a) => a.version === run.version);
+      if (ranIndex >= 0 && before.slice(ranIndex + 1).some((a) => a.version !== run.version)) {
+        superseded.push(`${id}#${run.generation} ran version ${run.version}, replaced by ${before.at(-1)!.version} before #${previous.generation} ended`);
+      }
+    }
+  }
+  const adds = [...history.sent.values()].reduce((sum, v) => sum + v.length, 0);
+  const coalesced = [...arrivals.values()].reduce((sum, list) => sum + list.length, 0);
+  return result(
+    'coalescing',
+    [['coalescing keys: acknowledged adds / generations run / arrivals coalesced', `${history.sent.size}: ${adds} / ${generationsRun} / ${coalesced}`]],
+    [
+      { rule: 'generations not committed exactly once', failing: notOnce },
+      { rule: 'keys whose last version sent did not run last', failing: lastNotLast },
+      { rule: 'runs of one key overlapping', failing: overlapping },
+      { rule: 'generations that ran a replaced payload (more than one pending successor)', failing: superseded },
+      { rule: 'no arrival coalesced (nothing tested)', failing: coalesced === 0 ? ['0 coalesced'] : [] },
+    ],
+  );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Racing schedulers
+
+/** What {@link checkRacingSchedulers} reads. */
+export interface SchedulesHistory {
+  /**
+   * The schedule's tick keys that must each have committed once: every tick after its creation
+   * up to its cursor, or up to the newest tick enqueued before the schedulers stopped if later
+   * (a round enqueues every missed tick, oldest first, so none before it may be missing).
+   */
+  readonly expectedTicks: readonly string[];
+  /** Of them, the ticks up to the schedule's cursor (`last_tick`), reported. */
+  readonly upToCursor: number;
+  /** Effects of the schedule's scope. */
+  readonly effects: readonly ExecutionRow[];
+  /** Scheduler processes killed (SIGKILL) and started. */
+  readonly kills: number;
+  readonly starts: number;
+}
+
+/**
+ * Racing schedulers: each tick's effect committed once (never twice, never for a time that is
+ * not a tick of the schedule after its creation and before the schedulers stopped), and no tick
+ * missed: with `missed: 'all'` and a bound above the run's length of ticks, the policy allows none.
+ */
+export function checkRacingSchedulers(history: SchedulesHistory): KeyFeatureCheck {
+  const byTick = groupBy(history.effects, (row) => row.key);
+  const expected = new Set(history.expectedTicks);
+  const twice = [...byTick].filter(([, rows]) => rows.length > 1).map(([tick, rows]) => `${tick}: ${rows.length} effects`);
+  const missed = history.expectedTicks.filter((tick) => !byTick.has(tick));
+  const unexpected = [...byTick.keys()].filter((tick) => !expected.has(tick));
+  return result(
+    'racing-schedulers',
+    [
+      ['ticks due (up to the cursor)', `${history.expectedTicks.length} (${history.upToCursor})`],
+      ['scheduler processes killed (SIGKILL) / started', `${history.kills} / ${history.starts}`],
+    ],
+    [
+      { rule: 'ticks committed more than once', failing: twice },
+      { rule: 'ticks missed', failing: missed },
+      { rule: 'effects of times that are not ticks of the schedule (before its creation, after the stop, or off the second)', failing: unexpected },
+      { rule: 'no scheduler killed or no tick (nothing tested)', failing: history.kills === 0 || history.expectedTicks.length === 0 ? [`${history.kills} kills, ${history.expectedTicks.length} ticks`] : [] },
+    ],
+  );
+}
+
+function groupBy<T>(items: Iterable<T>, keyOf: (item: T) => string): Map<string, T[]> {
+  const groups = new Map<string, T[]>();
+  for (const item of items) {
+    const key = keyOf(item);
+    const list = groups.get(key);
+    if (list) list.push(item);
+    else groups.set(key, [item]);
+  }
+  return groups;
+}

@@ -1,0 +1,177 @@
+/**
+ * The producers of the key-feature profiles, beside the suite's own (`producer-load.ts`):
+ *
+ * - {@link runCoalescingBursts} (`--coalescing`): bursts of adds of coalescing keys, each add
+ *   with a higher version than the one before, sent while the key's first run is in flight;
+ * - {@link runLateDuplicates} (`--tombstones`): duplicates of keys whose row the janitor has
+ *   deleted (their tombstone live), with their own payload and with another one.
+ *
+ * Every add is a foreign raw `Queue.add` (the wire contract) under a job id that names it, so
+ * the checker can tell each job's fate and, from a log line's job id, what it carried. Each add
+ * is retried until Redis acknowledges it, as the suite's producer does.
+ */
+import { Queue } from 'bullmq';
+import { sql, type Kysely } from 'kysely';
+import { toWireJobData } from '../../src/index.js';
+import { openRedisConnection, type RedisConnectionSettings } from '../../src/process/index.js';
+import type { ChaosPayload } from './chaos-handler.js';
+import type { LateDuplicate } from './key-feature-checks.js';
+import { jobNameFor } from './job-faults.js';
+import { abortableSleep } from './nemesis.js';
+import type { ProducedKey } from './producer-load.js';
+import { seededRandom } from './random.js';
+
+/** The scope of the coalescing keys (their effects are checked apart from the suite's keys). */
+export const COALESCING_SCOPE = 'coalesce';
+
+/** Where the adds go. */
+export interface QueueTarget {
+  readonly queue: string;
+  readonly prefix: string;
+  readonly redis: RedisConnectionSettings;
+}
+
+/** Adds one job, retrying until acknowledged; false when given up. */
+async function addUntilAcknowledged(queue: Queue, name: string, data: object, jobId: string, giveUp: AbortSignal): Promise<boolean> {
+  for (;;) {
+    try {
+      await queue.add(name, data, { jobId });
+      return true;
+    } catch {
+      if (giveUp.aborted) return false;
+      await abortableSleep(100, giveUp);
+    }
+  }
+}
+
+/** What {@link runCoalescingBursts} sent. */
+export interface CoalescingLoad {
+  /** Per coalescing key (`scope/key`): the versions acknowledged, in the order sent. */
+  readonly sent: Map<string, number[]>;
+  /** The version of each job id. */
+  readonly versionOfJob: Map<string, number>;
+}
+
+/**
+ * `keys` coalescing keys spread over `spreadMs`, at most 8 bursting at once. A burst: 3–7 adds
+ * of one key, versions 1, 2, …, sent one after another 30–150 ms apart (each acknowledged before
+ * the next is sent), then, 0.5–1.5 s later, the last version. Each run works 300–700 ms, so most
+ * adds arrive while a run of their key is in flight.
+ */
+export async function runCoalescingBursts(
+  options: QueueTarget & { readonly seed: number; readonly keys: number; readonly spreadMs: number; readonly stop: AbortSignal; readonly giveUp: AbortSignal },
+): Promise<CoalescingLoad> {
+  const random = seededRandom(options.seed, 13);
+  const redis = openRedisConnection(options.redis);
+  const queue = new Queue(options.queue, { connection: redis.connection, prefix: options.prefix });
+  queue.on('error', () => {});
+  const sent = new Map<string, number[]>();
+  const versionOfJob = new Map<string, number>();
+  const burst = async (k: number, size: number, workMs: number[], gapsMs: number[]) => {
+    const key = `entity-${k}`;
+    const acknowledged: number[] = [];
+    sent.set(`${COALESCING_SCOPE}/${key}`, acknowledged);
+    for (let version = 1; version <= size; version++) {
+      if (version > 1) await abortableSleep(gapsMs[version - 2]!, options.giveUp);
+      const payload: ChaosPayload = { n: k, workMs: workMs[version - 1]!, version };
+      const jobId = `coalesce-${k}-${version}`;
+      versionOfJob.set(jobId, version);
+      const data = { ...toWireJobData(COALESCING_SCOPE, key, payload), coalesce: true };
+      if (await addUntilAcknowledged(queue, 'sync', data, jobId, options.giveUp)) acknowledged.push(version);
+      else return;
+    }
+  };
+  const inFlight = new Set<Promise<void>>();
+  const startedAt = Date.now();
+  try {
+    for (let k = 0; k < options.keys && !options.stop.aborted; k++) {
+      const wait = startedAt + (k * options.spreadMs) / options.keys - Date.now();
+      if (wait > 0) await abortableSleep(wait, options.stop);
+      if (options.stop.aborted) break;
+      while (inFlight.size >= 8) await Promise.race(inFlight);
+      // Drawn here, in key order, so the seed decides them whatever the timing.
+      const size = random.int(3, 7);
+      const workMs = Array.from({ length: size }, () => random.int(300, 700));
+      const gapsMs = Array.from({ length: size - 1 }, (_, i) => (i === size - 2 ? random.int(500, 1_500) : random.int(30, 150)));
+      const task = burst(k, size, workMs, gapsMs);
+      inFlight.add(task);
+      void task.finally(() => inFlight.delete(task));
+    }
+    await Promise.all(inFlight);
+  } finally {
+    await queue.close().catch(() => {});
+    await redis.close();
+  }
+  return { sent, versionOfJob };
+}
+
+/**
+ * Every `intervalMs` until `stop`: of the acknowledged keys first acknowledged at least
+ * `olderThanMs` ago and not sent late yet, those whose row is gone and whose tombstone is live
+ * (asked of Postgres), up to `perRound` of them: each sent again, two in three with its own
+ * payload (job `late-same-…`), one in three with another (`late-other-…`, `workMs` + 1, a
+ * different fingerprint). Returns what was acknowledged.
+ */
+export async function runLateDuplicates(
+  options: QueueTarget & {
+    readonly seed: number;
+    readonly db: Kysely<any>;
+    readonly schema: string;
+    readonly acknowledged: () => Iterable<ProducedKey>;
+    readonly olderThanMs: number;
+    readonly intervalMs: number;
+    readonly perRound: number;
+    readonly stop: AbortSignal;
+    readonly giveUp: AbortSignal;
+  },
+): Promise<LateDuplicate[]> {
+  const random = seededRandom(options.seed, 17);
+  const redis = openRedisConnection(options.redis);
+  const queue = new Queue(options.queue, { connection: redis.connection, prefix: options.prefix });
+  queue.on('error', () => {});
+  const late: LateDuplicate[] = [];
+  const done = new Set<string>();
+  try {
+    while (!options.stop.aborted) {
+      await abortableSleep(options.intervalMs, options.stop);
+      if (options.stop.aborted) break;
+      const now = Date.now();
+      const candidates = [...options.acknowledged()].filter((p) => p.acks > 0 && p.ackedAt[0]! < now - options.olderThanMs && !done.has(`${p.scope}/${p.key}`));
+      if (candidates.length === 0) continue;
+      let gone: Set<string>;
+      try {
+        gone = await tombstonedKeys(options.db, options.schema, candidates);
+      } catch {
+        continue; // Postgres down or a connection cut by a fault: the next round asks again
+      }
+      const chosen = candidates.filter((p) => gone.has(`${p.scope}/${p.key}`)).slice(0, options.perRound);
+      await Promise.all(
+        chosen.map(async (produced) => {
+          const id = `${produced.scope}/${produced.key}`;
+          done.add(id);
+          const samePayload = random.next() < 2 / 3;
+          const payload: ChaosPayload = samePayload ? produced.payload : { ...produced.payload, workMs: produced.payload.workMs + 1 };
+          const jobId = `late-${samePayload ? 'same' : 'other'}-${produced.payload.n}`;
+          if (await addUntilAcknowledged(queue, jobNameFor(produced.payload.fault), toWireJobData(produced.scope, produced.key, payload), jobId, options.giveUp)) {
+            late.push({ id, jobId, samePayload, sentAt: Date.now() });
+          }
+        }),
+      );
+    }
+  } finally {
+    await queue.close().catch(() => {});
+    await redis.close();
+  }
+  return late;
+}
+
+/** Of `keys`, those whose row is gone and whose tombstone is live, by `scope/key`. */
+async function tombstonedKeys(db: Kysely<any>, schema: string, keys: readonly ProducedKey[]): Promise<Set<string>> {
+  const { rows } = await sql<{ scope: string; key: string }>`
+    select c.scope, c.key
+      from unnest(${keys.map((k) => k.scope)}::text[], ${keys.map((k) => k.key)}::text[]) as c(scope, key)
+     where not exists (select 1 from ${sql.id(schema, 'idempotency_keys')} as k where k.scope = c.scope and k.key = c.key)
+       and exists (select 1 from ${sql.id(schema, 'key_tombstones')} as t
+                    where t.scope = c.scope and t.key_hash = sha256(convert_to(c.key, 'UTF8')) and t.expires_at > now())`.execute(db);
+  return new Set(rows.map((row) => `${row.scope}/${row.key}`));
+}
