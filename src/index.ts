@@ -35,7 +35,7 @@ export type { MigrateOptions } from './store/migrate.js';
 export { migrate } from './store/migrate.js';
 export { KeySettledListener } from './store/key-settled-listener.js';
 // Steps (`ctx.step`).
-export type { DatabaseStep, ExternalStep, ExternalStepContext, JobStepsOptions, StepContext, StepReport } from './protocol/job-steps.js';
+export type { DataLayerStep, DatabaseStep, ExternalStep, ExternalStepContext, JobStepsOptions, StepContext, StepBody, StepReport } from './protocol/job-steps.js';
 export type { FailedStep, StoredError } from './protocol/validate.js';
 export { JobSteps, stepKeyFor } from './protocol/job-steps.js';
 // The BullMQ worker, producer and outbox relay.

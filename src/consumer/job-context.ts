@@ -1,5 +1,5 @@
 import type { Transaction } from 'kysely';
-import type { DatabaseStep, ExternalStep } from '../protocol/job-steps.js';
+import type { DataLayerStep, DatabaseStep, ExternalStep, StepBody } from '../protocol/job-steps.js';
 import type { Claim } from '../store/claim-outcome.js';
 import type { DataLayer } from '../store/data-layer.js';
 import type { JobIdentity } from './wire-contract.js';
@@ -60,6 +60,13 @@ export interface KeyedJobContext<P = unknown, M = unknown> {
    * fast path.
    */
   step<T>(name: string, database: DatabaseStep<T>): Promise<T>;
+  /**
+   * A database step in a data layer of your own, `ctx.step(name, { dataLayer, transaction:
+   * async (tx, step) => … })`: `tx` is the data layer's transaction (a `PoolClient`, a Prisma or
+   * Drizzle transaction, a TypeORM `EntityManager`…), and the step's fenced record runs last
+   * inside it, so its writes and its record commit together. The same rules as the other steps.
+   */
+  step<Tx, T>(name: string, database: DataLayerStep<Tx, T>): Promise<T>;
 }
 
 /** One delivery of a message, as its adapter describes it to the runner. */
@@ -98,7 +105,7 @@ export function jobContext<P, M>(
   claim: Claim,
   signal: AbortSignal,
   transaction: (first: DataLayer<unknown> | ((tx: Transaction<any>) => Promise<unknown>), fn?: (tx: unknown) => Promise<unknown>) => Promise<unknown>,
-  step: (name: string, body: ExternalStep<unknown> | DatabaseStep<unknown>) => Promise<unknown>,
+  step: (name: string, body: StepBody<unknown>) => Promise<unknown>,
 ): KeyedJobContext<P, M> {
   return {
     data: identity.payload,

@@ -1,13 +1,15 @@
-import { AbortedEffectTransactionError, LeaseLostError, StoreUnavailableError } from '../errors.js';
+import { AbortedEffectTransactionError, LeaseLostError, StepsUnsupportedError, StoreUnavailableError } from '../errors.js';
 import { isHeld, type Claim } from '../store/claim-outcome.js';
 import type { DataLayer } from '../store/data-layer.js';
 import { runInDataLayer } from '../store/foreign-transaction.js';
-import { sendHeldRecord } from '../store/one-trip-commit.js';
+import { sendHeldRecord, type HeldRecord } from '../store/one-trip-commit.js';
+import type { StepStore } from '../store/key-store.js';
+import type { StepPlace } from '../store/records.js';
 import { isInFailedTransaction } from '../store/pg-errors.js';
 import { traceEffectTransaction, traceExecuteOnce } from '../telemetry/claim-tracing.js';
 import type { CommitEffectOptions, ExecuteOnceOptions, ExecuteOnceOutcome } from './effect-options.js';
 import { claimInput } from './fast-path.js';
-import { mayHaveCommitted, resultOfInterruptedCommit } from './interrupted-commit.js';
+import { mayHaveCommitted, resultOfInterruptedCommit, stepOfInterruptedCommit } from './interrupted-commit.js';
 import type { ProtocolParts } from './protocol-parts.js';
 import { effectFault, storeCall } from './store-calls.js';
 import { serializeResult } from './validate.js';
@@ -26,6 +28,9 @@ export type DataLayerEffect<Tx, T> = (tx: Tx) => Promise<T>;
  * effect's statements or of the store's) is a {@link StoreUnavailableError}; a COMMIT cut off in
  * flight is settled by reading the key.
  *
+ * Database steps in a data layer (`ctx.step(name, { dataLayer, transaction })`) run the same
+ * way, with the step's fenced record as the transaction's last statement.
+ *
  * Never in a group: each data layer's transaction is on a connection of its own pool, which no
  * other job's effect can share.
  */
@@ -40,12 +45,7 @@ export class DataLayerBoundary {
   async commit<Tx, T>(claim: Claim, layer: DataLayer<Tx>, effect: DataLayerEffect<Tx, T>, options: CommitEffectOptions = {}): Promise<T> {
     const { store, options: settings } = this.#parts;
     const { beforeCommit, heldRecord } = options;
-    // The data layer's transaction has no front the record could ride in: it goes alone first.
-    if (heldRecord) {
-      await storeCall(claim.scope, claim.key, 'record of a step', () => sendHeldRecord(settings.db, heldRecord));
-      if (heldRecord.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
-      if (heldRecord.state === 'failed') throw heldRecord.error;
-    }
+    await this.#sendAhead(claim, heldRecord);
     const run = new RunOfEffect(layer, claim);
     return traceEffectTransaction(claim, false, async () => {
       try {
@@ -65,6 +65,48 @@ export class DataLayerBoundary {
         return (await resultOfInterruptedCommit(store, claim, layer.driverError(error))) as T;
       }
     });
+  }
+
+  /** See `IdempotencyKeys.runDatabaseStepIn`. */
+  async step<Tx>(claim: Claim, step: StepPlace, layer: DataLayer<Tx>, effect: DataLayerEffect<Tx, unknown>, heldRecord?: HeldRecord): Promise<unknown> {
+    const { settings, steps } = this.#stepsOf(claim);
+    await this.#sendAhead(claim, heldRecord);
+    const run = new RunOfEffect(layer, claim);
+    try {
+      return await runInDataLayer(settings.db, settings.schema, layer, async (bridge, tx) => {
+        const result = await run.effect(() => effect(tx));
+        const json = serializeResult(claim.scope, claim.key, result, settings.maxResultBytes);
+        // The record is the transaction's last statement: in an aborted transaction it fails
+        // (25P02), so the data layer never commits writes whose step was not recorded.
+        if (!(await run.store(() => steps.recordIn(bridge, claim, step, json)))) run.leaseLost();
+        return JSON.parse(json) as unknown;
+      });
+    } catch (error) {
+      const thrown = run.settle(error);
+      if (thrown !== undefined) throw thrown;
+      // The COMMIT may have been applied with its reply lost: the step's record tells.
+      return (await stepOfInterruptedCommit(steps, claim, step, layer.driverError(error))).result;
+    }
+  }
+
+  /** The store's step records, with the call that records inside a data layer's transaction. */
+  #stepsOf(claim: Claim): { settings: ProtocolParts['options']; steps: StepStore & Required<Pick<StepStore, 'recordIn'>> } {
+    const steps = this.#parts.store.steps;
+    if (!steps?.recordIn) {
+      throw new StepsUnsupportedError(claim.scope, claim.key, 'the key store cannot record a step inside a data layer\'s transaction (KeyStore.steps.recordIn).');
+    }
+    return { settings: this.#parts.options, steps: steps as StepStore & Required<Pick<StepStore, 'recordIn'>> };
+  }
+
+  /**
+   * A step record held back goes alone, before the data layer's transaction: that transaction
+   * has no front the record could ride in. Refused, nothing else runs.
+   */
+  async #sendAhead(claim: Claim, heldRecord: HeldRecord | undefined): Promise<void> {
+    if (!heldRecord) return;
+    await storeCall(claim.scope, claim.key, 'record of a step', () => sendHeldRecord(this.#parts.options.db, heldRecord));
+    if (heldRecord.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
+    if (heldRecord.state === 'failed') throw heldRecord.error;
   }
 
   /** See `IdempotencyKeys.executeOnceIn`; the key parts are valid. */

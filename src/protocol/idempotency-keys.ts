@@ -495,6 +495,18 @@ export class IdempotencyKeys {
     return this.#steps.runDatabaseStep(claim, step, effect, heldRecord);
   }
 
+  /**
+   * {@link IdempotencyKeys.runDatabaseStep} in a data layer of your own (see {@link DataLayer}):
+   * the data layer opens the transaction, `effect(tx)` runs on its transaction object, and the
+   * step's fenced record runs last inside that same transaction through the data layer's
+   * raw-SQL call, so the step's writes and its record commit together or not at all. A claim
+   * that lost the key throws {@link LeaseLostError} inside the transaction (the data layer rolls
+   * the writes back); a held record goes alone, just before the transaction. Never in a group.
+   */
+  runDatabaseStepIn<Tx>(claim: Claim, step: StepPlace, layer: DataLayer<Tx>, effect: (tx: Tx) => Promise<unknown>, heldRecord?: HeldRecord): Promise<unknown> {
+    return this.#dataLayers.step(claim, step, layer, effect, heldRecord);
+  }
+
   /** Inspects one key. */
   get(scope: string, key: string): Promise<KeyRecord | undefined> {
     assertValidKeyPart('scope', scope);

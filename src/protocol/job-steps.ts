@@ -7,6 +7,7 @@ import type { IdempotencyKeys } from './idempotency-keys.js';
 import { assertValidStepName, type FailedStep } from './validate.js';
 import { traceStep } from '../telemetry/claim-tracing.js';
 import type { StepRecord, StepPlace } from '../store/records.js';
+import type { DataLayer } from '../store/data-layer.js';
 
 /** What a step's function receives. */
 export interface StepContext {
@@ -43,6 +44,22 @@ export interface DatabaseStep<T> {
    */
   readonly transaction: (tx: Transaction<any>, step: StepContext) => Promise<T>;
 }
+
+/**
+ * A database step in a data layer of your own (`idempotent-jobs/pg`, `/postgres-js`,
+ * `/drizzle`, `/prisma`, `/typeorm`): `transaction(tx)` runs on the data layer's transaction
+ * object, and the step's fenced record is that transaction's last statement, so the writes and
+ * the record commit together, or neither does.
+ */
+export interface DataLayerStep<Tx, T> {
+  /** The data layer whose transaction the step runs in, on the keys' database. */
+  readonly dataLayer: DataLayer<Tx>;
+  /** The step's writes, on the data layer's `tx`; what it returns is the step's result. */
+  readonly transaction: (tx: Tx, step: StepContext) => Promise<T>;
+}
+
+/** What `ctx.step` runs: an external step (a function), a database step, or a database step in a data layer. */
+export type StepBody<T> = ExternalStep<T> | DatabaseStep<T> | DataLayerStep<any, T>;
 
 /**
  * The idempotency key of one step, stable across runs and takeovers: `ijs_` and the first 32
@@ -223,19 +240,17 @@ export class JobSteps {
 
   /**
    * Runs (or replays) the step `name`: an external step when `body` is a function, a database
-   * step when it is `{ transaction }`. Returns its result as stored (its JSON form), on the
+   * step when it is `{ transaction }` (`{ dataLayer, transaction }`: in that data layer). Returns its result as stored (its JSON form), on the
    * first run as on replays.
    */
-  async run<T>(name: string, body: ExternalStep<T> | DatabaseStep<T>): Promise<T> {
+  run<T>(name: string, body: ExternalStep<T>): Promise<T>;
+  run<T>(name: string, body: DatabaseStep<T>): Promise<T>;
+  run<Tx, T>(name: string, body: DataLayerStep<Tx, T>): Promise<T>;
+  run<T>(name: string, body: StepBody<T>): Promise<T>;
+  async run<T>(name: string, body: StepBody<T>): Promise<T> {
     const { scope, key } = this.#claim;
     assertValidStepName(scope, key, name);
-    if (typeof body !== 'function' && typeof (body as Partial<DatabaseStep<T>> | null)?.transaction !== 'function') {
-      throw new ValidationError(
-        'INVALID_STEP',
-        'step',
-        `Step "${name}" of idempotency key "${key}" in scope "${scope}" is neither a function (an external step) nor { transaction: (tx) => … } (a database step).`,
-      );
-    }
+    assertValidStepBody(scope, key, name, body);
     const startedAt = performance.now();
     if (this.#broken) throw this.#report(name, this.#next, startedAt, this.#broken);
     const position = this.#next++;
@@ -250,7 +265,7 @@ export class JobSteps {
     return ran[0];
   }
 
-  async #run<T>(name: string, position: number, body: ExternalStep<T> | DatabaseStep<T>, startedAt: number): Promise<[T, StepOutcome | 'held']> {
+  async #run<T>(name: string, position: number, body: StepBody<T>, startedAt: number): Promise<[T, StepOutcome | 'held']> {
     const { scope, key } = this.#claim;
     const earlier = this.#called.get(name);
     if (earlier !== undefined) {
@@ -281,7 +296,11 @@ export class JobSteps {
         const result = await body({ ...context, starts });
         return await this.#record(step, result as T, startedAt);
       }
-      const result = await this.#withHeld((record) => this.#keys.runDatabaseStep(this.#claim, step, (tx) => body.transaction(tx, context), record));
+      const result = await this.#withHeld((record) =>
+        'dataLayer' in body
+          ? this.#keys.runDatabaseStepIn(this.#claim, step, body.dataLayer, (tx) => body.transaction(tx, context), record)
+          : this.#keys.runDatabaseStep(this.#claim, step, (tx) => body.transaction(tx, context), record),
+      );
       return [result as T, 'ran'];
     } catch (error) {
       // The step's own failure (or its unstorable result), not the key's: named when stored.
@@ -441,6 +460,19 @@ export class JobSteps {
     this.#broken ??= new StepMismatchError(this.#claim.scope, this.#claim.key, position, recordedName, calledName, detail);
     return this.#broken;
   }
+}
+
+/** Throws `INVALID_STEP` for a step body of none of the three shapes `ctx.step` takes. */
+function assertValidStepBody(scope: string, key: string, name: string, body: unknown): void {
+  if (typeof body === 'function') return;
+  const shape = (body ?? {}) as Partial<DataLayerStep<unknown, unknown>>;
+  if (typeof shape.transaction === 'function' && (!('dataLayer' in shape) || typeof shape.dataLayer?.transaction === 'function')) return;
+  throw new ValidationError(
+    'INVALID_STEP',
+    'step',
+    `Step "${name}" of idempotency key "${key}" in scope "${scope}" is neither a function (an external step), { transaction: (tx) => … } (a database step) ` +
+      'nor { dataLayer, transaction: (tx) => … } with a data layer from an adapter (a database step in your data layer).',
+  );
 }
 
 function indexSteps(steps: readonly StepRecord[]): RecordedSteps {

@@ -108,6 +108,13 @@ export interface StepStore {
    * transaction is then still open, for the caller to roll back.
    */
   recordAndCommit(tx: Kysely<any>, claim: Claim, step: StepPlace, resultJson: string): Promise<boolean>;
+  /**
+   * Optional, for database steps in a data layer of the user's own: records a database step's
+   * result inside `tx`, a transaction the data layer commits (the record is its last
+   * statement). False when refused; the data layer then rolls the transaction back. Without
+   * it, such steps throw `StepsUnsupportedError`.
+   */
+  recordIn?(tx: Kysely<any>, claim: Claim, step: StepPlace, resultJson: string): Promise<boolean>;
 }
 
 /**

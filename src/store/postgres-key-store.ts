@@ -19,7 +19,7 @@ import { getKey } from './sql/get-key.js';
 import { insertCompletedKeysStatement, rowsThatHadKeys } from './sql/insert-completed-keys.js';
 import { WATCHED_SETTINGS, checkGroupSettingsStatement, customSettingNames, keepGroupSettingsStatement } from './sql/group-settings.js';
 import { loadSteps } from './sql/load-steps.js';
-import { recordStep, recordStepAndCommit, recordStepStatement } from './sql/record-step.js';
+import { recordStep, recordStepAndCommit, recordStepIn, recordStepStatement } from './sql/record-step.js';
 import { releaseKey } from './sql/release.js';
 import { startStep } from './sql/start-step.js';
 import type { ClaimInput, KeyRecord, SettledKeyRow, LeaseExtension } from './records.js';
@@ -111,6 +111,13 @@ export class PostgresKeyStore implements KeyStore {
     recordAndCommit: async (tx, claim, step, resultJson) => {
       try {
         return await recordStepAndCommit(tx, this.schema, claim, step, resultJson);
+      } catch (error) {
+        throw this.#mapResultError(error, claim);
+      }
+    },
+    recordIn: async (tx, claim, step, resultJson) => {
+      try {
+        return await recordStepIn(tx, this.schema, claim, step, resultJson);
       } catch (error) {
         throw this.#mapResultError(error, claim);
       }

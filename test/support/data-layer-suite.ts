@@ -292,6 +292,122 @@ export function describeDataLayer<Tx>(name: string, open: OpenDataLayer<Tx>, lim
       }
     });
 
+    describe('database steps in the data layer (ctx.step(name, { dataLayer, transaction }))', () => {
+      /** How a step's transaction behaves, by key. */
+      const stepModes = new Map<string, 'hold' | 'throw' | 'terminate'>();
+      let stepRuns = 0;
+      let charges = 0;
+
+      /** An external step, a database step in the data layer, then the completion in it. */
+      const stepped = (layer: DataLayer<Tx>) =>
+        runner(async (ctx: KeyedJobContext<Payload, JobLike>) => {
+          const charge = await ctx.step('charge', async () => ({ charge: ++charges }));
+          const booked = await ctx.step('book', {
+            dataLayer: layer,
+            transaction: async (tx, step) => {
+              stepRuns++;
+              const worker = behaviors.get(ctx.message.id!)!.worker;
+              await fixture.insert(tx, { key: ctx.key, fence: step.fence, worker: `step:${worker}` });
+              const mode = stepModes.get(ctx.key);
+              if (mode === 'hold') {
+                const gate = gates.get(ctx.key)!;
+                gate.reached();
+                await gate.wait;
+              } else if (mode === 'throw') {
+                stepModes.delete(ctx.key);
+                throw new Error('the step failed');
+              } else if (mode === 'terminate') {
+                stepModes.delete(ctx.key);
+                await fixture.query(tx, 'select pg_terminate_backend(pg_backend_pid())');
+              }
+              return { bookedBy: worker, position: step.position };
+            },
+          });
+          return ctx.transaction(layer, async (tx) => ({ ...(await effect(tx, ctx)), ...charge, ...booked }));
+        }, false);
+
+      async function stepRecords(key: string) {
+        const { rows } = await sql<{ name: string; result: unknown; fence: number }>`
+          select name, result, fence::int as fence from ${sql.id(env.schema, 'job_steps')} where scope = 'dl' and key = ${key} order by position`.execute(env.db);
+        return rows;
+      }
+
+      it("commits the step's writes with its record, and a later run replays it without running it", async () => {
+        const r = stepped(fixture.layer);
+        const key = unique('step-once');
+        const before = stepRuns;
+        // The completion fails: the key is released, the steps stay recorded.
+        const failed = await r.run(delivery(key, { worker: 'a', mode: 'throw' }));
+        expect(failed.kind).toBe('retry');
+        expect(await stepRecords(key)).toEqual([
+          { name: 'charge', result: { charge: expect.any(Number) }, fence: 1 },
+          { name: 'book', result: { bookedBy: 'a', position: 2 }, fence: 1 },
+        ]);
+        expect((await ledgerRows(key)).map((row) => row.worker)).toEqual(['step:a']);
+        // The next run replays both steps and completes: the step's writes are there once.
+        const done = await r.run(delivery(key, { worker: 'b' }));
+        expect(done).toMatchObject({ kind: 'completed', result: { booked: key, worker: 'b', bookedBy: 'a', position: 2 } });
+        expect(stepRuns - before).toBe(1);
+        expect((await ledgerRows(key)).map((row) => row.worker)).toEqual(['step:a', 'b']);
+        // Duplicates replay the stored result.
+        expect((await r.run(delivery(key, { worker: 'c' }))).kind).toBe('replayed');
+        expect(await ledgerRows(key)).toHaveLength(2);
+      });
+
+      it("rolls back a step that throws inside the data layer's transaction: not recorded, run again", async () => {
+        const r = stepped(fixture.layer);
+        const key = unique('step-throw');
+        stepModes.set(key, 'throw');
+        const failed = await r.run(delivery(key, { worker: 'a' }));
+        expect(failed.kind).toBe('retry');
+        expect(failed.kind === 'retry' && (failed.error as Error).message).toBe('the step failed');
+        expect(await ledgerRows(key)).toHaveLength(0);
+        expect((await stepRecords(key)).map((step) => step.name)).toEqual(['charge']);
+        expect((await r.run(delivery(key, { worker: 'b' }))).kind).toBe('completed');
+        expect((await ledgerRows(key)).map((row) => row.worker)).toEqual(['step:b', 'b']);
+      });
+
+      it("refuses a zombie's step: its writes roll back, the new owner's step and completion stay", async () => {
+        const r = stepped(fixture.layer);
+        const key = unique('step-zombie');
+        let reached!: () => void;
+        const atGate = new Promise<void>((resolve) => (reached = resolve));
+        const gate = createGate();
+        gates.set(key, { reached, wait: gate.wait });
+        stepModes.set(key, 'hold');
+        const zombie = r.run(delivery(key, { worker: 'zombie' }));
+        await atGate;
+        stepModes.delete(key);
+        await expireLease(env.db, env.schema, 'dl', key);
+        const taker = await r.run(delivery(key, { worker: 'taker' }));
+        expect(taker.kind).toBe('completed');
+        gate.open();
+        const fenced = await zombie;
+        expect(fenced.kind).toBe('deferred');
+        expect((await ledgerRows(key)).map((row) => row.worker)).toEqual(['step:taker', 'taker']);
+        expect((await stepRecords(key)).find((step) => step.name === 'book')).toMatchObject({ result: { bookedBy: 'taker' }, fence: 2 });
+      });
+
+      (limits.backendTermination === undefined ? it : ((() => undefined) as unknown as typeof it))('defers a step whose backend was terminated, without an attempt, and runs it once later', async () => {
+        const r = stepped(fixture.layer);
+        const key = unique('step-terminated');
+        stepModes.set(key, 'terminate');
+        const cut = await r.run(delivery(key, { worker: 'a' }));
+        expect(cut.kind).toBe('store-unavailable');
+        expect(await ledgerRows(key)).toHaveLength(0);
+        expect((await runToEnd(r, delivery(key, { worker: 'b' }))).kind).toBe('completed');
+        expect((await ledgerRows(key)).map((row) => row.worker)).toEqual(['step:b', 'b']);
+      });
+
+      it('refuses a step body that is no data layer, naming the three shapes', async () => {
+        const r = runner(async (ctx: KeyedJobContext<Payload, JobLike>) => ctx.step('book', { dataLayer: {} as DataLayer<Tx>, transaction: async () => 1 }), false);
+        const refused = await r.run(delivery(unique('step-invalid'), { worker: 'a' }));
+        const error = (refused as { error?: unknown }).error;
+        expect(error).toBeInstanceOf(ValidationError);
+        expect((error as Error).message).toMatch(/dataLayer, transaction/);
+      });
+    });
+
     /** Runs `body` with the data layer opened on a database of its own (not the keys'), dropped after. */
     async function onAnotherDatabase(body: (elsewhere: DataLayerFixture<Tx>) => Promise<void>): Promise<void> {
       const database = `ij_dl_${randomBytes(4).toString('hex')}`;

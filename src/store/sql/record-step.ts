@@ -43,6 +43,22 @@ export async function recordStepAndCommit(tx: Kysely<any>, schema: string, claim
   return true;
 }
 
+/**
+ * A database step's record inside `tx`, a transaction another party commits (a data layer's,
+ * see `foreign-transaction.ts`): the record is the transaction's last statement, and it commits
+ * or rolls back with the step's writes. Returns false when the record was refused (lease lost,
+ * or recorded already): the caller rolls the transaction back.
+ */
+export async function recordStepIn(tx: Kysely<any>, schema: string, claim: Claim, step: StepPlace, resultJson: string): Promise<boolean> {
+  try {
+    await tx.executeQuery(recordStepStatement(schema, claim, step, resultJson));
+    return true;
+  } catch (error) {
+    if (isLeaseLost(error)) return false;
+    throw error;
+  }
+}
+
 /** The record as one statement: a call of `record_step`, which a pipeline can carry ahead of other work. */
 export function recordStepStatement(schema: string, claim: Claim, step: StepPlace, resultJson: string): CompiledQuery {
   return CompiledQuery.raw(
