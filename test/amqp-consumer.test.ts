@@ -20,7 +20,10 @@ import {
   type AmqpConsumerOptions,
   type AmqpJobHandler,
 } from '../src/amqp/index.js';
-import { IdempotencyKeys, ValidationError, createPostgresDb, type WorkerEvent } from '../src/index.js';
+import pg from 'pg';
+import { DataLayerElsewhereError, IdempotencyKeys, ValidationError, createPostgresDb, type WorkerEvent } from '../src/index.js';
+import { pgDataLayer } from '../src/pg/index.js';
+import { withAnotherDatabase } from './support/another-database.js';
 import { createAmqpTestEnv, type AmqpTestEnv, AMQP_URL } from './support/amqp-test-env.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -526,3 +529,50 @@ async function closeConsumerChannel(consumer: AmqpConsumer<any, any>): Promise<v
   consumer.channel!.ack({ fields: { deliveryTag: 999_999 } } as never);
   await until('channel closed', () => !consumer.isConsuming || undefined);
 }
+
+describe('data layers checked at start', () => {
+  /** A handler writing its effect through node-postgres on `pool`. */
+  const writingIn = (layer: ReturnType<typeof pgDataLayer>): AmqpJobHandler<{ amount: number }> => async (ctx) =>
+    ctx.transaction(layer, async (client) => {
+      await client.query(`insert into ${pg.escapeIdentifier(env.schema)}.ledger (key, amount) values ($1, $2)`, [ctx.key, ctx.data.amount]);
+      return { booked: ctx.data.amount };
+    });
+
+  it('refuses to start with a data layer on another database than the keys, naming the fix, and takes no message', async () => {
+    await withAnotherDatabase(env, async (otherUrl) => {
+      const pool = new pg.Pool({ connectionString: otherUrl });
+      pool.on('error', () => {});
+      try {
+        const queue = amqp.queueName('dl-elsewhere');
+        await amqp.channel.assertQueue(queue, { durable: true });
+        amqp.publish(queue, { idempotencyKey: 'dl-elsewhere-1', scope: 'amqp', payload: { amount: 5 } });
+        const layer = pgDataLayer(pool);
+        const refused = await startConsumer(queue, writingIn(layer), { dataLayers: [layer] }).then(
+          () => undefined,
+          (error: unknown) => error,
+        );
+        expect(refused).toBeInstanceOf(DataLayerElsewhereError);
+        expect((refused as Error).message).toMatch(/connection string/);
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        expect(await amqp.depth(queue)).toBe(1);
+        expect(await keys.get('amqp', 'dl-elsewhere-1')).toBeUndefined();
+      } finally {
+        await pool.end();
+      }
+    });
+  });
+
+  it("starts with a data layer on the keys' database and runs its messages", async () => {
+    const pool = new pg.Pool({ connectionString: env.databaseUrl });
+    pool.on('error', () => {});
+    try {
+      const queue = amqp.queueName('dl-here');
+      const layer = pgDataLayer(pool);
+      await startConsumer(queue, writingIn(layer), { dataLayers: [layer] });
+      amqp.publish(queue, { idempotencyKey: 'dl-here-1', scope: 'amqp', payload: { amount: 7 } });
+      await until('the message committed', async () => ((await ledgerRows('dl-here-1')) === 1 ? true : undefined));
+    } finally {
+      await pool.end();
+    }
+  });
+});

@@ -4,7 +4,10 @@ import { nanos } from '@nats-io/transport-node';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, createPostgresDb, toWireJobData, ValidationError } from '../src/index.js';
+import pg from 'pg';
+import { DataLayerElsewhereError, IdempotencyKeys, createPostgresDb, toWireJobData, ValidationError } from '../src/index.js';
+import { pgDataLayer } from '../src/pg/index.js';
+import { withAnotherDatabase } from './support/another-database.js';
 import { loadEnvConfig } from '../src/process/index.js';
 import {
   DEAD_LETTER_ERROR_HEADER,
@@ -467,6 +470,58 @@ describe('IdempotentNatsConsumer connection recovery', () => {
       expect(await health()).toMatchObject({ status: 503, checks: { consumer: { ok: false, error: 'the consumer is not running (closing or closed)' } } });
     } finally {
       await started.stop();
+    }
+  });
+});
+
+describe('data layers checked at start', () => {
+  /** A handler writing its effect through node-postgres on the data layer's pool. */
+  const writingIn =
+    (layer: ReturnType<typeof pgDataLayer>): NatsJobHandler<{ n: number }> =>
+    (ctx) =>
+      ctx.transaction(layer, async (client) => {
+        await client.query(`insert into ${pg.escapeIdentifier(env.schema)}.effects (scope, key, fence, worker) values ($1, $2, $3, 'nats-pg')`, [ctx.scope, ctx.key, ctx.fence]);
+        return { n: ctx.data.n };
+      });
+
+  it('refuses to start with a data layer on another database than the keys, naming the fix, and takes no message', async () => {
+    await withAnotherDatabase(env, async (otherUrl) => {
+      const pool = new pg.Pool({ connectionString: otherUrl });
+      pool.on('error', () => {});
+      try {
+        const { stream, subject } = await setUp();
+        await publishWire(subject, 'nats', 'dl-elsewhere-1', { n: 1 });
+        const layer = pgDataLayer(pool);
+        const { consumer } = start(stream, writingIn(layer), { dataLayers: [layer] });
+        const refused = await consumer.waitUntilReady().then(
+          () => undefined,
+          (error: unknown) => error,
+        );
+        expect(refused).toBeInstanceOf(DataLayerElsewhereError);
+        expect((refused as Error).message).toMatch(/connection string/);
+        expect(consumer.isRunning).toBe(false);
+        await sleep(300);
+        expect((await consumerState(stream)).pending).toBe(1);
+        expect(await keys.get('nats', 'dl-elsewhere-1')).toBeUndefined();
+      } finally {
+        await pool.end();
+      }
+    });
+  });
+
+  it("starts with a data layer on the keys' database and runs its messages", async () => {
+    const pool = new pg.Pool({ connectionString: env.databaseUrl });
+    pool.on('error', () => {});
+    try {
+      const { stream, subject } = await setUp();
+      const layer = pgDataLayer(pool);
+      const { consumer } = start(stream, writingIn(layer), { dataLayers: [layer] });
+      await consumer.waitUntilReady();
+      await publishWire(subject, 'nats', 'dl-here-1', { n: 2 });
+      await waitFor('the message committed', async () => (await effectsOf(env.db, env.schema, 'nats', 'dl-here-1')).length === 1);
+      await consumer.close();
+    } finally {
+      await pool.end();
     }
   });
 });

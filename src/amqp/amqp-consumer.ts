@@ -16,7 +16,9 @@ import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
 import type { JobIdentity } from '../consumer/wire-contract.js';
 import { describeError } from '../describe-error.js';
-import { ConfigError } from '../errors.js';
+import { ConfigError, type DataLayerElsewhereError } from '../errors.js';
+import type { DataLayer } from '../store/data-layer.js';
+import { checkDataLayersAtStart, dataLayersToCheck } from '../consumer/data-layer-check.js';
 import { amqpIdentityReader, type AmqpIdentityOptions } from './amqp-identity.js';
 import { amqpTopology, declareDelayQueue, declareTopology, type AmqpTopology } from './amqp-topology.js';
 
@@ -55,6 +57,14 @@ export interface AmqpConsumerOptions<P = unknown, R = unknown> extends Omit<Work
    * commit unless turned off).
    */
   readonly handler: KeyedJobHandler<P, R, ConsumeMessage>;
+  /**
+   * The data layers the handler writes in (`ctx.transaction(dataLayer, fn)`): each is checked
+   * at start, in one transaction, to meet the keys in one database. One on another database
+   * stops the start with `DataLayerElsewhereError`, which names the fix, before any message is
+   * taken. A database-only handler's own data layer is checked without being named here.
+   * @defaultValue none
+   */
+  readonly dataLayers?: readonly DataLayer<any>[];
   /** Messages run at once (the channel's prefetch). @defaultValue `1` */
   readonly concurrency?: number;
   /** Where the key comes from: the body (wire contract), a header or the message id. @defaultValue `{ source: 'body' }` */
@@ -162,6 +172,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
   #connecting: Promise<void> | undefined;
   #closing: Promise<void> | undefined;
   #started = false;
+  #dataLayersChecked: Promise<DataLayerElsewhereError | undefined> | undefined;
   #closed = false;
   /** Set once the first session consumed: a declaration refused before that ends the start. */
   #consumedOnce = false;
@@ -217,14 +228,28 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
 
   /**
    * Connects, declares the queues and starts consuming. Resolves once consuming; while the
-   * broker is unreachable it keeps trying (with a warning per try) until {@link close}.
+   * broker is unreachable it keeps trying (with a warning per try) until {@link close}. Rejects
+   * with `DataLayerElsewhereError`, before connecting, when a data layer it was given is on
+   * another database than the keys (see {@link AmqpConsumerOptions.dataLayers}).
    */
   start(): Promise<void> {
     this.#started = true;
-    this.#connecting ??= this.#connectUntilConsuming().finally(() => {
-      this.#connecting = undefined;
-    });
+    this.#connecting ??= this.#checkDataLayers()
+      .then(() => this.#connectUntilConsuming())
+      .finally(() => {
+        this.#connecting = undefined;
+      });
     return this.#connecting;
+  }
+
+  /** Checks the data layers once, before the first connection: one on another database ends the start. */
+  async #checkDataLayers(): Promise<void> {
+    this.#dataLayersChecked ??= checkDataLayersAtStart(this.#options.keys, dataLayersToCheck(this.#options.dataLayers, this.#options.handler), this.#log);
+    const refused = await this.#dataLayersChecked;
+    if (refused) {
+      this.#started = false;
+      throw refused;
+    }
   }
 
   /**

@@ -10,6 +10,7 @@ import type { DataLayer } from '../store/data-layer.js';
 import { defaultErrorDisposition, type ErrorDisposition } from '../consumer/runner-options.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
 import { handlerForm, isDataLayerHandler, withDatabaseOnlyContext, type DataLayerHandler, type DatabaseOnlyContext, type DatabaseOnlyHandler } from '../consumer/database-only-handler.js';
+import { checkDataLayersAtStart, dataLayersToCheck } from '../consumer/data-layer-check.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
@@ -253,7 +254,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
       events: { wanted: () => this.listenerCount('event') > 0, emit: (event) => this.emit('event', event) },
       tracing: this.#tracing,
     });
-    const layers = dataLayersToCheck(options);
+    const layers = dataLayersToCheck(options.dataLayers, options.handler);
     this.#bull = openWorker(options.queue, (job, token, signal) => this.#tracing.run(job, () => this.#process(job, token, signal)), options, {
       ...options.workerOptions,
       // With data layers to check, jobs are taken only once they passed.
@@ -275,17 +276,10 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
    * checked at its first transaction, as one named nowhere is.
    */
   async #checkDataLayersThenRun(layers: readonly DataLayer<unknown>[]): Promise<DataLayerElsewhereError | undefined> {
-    for (const layer of layers) {
-      try {
-        await this.#options.keys.checkDataLayer(layer);
-      } catch (error) {
-        if (error instanceof DataLayerElsewhereError) {
-          this.#log.error({ err: error, dataLayer: layer.name }, `not starting: ${error.message}`);
-          await this.#bull.close().catch(() => {});
-          return error;
-        }
-        this.#log.warn({ err: error, dataLayer: layer.name }, `could not check the ${layer.name} data layer at start; it is checked at its first transaction instead`);
-      }
+    const refused = await checkDataLayersAtStart(this.#options.keys, layers, this.#log);
+    if (refused) {
+      await this.#bull.close().catch(() => {});
+      return refused;
     }
     if (!this.#closing && !this.#bull.closing) {
       // As BullMQ's own autorun: a failure of the loop is the worker's error.
@@ -440,9 +434,3 @@ function finishingTransaction<P>(ctx: KeyedJobContext<P, Job>, finish: FinishInE
   return transaction as KeyedJobContext<P, Job>['transaction'];
 }
 
-/** The data layers a worker checks at start: those it was given, and a database-only handler's own. */
-function dataLayersToCheck(options: IdempotentWorkerOptions<any, any>): DataLayer<unknown>[] {
-  const layers = new Set<DataLayer<unknown>>(options.dataLayers ?? []);
-  if (isDataLayerHandler(options.handler)) layers.add(options.handler.dataLayer);
-  return [...layers];
-}

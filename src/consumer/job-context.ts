@@ -1,5 +1,5 @@
 import type { Transaction } from 'kysely';
-import type { DataLayerStep, DatabaseStep, ExternalStep, StepBody } from '../protocol/job-steps.js';
+import type { DatabaseStep, ExternalStep, StepBody } from '../protocol/job-steps.js';
 import type { Claim } from '../store/claim-outcome.js';
 import type { DataLayer } from '../store/data-layer.js';
 import type { JobIdentity } from './wire-contract.js';
@@ -58,15 +58,12 @@ export interface KeyedJobContext<P = unknown, M = unknown> {
    * later run of the key returns the recorded result without running it. The same rules as an
    * external step: before `ctx.transaction`, the same order and names on every run, not on the
    * fast path.
+   *
+   * In a data layer of your own, `ctx.step(name, { dataLayer, transaction: async (tx, step) =>
+   * … })`: `tx` is the data layer's transaction (a `PoolClient`, a Prisma or Drizzle
+   * transaction, a TypeORM `EntityManager`…), and the step's fenced record runs last inside it.
    */
-  step<T>(name: string, database: DatabaseStep<T>): Promise<T>;
-  /**
-   * A database step in a data layer of your own, `ctx.step(name, { dataLayer, transaction:
-   * async (tx, step) => … })`: `tx` is the data layer's transaction (a `PoolClient`, a Prisma or
-   * Drizzle transaction, a TypeORM `EntityManager`…), and the step's fenced record runs last
-   * inside it, so its writes and its record commit together. The same rules as the other steps.
-   */
-  step<Tx, T>(name: string, database: DataLayerStep<Tx, T>): Promise<T>;
+  step<T, Tx = Transaction<any>>(name: string, database: DatabaseStep<T, Tx>): Promise<T>;
 }
 
 /** One delivery of a message, as its adapter describes it to the runner. */

@@ -7,6 +7,8 @@ import { pino, type Logger } from 'pino';
 import { positiveIntegerOption } from '../consumer/consumer-options.js';
 import { resolveWorkerTiming, storeRetryDelayMs, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../consumer/worker-timing.js';
 import { ValidationError } from '../errors.js';
+import type { DataLayer } from '../store/data-layer.js';
+import { checkDataLayersAtStart, dataLayersToCheck } from '../consumer/data-layer-check.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { JobIdentity } from '../consumer/wire-contract.js';
 import { KeyedJobRunner } from '../consumer/keyed-job-runner.js';
@@ -51,6 +53,14 @@ export interface IdempotentNatsConsumerOptions<P = unknown, R = unknown> extends
    * commit unless turned off).
    */
   readonly handler: KeyedJobHandler<P, R, JsMsg>;
+  /**
+   * The data layers the handler writes in (`ctx.transaction(dataLayer, fn)`): each is checked
+   * at start, in one transaction, to meet the keys in one database. One on another database
+   * stops the start with `DataLayerElsewhereError`, which names the fix, before any message is
+   * taken. A database-only handler's own data layer is checked without being named here.
+   * @defaultValue none
+   */
+  readonly dataLayers?: readonly DataLayer<any>[];
   /** Where the key comes from: the wire-contract body, or the `Nats-Msg-Id` header. @defaultValue `'wire-contract'` */
   readonly keyFrom?: NatsKeySource;
   /** The scope of keys read from `Nats-Msg-Id`. @defaultValue `'default'` */
@@ -286,7 +296,9 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
 
   /**
    * Resolves once the consumer is pulling messages; rejects when the JetStream consumer cannot
-   * be used as configured (not explicit acks, an AckWait the heartbeat cannot keep at bay).
+   * be used as configured (not explicit acks, an AckWait the heartbeat cannot keep at bay), or
+   * with `DataLayerElsewhereError` when a data layer it was given is on another database than
+   * the keys (see {@link IdempotentNatsConsumerOptions.dataLayers}).
    */
   waitUntilReady(): Promise<void> {
     return this.#ready;
@@ -318,6 +330,12 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
   }
 
   async #consumeUntilClosed(): Promise<void> {
+    const refused = await checkDataLayersAtStart(this.#options.keys, dataLayersToCheck(this.#options.dataLayers, this.#options.handler), this.#log);
+    if (refused) {
+      this.#readyReject(refused);
+      this.#closingRequested = true;
+      return;
+    }
     while (!this.#closingRequested) {
       try {
         const connection = await this.#connect();

@@ -36,30 +36,31 @@ export interface ExternalStepContext extends StepContext {
 /** An external step: a call to another system, run at most once per lease, its result recorded after it. */
 export type ExternalStep<T> = (step: ExternalStepContext) => Promise<T>;
 
-/** A database step: `transaction(tx)` runs in a transaction that records the step with its COMMIT. */
-export interface DatabaseStep<T> {
+/**
+ * A database step: `transaction(tx)` runs in a transaction whose last statement records the
+ * step, so the step's writes and its record commit together, or neither does. Without
+ * `dataLayer`, `tx` is a Kysely transaction on the keys' database; with one (from
+ * `idempotent-jobs/pg`, `/postgres-js`, `/drizzle`, `/prisma`, `/typeorm`), `tx` is that data
+ * layer's own transaction object.
+ */
+export interface DatabaseStep<T, Tx = Transaction<any>> {
+  /** The data layer whose transaction the step runs in, on the keys' database. @defaultValue none: a Kysely transaction */
+  readonly dataLayer?: DataLayer<Tx>;
   /**
    * The step's writes, on `tx`; what it returns is the step's result, recorded in the same
    * transaction (so the writes and the record commit together, or neither does).
    */
-  readonly transaction: (tx: Transaction<any>, step: StepContext) => Promise<T>;
-}
-
-/**
- * A database step in a data layer of your own (`idempotent-jobs/pg`, `/postgres-js`,
- * `/drizzle`, `/prisma`, `/typeorm`): `transaction(tx)` runs on the data layer's transaction
- * object, and the step's fenced record is that transaction's last statement, so the writes and
- * the record commit together, or neither does.
- */
-export interface DataLayerStep<Tx, T> {
-  /** The data layer whose transaction the step runs in, on the keys' database. */
-  readonly dataLayer: DataLayer<Tx>;
-  /** The step's writes, on the data layer's `tx`; what it returns is the step's result. */
   readonly transaction: (tx: Tx, step: StepContext) => Promise<T>;
 }
 
-/** What `ctx.step` runs: an external step (a function), a database step, or a database step in a data layer. */
-export type StepBody<T> = ExternalStep<T> | DatabaseStep<T> | DataLayerStep<any, T>;
+/** A database step in a data layer of your own: a {@link DatabaseStep} with its `dataLayer`. */
+export type DataLayerStep<Tx, T> = DatabaseStep<T, Tx> & {
+  /** The data layer whose transaction the step runs in, on the keys' database. */
+  readonly dataLayer: DataLayer<Tx>;
+};
+
+/** What `ctx.step` runs: an external step (a function) or a database step. */
+export type StepBody<T> = ExternalStep<T> | DatabaseStep<T, any>;
 
 /**
  * The idempotency key of one step, stable across runs and takeovers: `ijs_` and the first 32
@@ -244,8 +245,7 @@ export class JobSteps {
    * first run as on replays.
    */
   run<T>(name: string, body: ExternalStep<T>): Promise<T>;
-  run<T>(name: string, body: DatabaseStep<T>): Promise<T>;
-  run<Tx, T>(name: string, body: DataLayerStep<Tx, T>): Promise<T>;
+  run<T, Tx = Transaction<any>>(name: string, body: DatabaseStep<T, Tx>): Promise<T>;
   run<T>(name: string, body: StepBody<T>): Promise<T>;
   async run<T>(name: string, body: StepBody<T>): Promise<T> {
     const { scope, key } = this.#claim;
@@ -297,7 +297,7 @@ export class JobSteps {
         return await this.#record(step, result as T, startedAt);
       }
       const result = await this.#withHeld((record) =>
-        'dataLayer' in body
+        body.dataLayer !== undefined
           ? this.#keys.runDatabaseStepIn(this.#claim, step, body.dataLayer, (tx) => body.transaction(tx, context), record)
           : this.#keys.runDatabaseStep(this.#claim, step, (tx) => body.transaction(tx, context), record),
       );
@@ -465,8 +465,8 @@ export class JobSteps {
 /** Throws `INVALID_STEP` for a step body of none of the three shapes `ctx.step` takes. */
 function assertValidStepBody(scope: string, key: string, name: string, body: unknown): void {
   if (typeof body === 'function') return;
-  const shape = (body ?? {}) as Partial<DataLayerStep<unknown, unknown>>;
-  if (typeof shape.transaction === 'function' && (!('dataLayer' in shape) || typeof shape.dataLayer?.transaction === 'function')) return;
+  const shape = (body ?? {}) as Partial<DatabaseStep<unknown, unknown>>;
+  if (typeof shape.transaction === 'function' && (shape.dataLayer === undefined || typeof shape.dataLayer.transaction === 'function')) return;
   throw new ValidationError(
     'INVALID_STEP',
     'step',
