@@ -11,6 +11,7 @@ import {
   checkConcurrencyLimits,
   checkRacingSchedulers,
   checkTombstones,
+  firstSightOfTicks,
   type CoalescingHistory,
   type ConcurrencyHistory,
   type KeyFeatureCheck,
@@ -226,6 +227,24 @@ describe('checkRacingSchedulers', () => {
     expect(failing(checkRacingSchedulers({ ...clean(), firstSeenAt }))).toEqual({
       "ticks fired before their time (seen by the database before the tick's time)": [`${tick(4)}: seen by the database at ${new Date(T0 - 296_000).toISOString()}, 300.00 s before its time`],
     });
+  });
+
+  it('takes a tick\'s first sight from its rows and from the first read of a cursor at or past it', () => {
+    const rows = [
+      { key: tick(1), at: T0 + 1_400 }, // its key row
+      { key: tick(1), at: T0 + 1_200 }, // an external call
+      { key: tick(2), at: T0 + 2_900 },
+      { key: tick(3), at: T0 + 3_050 },
+    ];
+    const cursors = [
+      { cursor: tick(0), at: T0 + 500 },
+      { cursor: tick(2), at: T0 + 2_300 },
+      { cursor: tick(3), at: T0 + 3_100 },
+    ];
+    expect(firstSightOfTicks(rows, cursors)).toEqual(new Map([[tick(1), T0 + 1_200], [tick(2), T0 + 2_300], [tick(3), T0 + 3_050]]));
+    // A cursor read past a tick before the tick's time: the tick was enqueued early.
+    const early = firstSightOfTicks(rows, [...cursors, { cursor: tick(3), at: T0 + 2_950 }]);
+    expect(Object.keys(failing(checkRacingSchedulers({ ...clean(), firstSeenAt: early })))).toEqual(["ticks fired before their time (seen by the database before the tick's time)"]);
   });
 
   it('fails a run in which no scheduler was killed', () => {

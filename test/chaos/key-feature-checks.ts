@@ -348,6 +348,31 @@ export interface TickDuplicate {
   readonly sentAt: number;
 }
 
+/** A schedule's cursor as read, and the database's clock when it was read. */
+export interface CursorSighting {
+  /** The tick key of the cursor (`last_tick`). */
+  readonly cursor: string;
+  /** ms since epoch, the database's clock, after the read's snapshot. */
+  readonly at: number;
+}
+
+/**
+ * Per tick key, the earliest time the database saw its job: the earliest of its rows (`key`,
+ * `at` in the database's clock: its key row's creation, external calls, effects) and of the
+ * reads of a cursor at or past the tick (a round moves the cursor only after enqueuing its
+ * ticks). Ticks with no row are left out: they never ran.
+ */
+export function firstSightOfTicks(rows: Iterable<{ readonly key: string; readonly at: number }>, cursors: readonly CursorSighting[]): Map<string, number> {
+  const seen = new Map<string, number>();
+  for (const { key, at } of rows) seen.set(key, Math.min(seen.get(key) ?? Infinity, Number(at)));
+  for (const [key, at] of seen) {
+    const due = Date.parse(key);
+    const reads = cursors.filter((sighting) => Date.parse(sighting.cursor) >= due).map((sighting) => sighting.at);
+    if (reads.length > 0) seen.set(key, Math.min(at, ...reads));
+  }
+  return seen;
+}
+
 /** What {@link checkRacingSchedulers} reads. */
 export interface SchedulesHistory {
   /**
@@ -362,8 +387,9 @@ export interface SchedulesHistory {
   readonly effects: readonly ExecutionRow[];
   /**
    * Per tick key, the earliest time the database saw its job (ms, the database's clock): its key
-   * row's creation by the first claim, its first external call, its first effect. All come after
-   * the tick's job was enqueued, which was after the round read the database's `now()`.
+   * row's creation by the first claim, its first external call, its first effect, the first read
+   * of the schedule's cursor at or past it. All come after the tick's job was enqueued, which was
+   * after the round read the database's `now()`.
    */
   readonly firstSeenAt: ReadonlyMap<string, number>;
   /** Duplicates of ticks the profile sent (acknowledged). */
@@ -381,8 +407,8 @@ export interface SchedulesHistory {
  * duplicates of ticks sent), no tick missed (with `missed: 'all'` and a bound above the run's
  * length of ticks, the policy allows none), and no tick fired before its time: the database saw
  * no tick's job before the tick's time by its own clock, whatever the schedulers' wall clocks
- * said (the first sight is after the enqueue, so a tick enqueued early by less than its wait in
- * the queue goes unseen; one enqueued by a scheduler's skewed clock, minutes off, does not).
+ * said (the first sight is after the enqueue, so a tick enqueued early by less than the delay of
+ * that sight goes unseen; one enqueued by a scheduler's skewed clock, seconds or minutes off, does not).
  */
 export function checkRacingSchedulers(history: SchedulesHistory): KeyFeatureCheck {
   const byTick = groupBy(history.effects, (row) => row.key);

@@ -24,10 +24,12 @@ import {
   checkConcurrencyLimits,
   checkRacingSchedulers,
   checkTombstones,
+  firstSightOfTicks,
   type GenerationRun,
   type KeyFeature,
   type KeyFeatureCheck,
   type LateDuplicate,
+  type CursorSighting,
   type TickDuplicate,
 } from './key-feature-checks.js';
 import { COALESCING_SCOPE, runCoalescingBursts, runLateDuplicates, runTickDuplicates, type CoalescingLoad } from './key-feature-load.js';
@@ -109,6 +111,7 @@ export class KeyFeatureRun {
   #running: Promise<unknown> | undefined;
   #late: LateDuplicate[] = [];
   #tickDuplicates: TickDuplicate[] = [];
+  #cursorSightings: CursorSighting[] = [];
   #jobName = '';
   #coalescing: CoalescingLoad | undefined;
   #schedulersStoppedAt = 0;
@@ -200,7 +203,10 @@ export class KeyFeatureRun {
           payload: SCHEDULE_PROFILE.payload,
           stop,
           giveUp,
-        }).then((sent) => (this.#tickDuplicates = sent)),
+        }).then((load) => {
+          this.#tickDuplicates = load.duplicates;
+          this.#cursorSightings = load.cursors;
+        }),
       );
     }
     if (this.feature === 'tombstones') {
@@ -344,14 +350,12 @@ export class KeyFeatureRun {
         let upToCursor = 0;
         for (let tick = first; tick <= cursor; tick += every) upToCursor++;
         // The database's first sight of each tick's job, all after its enqueue: the key row's
-        // creation (the first claim), the first external call, the first effect.
+        // creation (the first claim), the first external call, the first effect, and the first
+        // read of a cursor at or past the tick (a round moves the cursor after its enqueues).
         const scope = scheduleScope(SCHEDULE_PROFILE.name);
         const { rows: claimed } = await sql<{ key: string; at: number }>`
           select key, extract(epoch from created_at)::float8 * 1000 as at from ${sql.id(schema, 'idempotency_keys')} where scope = ${scope}`.execute(db);
-        const firstSeenAt = new Map<string, number>();
-        for (const { key, at } of [...claimed, ...rows.externalCalls.filter((row) => row.scope === scope), ...effects]) {
-          firstSeenAt.set(key, Math.min(firstSeenAt.get(key) ?? Infinity, Number(at)));
-        }
+        const firstSeenAt = firstSightOfTicks([...claimed, ...rows.externalCalls.filter((row) => row.scope === scope), ...effects], this.#cursorSightings);
         return checkRacingSchedulers({
           expectedTicks,
           upToCursor,
