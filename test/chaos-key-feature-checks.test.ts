@@ -11,10 +11,12 @@ import {
   checkConcurrencyLimits,
   checkRacingSchedulers,
   checkTombstones,
+  firstSightOfTicks,
   type CoalescingHistory,
   type ConcurrencyHistory,
   type KeyFeatureCheck,
   type SchedulesHistory,
+  type TickDuplicate,
   type TombstonesHistory,
 } from './chaos/key-feature-checks.js';
 import type { WorkerLogLine } from './chaos/worker-fleet.js';
@@ -181,28 +183,77 @@ describe('checkCoalescing', () => {
 
 describe('checkRacingSchedulers', () => {
   const scope = 'schedule:chaos-tick';
+  const tick = (n: number) => new Date(T0 + n * 1_000).toISOString();
+  const duplicates: TickDuplicate[] = [
+    { tick: tick(2), jobId: 'ij_2', kind: 'same-job-id', sentAt: T0 + 2_500 },
+    { tick: tick(1), jobId: 'tick-dup-1', kind: 'other-job-id', sentAt: T0 + 2_600 },
+    { tick: tick(1), jobId: 'ij_1', kind: 'after-removal', sentAt: T0 + 2_700 },
+  ];
   const clean = (): SchedulesHistory => ({
-    expectedTicks: ['t1', 't2', 't3', 't4'],
+    expectedTicks: [tick(1), tick(2), tick(3), tick(4)],
     upToCursor: 3,
-    effects: [row(scope, 't1', 1, 0), row(scope, 't2', 1, 1_000), row(scope, 't3', 1, 2_000), row(scope, 't4', 1, 3_000)],
+    effects: [row(scope, tick(1), 1, 1_050), row(scope, tick(2), 1, 2_050), row(scope, tick(3), 1, 3_050), row(scope, tick(4), 1, 4_050)],
+    // The first claim of each tick 10 ms after its time.
+    firstSeenAt: new Map([1, 2, 3, 4].map((n) => [tick(n), T0 + n * 1_000 + 10])),
+    duplicates,
     kills: 3,
     starts: 6,
+    clockSkewsMs: { schedulers: [300_000, -240_000, 12_000], workers: [-90_000, 2_000] },
   });
 
-  it('passes every tick due committed once, one past the cursor included', () => {
-    expect(failing(checkRacingSchedulers(clean()))).toEqual({});
+  it('passes every tick due committed once, one past the cursor included, none seen before its time, duplicates sent', () => {
+    const check = checkRacingSchedulers(clean());
+    expect(failing(check)).toEqual({});
+    expect(Object.fromEntries(check.numbers)).toMatchObject({
+      'wall clocks off: schedulers / workers': '+300.0 s, −240.0 s, +12.0 s / −90.0 s, +2.0 s',
+      "duplicates of ticks sent: under the tick's job id / another job id / the job id after its job's removal": '3: 1 / 1 / 1',
+    });
   });
 
   it('fails a tick committed twice, a tick missed, and an effect of a time that is no tick', () => {
-    const history = { ...clean(), effects: [row(scope, 't1', 1, 0), row(scope, 't1', 2, 10), row(scope, 't3', 1, 2_000), row(scope, 'tx', 1, 2_500)] };
+    const history = { ...clean(), effects: [row(scope, tick(1), 1, 1_050), row(scope, tick(1), 2, 2_600), row(scope, tick(3), 1, 3_050), row(scope, 'tx', 1, 2_500)] };
     expect(failing(checkRacingSchedulers(history))).toEqual({
-      'ticks committed more than once': ['t1: 2 effects'],
-      'ticks missed': ['t2', 't4'],
+      'ticks committed more than once': [`${tick(1)}: 2 effects`],
+      'ticks missed': [tick(2), tick(4)],
       'effects of times that are not ticks of the schedule (before its creation, after the stop, or off the second)': ['tx'],
     });
   });
 
+  it('fails a tick whose job the database saw before the tick\'s time (a scheduler that trusted a clock ahead)', () => {
+    const firstSeenAt = new Map(clean().firstSeenAt);
+    firstSeenAt.set(tick(4), T0 + 4_000 - 300_000);
+    // Exactly at its time is not early.
+    firstSeenAt.set(tick(3), T0 + 3_000);
+    expect(failing(checkRacingSchedulers({ ...clean(), firstSeenAt }))).toEqual({
+      "ticks fired before their time (seen by the database before the tick's time)": [`${tick(4)}: seen by the database at ${new Date(T0 - 296_000).toISOString()}, 300.00 s before its time`],
+    });
+  });
+
+  it('takes a tick\'s first sight from its rows and from the first read of a cursor at or past it', () => {
+    const rows = [
+      { key: tick(1), at: T0 + 1_400 }, // its key row
+      { key: tick(1), at: T0 + 1_200 }, // an external call
+      { key: tick(2), at: T0 + 2_900 },
+      { key: tick(3), at: T0 + 3_050 },
+    ];
+    const cursors = [
+      { cursor: tick(0), at: T0 + 500 },
+      { cursor: tick(2), at: T0 + 2_300 },
+      { cursor: tick(3), at: T0 + 3_100 },
+    ];
+    expect(firstSightOfTicks(rows, cursors)).toEqual(new Map([[tick(1), T0 + 1_200], [tick(2), T0 + 2_300], [tick(3), T0 + 3_050]]));
+    // A cursor read past a tick before the tick's time: the tick was enqueued early.
+    const early = firstSightOfTicks(rows, [...cursors, { cursor: tick(3), at: T0 + 2_950 }]);
+    expect(Object.keys(failing(checkRacingSchedulers({ ...clean(), firstSeenAt: early })))).toEqual(["ticks fired before their time (seen by the database before the tick's time)"]);
+  });
+
   it('fails a run in which no scheduler was killed', () => {
     expect(Object.keys(failing(checkRacingSchedulers({ ...clean(), kills: 0 })))).toEqual(['no scheduler killed or no tick (nothing tested)']);
+  });
+
+  it('fails a run without duplicates under another job id or after a removal', () => {
+    expect(failing(checkRacingSchedulers({ ...clean(), duplicates: duplicates.filter((d) => d.kind === 'same-job-id') }))).toEqual({
+      "no duplicate of a tick under another job id or after its job's removal (nothing tested)": ['0 duplicates other-job-id', '0 duplicates after-removal'],
+    });
   });
 });

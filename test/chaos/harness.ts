@@ -244,6 +244,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         redis: redis.settings,
         processEnv: { DATABASE_URL: postgresUrl, ...redis.workerEnv },
         leaseMs: options.leaseMs,
+        workers: options.workers,
         jobs: options.jobs,
         spreadMs: options.durationMs * 0.85,
         log,
@@ -252,6 +253,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
 
     fleet = new WorkerFleet({
       count: options.workers,
+      clockSkewsMs: featureRun?.workerClockSkews() ?? [],
       env: {
         DATABASE_URL: bouncer ? bouncer.url() : postgresUrl,
         DATABASE_DIRECT_URL: postgresUrl,

@@ -332,6 +332,47 @@ export function checkCoalescing(history: CoalescingHistory, toleranceMs = 50): K
 // ---------------------------------------------------------------------------------------------
 // Racing schedulers
 
+/** A duplicate of a tick's job that the scheduler profile sent itself (same key and payload). */
+export interface TickDuplicate {
+  /** The tick's key (its time in ISO 8601). */
+  readonly tick: string;
+  /** The BullMQ job id it was added under. */
+  readonly jobId: string;
+  /**
+   * `same-job-id`: under the tick's own job id, the job still in the queue (BullMQ keeps one);
+   * `other-job-id`: under a job id of its own, a second job of the tick; `after-removal`: under
+   * the tick's own job id after its completed job was removed, a job BullMQ takes as new.
+   */
+  readonly kind: 'same-job-id' | 'other-job-id' | 'after-removal';
+  /** When it was acknowledged (ms since epoch). */
+  readonly sentAt: number;
+}
+
+/** A schedule's cursor as read, and the database's clock when it was read. */
+export interface CursorSighting {
+  /** The tick key of the cursor (`last_tick`). */
+  readonly cursor: string;
+  /** ms since epoch, the database's clock, after the read's snapshot. */
+  readonly at: number;
+}
+
+/**
+ * Per tick key, the earliest time the database saw its job: the earliest of its rows (`key`,
+ * `at` in the database's clock: its key row's creation, external calls, effects) and of the
+ * reads of a cursor at or past the tick (a round moves the cursor only after enqueuing its
+ * ticks). Ticks with no row are left out: they never ran.
+ */
+export function firstSightOfTicks(rows: Iterable<{ readonly key: string; readonly at: number }>, cursors: readonly CursorSighting[]): Map<string, number> {
+  const seen = new Map<string, number>();
+  for (const { key, at } of rows) seen.set(key, Math.min(seen.get(key) ?? Infinity, Number(at)));
+  for (const [key, at] of seen) {
+    const due = Date.parse(key);
+    const reads = cursors.filter((sighting) => Date.parse(sighting.cursor) >= due).map((sighting) => sighting.at);
+    if (reads.length > 0) seen.set(key, Math.min(at, ...reads));
+  }
+  return seen;
+}
+
 /** What {@link checkRacingSchedulers} reads. */
 export interface SchedulesHistory {
   /**
@@ -344,15 +385,30 @@ export interface SchedulesHistory {
   readonly upToCursor: number;
   /** Effects of the schedule's scope. */
   readonly effects: readonly ExecutionRow[];
+  /**
+   * Per tick key, the earliest time the database saw its job (ms, the database's clock): its key
+   * row's creation by the first claim, its first external call, its first effect, the first read
+   * of the schedule's cursor at or past it. All come after the tick's job was enqueued, which was
+   * after the round read the database's `now()`.
+   */
+  readonly firstSeenAt: ReadonlyMap<string, number>;
+  /** Duplicates of ticks the profile sent (acknowledged). */
+  readonly duplicates: readonly TickDuplicate[];
   /** Scheduler processes killed (SIGKILL) and started. */
   readonly kills: number;
   readonly starts: number;
+  /** How far the schedulers' and the skewed workers' wall clocks were off, in ms (reported). */
+  readonly clockSkewsMs?: { readonly schedulers: readonly number[]; readonly workers: readonly number[] };
 }
 
 /**
  * Racing schedulers: each tick's effect committed once (never twice, never for a time that is
- * not a tick of the schedule after its creation and before the schedulers stopped), and no tick
- * missed: with `missed: 'all'` and a bound above the run's length of ticks, the policy allows none.
+ * not a tick of the schedule after its creation and before the schedulers stopped, whatever the
+ * duplicates of ticks sent), no tick missed (with `missed: 'all'` and a bound above the run's
+ * length of ticks, the policy allows none), and no tick fired before its time: the database saw
+ * no tick's job before the tick's time by its own clock, whatever the schedulers' wall clocks
+ * said (the first sight is after the enqueue, so a tick enqueued early by less than the delay of
+ * that sight goes unseen; one enqueued by a scheduler's skewed clock, seconds or minutes off, does not).
  */
 export function checkRacingSchedulers(history: SchedulesHistory): KeyFeatureCheck {
   const byTick = groupBy(history.effects, (row) => row.key);
@@ -360,19 +416,44 @@ export function checkRacingSchedulers(history: SchedulesHistory): KeyFeatureChec
   const twice = [...byTick].filter(([, rows]) => rows.length > 1).map(([tick, rows]) => `${tick}: ${rows.length} effects`);
   const missed = history.expectedTicks.filter((tick) => !byTick.has(tick));
   const unexpected = [...byTick.keys()].filter((tick) => !expected.has(tick));
+  const early: string[] = [];
+  const afterTick: number[] = [];
+  for (const [tick, seenAt] of history.firstSeenAt) {
+    const due = Date.parse(tick);
+    if (!Number.isFinite(due)) continue; // not a time: the rule of effects that are no ticks says so
+    if (seenAt < due) early.push(`${tick}: seen by the database at ${new Date(seenAt).toISOString()}, ${seconds(due - seenAt)} before its time`);
+    else afterTick.push(seenAt - due);
+  }
+  const lag = percentiles(afterTick);
+  const sent = (kind: TickDuplicate['kind']) => history.duplicates.filter((d) => d.kind === kind).length;
+  const skews = history.clockSkewsMs;
+  const duplicatesUntested = (['other-job-id', 'after-removal'] as const).filter((kind) => sent(kind) === 0).map((kind) => `0 duplicates ${kind}`);
   return result(
     'racing-schedulers',
     [
       ['ticks due (up to the cursor)', `${history.expectedTicks.length} (${history.upToCursor})`],
       ['scheduler processes killed (SIGKILL) / started', `${history.kills} / ${history.starts}`],
+      ...(skews ? [['wall clocks off: schedulers / workers', `${skews.schedulers.map(signedSeconds).join(', ')} / ${skews.workers.map(signedSeconds).join(', ') || 'none'}`] as const] : []),
+      [
+        'duplicates of ticks sent: under the tick\'s job id / another job id / the job id after its job\'s removal',
+        `${history.duplicates.length}: ${sent('same-job-id')} / ${sent('other-job-id')} / ${sent('after-removal')}`,
+      ],
+      ['first sight of a tick\'s job by the database after its time p50 / max', `${seconds(lag.p50)} / ${seconds(lag.max)}`],
     ],
     [
       { rule: 'ticks committed more than once', failing: twice },
       { rule: 'ticks missed', failing: missed },
       { rule: 'effects of times that are not ticks of the schedule (before its creation, after the stop, or off the second)', failing: unexpected },
+      { rule: 'ticks fired before their time (seen by the database before the tick\'s time)', failing: early },
       { rule: 'no scheduler killed or no tick (nothing tested)', failing: history.kills === 0 || history.expectedTicks.length === 0 ? [`${history.kills} kills, ${history.expectedTicks.length} ticks`] : [] },
+      { rule: 'no duplicate of a tick under another job id or after its job\'s removal (nothing tested)', failing: duplicatesUntested },
     ],
   );
+}
+
+/** 190000 → `+190.0 s`. */
+function signedSeconds(ms: number): string {
+  return `${ms >= 0 ? '+' : '−'}${(Math.abs(ms) / 1000).toFixed(1)} s`;
 }
 
 function groupBy<T>(items: Iterable<T>, keyOf: (item: T) => string): Map<string, T[]> {

@@ -4,7 +4,9 @@
  * - {@link runCoalescingBursts} (`--coalescing`): bursts of adds of coalescing keys, each add
  *   with a higher version than the one before, sent while the key's first run is in flight;
  * - {@link runLateDuplicates} (`--tombstones`): duplicates of keys whose row the janitor has
- *   deleted (their tombstone live), with their own payload and with another one.
+ *   deleted (their tombstone live), with their own payload and with another one;
+ * - {@link runTickDuplicates} (`--racing-schedulers`): duplicates of a schedule's ticks already
+ *   enqueued or finished, with the tick's own key and payload.
  *
  * Every add is a foreign raw `Queue.add` (the wire contract) under a job id that names it, so
  * the checker can tell each job's fate and, from a log line's job id, what it carried. Each add
@@ -12,10 +14,10 @@
  */
 import { Queue } from 'bullmq';
 import { sql, type Kysely } from 'kysely';
-import { toWireJobData } from '../../src/index.js';
+import { jobIdFor, scheduleScope, tickKey, toWireJobData } from '../../src/index.js';
 import { openRedisConnection, type RedisConnectionSettings } from '../../src/process/index.js';
 import type { ChaosPayload } from './chaos-handler.js';
-import type { LateDuplicate } from './key-feature-checks.js';
+import type { CursorSighting, LateDuplicate, TickDuplicate } from './key-feature-checks.js';
 import { jobNameFor } from './job-faults.js';
 import { abortableSleep } from './nemesis.js';
 import type { ProducedKey } from './producer-load.js';
@@ -163,6 +165,99 @@ export async function runLateDuplicates(
     await redis.close();
   }
   return late;
+}
+
+/**
+ * Every 0.5–1.5 s (seeded) until `stop`, duplicates of the schedule's ticks, each with the tick's
+ * own scope, key and payload: the newest tick enqueued (the schedule's cursor) under its own job
+ * id (`same-job-id`: BullMQ keeps the one job it has, if it has it); a tick already claimed or
+ * completed under a job id of its own (`other-job-id`, `tick-dup-<n>`: a second job of the
+ * tick); and a completed tick whose job is removed first (as `removeOnComplete` or an operator
+ * would) and then added again under its own job id (`after-removal`: a new job for BullMQ).
+ * Returns what was acknowledged, and each cursor it read with the database's clock at the read:
+ * every tick up to a cursor was enqueued before the cursor moved, so before that time.
+ */
+export async function runTickDuplicates(
+  options: QueueTarget & {
+    readonly seed: number;
+    readonly db: Kysely<any>;
+    readonly schema: string;
+    /** The schedule's name, job name and payload. */
+    readonly schedule: string;
+    readonly jobName: string;
+    readonly payload: ChaosPayload;
+    readonly stop: AbortSignal;
+    readonly giveUp: AbortSignal;
+  },
+): Promise<TickDuplicatesLoad> {
+  const random = seededRandom(options.seed, 23);
+  const redis = openRedisConnection(options.redis);
+  const queue = new Queue(options.queue, { connection: redis.connection, prefix: options.prefix });
+  queue.on('error', () => {});
+  const scope = scheduleScope(options.schedule);
+  const sent: TickDuplicate[] = [];
+  const cursors: CursorSighting[] = [];
+  const send = async (tick: string, jobId: string, kind: TickDuplicate['kind']) => {
+    if (await addUntilAcknowledged(queue, options.jobName, toWireJobData(scope, tick, options.payload), jobId, options.giveUp)) {
+      sent.push({ tick, jobId, kind, sentAt: Date.now() });
+    }
+  };
+  try {
+    while (!options.stop.aborted) {
+      await abortableSleep(random.int(500, 1_500), options.stop);
+      if (options.stop.aborted) break;
+      let ticks: { cursor: string | null; seenAt: number; claimed: string[]; completed: string[] };
+      try {
+        ticks = await tickKeys(options.db, options.schema, options.schedule, scope);
+      } catch {
+        continue; // Postgres down or a connection cut by a fault: the next round asks again
+      }
+      if (ticks.cursor) cursors.push({ cursor: ticks.cursor, at: ticks.seenAt });
+      if (ticks.cursor) await send(ticks.cursor, jobIdFor(scope, ticks.cursor), 'same-job-id');
+      if (ticks.claimed.length > 0) await send(random.pick(ticks.claimed), `tick-dup-${sent.length}`, 'other-job-id');
+      if (ticks.completed.length > 0) {
+        const tick = random.pick(ticks.completed);
+        const jobId = jobIdFor(scope, tick);
+        try {
+          // Only a completed job: an active one is a run in progress (BullMQ refuses to remove it).
+          if ((await queue.getJobState(jobId)) !== 'completed' || (await queue.remove(jobId)) !== 1) continue;
+        } catch {
+          continue; // Redis down or restarting: the next round tries another
+        }
+        await send(tick, jobId, 'after-removal');
+      }
+    }
+  } finally {
+    await queue.close().catch(() => {});
+    await redis.close();
+  }
+  return { duplicates: sent, cursors };
+}
+
+/** What {@link runTickDuplicates} did. */
+export interface TickDuplicatesLoad {
+  readonly duplicates: TickDuplicate[];
+  readonly cursors: CursorSighting[];
+}
+
+/**
+ * The schedule's cursor (the newest tick enqueued) with the database's clock read after the
+ * snapshot (`clock_timestamp()`, so after the cursor's commit), and its ticks claimed, and
+ * completed, by their key rows.
+ */
+async function tickKeys(db: Kysely<any>, schema: string, schedule: string, scope: string): Promise<{ cursor: string | null; seenAt: number; claimed: string[]; completed: string[] }> {
+  const { rows: cursor } = await sql<{ last_tick: Date | null; seen_at: number }>`
+    select last_tick, extract(epoch from clock_timestamp())::float8 * 1000 as seen_at
+      from ${sql.id(schema, 'schedules')} where name = ${schedule}`.execute(db);
+  const { rows: keys } = await sql<{ key: string; status: string }>`
+    select key, status from ${sql.id(schema, 'idempotency_keys')} where scope = ${scope}`.execute(db);
+  const lastTick = cursor[0]?.last_tick;
+  return {
+    cursor: lastTick ? tickKey(lastTick) : null,
+    seenAt: Number(cursor[0]?.seen_at),
+    claimed: keys.map((row) => row.key),
+    completed: keys.filter((row) => row.status === 'completed').map((row) => row.key),
+  };
 }
 
 /** Of `keys`, those whose row is gone and whose tombstone is live, by `scope/key`. */

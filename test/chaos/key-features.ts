@@ -10,7 +10,9 @@
  *   serve 12 worker slots; `CONCURRENCY_STARVATION_MS` 5 s.
  * - `coalescing`: bursts of adds of coalescing keys beside the suite's load ({@link runCoalescingBursts}).
  * - `racing-schedulers`: a one-second schedule (`missed: 'all'`, `maxMissed` 1000) on the run's
- *   queue, ticked by 3 maintenance processes that are killed and restarted at seeded times.
+ *   queue, ticked by 3 maintenance processes that are killed and restarted at seeded times,
+ *   their wall clocks (and two workers') off by seeded offsets ({@link racingClockSkews});
+ *   duplicates of ticks already enqueued or finished are sent beside them ({@link runTickDuplicates}).
  */
 import { createHash } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
@@ -22,15 +24,19 @@ import {
   checkConcurrencyLimits,
   checkRacingSchedulers,
   checkTombstones,
+  firstSightOfTicks,
   type GenerationRun,
   type KeyFeature,
   type KeyFeatureCheck,
   type LateDuplicate,
+  type CursorSighting,
+  type TickDuplicate,
 } from './key-feature-checks.js';
-import { COALESCING_SCOPE, runCoalescingBursts, runLateDuplicates, type CoalescingLoad } from './key-feature-load.js';
+import { COALESCING_SCOPE, runCoalescingBursts, runLateDuplicates, runTickDuplicates, type CoalescingLoad } from './key-feature-load.js';
 import { MaintenanceFleet } from './maintenance-fleet.js';
 import type { LoadResult, ProducedKey } from './producer-load.js';
 import type { NemesisEvent } from './nemesis.js';
+import { seededRandom } from './random.js';
 import type { WorkerLogLine } from './worker-fleet.js';
 
 /** The tombstone profile's retention of a finished key's row, and how often the janitor runs. */
@@ -38,7 +44,30 @@ export const TOMBSTONE_PROFILE = { retentionMs: 4_000, tombstoneMs: 3_600_000, j
 /** The concurrency profile's keys: `tenant:0` … `tenant:<groups − 1>`, each with `limit`. */
 export const CONCURRENCY_PROFILE = { groups: 3, limit: 2, starvationMs: 5_000 } as const;
 /** The scheduler profile's schedule: a tick a second, every missed tick enqueued. */
-export const SCHEDULE_PROFILE = { name: 'chaos-tick', everyMs: 1_000, maxMissed: 1_000, schedulers: 3 } as const;
+export const SCHEDULE_PROFILE = { name: 'chaos-tick', everyMs: 1_000, maxMissed: 1_000, schedulers: 3, payload: { n: -1, workMs: 20 } } as const;
+
+/** How far the scheduler profile's processes' wall clocks are off, in ms (positive: ahead), per slot. */
+export interface ClockSkews {
+  readonly schedulers: readonly number[];
+  readonly workers: readonly number[];
+}
+
+/**
+ * The scheduler profile's wrong wall clocks, drawn from the seed: one scheduler 2–10 minutes
+ * ahead, one 2–10 minutes behind, one 1–30 s either way; the first worker 1–5 minutes behind,
+ * the second 1–5 s ahead. A worker is never minutes ahead: BullMQ dates a delayed job (a
+ * deferral, a retry's backoff) by the worker's own clock, and workers with the right clock would
+ * hold such a job back for those minutes (BullMQ's semantics, not the library's; see docs/chaos.md).
+ */
+export function racingClockSkews(seed: number, workers: number): ClockSkews {
+  const random = seededRandom(seed, 19);
+  const minutes = (min: number, max: number) => random.int(min * 60, max * 60) * 1_000;
+  const sign = () => (random.next() < 0.5 ? -1 : 1);
+  return {
+    schedulers: [minutes(2, 10), -minutes(2, 10), sign() * random.int(1_000, 30_000)],
+    workers: [-minutes(1, 5), random.int(1_000, 5_000)].slice(0, workers),
+  };
+}
 
 /** The concurrency key of produced key number `n` in the concurrency profile. */
 export function concurrencyOf(n: number): ConcurrencyLimit {
@@ -58,6 +87,8 @@ export interface KeyFeatureRunOptions {
   readonly processEnv: Readonly<Record<string, string>>;
   /** The workers' lease. */
   readonly leaseMs: number;
+  /** The suite's worker processes (the scheduler profile skews the clocks of the first two). */
+  readonly workers: number;
   /** The suite's request count: the coalescing keys are a share of it. */
   readonly jobs: number;
   /** Over how long the producer spreads its requests. */
@@ -79,6 +110,9 @@ export class KeyFeatureRun {
   #maintenance: MaintenanceFleet | undefined;
   #running: Promise<unknown> | undefined;
   #late: LateDuplicate[] = [];
+  #tickDuplicates: TickDuplicate[] = [];
+  #cursorSightings: CursorSighting[] = [];
+  #jobName = '';
   #coalescing: CoalescingLoad | undefined;
   #schedulersStoppedAt = 0;
 
@@ -102,6 +136,15 @@ export class KeyFeatureRun {
       default:
         return {};
     }
+  }
+
+  /** Per worker slot, how far its wall clock is off (ms); empty when the profile skews none. */
+  workerClockSkews(): readonly number[] {
+    return this.feature === 'racing-schedulers' ? this.#clockSkews().workers : [];
+  }
+
+  #clockSkews(): ClockSkews {
+    return racingClockSkews(this.#options.seed, this.#options.workers);
   }
 
   /** Added to the suite's producer's options. */
@@ -129,13 +172,17 @@ export class KeyFeatureRun {
         name: SCHEDULE_PROFILE.name,
         every: SCHEDULE_PROFILE.everyMs,
         queue: this.#options.queue,
-        data: { n: -1, workMs: 20 },
+        data: SCHEDULE_PROFILE.payload,
         missed: 'all',
         maxMissed: SCHEDULE_PROFILE.maxMissed,
       });
+      this.#jobName = (await new Schedules({ db: this.#options.db, schema: this.#options.schema }).get(SCHEDULE_PROFILE.name))!.jobName;
+      const skews = this.#clockSkews();
+      this.#options.log(`racing-schedulers: wall clocks off by ${skews.schedulers.map((ms) => `${ms} ms`).join(', ')} (schedulers), ${skews.workers.map((ms) => `${ms} ms`).join(', ')} (workers)`);
       this.#maintenance = new MaintenanceFleet({
         count: SCHEDULE_PROFILE.schedulers,
         env: { ...base, JANITOR_ENABLED: 'false', SCHEDULER_INTERVAL_MS: '200' },
+        clockSkewsMs: skews.schedulers,
       });
     }
     this.#maintenance?.start();
@@ -146,7 +193,22 @@ export class KeyFeatureRun {
   runDuringChaos(stop: AbortSignal, giveUp: AbortSignal): void {
     const { seed, queue, prefix, redis } = this.#options;
     const tasks: Array<Promise<unknown>> = [];
-    if (this.feature === 'racing-schedulers') tasks.push(this.#maintenance!.chaos(seed, stop));
+    if (this.feature === 'racing-schedulers') {
+      tasks.push(this.#maintenance!.chaos(seed, stop));
+      tasks.push(
+        runTickDuplicates({
+          seed, queue, prefix, redis, db: this.#options.db, schema: this.#options.schema,
+          schedule: SCHEDULE_PROFILE.name,
+          jobName: this.#jobName,
+          payload: SCHEDULE_PROFILE.payload,
+          stop,
+          giveUp,
+        }).then((load) => {
+          this.#tickDuplicates = load.duplicates;
+          this.#cursorSightings = load.cursors;
+        }),
+      );
+    }
     if (this.feature === 'tombstones') {
       tasks.push(
         runLateDuplicates({
@@ -180,7 +242,8 @@ export class KeyFeatureRun {
     const sent = this.#coalescing ? `; coalescing adds acknowledged: ${[...this.#coalescing.sent.values()].reduce((s, v) => s + v.length, 0)}` : '';
     const late = this.feature === 'tombstones' ? `; late duplicates sent: ${this.#late.length}` : '';
     const killed = this.#maintenance ? `; maintenance processes killed ${this.#maintenance.kills} times` : '';
-    this.#options.log(`${this.feature}: profile load done${sent}${late}${killed}`);
+    const ticks = this.feature === 'racing-schedulers' ? `; duplicates of ticks sent: ${this.#tickDuplicates.length}` : '';
+    this.#options.log(`${this.feature}: profile load done${sent}${late}${ticks}${killed}`);
   }
 
   /** Whether an effect row belongs to the profile's own check rather than to the suite's keys. */
@@ -286,10 +349,20 @@ export class KeyFeatureRun {
         for (let tick = first; tick <= Math.max(cursor, newest); tick += every) expectedTicks.push(tickKey(new Date(tick)));
         let upToCursor = 0;
         for (let tick = first; tick <= cursor; tick += every) upToCursor++;
+        // The database's first sight of each tick's job, all after its enqueue: the key row's
+        // creation (the first claim), the first external call, the first effect, and the first
+        // read of a cursor at or past the tick (a round moves the cursor after its enqueues).
+        const scope = scheduleScope(SCHEDULE_PROFILE.name);
+        const { rows: claimed } = await sql<{ key: string; at: number }>`
+          select key, extract(epoch from created_at)::float8 * 1000 as at from ${sql.id(schema, 'idempotency_keys')} where scope = ${scope}`.execute(db);
+        const firstSeenAt = firstSightOfTicks([...claimed, ...rows.externalCalls.filter((row) => row.scope === scope), ...effects], this.#cursorSightings);
         return checkRacingSchedulers({
           expectedTicks,
           upToCursor,
           effects,
+          firstSeenAt,
+          duplicates: this.#tickDuplicates,
+          clockSkewsMs: this.#clockSkews(),
           kills: this.#maintenance?.kills ?? 0,
           starts: this.#maintenance?.starts ?? 0,
         });

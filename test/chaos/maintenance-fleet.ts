@@ -4,12 +4,14 @@
  * schedulers of the scheduler profile. A supervisor starts a process again whenever one exits
  * (a fault of Postgres or Redis may end one), and {@link MaintenanceFleet.chaos} kills them with
  * SIGKILL at seeded times, one or all at once, starting them again after a seeded delay (the
- * scheduler profile; the tombstone profile's janitor is left running).
+ * scheduler profile; the tombstone profile's janitor is left running). A process may run with
+ * its wall clock skewed (`clock-skew.ts`), the same offset for every process of its slot.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import { clockSkewArgs, clockSkewEnv } from './clock-skew.js';
 import { abortableSleep } from './nemesis.js';
 import { seededRandom } from './random.js';
 
@@ -20,6 +22,8 @@ export interface MaintenanceFleetOptions {
   readonly count: number;
   /** The processes' environment, on top of the harness's PATH. */
   readonly env: Readonly<Record<string, string>>;
+  /** Per slot, how far the process's wall clock is off, in ms (positive: ahead); none by default. */
+  readonly clockSkewsMs?: readonly number[];
 }
 
 /** A fleet of maintenance processes under a supervisor. */
@@ -45,8 +49,9 @@ export class MaintenanceFleet {
 
   #spawn(slot: number): void {
     if (this.#stopping) return;
-    const child = spawn(process.execPath, [BIN, 'maintenance'], {
-      env: { PATH: process.env.PATH ?? '', ...this.#options.env, LOG_LEVEL: 'info' },
+    const skew = this.#options.clockSkewsMs?.[slot] ?? 0;
+    const child = spawn(process.execPath, [...(skew !== 0 ? clockSkewArgs() : []), BIN, 'maintenance'], {
+      env: { PATH: process.env.PATH ?? '', ...this.#options.env, ...(skew !== 0 ? clockSkewEnv(skew) : {}), LOG_LEVEL: 'info' },
       stdio: ['ignore', 'pipe', 'ignore'],
     });
     this.starts++;

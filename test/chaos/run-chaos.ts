@@ -17,7 +17,7 @@
  *   npm run chaos -- --tombstones                                  # duplicates of keys past retention, their tombstones live
  *   npm run chaos -- --concurrency-limits                          # per-key concurrency limits under kills and pauses
  *   npm run chaos -- --coalescing                                  # bursts of duplicates of coalescing keys
- *   npm run chaos -- --racing-schedulers                           # schedulers killed and restarted while ticking
+ *   npm run chaos -- --racing-schedulers                           # schedulers with wrong clocks killed and restarted while ticking
  *
  * Exits 0 when nothing was lost, duplicated, unexpected, failed or left processing and no two
  * overlapping owners both committed; 1 when a check failed; 2 on bad flags or when the run
@@ -122,8 +122,10 @@ const USAGE = `Usage: npm run chaos -- [flags]
                          each generation committed once, runs of a key one after another, the
                          version sent last ran last, never a replaced payload run
   --racing-schedulers    key feature: a ${SCHEDULE_PROFILE.everyMs / 1000}-second schedule (missed: all) on the run's queue, ticked by
-                         ${SCHEDULE_PROFILE.schedulers} maintenance processes killed and restarted at seeded times; the checker
-                         adds: each tick's effect once, no tick missed up to the cursor
+                         ${SCHEDULE_PROFILE.schedulers} maintenance processes killed and restarted at seeded times, their
+                         wall clocks (and two workers') off by seeded offsets, duplicates of ticks sent;
+                         the checker adds: each tick's effect once, no tick missed up to the cursor,
+                         none seen by the database before its time
                          (one key feature a run; with the default handler and the queue in Redis)
   --keep-data            keep the private Postgres cluster's directory for investigation
   --help

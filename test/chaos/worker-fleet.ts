@@ -4,12 +4,15 @@
  * ready (it could not reach Postgres or Redis while the nemesis had them down) is started
  * again after a growing delay, as a supervisor would; only a slot that keeps failing to start
  * voids the run. Every worker's JSON log lines
- * that matter to the checker are kept, with the time and pid pino writes on each.
+ * that matter to the checker are kept, with the time and pid pino writes on each. A slot's
+ * worker may run with its wall clock skewed (`clock-skew.ts`); its log times are then taken
+ * back to the real clock, which the checker compares with the harness's and the database's.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import { clockSkewArgs, clockSkewEnv } from './clock-skew.js';
 import type { CrashPoint } from './fault-injection.js';
 import { FAULT_LOG_MESSAGE } from './fault-injection.js';
 
@@ -55,6 +58,8 @@ export interface WorkerFleetOptions {
    * in a row (the delays between them add up to about half a minute). @defaultValue 10
    */
   readonly maxStartFailures?: number;
+  /** Per slot, how far its worker's wall clock is off, in ms (positive: ahead); none by default. */
+  readonly clockSkewsMs?: readonly number[];
 }
 
 interface Slot {
@@ -164,8 +169,9 @@ export class WorkerFleet {
   }
 
   #spawn(slot: number): void {
-    const child = spawn(process.execPath, ['--import', 'tsx', ENTRY], {
-      env: { ...process.env, ...this.#options.env },
+    const skew = this.#options.clockSkewsMs?.[slot] ?? 0;
+    const child = spawn(process.execPath, [...(skew !== 0 ? clockSkewArgs() : ['--import', 'tsx']), ENTRY], {
+      env: { ...process.env, ...this.#options.env, ...clockSkewEnv(skew) },
       stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
     });
     const s = this.#slots[slot]!;
@@ -177,7 +183,7 @@ export class WorkerFleet {
     child.on('error', () => {});
     child.stderr!.on('data', (chunk: Buffer) => this.#stderr.set(pid, ((this.#stderr.get(pid) ?? '') + chunk.toString()).slice(-4000)));
     createInterface({ input: child.stdout! }).on('line', (text) => {
-      const line = parseLine(text);
+      const line = parseLine(text, skew);
       if (!line) return;
       if (line.msg === 'worker ready' && s.child === child) {
         s.ready = true;
@@ -210,7 +216,8 @@ function alive(child: ChildProcess | undefined): child is ChildProcess {
   return child !== undefined && child.exitCode === null && child.signalCode === null;
 }
 
-function parseLine(text: string): WorkerLogLine | undefined {
+/** A log line of a worker whose clock is `skewMs` off, its time taken back to the real clock. */
+function parseLine(text: string, skewMs: number): WorkerLogLine | undefined {
   let raw: Record<string, unknown>;
   try {
     raw = JSON.parse(text);
@@ -222,7 +229,7 @@ function parseLine(text: string): WorkerLogLine | undefined {
   if (raw.outcome === undefined && !KEPT_MESSAGES.has(msg) && level < 50) return undefined;
   const err = raw.err as { message?: string } | undefined;
   return {
-    time: Number(raw.time),
+    time: Number(raw.time) - skewMs,
     pid: Number(raw.pid),
     msg,
     level,
