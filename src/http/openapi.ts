@@ -1,3 +1,4 @@
+import { MAX_RETENTION_CEILING_MS } from '../protocol/key-retention.js';
 import type { ResolvedHttpApiOptions } from './http-options.js';
 import { MAX_KEY_LENGTH } from '../protocol/validate.js';
 import { PROBLEMS, PROBLEM_TYPE_PREFIX } from './problems.js';
@@ -45,6 +46,15 @@ const jobView = {
     acceptedAt: { type: 'string', format: 'date-time' },
     startedAt: { type: ['string', 'null'], format: 'date-time' },
     finishedAt: { type: ['string', 'null'], format: 'date-time' },
+    expiresAt: {
+      type: 'string',
+      format: 'date-time',
+      description: "Set once the job's key finished: when its result stops being kept (the key's retention: the job's own resultMs, or the workers' RETENTION_MS).",
+    },
+    tombstoneMs: {
+      type: 'integer',
+      description: "Set when the job asked for a tombstone window of its own (tombstoneMs): how long after it finished its key's duplicates stay refused once the key is deleted.",
+    },
     steps: {
       type: 'array',
       description: "The steps (ctx.step) the job's key recorded or started, in position order; empty for a job without steps.",
@@ -78,7 +88,25 @@ export const jobRouteSchemas = {
     params: { type: 'object', properties: queueParam },
     querystring: {
       type: 'object',
-      properties: { name: { type: 'string', description: 'Job name (part of the fingerprint). Default: the queue name.' } },
+      properties: {
+        name: { type: 'string', description: 'Job name (part of the fingerprint). Default: the queue name.' },
+        resultMs: {
+          type: 'integer',
+          minimum: 1,
+          maximum: MAX_RETENTION_CEILING_MS,
+          description:
+            "Optional. How long the job's key keeps its result once it finished, in milliseconds (the wire contract's retention.resultMs); " +
+            "the workers hold it to MAX_JOB_RETENTION_MS. Default: the workers' RETENTION_MS. Not part of the fingerprint. 400 invalid-request when not a whole number in range.",
+        },
+        tombstoneMs: {
+          type: 'integer',
+          minimum: 0,
+          maximum: MAX_RETENTION_CEILING_MS,
+          description:
+            "Optional. How long after the job's key finished its tombstone refuses duplicates once the key is deleted, in milliseconds; 0: none " +
+            "(retention.tombstoneMs); the workers hold it to MAX_JOB_TOMBSTONE_MS. Default: the janitor's TOMBSTONE_MS. Not part of the fingerprint. 400 invalid-request when not a whole number in range.",
+        },
+      },
     },
     headers: {
       type: 'object',

@@ -187,7 +187,7 @@ export class PostgresKeyStore implements KeyStore {
     }
   }
 
-  async storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void> {
+  async storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string | null): Promise<void> {
     try {
       await storeFastPathResult(tx, this.schema, claim, resultJson);
     } catch (error) {
@@ -203,7 +203,7 @@ export class PostgresKeyStore implements KeyStore {
     }
   }
 
-  async storeFastPathResultAndCommit(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void> {
+  async storeFastPathResultAndCommit(tx: Kysely<any>, claim: Claim, resultJson: string | null): Promise<void> {
     try {
       await storeResultAndCommit(tx, this.schema, claim, resultJson);
     } catch (error) {
