@@ -90,21 +90,18 @@ export const jobRouteSchemas = {
       type: 'object',
       properties: {
         name: { type: 'string', description: 'Job name (part of the fingerprint). Default: the queue name.' },
+        // Strings, checked by the handler (readRetentionQuery): as integers they would be coerced ("1e3" taken for 1000).
         resultMs: {
-          type: 'integer',
-          minimum: 1,
-          maximum: MAX_RETENTION_CEILING_MS,
+          type: 'string',
           description:
-            "Optional. How long the job's key keeps its result once it finished, in milliseconds (the wire contract's retention.resultMs); " +
-            "the workers hold it to MAX_JOB_RETENTION_MS. Default: the workers' RETENTION_MS. Not part of the fingerprint. 400 invalid-request when not a whole number in range.",
+            `Optional. A whole number of milliseconds, digits only, from 1 to ${MAX_RETENTION_CEILING_MS} (100 years). How long the job's key keeps its result once it finished (the wire contract's retention.resultMs); ` +
+            "the workers hold it to MAX_JOB_RETENTION_MS. Default: the workers' RETENTION_MS. Not part of the fingerprint. 400 invalid-request otherwise.",
         },
         tombstoneMs: {
-          type: 'integer',
-          minimum: 0,
-          maximum: MAX_RETENTION_CEILING_MS,
+          type: 'string',
           description:
-            "Optional. How long after the job's key finished its tombstone refuses duplicates once the key is deleted, in milliseconds; 0: none " +
-            "(retention.tombstoneMs); the workers hold it to MAX_JOB_TOMBSTONE_MS. Default: the janitor's TOMBSTONE_MS. Not part of the fingerprint. 400 invalid-request when not a whole number in range.",
+            `Optional. A whole number of milliseconds, digits only, from 0 to ${MAX_RETENTION_CEILING_MS}. How long after the job's key finished its tombstone refuses duplicates once the key is deleted; 0: none ` +
+            "(retention.tombstoneMs); the workers hold it to MAX_JOB_TOMBSTONE_MS. Default: the janitor's TOMBSTONE_MS. Not part of the fingerprint. 400 invalid-request otherwise.",
         },
       },
     },
