@@ -124,6 +124,11 @@ describe('the HTTP API\'s resultMs and tombstoneMs', () => {
     expect(view.status).toBe(200);
     expect(view.body).toMatchObject({ state: 'completed', tombstoneMs: 30 * DAY });
     expect(Date.parse(view.body.expiresAt) - Date.parse(view.body.finishedAt)).toBe(2 * DAY);
+    // The key inspector's page of the job's key shows its own window (and its expiry).
+    const page = await api.app.inject({ url: '/ui/view/key?scope=acme&key=h-1' });
+    expect(page.statusCode).toBe(200);
+    expect(page.body).toContain(`<dd data-field="tombstone-ms">${30 * DAY} ms after it finished (its job&#39;s own)</dd>`);
+    expect(page.body).toMatch(/<dd data-field="expires">\d{4}-/);
   });
 
   it('answers 400 invalid-request for a malformed value, and enqueues nothing', async () => {

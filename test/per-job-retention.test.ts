@@ -5,7 +5,10 @@
  * before its own `tombstoneMs`. A job asking for more than the bounds gets the bounds (with a
  * warning in its log and an event); a malformed value is invalid job data, and nothing runs.
  */
+import { execFile } from 'node:child_process';
 import { Writable } from 'node:stream';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
@@ -52,6 +55,17 @@ async function retentionOf(scope: string, key: string): Promise<{ status: string
   const row = rows[0];
   if (!row) throw new Error(`no row for ${scope}/${key}`);
   return { status: row.status, retentionMs: Number(row.retention_ms), tombstoneMs: row.tombstone_ms === null ? null : Number(row.tombstone_ms) };
+}
+
+const BIN = fileURLToPath(new URL('../bin/idempotent-jobs.js', import.meta.url));
+
+/** Runs the `idempotent-jobs` command against this file's schema; its output. */
+async function cli(args: string[]): Promise<{ stdout: string }> {
+  const { stdout } = await promisify(execFile)(process.execPath, [BIN, ...args], {
+    env: { ...process.env, DATABASE_URL: env.databaseUrl, SCHEMA: env.schema, LOG_LEVEL: 'silent' },
+    timeout: 30_000,
+  });
+  return { stdout };
 }
 
 async function keyRowCount(scope: string): Promise<number> {
@@ -102,6 +116,13 @@ describe('the result retention and tombstone window a claim asks for', () => {
     expect(await retentionOf('r', 'plain')).toEqual({ status: 'completed', retentionMs: DAY, tombstoneMs: null });
     expect((await keys.get('r', 'leased'))?.tombstoneMs).toBe(30 * DAY);
     expect((await keys.get('r', 'plain'))?.tombstoneMs).toBeNull();
+
+    // `keys get` shows the key's own window, as a table and as JSON.
+    const text = await cli(['keys', 'get', 'r', 'leased']);
+    expect(text.stdout).toMatch(new RegExp(`^tombstone\\s+${30 * DAY} ms after it finished \\(its job's own\\)$`, 'm'));
+    expect(text.stdout).toMatch(/^expires\s+\d{4}-/m);
+    expect(JSON.parse((await cli(['keys', 'get', 'r', 'leased', '--json'])).stdout)).toMatchObject({ tombstoneMs: 30 * DAY });
+    expect((await cli(['keys', 'get', 'r', 'plain'])).stdout).toMatch(/^tombstone\s+- \(the janitor's TOMBSTONE_MS\)$/m);
   });
 
   it('are held to maxJobRetentionMs and maxJobTombstoneMs; a malformed one is refused before anything is sent', async () => {
