@@ -10,6 +10,7 @@ import { Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { sql } from 'kysely';
+import pg from 'pg';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
@@ -23,6 +24,7 @@ import {
   type JobIdentity,
   type WorkerEvent,
 } from '../src/index.js';
+import { pgDataLayer } from '../src/pg/index.js';
 import { Janitor } from '../src/process/index.js';
 import { PostgresOperatorStore } from '../src/store/operator-store.js';
 import { createEffectsTable, insertEffect } from './support/protocol-fixtures.js';
@@ -82,7 +84,7 @@ async function finishedAgo(scope: string, key: string, ms: number): Promise<void
 }
 
 describe('the result retention and tombstone window a claim asks for', () => {
-  it('are written by the leased completion, the fast path alone, a group, and a failure', async () => {
+  it('are written by the leased completion, the fast path alone, a group, a data layer, and a failure', async () => {
     const keys = keysWith();
     const grouped = keysWith({ groupCommit: true });
     const retention = { resultMs: 2 * HOUR, tombstoneMs: 30 * DAY };
@@ -101,12 +103,34 @@ describe('the result retention and tombstone window a claim asks for', () => {
       [1, 2, 3].map((n) => grouped.executeOnce('r', `group-${n}`, grouped.fingerprint(n), async () => n, { databaseOnly: true, retention })),
     );
 
+    // Leased claims whose effects share a group's transaction: the fenced completions at the group's end.
+    const leasedInGroup = await Promise.all([1, 2].map((n) => grouped.claim('r', `leased-group-${n}`, grouped.fingerprint(n), { retention })));
+    await Promise.all(
+      leasedInGroup.map((claim) => {
+        if (!isHeld(claim)) throw new Error(claim.kind);
+        return grouped.runEffect(claim, async () => claim.key, { databaseOnly: true });
+      }),
+    );
+
+    // A data layer of the user's: the leased completion and the fast path in its transaction.
+    const pool = new pg.Pool({ connectionString: env.databaseUrl, max: 2 });
+    try {
+      const layer = pgDataLayer(pool);
+      const inLayer = await keys.claim('r', 'layer-leased', keys.fingerprint(6), { retention });
+      if (!isHeld(inLayer)) throw new Error(inLayer.kind);
+      await keys.commitEffectIn(inLayer, layer, async (client) => (await client.query('select 1 as one')).rows[0]);
+      const layerFast = await keys.executeOnceIn('r', 'layer-fast', keys.fingerprint(7), layer, async () => 7, { retention });
+      expect(layerFast.kind).toBe('executed');
+    } finally {
+      await pool.end();
+    }
+
     const failing = await keys.claim('r', 'failed', keys.fingerprint(4), { retention: { resultMs: 3 * HOUR, tombstoneMs: 0 } });
     if (!isHeld(failing)) throw new Error(failing.kind);
     expect(await keys.fail(failing, new Error('no'))).toBe(true);
 
     expect([fast.kind, fastNoResult.kind, ...inGroup.map((o) => o.kind)]).toEqual(Array(5).fill('executed'));
-    for (const key of ['leased', 'fast', 'fast-void', 'group-1', 'group-2', 'group-3']) {
+    for (const key of ['leased', 'fast', 'fast-void', 'group-1', 'group-2', 'group-3', 'leased-group-1', 'leased-group-2', 'layer-leased', 'layer-fast']) {
       expect(await retentionOf('r', key), key).toEqual({ status: 'completed', retentionMs: 2 * HOUR, tombstoneMs: 30 * DAY });
     }
     expect(await retentionOf('r', 'failed')).toEqual({ status: 'failed', retentionMs: 3 * HOUR, tombstoneMs: 0 });
