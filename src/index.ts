@@ -27,7 +27,7 @@ export type { GroupedEffects, IdempotencyGroupCommitOptions, IdempotencyOptions,
 export type { GroupCommitOptions } from './protocol/group-commit.js';
 export type { Claim, ClaimOutcome, ExpiredResult, HeldClaim } from './store/claim-outcome.js';
 export { isHeld } from './store/claim-outcome.js';
-export type { CoalesceAnswer, CoalesceSuccessor, KeyRecord, KeyStatus } from './store/records.js';
+export type { CoalesceAnswer, CoalesceSuccessor, KeyRecord, KeyRetention, KeyStatus } from './store/records.js';
 export type { Fingerprinter } from './fingerprint.js';
 export type { PostgresDbOptions } from './store/create-postgres-db.js';
 export { createPostgresDb } from './store/create-postgres-db.js';
@@ -61,7 +61,7 @@ export type { DeferralReason, RunOutcome } from './consumer/run-outcome.js';
 export type { ErrorDisposition, KeyedJobRunnerOptions } from './consumer/runner-options.js';
 export { KeyedJobRunner } from './consumer/keyed-job-runner.js';
 export type { KeyedJobHandler } from './consumer/database-only-handler.js';
-export type { ConcurrencyLimit, JobIdentity, JobLike, WireJobData } from './consumer/wire-contract.js';
+export type { ConcurrencyLimit, JobIdentity, JobLike, WireJobData, WireJobExtras } from './consumer/wire-contract.js';
 export { identityFromWireContract, jobIdFor, toWireJobData } from './consumer/wire-contract.js';
 // The HTTP API.
 export type { HttpApiOptions } from './http/http-options.js';

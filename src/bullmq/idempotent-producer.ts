@@ -5,6 +5,7 @@ import { KeyReusedError } from '../errors.js';
 import { sha256Fingerprint, type Fingerprinter } from '../fingerprint.js';
 import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
 import { OutboxStore } from '../store/outbox-store.js';
+import type { KeyRetention } from '../store/records.js';
 import { MessageSpans } from '../telemetry/message-spans.js';
 import { messageAttributes } from '../telemetry/trace-attributes.js';
 import { addOrReplaceFinished } from './add-or-replace-finished.js';
@@ -63,6 +64,25 @@ export interface EnqueueRequest<P = unknown> {
    * @defaultValue `false`
    */
   readonly coalesce?: boolean;
+  /**
+   * This job's own retention: how long its key's result is kept and replayed (`resultMs`), and
+   * how long its tombstone refuses duplicates once the janitor deleted the key (`tombstoneMs`;
+   * `0`: none), each counted from when the key finished. Workers hold each part to their
+   * `maxJobRetentionMs` / `maxJobTombstoneMs` (a larger one gets the bound, with a warning in
+   * the job's log). A malformed value throws a `ValidationError` (`INVALID_JOB_DATA`) here. Not
+   * part of the fingerprint. See the guide's "Per-job retention".
+   * @defaultValue unset (the workers' `retentionMs`, the janitor's `tombstoneMs`)
+   * @example
+   * ```ts
+   * import { IdempotentProducer } from 'idempotent-jobs';
+   *
+   * const producer = new IdempotentProducer({ queue: 'payments', connection: { host: '127.0.0.1' } });
+   * // Replayed for 7 days; duplicates refused for 90 days after it finished.
+   * await producer.enqueue({ name: 'charge', key: 'order-42', data: { cents: 1999 }, retention: { resultMs: 604_800_000, tombstoneMs: 7_776_000_000 } });
+   * await producer.close();
+   * ```
+   */
+  readonly retention?: KeyRetention;
 }
 
 /** What happened to one enqueue. */
@@ -217,7 +237,10 @@ export class IdempotentProducer {
     const scope = request.scope ?? this.#options.defaultScope ?? DEFAULT_SCOPE;
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', request.key);
-    const wire = toWireJobData(scope, request.key, request.data, request.concurrency);
+    const wire = toWireJobData(scope, request.key, request.data, {
+      ...(request.concurrency ? { concurrency: request.concurrency } : {}),
+      ...(request.retention ? { retention: request.retention } : {}),
+    });
     const data = request.coalesce ? { ...wire, coalesce: true } : wire;
     return {
       name: request.name,

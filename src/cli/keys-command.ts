@@ -111,6 +111,7 @@ function describeKey(record: KeyRecord, steps: readonly StepRecord[]): string {
     ['updated', formatTime(record.updatedAt)],
     ['completed', formatTime(record.completedAt)],
     ['expires', formatTime(record.expiresAt)],
+    ['tombstone', record.tombstoneMs === null ? "- (the janitor's TOMBSTONE_MS)" : `${record.tombstoneMs} ms after it finished (its job's own)`],
     ['result', record.result === null || record.result === undefined ? '-' : JSON.stringify(record.result)],
     ['error', record.error === null || record.error === undefined ? '-' : JSON.stringify(record.error)],
     ['payload', record.payload === null || record.payload === undefined ? '-' : JSON.stringify(record.payload)],

@@ -5,8 +5,10 @@ import type { FaultPoint } from '../fault-hook.js';
 import type { ClaimOptions } from '../protocol/effect-options.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { JobSteps, type StepReport } from '../protocol/job-steps.js';
+import { boundRetention } from '../protocol/key-retention.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import type { HeldRecord } from '../store/one-trip-commit.js';
+import type { KeyRetention } from '../store/records.js';
 import type { DataLayer } from '../store/data-layer.js';
 import { sqlStateOf } from '../store/pg-errors.js';
 import { generationKey } from '../store/coalescing-keys.js';
@@ -29,6 +31,7 @@ interface EventAbout<P> {
   readonly durationMs?: number;
   readonly step?: StepReport;
   readonly cause?: string;
+  readonly retentionPart?: keyof KeyRetention;
 }
 
 interface ActiveRun<M> {
@@ -163,18 +166,40 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       return this.#report(delivery, identity, undefined, { outcome: { kind: 'invalid-message', reason, error } });
     }
     const { scope, key } = identity;
+    const log = new JobLogger(this.#log, { jobId: delivery.id, ...(delivery.deliveryCount === undefined ? {} : { delivery: delivery.deliveryCount }), scope, key });
+    const retention = identity.retention && this.#boundedRetention(delivery, identity, identity.retention, log);
     const claimOptions: ClaimOptions = {
       leaseMs: this.#timing.leaseMs,
       jobId: delivery.id,
       queue: delivery.queue,
       jobName: delivery.name,
       ...(this.#options.storePayload ? { payload: identity.payload } : {}),
+      ...(retention ? { retention } : {}),
     };
-    const run: Run<P, M> = { delivery, identity, log: new JobLogger(this.#log, { jobId: delivery.id, ...(delivery.deliveryCount === undefined ? {} : { delivery: delivery.deliveryCount }), scope, key }), fingerprint, claimOptions };
+    const run: Run<P, M> = { delivery, identity, log, fingerprint, claimOptions };
     const result = identity.coalesce ? await this.#runCoalescing(run) : await this.#runPath(run);
     const outcome = this.#report(delivery, identity, result.log ?? run.log, result);
     if (passedTheStore(outcome)) this.#storeFaults.end(streakId(identity));
     return outcome;
+  }
+
+  /**
+   * The job's own retention held to the keys' bounds (`maxJobRetentionMs`, `maxJobTombstoneMs`):
+   * a part above its bound gets the bound, and the job's log says so, since the job then keeps
+   * its key for less than its producer asked.
+   */
+  #boundedRetention(delivery: Delivery<M>, identity: JobIdentity<P>, asked: KeyRetention, log: JobLogger): KeyRetention {
+    const { retention, clamped } = boundRetention(asked, this.#keys.options);
+    for (const { part, askedMs, boundMs } of clamped) {
+      const option = part === 'resultMs' ? 'maxJobRetentionMs (MAX_JOB_RETENTION_MS)' : 'maxJobTombstoneMs (MAX_JOB_TOMBSTONE_MS)';
+      log.warn(
+        { retentionPart: part, askedMs, boundMs },
+        `the job asked for retention.${part} ${askedMs} ms, more than the bound ${option} of ${boundMs} ms: its key gets ${boundMs} ms. ` +
+          `Ask for less, or raise ${option} on the workers.`,
+      );
+      this.#emit('retention-clamped', delivery, { identity, retentionPart: part });
+    }
+    return retention;
   }
 
   /** One run of the job's key: in a slot of its concurrency key when it names one. */
@@ -537,7 +562,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
 
   /** Emits one event (and records it on the message's span): `about` names the claim, or else the identity, it concerns. */
   #emit(kind: WorkerEventKind, delivery: Delivery<M>, about: EventAbout<P> = {}): void {
-    const { claim, identity, durationMs, step, cause } = about;
+    const { claim, identity, durationMs, step, cause, retentionPart } = about;
     this.#options.tracing?.record(kind, delivery.message as object, claim, step);
     const events = this.#options.events;
     if (!events?.wanted()) return;
@@ -553,6 +578,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       ...(step && { step: step.name, position: step.position }),
       ...(cause !== undefined && { cause }),
       ...(kind === 'concurrency-limited' && identity?.concurrency && { concurrencyKey: identity.concurrency.key }),
+      ...(retentionPart !== undefined && { retentionPart }),
     });
   }
 

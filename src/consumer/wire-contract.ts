@@ -1,7 +1,9 @@
 import { createHash } from 'node:crypto';
 import { ValidationError } from '../errors.js';
 import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem, printable } from '../json-limits.js';
+import { retentionProblem } from '../protocol/key-retention.js';
 import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
+import type { KeyRetention } from '../store/records.js';
 
 /**
  * The wire contract, for producers in any language:
@@ -26,6 +28,11 @@ import { DEFAULT_SCOPE, assertValidKeyPart } from '../protocol/validate.js';
  * `coalesce`: optional, outside the fingerprint: `true` makes the key coalescing (one running job
  * plus one pending successor with the newest payload) instead of idempotent; its key has at most
  * 235 characters, and each job needs an id of its own.
+ *
+ * `retention`: optional, outside the fingerprint: `{ "resultMs": …, "tombstoneMs": … }`, both
+ * optional whole milliseconds: how long this key's result is kept (1 ms – 100 years) and how long
+ * its tombstone lasts once the janitor deleted it (0 – 100 years; 0: none), each from when the
+ * key finished. The worker holds them to its `maxJobRetentionMs` / `maxJobTombstoneMs`.
  */
 export interface WireJobData<P = unknown> {
   /** The idempotency key: 1–255 characters. */
@@ -49,6 +56,12 @@ export interface WireJobData<P = unknown> {
    * @defaultValue `false`
    */
   readonly coalesce?: boolean;
+  /**
+   * This key's own retention: how long its result is kept, and its tombstone once deleted; held
+   * to the worker's bounds (`maxJobRetentionMs`, `maxJobTombstoneMs`).
+   * @defaultValue unset (the worker's `retentionMs`, the janitor's `tombstoneMs`)
+   */
+  readonly retention?: KeyRetention;
 }
 
 /** A per-key concurrency limit: at most `limit` jobs naming `key` run at once. */
@@ -79,6 +92,8 @@ export interface JobIdentity<P = unknown> {
   readonly concurrency?: ConcurrencyLimit;
   /** Coalescing mode (see {@link WireJobData.coalesce}). @defaultValue `false` */
   readonly coalesce?: boolean;
+  /** The key's own retention (see {@link WireJobData.retention}), well formed, not yet held to the worker's bounds. @defaultValue unset */
+  readonly retention?: KeyRetention;
 }
 
 /** The parts of a BullMQ job that identify it. */
@@ -127,6 +142,7 @@ export function identityFromWireContract(job: JobLike): JobIdentity {
   if (record.coalesce === true && record.idempotencyKey.length > MAX_COALESCING_KEY_LENGTH) {
     throw malformed('job.data.idempotencyKey', `a coalescing job's key may have at most ${MAX_COALESCING_KEY_LENGTH} characters (${named})`);
   }
+  const retention = retentionOf(record.retention, named);
   return {
     scope,
     key: record.idempotencyKey,
@@ -134,7 +150,17 @@ export function identityFromWireContract(job: JobLike): JobIdentity {
     fingerprintOf: { name: job.name, payload: record.payload },
     ...(concurrency ? { concurrency } : {}),
     ...(record.coalesce === true ? { coalesce: true } : {}),
+    ...(retention ? { retention } : {}),
   };
+}
+
+/** The job's own retention, if it names one; refuses a malformed one (see {@link retentionProblem}). */
+function retentionOf(value: unknown, named: string): KeyRetention | undefined {
+  if (value === undefined) return undefined;
+  const problem = retentionProblem(value);
+  if (problem) throw malformed(`job.data.retention${problem[0]}`, `"retention" ${problem[1]} (${named})`);
+  const { resultMs, tombstoneMs } = value as KeyRetention;
+  return { ...(resultMs === undefined ? {} : { resultMs }), ...(tombstoneMs === undefined ? {} : { tombstoneMs }) };
 }
 
 /** The job's concurrency limit, if it names one; refuses half of one or a bad value. */
@@ -150,18 +176,33 @@ function concurrencyOf(record: Record<string, unknown>, named: string): Concurre
   return { key, limit };
 }
 
+/** What a job carries besides its key, scope and payload (see {@link toWireJobData}). */
+export interface WireJobExtras {
+  /** See {@link WireJobData.concurrencyKey}. @defaultValue unset */
+  readonly concurrency?: ConcurrencyLimit;
+  /** See {@link WireJobData.retention}. @defaultValue unset */
+  readonly retention?: KeyRetention;
+}
+
 /**
  * Builds the wire-contract job data. Throws a {@link ValidationError} (`INVALID_JOB_DATA`) for
- * a payload the workers would refuse (see {@link identityFromWireContract}), so a producer
- * hears of it at once instead of finding a failed job later.
+ * a payload, concurrency limit or retention the workers would refuse (see
+ * {@link identityFromWireContract}), so a producer hears of it at once instead of finding a
+ * failed job later. `extras` may also be a {@link ConcurrencyLimit} alone.
  */
-export function toWireJobData<P>(scope: string, key: string, payload: P, concurrency?: ConcurrencyLimit): WireJobData<P> {
+export function toWireJobData<P>(scope: string, key: string, payload: P, extras: WireJobExtras | ConcurrencyLimit = {}): WireJobData<P> {
   const named = `scope "${printable(scope)}", key "${printable(key)}"`;
   assertWirePayload(payload, named);
-  if (!concurrency) return { idempotencyKey: key, scope, payload };
-  const data = { idempotencyKey: key, scope, payload, concurrencyKey: concurrency.key, concurrencyLimit: concurrency.limit };
-  concurrencyOf(data, named);
-  return data;
+  // A concurrency limit alone is the form this function took before it took the extras.
+  if ('limit' in extras) extras = { concurrency: extras };
+  const { concurrency } = extras;
+  const retention = retentionOf(extras.retention, named);
+  let data: WireJobData<P> = { idempotencyKey: key, scope, payload };
+  if (concurrency) {
+    data = { ...data, concurrencyKey: concurrency.key, concurrencyLimit: concurrency.limit };
+    concurrencyOf(data as unknown as Record<string, unknown>, named);
+  }
+  return retention ? { ...data, retention } : data;
 }
 
 /**
@@ -183,7 +224,7 @@ function malformed(field: string, problem: string): ValidationError {
   return new ValidationError(
     'INVALID_JOB_DATA',
     field,
-    `Malformed job data: ${problem}. Expected { idempotencyKey: string, scope?: string, payload: JSON } ` +
+    `Malformed job data: ${problem}. Expected { idempotencyKey: string, scope?: string, payload: JSON, retention?: { resultMs?, tombstoneMs? } } ` +
       '(see "The wire contract" in docs/guide.md).',
   );
 }

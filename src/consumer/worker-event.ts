@@ -17,6 +17,7 @@ export type WorkerEventKind =
   | 'fenced'
   | 'lease-extended'
   | 'store-unavailable'
+  | 'retention-clamped'
   | StepEventKind;
 
 /**
@@ -52,4 +53,9 @@ export interface WorkerEvent {
   readonly cause?: string;
   /** The job's concurrency key, on `concurrency-limited` (deferred: its key at its limit). */
   readonly concurrencyKey?: string;
+  /**
+   * On `retention-clamped` (the job asked for a retention above the workers' bound and got the
+   * bound; it still runs): which part, `resultMs` or `tombstoneMs`.
+   */
+  readonly retentionPart?: 'resultMs' | 'tombstoneMs';
 }

@@ -15,7 +15,7 @@ import { keyInspectorRoutes } from './key-inspector.js';
 import { scheduleRoutes } from './schedule-routes.js';
 import { jobRouteSchemas, openApiDocument } from './openapi.js';
 import { HttpProblem, sendProblem, toHttpProblem } from './problems.js';
-import { BearerAuthenticator, readIdempotencyKey, readPathKey, readPreferWait } from './request-headers.js';
+import { BearerAuthenticator, readIdempotencyKey, readPathKey, readPreferWait, readRetentionQuery } from './request-headers.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -276,7 +276,7 @@ export class HttpApi {
       }
     };
 
-    app.post<{ Params: JobParams; Querystring: { name?: string } }>(
+    app.post<{ Params: JobParams; Querystring: { name?: string; resultMs?: unknown; tombstoneMs?: unknown } }>(
       '/queues/:queue/jobs',
       { onRequest: [checkQueue, checkKeyAndType], schema: jobRouteSchemas.post },
       async (request, reply) => {
@@ -286,9 +286,10 @@ export class HttpApi {
         if (!JOB_NAME_PATTERN.test(name)) {
           throw new HttpProblem('invalid-request', `Job name "${name}" is not 1–128 of A–Z a–z 0–9 _ . : - (starting with a letter or digit).`);
         }
+        const retention = readRetentionQuery(request.query);
         // The body parser has refused what cannot be stored (json-body.ts).
         const payload = request.body;
-        const outcome = await this.#ingestion.submit({ tenant: request.tenant, queue, key, name, payload });
+        const outcome = await this.#ingestion.submit({ tenant: request.tenant, queue, key, name, payload, ...(retention ? { retention } : {}) });
         switch (outcome.kind) {
           case 'key-reused':
             this.#metrics.outcomes.inc({ outcome: 'key_reused' });

@@ -172,7 +172,8 @@ ${data.notice ? noticeView(data.notice) : ''}
 <dt>Created</dt><dd>${formatTime(r.createdAt)}</dd>
 <dt>Updated</dt><dd>${formatTime(r.updatedAt)}</dd>
 <dt>Completed</dt><dd>${formatTime(r.completedAt)}</dd>
-<dt>Expires</dt><dd>${formatTime(r.expiresAt)}</dd>
+<dt>Expires</dt><dd data-field="expires">${formatTime(r.expiresAt)}</dd>
+<dt>Tombstone window</dt><dd data-field="tombstone-ms">${r.tombstoneMs === null ? "- (the janitor's TOMBSTONE_MS)" : `${r.tombstoneMs} ms after it finished (its job's own)`}</dd>
 </dl>
 ${data.schedule ? scheduleFields(data.schedule) : ''}
 <h3>Result</h3>

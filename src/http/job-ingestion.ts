@@ -7,7 +7,7 @@ import { MAX_PAYLOAD_DEPTH, describeJsonProblem, findJsonProblem } from '../json
 import { summarizeStep, type StepSummary } from '../protocol/job-steps.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
 import { PostgresOperatorStore } from '../store/operator-store.js';
-import type { KeyRecord, StepRecord } from '../store/records.js';
+import type { KeyRecord, KeyRetention, StepRecord } from '../store/records.js';
 
 /** One step of a multi-step job (`ctx.step`), as the HTTP API reports it: its summary and its stored result (null until recorded). */
 export interface StepView extends StepSummary {
@@ -44,6 +44,10 @@ export interface JobView {
   readonly finishedAt: string | null;
   /** The steps the job's key recorded or started, in position order (empty for a job without steps). */
   readonly steps: readonly StepView[];
+  /** Once the job's key finished: when its result stops being kept (its retention, the job's own or the workers'). */
+  readonly expiresAt?: string;
+  /** The job's own tombstone window, when it asked for one: how long after it finished its duplicates stay refused. */
+  readonly tombstoneMs?: number;
 }
 
 /** What one POST did. */
@@ -98,6 +102,8 @@ export interface SubmitRequest {
   readonly name: string;
   /** The job payload (the request body). */
   readonly payload: unknown;
+  /** The job's own retention (the query's `resultMs`, `tombstoneMs`); not part of the request's fingerprint. @defaultValue unset */
+  readonly retention?: KeyRetention;
 }
 
 /**
@@ -162,7 +168,7 @@ export class JobIngestion {
    */
   async submit(request: SubmitRequest): Promise<SubmitOutcome> {
     const { keys } = this.#options;
-    const { tenant, queue, key, name, payload } = request;
+    const { tenant, queue, key, name, payload, retention } = request;
     assertStorablePayload(payload);
     const producer = this.#producer(queue);
     const receipt: Receipt = {
@@ -178,7 +184,7 @@ export class JobIngestion {
         key,
         keys.fingerprint({ queue, name, payload }),
         async (tx) => {
-          await producer.enqueue({ name, scope: tenant, key, data: payload }, { tx });
+          await producer.enqueue({ name, scope: tenant, key, data: payload, ...(retention ? { retention } : {}) }, { tx });
           return receipt;
         },
         { queue, jobName: name, jobId: receipt.jobId },
@@ -325,6 +331,8 @@ function settledView(base: Pick<JobView, 'queue' | 'key' | 'name' | 'jobId' | 'a
     attempts: row.attempts,
     startedAt: row.createdAt.toISOString(),
     finishedAt: (row.completedAt ?? row.updatedAt).toISOString(),
+    ...(row.expiresAt ? { expiresAt: row.expiresAt.toISOString() } : {}),
+    ...(row.tombstoneMs === null ? {} : { tombstoneMs: row.tombstoneMs }),
   };
   return row.status === 'completed' ? { ...common, state: 'completed', result: row.result } : { ...common, state: 'failed', error: row.error };
 }

@@ -1,3 +1,4 @@
+import { MAX_RETENTION_CEILING_MS } from '../protocol/key-retention.js';
 import type { ResolvedHttpApiOptions } from './http-options.js';
 import { MAX_KEY_LENGTH } from '../protocol/validate.js';
 import { PROBLEMS, PROBLEM_TYPE_PREFIX } from './problems.js';
@@ -45,6 +46,15 @@ const jobView = {
     acceptedAt: { type: 'string', format: 'date-time' },
     startedAt: { type: ['string', 'null'], format: 'date-time' },
     finishedAt: { type: ['string', 'null'], format: 'date-time' },
+    expiresAt: {
+      type: 'string',
+      format: 'date-time',
+      description: "Set once the job's key finished: when its result stops being kept (the key's retention: the job's own resultMs, or the workers' RETENTION_MS).",
+    },
+    tombstoneMs: {
+      type: 'integer',
+      description: "Set when the job asked for a tombstone window of its own (tombstoneMs): how long after it finished its key's duplicates stay refused once the key is deleted.",
+    },
     steps: {
       type: 'array',
       description: "The steps (ctx.step) the job's key recorded or started, in position order; empty for a job without steps.",
@@ -78,7 +88,22 @@ export const jobRouteSchemas = {
     params: { type: 'object', properties: queueParam },
     querystring: {
       type: 'object',
-      properties: { name: { type: 'string', description: 'Job name (part of the fingerprint). Default: the queue name.' } },
+      properties: {
+        name: { type: 'string', description: 'Job name (part of the fingerprint). Default: the queue name.' },
+        // Strings, checked by the handler (readRetentionQuery): as integers they would be coerced ("1e3" taken for 1000).
+        resultMs: {
+          type: 'string',
+          description:
+            `Optional. A whole number of milliseconds, digits only, from 1 to ${MAX_RETENTION_CEILING_MS} (100 years). How long the job's key keeps its result once it finished (the wire contract's retention.resultMs); ` +
+            "the workers hold it to MAX_JOB_RETENTION_MS. Default: the workers' RETENTION_MS. Not part of the fingerprint. 400 invalid-request otherwise.",
+        },
+        tombstoneMs: {
+          type: 'string',
+          description:
+            `Optional. A whole number of milliseconds, digits only, from 0 to ${MAX_RETENTION_CEILING_MS}. How long after the job's key finished its tombstone refuses duplicates once the key is deleted; 0: none ` +
+            "(retention.tombstoneMs); the workers hold it to MAX_JOB_TOMBSTONE_MS. Default: the janitor's TOMBSTONE_MS. Not part of the fingerprint. 400 invalid-request otherwise.",
+        },
+      },
     },
     headers: {
       type: 'object',

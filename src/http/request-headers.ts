@@ -1,7 +1,9 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { ANONYMOUS_TENANT } from './http-options.js';
 import { ValidationError } from '../errors.js';
+import { retentionProblem } from '../protocol/key-retention.js';
 import { assertValidKeyPart } from '../protocol/validate.js';
+import type { KeyRetention } from '../store/records.js';
 import { HttpProblem } from './problems.js';
 
 /**
@@ -102,4 +104,26 @@ export class BearerAuthenticator {
 
 function digest(token: string): Buffer {
   return createHash('sha256').update(token).digest();
+}
+
+/**
+ * Reads a job's own retention from the POST's query (`resultMs`, `tombstoneMs`: the wire
+ * contract's `retention`), each a whole number of milliseconds; undefined when neither is given.
+ * Throws a 400 {@link HttpProblem} (`invalid-request`) naming what is wrong: not a number, a
+ * fraction, negative, beyond 100 years, or given twice. Values above the workers' bounds are
+ * theirs to hold to them.
+ */
+export function readRetentionQuery(query: { readonly resultMs?: unknown; readonly tombstoneMs?: unknown }): KeyRetention | undefined {
+  const retention: Record<string, unknown> = {};
+  for (const part of ['resultMs', 'tombstoneMs'] as const) {
+    const value = query[part];
+    if (value === undefined) continue;
+    if (Array.isArray(value)) throw new HttpProblem('invalid-request', `Give the query parameter ${part} at most once.`);
+    // Digits only: Number() would also take "1e3", " 5" or "0x10".
+    retention[part] = typeof value === 'string' && /^\d{1,16}$/.test(value) ? Number(value) : value;
+  }
+  if (Object.keys(retention).length === 0) return undefined;
+  const problem = retentionProblem(retention);
+  if (problem) throw new HttpProblem('invalid-request', `The query parameter ${problem[1]}. Nothing was enqueued.`);
+  return retention as KeyRetention;
 }

@@ -79,6 +79,11 @@ function workerMetrics() {
       `Jobs deferred (no attempt used) because their concurrency key was at its limit, by group: the concurrency key's part before its first ":" (tenant of tenant:acme). At most ${MAX_CONCURRENCY_GROUPS} groups per worker; later ones are counted as group="${OTHER_STEP}".`,
       ['queue', 'group'],
     ),
+    retentionClamped: counter(
+      'retention_clamped_total',
+      "Jobs that asked for a retention above the workers' bound and got the bound, by part: resultMs (maxJobRetentionMs) or tombstoneMs (maxJobTombstoneMs). The job still runs.",
+      ['queue', 'part'],
+    ),
     stepOutcomes: counter(
       'step_outcomes_total',
       `Calls of ctx.step by step name and how they ended: ran (ran and recorded under this worker's claim), replayed (returned the result an earlier run recorded, without running), lease-lost (the record was refused: another worker had taken the key over), failed (the step threw, or the determinism guard refused it). At most ${MAX_STEP_NAMES} step names per worker; later ones are counted as step="${OTHER_STEP}".`,
@@ -157,6 +162,7 @@ export function instrumentWorker(worker: Pick<EventEmitter<{ event: [WorkerEvent
     if (JOB_RESULTS.has(event.kind)) metrics.jobResults.inc({ queue, result: event.kind });
     if (event.kind === 'fenced') metrics.fencedCommits.inc({ queue });
     if (event.kind === 'lease-extended') metrics.leaseExtensions.inc({ queue });
+    if (event.kind === 'retention-clamped') metrics.retentionClamped.inc({ queue, part: event.retentionPart ?? 'resultMs' });
     if (event.kind === 'completed' && event.durationMs !== undefined) {
       metrics.handlerDuration.observe({ queue }, event.durationMs / 1000);
     }

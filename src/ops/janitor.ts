@@ -41,7 +41,9 @@ export interface RetentionWarning {
  * Usually run by `Maintenance` (one active at a time via an advisory lock), but safe without.
  * A hash-partitioned keys table is cleaned partition by partition (see `store/sql/delete-expired-keys.ts`).
  * With `tombstoneMs`, each deleted key leaves a tombstone in the same statement, and tombstones
- * whose window ran out are deleted in batches too (see `store/sql/tombstones.ts`).
+ * whose window ran out are deleted in batches too (see `store/sql/tombstones.ts`). A key whose
+ * job asked for a tombstone window of its own (`retention.tombstoneMs`) leaves a tombstone for
+ * that window, with or without `tombstoneMs` (0: none for that key).
  *
  * @example
  * ```ts
@@ -67,7 +69,7 @@ export class Janitor {
       // Counted from when a key finished, a window no longer than the retention has ended by the time the key is deleted.
       this.#log.warn(
         { tombstoneMs, retentionMs },
-        `tombstoneMs (${tombstoneMs} ms) is not longer than the retention (${retentionMs} ms): no key will leave a tombstone. ` +
+        `tombstoneMs (${tombstoneMs} ms) is not longer than the retention (${retentionMs} ms): no key will leave a tombstone but those whose job asked for a longer window. ` +
           'Set TOMBSTONE_MS longer than RETENTION_MS for duplicates to be refused past retention, or 0.',
       );
     }

@@ -8,7 +8,8 @@ import type { StepPlace } from '../store/records.js';
 import { isInFailedTransaction } from '../store/pg-errors.js';
 import { traceEffectTransaction, traceExecuteOnce } from '../telemetry/claim-tracing.js';
 import type { CommitEffectOptions, ExecuteOnceOptions, ExecuteOnceOutcome } from './effect-options.js';
-import { claimInput } from './fast-path.js';
+import { claimInput, claimRetention } from './fast-path.js';
+import { resultRetentionMs, withRetention } from './key-retention.js';
 import { mayHaveCommitted, resultOfInterruptedCommit, stepOfInterruptedCommit } from './interrupted-commit.js';
 import type { ProtocolParts } from './protocol-parts.js';
 import { effectFault, storeCall } from './store-calls.js';
@@ -56,7 +57,7 @@ export class DataLayerBoundary {
           // The completion is the transaction's last statement, and the proof that it was not
           // aborted: in an aborted transaction it fails (25P02), so the data layer never commits
           // a job whose completion did not run.
-          if (!(await run.store(() => store.complete(bridge, claim, json, settings.retentionMs)))) run.leaseLost();
+          if (!(await run.store(() => store.complete(bridge, claim, json, resultRetentionMs(claim, settings.retentionMs))))) run.leaseLost();
           return result;
         });
       } catch (error) {
@@ -120,6 +121,7 @@ export class DataLayerBoundary {
   ): Promise<ExecuteOnceOutcome<T>> {
     const { store, options: settings } = this.#parts;
     const input = claimInput(this.#parts, { scope, key, fingerprint, mode: 'complete' }, options);
+    const retention = claimRetention(this.#parts, options);
     return traceExecuteOnce(scope, key, options.queue, false, async (): Promise<ExecuteOnceOutcome<T>> => {
       // A settled key (a duplicate) replays from one read, without a transaction.
       const settled = await store.findSettled?.(scope, key, fingerprint);
@@ -128,12 +130,13 @@ export class DataLayerBoundary {
       let notHeld: ExecuteOnceOutcome<T> | undefined;
       try {
         return await runInDataLayer(settings.db, settings.schema, layer, async (bridge, tx) => {
-          const outcome = (await store.claimNewKey?.(bridge, input)) ?? (await store.claim(bridge, input));
-          if (!isHeld(outcome)) {
+          const claimed = (await store.claimNewKey?.(bridge, input)) ?? (await store.claim(bridge, input));
+          if (!isHeld(claimed)) {
             // Not this run's key: roll back (the transaction may be aborted by the claim's lock wait).
-            notHeld = outcome as ExecuteOnceOutcome<T>;
+            notHeld = claimed as ExecuteOnceOutcome<T>;
             throw NOT_HELD;
           }
+          const outcome = withRetention(claimed, retention);
           run = new RunOfEffect(layer, outcome);
           const result = await run.effect(() => effect(tx, outcome));
           // Stored even when undefined (as null): the last statement proves the transaction was not aborted.

@@ -5,6 +5,7 @@ import { endWithCommit, runTransaction, sendHeldRecord, type HeldRecord } from '
 import { traceCommit, traceEffectTransaction } from '../telemetry/claim-tracing.js';
 import type { CommitEffectOptions, Effect } from './effect-options.js';
 import { mayHaveCommitted, resultOfInterruptedCommit } from './interrupted-commit.js';
+import { resultRetentionMs } from './key-retention.js';
 import { groupFor, type GroupOfEffects, type ProtocolParts } from './protocol-parts.js';
 import { EffectErrors, keyIdentity, storeCall } from './store-calls.js';
 import { serializeResult } from './validate.js';
@@ -47,7 +48,8 @@ export class EffectBoundary {
   /** The effect in a group's transaction, its fenced completion at the group's end; alone when it cannot share one. */
   async #inGroup<T>(group: GroupOfEffects, claim: Claim, effect: Effect<T>, options: CommitEffectOptions): Promise<T> {
     const { beforeCommit, heldRecord } = options;
-    const { maxResultBytes, retentionMs } = this.#parts.options;
+    const { maxResultBytes } = this.#parts.options;
+    const retentionMs = resultRetentionMs(claim, this.#parts.options.retentionMs);
     // A shared transaction has no front to ride in: the held record goes alone first.
     if (heldRecord) {
       await storeCall(claim.scope, claim.key, 'record of a step', () => sendHeldRecord(this.#parts.options.db, heldRecord));
@@ -90,7 +92,7 @@ export class EffectBoundary {
    */
   async #completeAndCommit(tx: Transaction<any>, claim: Claim, json: string): Promise<void> {
     const { store } = this.#parts;
-    const retentionMs = this.#parts.options.retentionMs;
+    const retentionMs = resultRetentionMs(claim, this.#parts.options.retentionMs);
     let completed: boolean;
     if (store.completeAndCommit) {
       completed = await store.completeAndCommit(tx, claim, json, retentionMs);

@@ -1,6 +1,7 @@
 import type { Transaction } from 'kysely';
 import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
 import type { HeldRecord } from '../store/one-trip-commit.js';
+import type { KeyRetention } from '../store/records.js';
 
 // The options and outcomes of IdempotencyKeys's methods (idempotency-keys.ts), apart from the
 // class so that each piece of the protocol can name them.
@@ -22,6 +23,14 @@ export interface ClaimOptions {
    * @defaultValue unset (not stored)
    */
   readonly payload?: unknown;
+  /**
+   * How long this key is kept once finished, and how long its tombstone lasts: the job's own
+   * retention, held to the instance's `maxJobRetentionMs` and `maxJobTombstoneMs` (a part above
+   * its bound gets the bound). A malformed value throws a `ValidationError` (`INVALID_OPTIONS`)
+   * before anything is sent. Written by the completion or the failure of this claim.
+   * @defaultValue unset (the instance's `retentionMs`, the janitor's `tombstoneMs`)
+   */
+  readonly retention?: KeyRetention;
 }
 
 /** How an effect may be run: options of {@link IdempotencyKeys.commitEffect}, `runEffect` and `executeOnce`. */

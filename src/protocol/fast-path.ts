@@ -1,9 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import type { Transaction } from 'kysely';
-import { StoreUnavailableError } from '../errors.js';
+import { StoreUnavailableError, ValidationError } from '../errors.js';
 import { freshCompletingClaim, isHeld, type Claim } from '../store/claim-outcome.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
-import type { ClaimInput } from '../store/records.js';
+import type { ClaimInput, KeyRetention } from '../store/records.js';
+import { boundRetention, retentionProblem, withRetention } from './key-retention.js';
 import { traceCommit, traceExecuteOnce } from '../telemetry/claim-tracing.js';
 import type { ClaimOptions, ExecuteOnceOptions, ExecuteOnceOutcome } from './effect-options.js';
 import { mayHaveCommitted, resultOfInterruptedCommit } from './interrupted-commit.js';
@@ -56,6 +57,7 @@ export class FastPath {
   ): Promise<ExecuteOnceOutcome<T>> {
     const { scope, key, fingerprint } = request;
     const input = claimInput(this.#parts, { ...request, mode: 'complete' }, options);
+    const retention = claimRetention(this.#parts, options);
     // A settled key (a duplicate) replays from one read, without a transaction.
     const settled = await this.#parts.store.findSettled?.(scope, key, fingerprint);
     if (settled) return settled as ExecuteOnceOutcome<T>;
@@ -66,15 +68,15 @@ export class FastPath {
         identity: keyIdentity(input),
         kind: options.kind ?? kindOf(options),
         run: async (tx) => {
-          const claim = freshCompletingClaim(input);
+          const claim = withRetention(freshCompletingClaim(input), retention);
           const result = await effect(tx, claim);
           const resultJson = result === undefined ? null : serializeResult(scope, key, result, this.#parts.options.maxResultBytes);
           return { value: { kind: 'executed', result, claim }, newKey: { input, resultJson } };
         },
-        alone: () => this.#alone(input, effect),
+        alone: () => this.#alone(input, retention, effect),
       });
     }
-    return this.#alone(input, effect);
+    return this.#alone(input, retention, effect);
   }
 
   /**
@@ -85,22 +87,26 @@ export class FastPath {
    * store's cheaper statement when it has one; a key with a row, by the claim that handles every
    * case, in the same transaction.
    */
-  #alone<T>(input: ClaimInput, effect: FastPathEffect<T>): Promise<ExecuteOnceOutcome<T>> {
+  #alone<T>(input: ClaimInput, retention: KeyRetention | undefined, effect: FastPathEffect<T>): Promise<ExecuteOnceOutcome<T>> {
     const { store, options } = this.#parts;
     const { scope, key } = input;
     return runTransaction(options.db, async (tx) => {
-      const outcome = (await store.claimNewKey?.(tx, input)) ?? (await store.claim(tx, input));
-      if (!isHeld(outcome)) return { value: outcome as ExecuteOnceOutcome<T>, end: endWithRollback };
+      const claimed = (await store.claimNewKey?.(tx, input)) ?? (await store.claim(tx, input));
+      if (!isHeld(claimed)) return { value: claimed as ExecuteOnceOutcome<T>, end: endWithRollback };
+      const outcome = withRetention(claimed, retention);
       const result = await effect(tx, outcome);
       const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
-      if (result === undefined) return { value, end: (t: Transaction<any>) => traceCommit(() => endWithCommit(t)) };
-      const json = serializeResult(scope, key, result, options.maxResultBytes);
+      // No result and no tombstone window to keep: the claim wrote the row as it stays.
+      if (result === undefined && outcome.retention?.tombstoneMs === undefined) {
+        return { value, end: (t: Transaction<any>) => traceCommit(() => endWithCommit(t)) };
+      }
+      const json = result === undefined ? null : serializeResult(scope, key, result, options.maxResultBytes);
       return { value, end: (t: Transaction<any>) => traceCommit(() => this.#storeResultAndCommit(t, outcome, json)) };
     });
   }
 
   /** Ends a fast-path transaction with the effect's result and the COMMIT (one round trip when the store can). */
-  async #storeResultAndCommit(tx: Transaction<any>, claim: Claim, json: string): Promise<void> {
+  async #storeResultAndCommit(tx: Transaction<any>, claim: Claim, json: string | null): Promise<void> {
     const { store } = this.#parts;
     if (store.storeFastPathResultAndCommit) return store.storeFastPathResultAndCommit(tx, claim, json);
     await store.storeFastPathResult(tx, claim, json);
@@ -116,6 +122,7 @@ export function claimInput(
 ): ClaimInput {
   const { scope, key, fingerprint, mode } = request;
   const settings = parts.options;
+  const retention = claimRetention(parts, options);
   return {
     scope,
     key,
@@ -124,11 +131,24 @@ export function claimInput(
     leaseMs: options.leaseMs ?? settings.leaseMs,
     lockTimeoutMs: settings.claimLockTimeoutMs,
     synchronousCommit: settings.claimSynchronousCommit,
-    retentionMs: settings.retentionMs,
+    retentionMs: retention?.resultMs ?? settings.retentionMs,
+    tombstoneMs: retention?.tombstoneMs ?? null,
     mode,
     jobId: options.jobId ?? null,
     queue: options.queue ?? null,
     jobName: options.jobName ?? null,
     payloadJson: options.payload === undefined ? null : serializePayload(scope, key, options.payload),
   };
+}
+
+/**
+ * The retention a claim asked for (`options.retention`), checked and held to the instance's
+ * bounds; undefined when it asked for none. Throws a {@link ValidationError} (`INVALID_OPTIONS`)
+ * for a malformed one.
+ */
+export function claimRetention(parts: ProtocolParts, options: ClaimOptions): KeyRetention | undefined {
+  if (options.retention === undefined) return undefined;
+  const problem = retentionProblem(options.retention);
+  if (problem) throw new ValidationError('INVALID_OPTIONS', `retention${problem[0]}`, `Invalid claim option retention: ${problem[1]}.`);
+  return boundRetention(options.retention, parts.options).retention;
 }

@@ -54,7 +54,8 @@ import type {
   ExecuteOnceOutcome,
   RunEffectOptions,
 } from './effect-options.js';
-import { FastPath, claimInput } from './fast-path.js';
+import { FastPath, claimInput, claimRetention } from './fast-path.js';
+import { resultRetentionMs, withRetention } from './key-retention.js';
 import { GroupCommitter } from './group-commit.js';
 import { resolveIdempotencyOptions, type IdempotencyOptions, type ResolvedIdempotencyOptions } from './idempotency-options.js';
 import type { ProtocolParts } from './protocol-parts.js';
@@ -176,7 +177,9 @@ export class IdempotencyKeys {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
     const input = claimInput(this.#parts, { scope, key, fingerprint, mode: 'lease' }, options);
-    return traceClaim(scope, key, options.queue, () => storeCall(scope, key, 'claim', () => this.#store.claim(this.db, input)));
+    const retention = claimRetention(this.#parts, options);
+    const outcome = await traceClaim(scope, key, options.queue, () => storeCall(scope, key, 'claim', () => this.#store.claim(this.db, input)));
+    return withRetention(outcome, retention);
   }
 
   /**
@@ -187,7 +190,7 @@ export class IdempotencyKeys {
    */
   async complete(tx: Kysely<any>, claim: Claim, result: unknown): Promise<void> {
     const json = serializeResult(claim.scope, claim.key, result, this.#options.maxResultBytes);
-    const completed = await storeCall(claim.scope, claim.key, 'completion', () => this.#store.complete(tx, claim, json, this.#options.retentionMs));
+    const completed = await storeCall(claim.scope, claim.key, 'completion', () => this.#store.complete(tx, claim, json, resultRetentionMs(claim, this.#options.retentionMs)));
     if (!completed) throw new LeaseLostError(claim.scope, claim.key, claim.fence);
   }
 
@@ -418,7 +421,7 @@ export class IdempotencyKeys {
   fail(claim: Claim, error: unknown, step?: FailedStep): Promise<boolean> {
     const errorJson = JSON.stringify(toStoredError(error, step));
     return traceReleaseOrFail('fail', claim, () =>
-      storeCall(claim.scope, claim.key, 'recording of the failure', () => this.#store.fail(claim, errorJson, this.#options.retentionMs)),
+      storeCall(claim.scope, claim.key, 'recording of the failure', () => this.#store.fail(claim, errorJson, resultRetentionMs(claim, this.#options.retentionMs))),
     );
   }
 

@@ -4,6 +4,7 @@ import { ValidationError } from '../errors.js';
 import type { Fingerprinter } from '../fingerprint.js';
 import { sha256Fingerprint } from '../fingerprint.js';
 import { GROUP_COMMIT_DEFAULTS, type GroupCommitOptions } from './group-commit.js';
+import { DEFAULT_MAX_JOB_RETENTION_MS, DEFAULT_MAX_JOB_TOMBSTONE_MS, MAX_RETENTION_CEILING_MS } from './key-retention.js';
 
 /** Options for {@link IdempotencyKeys}: where keys live and how long leases and results last. */
 export interface IdempotencyOptions {
@@ -25,6 +26,18 @@ export interface IdempotencyOptions {
    * @defaultValue `86_400_000` (24 h, as Stripe keeps keys)
    */
   readonly retentionMs?: number;
+  /**
+   * Longest retention a job may ask for its own key (`retention.resultMs` of a claim, an enqueue
+   * or the wire contract); a job asking for more gets this, with a warning in its log.
+   * @defaultValue `2_592_000_000` (30 days)
+   */
+  readonly maxJobRetentionMs?: number;
+  /**
+   * Longest tombstone window a job may ask for its own key (`retention.tombstoneMs`); a job
+   * asking for more gets this, with a warning in its log.
+   * @defaultValue `31_536_000_000` (365 days)
+   */
+  readonly maxJobTombstoneMs?: number;
   /**
    * Largest JSON result, in bytes, that may be stored; larger results fail the effect.
    * @defaultValue `1_048_576` (1 MiB)
@@ -99,6 +112,10 @@ export interface ResolvedIdempotencyOptions {
   readonly leaseMs: number;
   /** See {@link IdempotencyOptions.retentionMs}. */
   readonly retentionMs: number;
+  /** See {@link IdempotencyOptions.maxJobRetentionMs}. */
+  readonly maxJobRetentionMs: number;
+  /** See {@link IdempotencyOptions.maxJobTombstoneMs}. */
+  readonly maxJobTombstoneMs: number;
   /** See {@link IdempotencyOptions.maxResultBytes}. */
   readonly maxResultBytes: number;
   /** See {@link IdempotencyOptions.claimLockTimeoutMs}. */
@@ -120,6 +137,8 @@ const optionsSchema = z.object({
     .default('idempotent_jobs'),
   leaseMs: positiveMs.default(30_000),
   retentionMs: positiveMs.default(86_400_000),
+  maxJobRetentionMs: positiveMs.max(MAX_RETENTION_CEILING_MS).default(DEFAULT_MAX_JOB_RETENTION_MS),
+  maxJobTombstoneMs: z.number().int().min(0).max(MAX_RETENTION_CEILING_MS).default(DEFAULT_MAX_JOB_TOMBSTONE_MS),
   maxResultBytes: positiveMs.default(1_048_576),
   claimLockTimeoutMs: positiveMs.default(2_000),
   claimSynchronousCommit: z.boolean().default(true),
@@ -157,6 +176,8 @@ export function resolveIdempotencyOptions(options: IdempotencyOptions): Resolved
     schema: options.schema,
     leaseMs: options.leaseMs,
     retentionMs: options.retentionMs,
+    maxJobRetentionMs: options.maxJobRetentionMs,
+    maxJobTombstoneMs: options.maxJobTombstoneMs,
     maxResultBytes: options.maxResultBytes,
     claimLockTimeoutMs: options.claimLockTimeoutMs,
     claimSynchronousCommit: options.claimSynchronousCommit,

@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { ConfigError } from '../errors.js';
 import { GROUP_COMMIT_DEFAULTS } from '../protocol/group-commit.js';
+import { DEFAULT_MAX_JOB_RETENTION_MS, DEFAULT_MAX_JOB_TOMBSTONE_MS, MAX_RETENTION_CEILING_MS } from '../protocol/key-retention.js';
 import type { IdempotencyGroupCommitOptions } from '../protocol/idempotency-options.js';
 import { assertClusterHashTag, parseClusterNodes } from '../bullmq/redis-cluster.js';
 import type { RedisConnectionSettings } from '../bullmq/redis-connection.js';
@@ -87,6 +88,18 @@ const envSchema = z.object({
   /** How long completed and failed keys are kept, and replayed. @defaultValue `86400000` (24 h) */
   RETENTION_MS: int(1).default(86_400_000),
   /**
+   * Longest result retention a job may ask for its own key (`retention.resultMs`); a job asking
+   * for more gets this, with a warning in its log. At most 100 years.
+   * @defaultValue `2592000000` (30 days)
+   */
+  MAX_JOB_RETENTION_MS: int(1).max(MAX_RETENTION_CEILING_MS).default(DEFAULT_MAX_JOB_RETENTION_MS),
+  /**
+   * Longest tombstone window a job may ask for its own key (`retention.tombstoneMs`); a job asking
+   * for more gets this, with a warning in its log. At most 100 years.
+   * @defaultValue `31536000000` (365 days)
+   */
+  MAX_JOB_TOMBSTONE_MS: int(0).max(MAX_RETENTION_CEILING_MS).default(DEFAULT_MAX_JOB_TOMBSTONE_MS),
+  /**
    * The single-transaction fast path. Unset: on for a database-only handler (`{ transaction }`),
    * off for a function handler; `true` or `false`: for both.
    * @defaultValue unset
@@ -143,7 +156,8 @@ const envSchema = z.object({
   JANITOR_BATCH_SIZE: int(1).max(100_000).default(1_000),
   /**
    * Deduplication window past retention, counted from when a key finished: the janitor leaves a
-   * tombstone of each key it deletes until then, and duplicates are not run. 0: no tombstones.
+   * tombstone of each key it deletes until then, and duplicates are not run. 0: no tombstones,
+   * except for keys whose job asked for a window of its own (`retention.tombstoneMs`).
    * @defaultValue `0`
    */
   TOMBSTONE_MS: int(0).default(0),

@@ -112,6 +112,8 @@ export async function openKeyStoreFromEnv(config: EnvConfig, options: KeyStoreFr
       schema: config.SCHEMA,
       leaseMs: config.LEASE_MS,
       retentionMs: config.RETENTION_MS,
+      maxJobRetentionMs: config.MAX_JOB_RETENTION_MS,
+      maxJobTombstoneMs: config.MAX_JOB_TOMBSTONE_MS,
       groupCommit: groupCommitFromEnv(config),
     });
     return { keys, db, sessionDb, directUrl, destroy };

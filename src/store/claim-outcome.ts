@@ -1,3 +1,5 @@
+import type { KeyRetention } from './records.js';
+
 /** A claim this worker now holds: it may run the effect and must complete, release or fail it. */
 export interface Claim {
   /** Namespace of the key (a queue, a tenant); keys are unique per scope. */
@@ -12,6 +14,8 @@ export interface Claim {
   readonly attempts: number;
   /** Lease expiry by the database clock (`null` for a fast-path claim inside its transaction). */
   readonly lockedUntil: Date | null;
+  /** What the run asked to keep of its key; the completion and the failure write it. @defaultValue unset (the configured retention and tombstone window) */
+  readonly retention?: KeyRetention;
 }
 
 /**

@@ -10,7 +10,7 @@ import { insertCompletedKeysFunctionDdl } from './sql/insert-completed-keys.js';
 import { recordStepFunctionDdl } from './sql/record-step.js';
 import { startStepFunctionDdl } from './sql/start-step.js';
 import { keysTableLayout } from './sql/keys-table-layout.js';
-import { tombstonesDdl } from './sql/tombstones.js';
+import { perKeyRetentionDdl, tombstonesDdl } from './sql/tombstones.js';
 import { acquireConcurrencySlotFunctionDdl, concurrencySlotsDdl, keyConcurrencyLimitsDdl } from './sql/concurrency-slots.js';
 import { coalescingDdl } from './sql/coalescing.js';
 import { schedulesDdl } from './sql/schedules.js';
@@ -237,6 +237,22 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
     // A starving waiter holds the free slots of its group only while it keeps coming back (seen
     // within the starvation bound); before, one that did not come back held them for nobody.
     '022_concurrency_waiters_seen': installing(acquireConcurrencySlotFunctionDdl),
+    '023_per_key_retention': {
+      // A job's own retention (see sql/tombstones.ts): the key keeps its tombstone window, which
+      // the completion, the failure and a group's fast-path insert write. Each of those three
+      // functions gains a last parameter that defaults to null, so workers of an earlier version
+      // still call them as they did; the old signatures are dropped first, since beside the new
+      // ones they would make such a call ambiguous.
+      async up(db: Kysely<any>) {
+        for (const statement of perKeyRetentionDdl(schema)) await statement.execute(db);
+        await sql`drop function if exists ${t('complete_key')}(text, text, uuid, bigint, jsonb, bigint, text)`.execute(db);
+        await completeKeyFunctionDdl(schema).execute(db);
+        await sql`drop function if exists ${t('store_fast_path_result')}(text, text, uuid, jsonb)`.execute(db);
+        await storeFastPathResultFunctionDdl(schema).execute(db);
+        await sql`drop function if exists ${t('insert_completed_keys')}(text[], text[], text[], uuid[], bigint[], int, text[], text[], text[], jsonb[], jsonb[])`.execute(db);
+        await insertCompletedKeysFunctionDdl(schema).execute(db);
+      },
+    },
   };
 
   /** A migration that only installs (the current body of) one function. */

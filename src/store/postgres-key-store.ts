@@ -194,7 +194,7 @@ export class PostgresKeyStore implements KeyStore {
     }
   }
 
-  async storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void> {
+  async storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string | null): Promise<void> {
     try {
       await storeFastPathResult(tx, this.schema, claim, resultJson);
     } catch (error) {
@@ -210,7 +210,7 @@ export class PostgresKeyStore implements KeyStore {
     }
   }
 
-  async storeFastPathResultAndCommit(tx: Kysely<any>, claim: Claim, resultJson: string): Promise<void> {
+  async storeFastPathResultAndCommit(tx: Kysely<any>, claim: Claim, resultJson: string | null): Promise<void> {
     try {
       await storeResultAndCommit(tx, this.schema, claim, resultJson);
     } catch (error) {

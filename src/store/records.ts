@@ -44,6 +44,26 @@ export interface KeyRecord {
   readonly completedAt: Date | null;
   /** When the janitor may delete a settled key (completion plus the retention); `null` while processing. */
   readonly expiresAt: Date | null;
+  /**
+   * The key's own tombstone window, as its job asked ({@link KeyRetention.tombstoneMs}): the
+   * janitor keeps its tombstone this long after it finished; `null`: the janitor's `tombstoneMs`.
+   */
+  readonly tombstoneMs: number | null;
+}
+
+/**
+ * How long one job's key is kept, as the job asked (bounded by the worker's configuration):
+ * its result, and its tombstone once the janitor deleted it. Unset parts: the configured ones
+ * (`retentionMs`, the janitor's `tombstoneMs`).
+ */
+export interface KeyRetention {
+  /** How long the finished key (its result or error) is kept and replayed, from when it finished. @defaultValue the worker's `retentionMs` */
+  readonly resultMs?: number;
+  /**
+   * How long, from when the key finished, its tombstone refuses duplicates once the janitor
+   * deleted the key; `0`: no tombstone for this key. @defaultValue the janitor's `tombstoneMs`
+   */
+  readonly tombstoneMs?: number;
 }
 
 /** The columns of `idempotency_keys` as Kysely sees them. */
@@ -66,6 +86,8 @@ export interface IdempotencyKeysTable {
   updated_at: Date;
   completed_at: Date | null;
   expires_at: Date | null;
+  /** A bigint: text from node-postgres; absent from a row read before migration 023. */
+  tombstone_ms?: string | number | null;
 }
 
 /** Maps a raw row (snake_case, bigint fence as string) to a {@link KeyRecord}. */
@@ -89,6 +111,7 @@ export function toKeyRecord(row: IdempotencyKeysTable): KeyRecord {
     updatedAt: row.updated_at,
     completedAt: row.completed_at,
     expiresAt: row.expires_at,
+    tombstoneMs: row.tombstone_ms === null || row.tombstone_ms === undefined ? null : Number(row.tombstone_ms),
   };
 }
 
@@ -140,6 +163,8 @@ export interface ClaimStatementInput {
   readonly mode: 'lease' | 'complete';
   /** Used in `'complete'` mode: when the completed key expires. */
   readonly retentionMs: number;
+  /** Used by a group's fast-path keys (written completed at the group's end): the key's own tombstone window. @defaultValue `null` (the janitor's) */
+  readonly tombstoneMs?: number | null;
   /** Id of the job making the claim, kept on the row for operators and the sweeper. @defaultValue `null` */
   readonly jobId?: string | null;
   /** Queue of that job, kept on the row; the sweeper asks it about the job. @defaultValue `null` */

@@ -75,28 +75,29 @@ export function isLeaseLost(error: unknown): boolean {
  */
 export function completionStatement(schema: string, claim: Claim, resultJson: string, retentionMs: number): CompiledQuery {
   return prepared(
-    CompiledQuery.raw(`select ${pg.escapeIdentifier(schema)}.complete_key($1::text, $2::text, $3::uuid, $4::bigint, $5::jsonb, $6::bigint, $7::text)`, [
-      claim.scope,
-      claim.key,
-      claim.owner,
-      claim.fence,
-      resultJson,
-      retentionMs,
-      keySettledChannel(schema),
-    ]),
+    CompiledQuery.raw(
+      `select ${pg.escapeIdentifier(schema)}.complete_key($1::text, $2::text, $3::uuid, $4::bigint, $5::jsonb, $6::bigint, $7::text, $8::bigint)`,
+      [claim.scope, claim.key, claim.owner, claim.fence, resultJson, retentionMs, keySettledChannel(schema), claim.retention?.tombstoneMs ?? null],
+    ),
   );
 }
 
 /**
- * DDL of `complete_key(scope, key, owner, fence, result, retention_ms, channel)`, for the
- * migration that installs it: the fenced completion. Marks the key `completed` with its result
- * if this claim still owns it, and notifies at commit only when a waiter asked (`has_waiters`:
- * NOTIFY serializes commits database-wide); otherwise raises {@link LEASE_LOST_STATE}.
+ * DDL of `complete_key(scope, key, owner, fence, result, retention_ms, channel, tombstone_ms)`,
+ * for the migration that installs it: the fenced completion. Marks the key `completed` with its
+ * result if this claim still owns it, and notifies at commit only when a waiter asked
+ * (`has_waiters`: NOTIFY serializes commits database-wide); otherwise raises {@link LEASE_LOST_STATE}.
+ *
+ * `tombstone_ms` is the key's own tombstone window (the job's `retention.tombstoneMs`), kept on
+ * the row for the janitor; it defaults to null so that a worker of an earlier version, calling
+ * with seven arguments during a rolling upgrade, still completes (migration 023 dropped the
+ * seven-argument function, which would otherwise make such a call ambiguous).
  */
 export function completeKeyFunctionDdl(schema: string) {
   return sql`
     create or replace function ${sql.id(schema, 'complete_key')}(
-      p_scope text, p_key text, p_owner uuid, p_fence bigint, p_result jsonb, p_retention_ms bigint, p_channel text)
+      p_scope text, p_key text, p_owner uuid, p_fence bigint, p_result jsonb, p_retention_ms bigint, p_channel text,
+      p_tombstone_ms bigint default null)
     returns void
     language plpgsql volatile as $complete_key$
     declare
@@ -108,7 +109,8 @@ export function completeKeyFunctionDdl(schema: string) {
              locked_until = null,
              completed_at = now(),
              updated_at = now(),
-             expires_at = now() + p_retention_ms * interval '1 millisecond'
+             expires_at = now() + p_retention_ms * interval '1 millisecond',
+             tombstone_ms = p_tombstone_ms
        where k.scope = p_scope and k.key = p_key
          and k.owner = p_owner and k.fence = p_fence
          and k.status = 'processing'
@@ -125,35 +127,40 @@ export function completeKeyFunctionDdl(schema: string) {
 }
 
 /** The fast path's result and the COMMIT in one round trip (as {@link completeAndCommit}). */
-export async function storeResultAndCommit(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string): Promise<void> {
+export async function storeResultAndCommit(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string | null): Promise<void> {
   endsWell(await sendStatements(tx, [fastPathResultStatement(schema, claim, resultJson), COMMIT]));
 }
 
 /** Stores the effect's result on a key the fast path already claimed as `completed` in this same transaction. */
-export async function storeFastPathResult(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string): Promise<void> {
+export async function storeFastPathResult(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string | null): Promise<void> {
   endsWell(await sendStatements(tx, [fastPathResultStatement(schema, claim, resultJson)]));
 }
 
 /**
  * The fast path's result as one statement: a call of `store_fast_path_result`
- * ({@link storeFastPathResultFunctionDdl}), planned once per connection.
+ * ({@link storeFastPathResultFunctionDdl}), planned once per connection. With the claim's own
+ * tombstone window (`claim.retention.tombstoneMs`), which the row keeps for the janitor; a
+ * `null` result leaves the result as the claim wrote it (none), for a run that only has a
+ * tombstone window to keep.
  */
-export function fastPathResultStatement(schema: string, claim: Claim, resultJson: string): CompiledQuery {
+export function fastPathResultStatement(schema: string, claim: Claim, resultJson: string | null): CompiledQuery {
   return prepared(
-    CompiledQuery.raw(`select ${pg.escapeIdentifier(schema)}.store_fast_path_result($1::text, $2::text, $3::uuid, $4::jsonb)`, [
+    CompiledQuery.raw(`select ${pg.escapeIdentifier(schema)}.store_fast_path_result($1::text, $2::text, $3::uuid, $4::jsonb, $5::bigint)`, [
       claim.scope,
       claim.key,
       claim.owner,
       resultJson,
+      claim.retention?.tombstoneMs ?? null,
     ]),
   );
 }
 
 /**
- * DDL of `store_fast_path_result(scope, key, owner, result)`: stores the effect's result on a
- * key the fast path claimed as `completed` in this same transaction. Its row is locked by the
+ * DDL of `store_fast_path_result(scope, key, owner, result, tombstone_ms)`: stores the effect's
+ * result (and the key's own tombstone window; null by default, for callers of an earlier
+ * version) on a key the fast path claimed as `completed` in this same transaction. Its row is locked by the
  * transaction since the claim, so the UPDATE cannot miss; the owner condition only documents
- * whose row this is. Only `result` changes, which no index covers, so with the table's spare
+ * whose row this is. Only `result` and `tombstone_ms` change, which no index covers, so with the table's spare
  * room per page (fillfactor, migration 007) this is a HOT update: no index entries.
  *
  * PL/pgSQL, not SQL: Postgres caches a PL/pgSQL function's plans for the session, while a
@@ -163,11 +170,12 @@ export function fastPathResultStatement(schema: string, claim: Claim, resultJson
  */
 export function storeFastPathResultFunctionDdl(schema: string) {
   return sql`
-    create or replace function ${sql.id(schema, 'store_fast_path_result')}(p_scope text, p_key text, p_owner uuid, p_result jsonb)
+    create or replace function ${sql.id(schema, 'store_fast_path_result')}(
+      p_scope text, p_key text, p_owner uuid, p_result jsonb, p_tombstone_ms bigint default null)
     returns void
     language plpgsql volatile as $store_result$
     begin
-      update ${sql.id(schema, 'idempotency_keys')} as k set result = p_result
+      update ${sql.id(schema, 'idempotency_keys')} as k set result = p_result, tombstone_ms = p_tombstone_ms
        where k.scope = p_scope and k.key = p_key and k.owner = p_owner;
     end;
     $store_result$`;

@@ -13,11 +13,15 @@ import type { DeletedKey } from '../records.js';
  * deleted. Small batches keep each transaction short: no long locks and no table rewrite; the
  * space is reused after autovacuum. The partial index on `expires_at` serves the scan.
  *
- * With `tombstoneMs` > 0, each deleted key leaves a tombstone (see `tombstones.ts`) in the same
- * statement, so no moment exists in which the key is gone and its tombstone not yet there: the
- * tombstone lasts `tombstoneMs` from when the key finished, and a key whose window has already
- * passed leaves none. A tombstone left by an earlier life of the key (expired but not yet
- * deleted) is replaced.
+ * Each deleted key may leave a tombstone (see `tombstones.ts`) in the same statement, so no
+ * moment exists in which the key is gone and its tombstone not yet there. Its window is the
+ * key's own (`tombstone_ms`, which its job asked for) or else `tombstoneMs`, counted from when
+ * the key finished; a key whose window is 0 or has already passed leaves none. So a key that
+ * asked for a tombstone keeps it even under a janitor with no window of its own (`tombstoneMs`
+ * 0), and a key that asked for none (0) leaves none under one that has. A tombstone left by an
+ * earlier life of the key (expired but not yet deleted) is replaced. `key_window` records that
+ * the window was the key's own, so that a janitor without a window can tell another janitor's
+ * tombstones (a configuration to warn about) from the ones keys asked for.
  *
  * `table` is the keys table, or one partition of a partitioned keys table: the delete's join
  * by (scope, key) cannot be pruned to one partition when planned on the parent, and Postgres
@@ -32,26 +36,7 @@ export async function deleteExpiredKeys(
   tombstoneMs = 0,
 ): Promise<DeletedKey[]> {
   const keys = sql.id(schema, table);
-  if (tombstoneMs > 0) return (await deleteLeavingTombstones(db, schema, keys, limit, tombstoneMs)).rows;
   const { rows } = await sql<DeletedKey>`
-    with doomed as (
-      select scope, key
-        from ${keys}
-       where expires_at <= now()
-         and status in ('completed', 'failed')
-       order by expires_at
-       limit ${limit}
-         for update skip locked
-    )
-    delete from ${keys} as k
-     using doomed as d
-     where k.scope = d.scope and k.key = d.key
-    returning k.scope, k.key`.execute(db);
-  return rows;
-}
-
-function deleteLeavingTombstones(db: Kysely<any>, schema: string, keys: ReturnType<typeof sql.id>, limit: number, tombstoneMs: number) {
-  return sql<DeletedKey>`
     with doomed as (
       select scope, key
         from ${keys}
@@ -65,17 +50,19 @@ function deleteLeavingTombstones(db: Kysely<any>, schema: string, keys: ReturnTy
       delete from ${keys} as k
        using doomed as d
        where k.scope = d.scope and k.key = d.key
-      returning k.scope, k.key, k.fingerprint, k.status, coalesce(k.completed_at, k.updated_at) as finished_at
+      returning k.scope, k.key, k.fingerprint, k.status, coalesce(k.completed_at, k.updated_at) as finished_at,
+                coalesce(k.tombstone_ms, ${tombstoneMs}::bigint) as window_ms, k.tombstone_ms is not null as key_window
     ),
     entombed as (
-      insert into ${sql.id(schema, 'key_tombstones')} as t (scope, key_hash, fingerprint_hash, failed, finished_at, expires_at)
+      insert into ${sql.id(schema, 'key_tombstones')} as t (scope, key_hash, fingerprint_hash, failed, finished_at, expires_at, key_window)
       select g.scope, sha256(convert_to(g.key, 'UTF8')), sha256(convert_to(g.fingerprint, 'UTF8')), g.status = 'failed',
-             g.finished_at, g.finished_at + ${tombstoneMs}::bigint * interval '1 millisecond'
+             g.finished_at, g.finished_at + g.window_ms * interval '1 millisecond', g.key_window
         from gone as g
-       where g.finished_at + ${tombstoneMs}::bigint * interval '1 millisecond' > now()
+       where g.window_ms > 0 and g.finished_at + g.window_ms * interval '1 millisecond' > now()
       on conflict (scope, key_hash) do update
          set fingerprint_hash = excluded.fingerprint_hash, failed = excluded.failed,
-             finished_at = excluded.finished_at, expires_at = excluded.expires_at
+             finished_at = excluded.finished_at, expires_at = excluded.expires_at, key_window = excluded.key_window
     )
     select scope, key from gone`.execute(db);
+  return rows;
 }

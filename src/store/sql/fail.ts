@@ -4,7 +4,8 @@ import type { Claim } from '../claim-outcome.js';
 
 /**
  * Permanent failure: the key becomes `failed` with its error, which later claims replay
- * instead of running the effect. Fenced like completion. Returns false when this claim no
+ * instead of running the effect. Fenced like completion; keeps the claim's own tombstone
+ * window (`claim.retention.tombstoneMs`) as completion does. Returns false when this claim no
  * longer owned the key.
  */
 export async function failKey(
@@ -22,7 +23,8 @@ export async function failKey(
            locked_until = null,
            completed_at = now(),
            updated_at = now(),
-           expires_at = now() + ${retentionMs}::bigint * interval '1 millisecond'
+           expires_at = now() + ${retentionMs}::bigint * interval '1 millisecond',
+           tombstone_ms = ${claim.retention?.tombstoneMs ?? null}::bigint
      where scope = ${claim.scope} and key = ${claim.key}
        and owner = ${claim.owner}::uuid and fence = ${claim.fence}
        and status = 'processing'

@@ -33,7 +33,7 @@ export function insertCompletedKeysStatement(
   const ordered = [...rows].sort((a, b) => compareLockOrder(a.input, b.input));
   const column = <T>(pick: (row: CompletedKeyRow) => T) => ordered.map(pick);
   const statement = CompiledQuery.raw(
-    `select ${pg.escapeIdentifier(schema)}.insert_completed_keys($1::text[], $2::text[], $3::text[], $4::uuid[], $5::bigint[], $6::int, $7::text[], $8::text[], $9::text[], $10::jsonb[], $11::jsonb[])`,
+    `select ${pg.escapeIdentifier(schema)}.insert_completed_keys($1::text[], $2::text[], $3::text[], $4::uuid[], $5::bigint[], $6::int, $7::text[], $8::text[], $9::text[], $10::jsonb[], $11::jsonb[], $12::bigint[])`,
     [
       column((r) => r.input.scope),
       column((r) => r.input.key),
@@ -46,6 +46,7 @@ export function insertCompletedKeysStatement(
       column((r) => r.input.jobName ?? null),
       column((r) => r.input.payloadJson ?? null),
       column((r) => r.resultJson),
+      column((r) => r.input.tombstoneMs ?? null),
     ],
   );
   return { statement, rows: ordered };
@@ -63,14 +64,16 @@ export function rowsThatHadKeys<R>(error: unknown, rows: readonly R[]): R[] | un
  * DDL of `insert_completed_keys` (see {@link insertCompletedKeysStatement}), for the migration that
  * installs it. `on conflict do nothing`, then the positions whose key was not inserted (it has a
  * row): raised, so nothing of the group commits. `lock_timeout` is set for the insert and put back
- * before it returns, as `claim_key` does.
+ * before it returns, as `claim_key` does. `p_tombstone_ms`, the keys' own tombstone windows,
+ * defaults to null for callers of an earlier version: `unnest` pads a missing array with nulls.
  */
 export function insertCompletedKeysFunctionDdl(schema: string) {
   const table = sql.id(schema, 'idempotency_keys');
   return sql`
     create or replace function ${sql.id(schema, 'insert_completed_keys')}(
       p_scopes text[], p_keys text[], p_fingerprints text[], p_owners uuid[], p_retention_ms bigint[],
-      p_lock_timeout_ms int, p_job_ids text[], p_queues text[], p_job_names text[], p_payloads jsonb[], p_results jsonb[])
+      p_lock_timeout_ms int, p_job_ids text[], p_queues text[], p_job_names text[], p_payloads jsonb[], p_results jsonb[],
+      p_tombstone_ms bigint[] default null)
     returns void
     language plpgsql volatile as $insert_completed_keys$
     declare
@@ -80,11 +83,11 @@ export function insertCompletedKeysFunctionDdl(schema: string) {
       perform set_config('lock_timeout', p_lock_timeout_ms::text, true);
       with inserted as (
         insert into ${table} as k
-          (scope, key, fingerprint, status, owner, fence, attempts, job_id, queue, job_name, payload, result, completed_at, expires_at)
+          (scope, key, fingerprint, status, owner, fence, attempts, job_id, queue, job_name, payload, result, completed_at, expires_at, tombstone_ms)
         select u.scope, u.key, u.fingerprint, 'completed', u.owner, 1, 1, u.job_id, u.queue, u.job_name, u.payload, u.result,
-               now(), now() + u.retention_ms * interval '1 millisecond'
-          from unnest(p_scopes, p_keys, p_fingerprints, p_owners, p_retention_ms, p_job_ids, p_queues, p_job_names, p_payloads, p_results)
-               with ordinality as u(scope, key, fingerprint, owner, retention_ms, job_id, queue, job_name, payload, result, position)
+               now(), now() + u.retention_ms * interval '1 millisecond', u.tombstone_ms
+          from unnest(p_scopes, p_keys, p_fingerprints, p_owners, p_retention_ms, p_job_ids, p_queues, p_job_names, p_payloads, p_results, p_tombstone_ms)
+               with ordinality as u(scope, key, fingerprint, owner, retention_ms, job_id, queue, job_name, payload, result, tombstone_ms, position)
          order by u.position
         on conflict do nothing
         returning k.scope, k.key)

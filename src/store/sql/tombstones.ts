@@ -97,6 +97,21 @@ export function tombstonesDdl(schema: string) {
 }
 
 /**
+ * DDL of what per-key retention adds, for migration `023_per_key_retention`: the key's own
+ * tombstone window on the keys table (null: the janitor's), whether a tombstone's window was its
+ * key's own, and the index that finds live tombstones of a janitor's window (see
+ * {@link anyLiveTombstone}). Adding a nullable column without a default rewrites nothing, on a
+ * plain table or on every partition of a partitioned one.
+ */
+export function perKeyRetentionDdl(schema: string) {
+  return [
+    sql`alter table ${sql.id(schema, 'idempotency_keys')} add column tombstone_ms bigint`,
+    sql`alter table ${sql.id(schema, 'key_tombstones')} add column key_window boolean not null default false`,
+    sql`create index key_tombstones_janitor_expiry on ${sql.id(schema, 'key_tombstones')} (expires_at) where not key_window`,
+  ];
+}
+
+/**
  * Deletes up to `limit` expired tombstones, oldest first; how many. `FOR UPDATE SKIP LOCKED`
  * for the same reason as `deleteExpiredKeys`: janitors running at once take disjoint batches.
  */
@@ -137,13 +152,14 @@ export async function getTombstone(db: Kysely<any>, schema: string, scope: strin
 }
 
 /**
- * Whether any live tombstone exists: one probe of the expiry index, however many there are (a
- * janitor without a tombstone window asks, to warn that it deletes keys others would keep as
- * tombstones).
+ * Whether any live tombstone exists that a janitor's window made (not one a key asked for
+ * itself: `key_window`): one probe of the partial index `key_tombstones_janitor_expiry`, however
+ * many there are (a janitor without a tombstone window asks, to warn that it deletes keys others
+ * would keep as tombstones).
  */
 export async function anyLiveTombstone(db: Kysely<any>, schema: string): Promise<boolean> {
   const { rows } = await sql<{ found: boolean }>`
-    select exists (select 1 from ${sql.id(schema, 'key_tombstones')} where expires_at > now()) as found`.execute(db);
+    select exists (select 1 from ${sql.id(schema, 'key_tombstones')} where expires_at > now() and not key_window) as found`.execute(db);
   return rows[0]?.found === true;
 }
 
