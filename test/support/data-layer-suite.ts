@@ -3,7 +3,8 @@
  * broker's consumer uses: a leased function handler (`ctx.transaction(dataLayer, fn)`) and a
  * database-only handler on the fast path (`databaseOnly(dataLayer, fn)`). The effect is written
  * with the data layer's own API (the fixture's `insert`); a ledger without a unique constraint
- * shows a second effect as a second row.
+ * shows a second effect as a second row. The tests that start a BullMQ worker or producer carry
+ * the `redis` tag: a run without Redis skips them, and runs the rest on Postgres alone.
  */
 import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -30,6 +31,7 @@ import {
   type RunOutcome,
 } from '../../src/index.js';
 import { createGate, expireLease } from './protocol-fixtures.js';
+import { REDIS_TAG } from './redis-files.js';
 import { createTestEnv, type TestEnv } from './test-env.js';
 
 /** One data layer, opened by a test file on a database and a schema. */
@@ -265,7 +267,7 @@ export function describeDataLayer<Tx>(name: string, open: OpenDataLayer<Tx>, lim
       expect(await ledgerRows(key)).toHaveLength(0);
     });
 
-    it("writes the outbox's row in the data layer's transaction: kept with its commit, gone with its rollback", async () => {
+    it("writes the outbox's row in the data layer's transaction: kept with its commit, gone with its rollback", { tags: [REDIS_TAG] }, async () => {
       const producer = new IdempotentProducer({ queue: 'dl-outbox', connection: { url: env.redisUrl }, prefix: env.redisPrefix, schema: env.schema });
       try {
         const kept = unique('outbox-kept');
@@ -471,7 +473,7 @@ export function describeDataLayer<Tx>(name: string, open: OpenDataLayer<Tx>, lim
         });
 
       for (const form of ['named', 'database-only'] as const) {
-        it(`${form === 'named' ? 'dataLayers: [layer]' : 'databaseOnly(layer, …)'}: on another database it takes no job, and waitUntilReady rejects naming the fix`, async () => {
+        it(`${form === 'named' ? 'dataLayers: [layer]' : 'databaseOnly(layer, …)'}: on another database it takes no job, and waitUntilReady rejects naming the fix`, { tags: [REDIS_TAG] }, async () => {
           await onAnotherDatabase(async (elsewhere) => {
             const queue = unique('start-refused');
             const producer = new IdempotentProducer({ queue, connection: { url: env.redisUrl }, prefix: env.redisPrefix });
@@ -498,7 +500,7 @@ export function describeDataLayer<Tx>(name: string, open: OpenDataLayer<Tx>, lim
         });
       }
 
-      it('on the keys\' database it starts and runs jobs', async () => {
+      it('on the keys\' database it starts and runs jobs', { tags: [REDIS_TAG] }, async () => {
         const queue = unique('start-ok');
         const producer = new IdempotentProducer({ queue, connection: { url: env.redisUrl }, prefix: env.redisPrefix });
         const started = worker(fixture.layer, 'named', queue);
