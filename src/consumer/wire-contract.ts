@@ -111,7 +111,7 @@ export interface JobIdentity<P = unknown> {
   readonly fingerprintOf: unknown;
   /**
    * At most `limit` jobs of this concurrency key run at once; a list: the job runs only while it
-   * holds a slot of each key (see {@link concurrencyLimitsOf}). @defaultValue unset (no limit)
+   * holds a slot of each key, taken in key order. @defaultValue unset (no limit)
    */
   readonly concurrency?: ConcurrencyLimit | readonly ConcurrencyLimit[];
   /** Coalescing mode (see {@link WireJobData.coalesce}). @defaultValue `false` */
