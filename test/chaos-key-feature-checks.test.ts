@@ -125,6 +125,19 @@ describe('checkConcurrencyLimits', () => {
     expect(checkConcurrencyLimits({ ...deferredIdle([3_950, 4_050]), starvedBoundMs: 90 }).ok).toBe(true);
   });
 
+  it('holds each key a job names to its limit: a tenant key and an in-all key', () => {
+    const inAll = { key: 'all', limit: 2 };
+    // Each of a, b, d within its tenant's limit, but three at once in all.
+    const twoKeys = new Map([...groups].map(([id, group]) => [id, [group, inAll]]));
+    const history = { ...clean(), groups: twoKeys, lines: [{ ...line('s', 'c', 'concurrency-limited', 150), concurrencyKey: 'all' }] };
+    const broken = failing(checkConcurrencyLimits(history));
+    expect(Object.keys(broken)).toEqual(['runs of a concurrency key in flight past its limit']);
+    expect(broken['runs of a concurrency key in flight past its limit']![0]).toMatch(/^all: 3 runs/);
+    // Runs counted once however many keys they name.
+    expect(checkConcurrencyLimits(history).numbers[0]![1]).toBe('4 (3; 3)');
+    expect(checkConcurrencyLimits({ ...history, groups: new Map([...groups].map(([id, group]) => [id, [group, { key: 'all', limit: 3 }]])) }).ok).toBe(true);
+  });
+
   it('fails a slot left held, and a run that deferred nothing', () => {
     const leaked = { ...clean(), liveSlots: ['tenant:0/1 by s/c'] };
     expect(failing(checkConcurrencyLimits(leaked))).toEqual({ 'slots left held after the drain': ['tenant:0/1 by s/c'] });

@@ -9,12 +9,12 @@ import { sql } from 'kysely';
 import { pino } from 'pino';
 import { register } from 'prom-client';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, createIdempotentWorker, isHeld, type ConcurrencySlot, type IdempotentWorker, type WorkerEvent } from '../src/index.js';
-import { identityFromWireContract } from '../src/consumer/wire-contract.js';
+import { IdempotencyKeys, ValidationError, createIdempotentWorker, isHeld, type ConcurrencySlot, type IdempotentWorker, type WorkerEvent } from '../src/index.js';
+import { identityFromWireContract, toWireJobData } from '../src/consumer/wire-contract.js';
 import { instrumentWorker } from '../src/process/index.js';
 import { concurrencyGroupCounts } from '../src/store/sql/concurrency-slots.js';
 import { createEffectsTable, effectsOf, expireLease } from './support/protocol-fixtures.js';
-import { waitForJobState } from './support/queue-helpers.js';
+import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
@@ -72,6 +72,42 @@ describe('concurrency slots', () => {
     expect(held(await keys.acquireConcurrencySlot('s', 'next', { key: 'tenant:solo', limit: 1 }, slotOptions)).slot).toBe(slot.slot);
   });
 
+  it("a crashed run's slots of two keys are both held while its key's lease lives, both free when it ends, and the key records each", async () => {
+    const tenant = { key: 'tenant:crashy', limit: 1 };
+    const inAll = { key: 'all-crashy', limit: 1 };
+    const groups = [inAll.key, tenant.key];
+    const slots = [
+      held(await keys.acquireConcurrencySlot('s', 'crashing-2', inAll, { ...slotOptions, groups })),
+      held(await keys.acquireConcurrencySlot('s', 'crashing-2', tenant, { ...slotOptions, groups })),
+    ];
+    expect(isHeld(await keys.claim('s', 'crashing-2', keys.fingerprint(1)))).toBe(true);
+    const { rows } = await sql<{ group_key: string; concurrency_limit: number }>`
+      select group_key, concurrency_limit from ${sql.id(env.schema, 'key_concurrency_limits')}
+       where scope = 's' and key = 'crashing-2' order by group_key`.execute(env.db);
+    expect(rows).toEqual([
+      { group_key: 'all-crashy', concurrency_limit: 1 },
+      { group_key: 'tenant:crashy', concurrency_limit: 1 },
+    ]);
+    // The worker dies: nothing frees the slots. Their own time is up, but the key's lease is live.
+    await sql`update ${sql.id(env.schema, 'concurrency_slots')} set acquired_until = now() - interval '1 second'`.execute(env.db);
+    for (const limit of [inAll, tenant]) expect((await keys.acquireConcurrencySlot('s', `next-${limit.key}`, limit, slotOptions)).acquired).toBe(false);
+    await expireLease(env.db, env.schema, 's', 'crashing-2');
+    expect(held(await keys.acquireConcurrencySlot('s', 'next-all-crashy', inAll, slotOptions)).slot).toBe(slots[0]!.slot);
+    expect(held(await keys.acquireConcurrencySlot('s', 'next-tenant:crashy', tenant, slotOptions)).slot).toBe(slots[1]!.slot);
+  });
+
+  it('a key whose job now names other concurrency keys keeps records of those only', async () => {
+    const records = async () =>
+      (await sql<{ group_key: string }>`select group_key from ${sql.id(env.schema, 'key_concurrency_limits')} where scope = 's' and key = 'moving' order by group_key`.execute(env.db)).rows.map(
+        (r) => r.group_key,
+      );
+    await keys.acquireConcurrencySlot('s', 'moving', { key: 'all-moving', limit: 5 }, { ...slotOptions, groups: ['all-moving', 'tenant:old'] });
+    await keys.acquireConcurrencySlot('s', 'moving', { key: 'tenant:old', limit: 5 }, { ...slotOptions, groups: ['all-moving', 'tenant:old'] });
+    expect(await records()).toEqual(['all-moving', 'tenant:old']);
+    await keys.acquireConcurrencySlot('s', 'moving', { key: 'tenant:new', limit: 5 }, slotOptions);
+    expect(await records()).toEqual(['tenant:new']);
+  });
+
   it('a waiter deferred longer than the starvation bound goes before newcomers', async () => {
     const solo = { key: 'tenant:busy', limit: 1 };
     const first = held(await keys.acquireConcurrencySlot('s', 'running', solo, slotOptions));
@@ -105,6 +141,41 @@ describe('concurrency slots', () => {
     expect(identityFromWireContract({ name: 'sync', data: { idempotencyKey: 'k'.repeat(235), payload: 1, coalesce: true } }).coalesce).toBe(true);
     expect(() => identityFromWireContract({ name: 'sync', data: { idempotencyKey: 'k'.repeat(236), payload: 1, coalesce: true } })).toThrow(/at most 235/);
     expect(() => identityFromWireContract({ name: 'sync', data: { idempotencyKey: 'k', payload: 1, coalesce: 'yes' } })).toThrow(/"coalesce"/);
+  });
+
+  it('the wire contract reads a list of concurrency limits, and refuses too many, a duplicate key, a bad entry or both forms at once', () => {
+    const job = (data: object) => ({ name: 'sync', data: { idempotencyKey: 'k', payload: 1, ...data } });
+    const both = [
+      { key: 'tenant:acme', limit: 2 },
+      { key: 'all-syncs', limit: 10 },
+    ];
+    expect(identityFromWireContract(job({ concurrencyLimits: both })).concurrency).toEqual(both);
+    const entries = (n: number) => Array.from({ length: n }, (_, i) => ({ key: `k${i}`, limit: 1 }));
+    expect(identityFromWireContract(job({ concurrencyLimits: entries(4) })).concurrency).toHaveLength(4);
+    expect(() => identityFromWireContract(job({ concurrencyLimits: entries(5) }))).toThrow(/1 to 4/);
+    expect(() => identityFromWireContract(job({ concurrencyLimits: [] }))).toThrow(/1 to 4/);
+    expect(() => identityFromWireContract(job({ concurrencyLimits: { key: 'a', limit: 1 } }))).toThrow(/concurrencyLimits/);
+    expect(() => identityFromWireContract(job({ concurrencyLimits: [both[0], { key: 'tenant:acme', limit: 3 }] }))).toThrow(/twice/);
+    expect(() => identityFromWireContract(job({ concurrencyLimits: [both[0], { key: 'all-syncs', limit: 0 }] }))).toThrow(/concurrencyLimits\/1\/limit/);
+    expect(() => identityFromWireContract(job({ concurrencyLimits: [both[0], { key: '', limit: 1 }] }))).toThrow(/concurrencyLimits\/1\/key/);
+    expect(() => identityFromWireContract(job({ concurrencyLimits: [both[0], 'all-syncs'] }))).toThrow(/entry/);
+    expect(() => identityFromWireContract(job({ concurrencyLimits: both, concurrencyKey: 'tenant:acme', concurrencyLimit: 2 }))).toThrow(/not both/);
+    const refusal = (() => {
+      try {
+        return identityFromWireContract(job({ concurrencyLimits: entries(5) }));
+      } catch (error) {
+        return error;
+      }
+    })();
+    expect(refusal).toBeInstanceOf(ValidationError);
+    expect(refusal).toMatchObject({ code: 'INVALID_JOB_DATA', field: 'job.data.concurrencyLimits' });
+
+    // The producer side: one limit keeps the pair of fields; several, the list; bad ones are refused before enqueueing.
+    expect(toWireJobData('s', 'k', 1, { concurrency: both[0]! })).toMatchObject({ concurrencyKey: 'tenant:acme', concurrencyLimit: 2 });
+    expect(toWireJobData('s', 'k', 1, { concurrency: [both[0]!] })).toMatchObject({ concurrencyKey: 'tenant:acme', concurrencyLimit: 2 });
+    expect(toWireJobData('s', 'k', 1, { concurrency: both })).toEqual({ idempotencyKey: 'k', scope: 's', payload: 1, concurrencyLimits: both });
+    expect(() => toWireJobData('s', 'k', 1, { concurrency: [both[0]!, both[0]!] })).toThrow(/twice/);
+    expect(() => toWireJobData('s', 'k', 1, { concurrency: entries(5) })).toThrow(/1 to 4/);
   });
 });
 
@@ -162,4 +233,115 @@ describe('workers with a concurrency limit', () => {
     expect(series[0]!.value).toBe(limited.length);
     for (const stop of stops) stop();
   });
+
+  it('a tenant limit and an in-all limit both hold: three tenants of two slots each, at most three jobs in all, each runs once', { timeout: 60_000 }, async () => {
+    const queue = new Queue('limited-two', { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    queues.push(queue);
+    const stops: Array<() => void> = [];
+    const runningByTenant = new Map<string, number>();
+    const mostByTenant = new Map<string, number>();
+    let running = 0;
+    let most = 0;
+    const events: WorkerEvent[] = [];
+    for (const name of ['w1', 'w2']) {
+      const worker = createIdempotentWorker<{ tenant: string }>({
+        queue: 'limited-two',
+        connection: { url: env.redisUrl },
+        prefix: env.redisPrefix,
+        keys,
+        concurrency: 6,
+        deferMaxMs: 200,
+        deferMinMs: 20,
+        logger: pino({ level: 'silent' }),
+        handler: async (ctx) => {
+          const { tenant } = ctx.data;
+          running++;
+          most = Math.max(most, running);
+          runningByTenant.set(tenant, (runningByTenant.get(tenant) ?? 0) + 1);
+          mostByTenant.set(tenant, Math.max(mostByTenant.get(tenant) ?? 0, runningByTenant.get(tenant)!));
+          try {
+            await new Promise((resolve) => setTimeout(resolve, 100));
+            return await ctx.transaction(async (tx) => {
+              await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, ${name})`.execute(tx);
+              return tenant;
+            });
+          } finally {
+            running--;
+            runningByTenant.set(tenant, runningByTenant.get(tenant)! - 1);
+          }
+        },
+      });
+      worker.on('event', (event: WorkerEvent) => events.push(event));
+      stops.push(instrumentWorker(worker, 'limited-two'));
+      workers.push(worker);
+    }
+    const tenants = ['acme', 'globex', 'initech'];
+    const ids = Array.from({ length: 18 }, (_, n) => `two-${n}`);
+    await queue.addBulk(
+      ids.map((id, n) => {
+        const tenant = tenants[n % 3]!;
+        const concurrencyLimits = [
+          { key: `tenant:${tenant}`, limit: 2 },
+          { key: 'all-syncs', limit: 3 },
+        ];
+        return { name: 'sync', data: { idempotencyKey: id, scope: 'l2', payload: { tenant }, concurrencyLimits }, opts: { jobId: id, attempts: 1 } };
+      }),
+    );
+    for (const id of ids) await waitForJobState(queue, id, ['completed'], 50_000);
+    expect(most).toBeLessThanOrEqual(3);
+    // Three in all at most, but more than one tenant's two: the in-all limit is the one that bound.
+    expect(most).toBe(3);
+    for (const tenant of tenants) expect(mostByTenant.get(tenant)).toBeLessThanOrEqual(2);
+    for (const id of ids) expect(await effectsOf(env.db, env.schema, 'l2', id)).toHaveLength(1);
+    const refusedBy = new Set(events.filter((e) => e.kind === 'concurrency-limited').map((e) => e.concurrencyKey));
+    expect(refusedBy.has('all-syncs')).toBe(true);
+    for (const group of ['all-syncs', ...tenants.map((t) => `tenant:${t}`)]) {
+      expect(await concurrencyGroupCounts(env.db, env.schema, group)).toMatchObject({ running: 0 });
+    }
+    // Each deferral is counted under the group of the key that refused it.
+    const metric = await register.getSingleMetric('idempotent_jobs_concurrency_limited_total')!.get();
+    const series = metric.values.filter((v) => v.labels.queue === 'limited-two');
+    expect(series.map((v) => v.labels.group)).toContain('all-syncs');
+    for (const group of series.map((v) => v.labels.group)) expect(['all-syncs', 'tenant']).toContain(group);
+    expect(series.reduce((sum, v) => sum + v.value, 0)).toBe(events.filter((e) => e.kind === 'concurrency-limited').length);
+    for (const stop of stops) stop();
+  });
+
+  it('a job that gets its first slot but not the second frees the first before it is deferred, and runs once the second frees', { timeout: 60_000 }, async () => {
+    const queue = new Queue('limited-partial', { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    queues.push(queue);
+    const events: WorkerEvent[] = [];
+    const worker = createIdempotentWorker<{ n: number }>({
+      queue: 'limited-partial',
+      connection: { url: env.redisUrl },
+      prefix: env.redisPrefix,
+      keys,
+      concurrency: 2,
+      // Deferred for a while, so the slots can be looked at before the job asks again.
+      deferMinMs: 1_500,
+      deferMaxMs: 1_500,
+      logger: pino({ level: 'silent' }),
+      handler: async (ctx) => ctx.data.n,
+    });
+    worker.on('event', (event: WorkerEvent) => events.push(event));
+    workers.push(worker);
+    // Another job holds the one slot of the later key ("z-all" sorts after "a-tenant").
+    const holder = held(await keys.acquireConcurrencySlot('s', 'holder', { key: 'z-all', limit: 1 }, slotOptions));
+    const concurrencyLimits = [
+      { key: 'z-all', limit: 1 },
+      { key: 'a-tenant', limit: 1 },
+    ];
+    await queue.add('sync', { idempotencyKey: 'partial', scope: 'p', payload: { n: 7 }, concurrencyLimits }, { jobId: 'partial', attempts: 1 });
+    await waitFor('the job to be deferred by the limit', async () => events.some((e) => e.kind === 'concurrency-limited'));
+    expect(events.find((e) => e.kind === 'concurrency-limited')).toMatchObject({ key: 'partial', concurrencyKey: 'z-all' });
+    // The first key's slot was taken and given back: nothing held, nobody waiting there.
+    expect(await concurrencyGroupCounts(env.db, env.schema, 'a-tenant')).toEqual({ running: 0, waiting: 0 });
+    expect(await concurrencyGroupCounts(env.db, env.schema, 'z-all')).toEqual({ running: 1, waiting: 1 });
+    expect(await keys.get('p', 'partial')).toBeUndefined();
+    await keys.releaseConcurrencySlot('s', 'holder', holder);
+    const { job } = await waitForJobState(queue, 'partial', ['completed'], 30_000);
+    expect(job.returnvalue).toBe(7);
+    expect(job.attemptsMade).toBeLessThanOrEqual(1);
+  });
 });
+

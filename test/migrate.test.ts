@@ -92,3 +92,33 @@ it('a migration whose table listing meets another schema\'s table being dropped 
     await Promise.all([db.destroy(), dbOurs.destroy()]);
   }
 });
+
+it('024 upgrades a schema of one concurrency record per key: its records are kept, and the old slot function of seven arguments is gone', async () => {
+  const upgraded = `${schema}_limit_sets`;
+  const t = (name: string) => sql.id(upgraded, name);
+  try {
+    await migrate(env.db, { schema: upgraded });
+    // Back to what 023 left: one record per key, and the seven-argument function a worker of
+    // that version calls (its body does not matter here, only that it would make calls ambiguous).
+    await sql`alter table ${t('key_concurrency_limits')} drop constraint key_concurrency_limits_pkey`.execute(env.db);
+    await sql`alter table ${t('key_concurrency_limits')} add primary key (scope, key)`.execute(env.db);
+    await sql`drop function ${t('acquire_concurrency_slot')}(text, int, text, text, uuid, int, int, text[])`.execute(env.db);
+    await sql`create function ${t('acquire_concurrency_slot')}(text, int, text, text, uuid, int, int)
+              returns table (slot int, retry_after_ms bigint) language sql as 'select 0, null::bigint'`.execute(env.db);
+    await sql`insert into ${t('key_concurrency_limits')} (scope, key, group_key, concurrency_limit) values ('s', 'old', 'tenant:acme', 2)`.execute(env.db);
+    await sql`delete from ${t('idempotent_jobs_migration')} where name = '024_concurrency_limit_sets'`.execute(env.db);
+
+    const result = await migrate(env.db, { schema: upgraded });
+    expect(result.results?.map((r) => [r.migrationName, r.status])).toEqual([['024_concurrency_limit_sets', 'Success']]);
+    const { rows } = await sql<{ group_key: string }>`select group_key from ${t('key_concurrency_limits')} where key = 'old'`.execute(env.db);
+    expect(rows).toEqual([{ group_key: 'tenant:acme' }]);
+    // A call of seven arguments (an earlier worker) resolves to the one function, and a key records two concurrency keys.
+    const uuid = '00000000-0000-4000-8000-000000000000';
+    await sql`select * from ${t('acquire_concurrency_slot')}('all', 1, 's', 'old', ${uuid}::uuid, 1000, 1000)`.execute(env.db);
+    await sql`select * from ${t('acquire_concurrency_slot')}('tenant:acme', 2, 's', 'old', ${uuid}::uuid, 1000, 1000, array['all', 'tenant:acme'])`.execute(env.db);
+    const after = await sql<{ group_key: string }>`select group_key from ${t('key_concurrency_limits')} where key = 'old' order by group_key`.execute(env.db);
+    expect(after.rows).toEqual([{ group_key: 'all' }, { group_key: 'tenant:acme' }]);
+  } finally {
+    await sql`drop schema if exists ${sql.id(upgraded)} cascade`.execute(env.db);
+  }
+});

@@ -457,6 +457,44 @@ describe('Sweeper', () => {
       expect(done.returnvalue).toEqual({ charged: 7, fence: 2 });
     });
 
+    it('re-enqueues a job that named two concurrency keys with both, so each limit still holds for it', async () => {
+      const limits = [
+        { key: 'tenant:acme', limit: 2 },
+        { key: 'all-charges', limit: 1 },
+      ];
+      const { worker } = await loseRunningJob(
+        (producer) => producer.enqueue({ name: 'charge', scope: 'acme', key: 'limited-2', data: { cents: 9 }, concurrency: limits }),
+        { scope: 'acme', key: 'limited-2' },
+      );
+      await forget(worker, 'acme', 'limited-2');
+
+      const report = await sweeper({ action: 'reenqueue' }).runOnce();
+      expect(report.recoveries).toMatchObject([{ key: 'limited-2', action: 'reenqueued' }]);
+      const job = await queue.getJob(jobIdFor('acme', 'limited-2'));
+      // Both limits, in the order the slots are taken (by key).
+      expect(job?.data).toEqual({
+        idempotencyKey: 'limited-2',
+        scope: 'acme',
+        payload: { cents: 9 },
+        concurrencyLimits: [
+          { key: 'all-charges', limit: 1 },
+          { key: 'tenant:acme', limit: 2 },
+        ],
+      });
+
+      // The in-all limit holds for the re-enqueued job although its tenant has a free slot.
+      const holder = await keys.acquireConcurrencySlot('globex', 'other-job', limits[1]!, { leaseMs: 60_000, starvationMs: 600_000 });
+      expect(holder.acquired).toBe(true);
+      const events: WorkerEvent[] = [];
+      startWorker(events);
+      await waitFor('the re-enqueued job to be deferred by the limit', async () => events.some((e) => e.kind === 'concurrency-limited'));
+      expect(events.find((e) => e.kind === 'concurrency-limited')).toMatchObject({ concurrencyKey: 'all-charges' });
+      expect((await keys.get('acme', 'limited-2'))?.status).toBe('processing');
+      if (holder.acquired) await keys.releaseConcurrencySlot('globex', 'other-job', holder);
+      const { job: done } = await waitForJobState(queue, jobIdFor('acme', 'limited-2'), ['completed'], 30_000);
+      expect(done.returnvalue).toEqual({ charged: 9, fence: 2 });
+    });
+
     it('re-enqueues a coalescing run as that run, so its pending successor still runs after it', { timeout: 60_000 }, async () => {
       let first: EnqueueResult | undefined;
       const { producer, worker } = await loseRunningJob(async (p) => {

@@ -52,10 +52,12 @@ export interface EnqueueRequest<P = unknown> {
   /**
    * At most `limit` jobs naming the same concurrency key `key` (e.g. `tenant:acme`) run at once,
    * across all workers; the others wait, deferred without using an attempt. Not part of the
-   * fingerprint. See the guide's "Per-key concurrency limits".
+   * fingerprint. A list of up to 4 limits with distinct keys (e.g. the tenant's and one in all:
+   * `[{ key: 'tenant:acme', limit: 2 }, { key: 'all-syncs', limit: 10 }]`): the job runs only
+   * while it holds a slot of each. See the guide's "Per-key concurrency limits".
    * @defaultValue unset (no limit)
    */
-  readonly concurrency?: ConcurrencyLimit;
+  readonly concurrency?: ConcurrencyLimit | readonly ConcurrencyLimit[];
   /**
    * Coalescing mode instead of idempotency: while a job of this key runs, further jobs collapse
    * into one pending successor carrying the newest `data`, run after it; the same key with other

@@ -3,7 +3,7 @@ import { describeError } from '../describe-error.js';
 import { ClaimContendedError, KeyFailedError, KeyReusedError, StepsUnsupportedError, ValidationError } from '../errors.js';
 import type { FaultPoint } from '../fault-hook.js';
 import type { ClaimOptions } from '../protocol/effect-options.js';
-import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import type { ConcurrencySlot, IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { JobSteps, type StepReport } from '../protocol/job-steps.js';
 import { boundRetention } from '../protocol/key-retention.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
@@ -20,7 +20,7 @@ import { RunFailures, WorkerClosingError } from './run-failures.js';
 import { describeFailure, passedTheStore, streakId, type Run, type RunOutcome, type RunResult } from './run-outcome.js';
 import type { KeyedJobRunnerOptions } from './runner-options.js';
 import { StoreFaultStreaks } from './store-fault-streaks.js';
-import type { ConcurrencyLimit, JobIdentity } from './wire-contract.js';
+import { concurrencyLimitsOf, type ConcurrencyLimit, type JobIdentity } from './wire-contract.js';
 import type { WorkerEventKind } from './worker-event.js';
 import type { ResolvedWorkerTiming } from './worker-timing.js';
 
@@ -32,6 +32,8 @@ interface EventAbout<P> {
   readonly step?: StepReport;
   readonly cause?: string;
   readonly retentionPart?: keyof KeyRetention;
+  /** On `concurrency-limited`: the concurrency key that was at its limit. */
+  readonly concurrencyKey?: string;
 }
 
 interface ActiveRun<M> {
@@ -202,9 +204,10 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     return retention;
   }
 
-  /** One run of the job's key: in a slot of its concurrency key when it names one. */
+  /** One run of the job's key: in a slot of each concurrency key it names, if any. */
   #runPath(run: Run<P, M>): Promise<RunResult> {
-    return run.identity.concurrency ? this.#runInSlot(run, run.identity.concurrency) : this.#runClaimed(run);
+    const limits = concurrencyLimitsOf(run.identity.concurrency);
+    return limits.length > 0 ? this.#runInSlots(run, limits) : this.#runClaimed(run);
   }
 
   #runClaimed(run: Run<P, M>): Promise<RunResult> {
@@ -261,26 +264,44 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   }
 
   /**
-   * A job with a concurrency limit: takes a slot of its concurrency key first (one statement),
-   * runs in it and frees it, whatever the run came to; a key at its limit defers the job without
-   * using an attempt, as an in-progress duplicate is. A slot that cannot be freed (Postgres gone)
-   * frees itself when its time is up: never later than the run's lease.
+   * A job with concurrency limits: takes a slot of each of its concurrency keys first (one
+   * statement each), runs in them and frees them, whatever the run came to; a key at its limit
+   * defers the job without using an attempt, as an in-progress duplicate is.
+   *
+   * *Why sorted, and why all or nothing:* every job takes its keys' slots in the same order (by
+   * key, {@link concurrencyLimitsOf}), and one refused frees the slots taken before it before the
+   * job is deferred. So no job holds a slot while it waits for another (no deadlock, and no slot
+   * held by a job that is not running), and two jobs never wait on each other in a cycle.
+   *
+   * A slot that cannot be freed (Postgres gone) frees itself when its time is up: never later
+   * than the run's lease.
    */
-  async #runInSlot(run: Run<P, M>, limit: ConcurrencyLimit): Promise<RunResult> {
+  async #runInSlots(run: Run<P, M>, limits: readonly ConcurrencyLimit[]): Promise<RunResult> {
     const { scope, key } = run.identity;
-    let answer: Awaited<ReturnType<IdempotencyKeys['acquireConcurrencySlot']>>;
+    const groups = limits.length > 1 ? limits.map((limit) => limit.key) : undefined;
+    const held: ConcurrencySlot[] = [];
     try {
-      answer = await this.#keys.acquireConcurrencySlot(scope, key, limit, { leaseMs: this.#timing.leaseMs, starvationMs: this.#timing.concurrencyStarvationMs });
-    } catch (error) {
-      return this.#failures.storeFault(run, error);
-    }
-    if (!answer.acquired) return this.#failures.defer(answer.retryAfterMs, 'concurrency-limit');
-    try {
+      for (const limit of limits) {
+        let answer: Awaited<ReturnType<IdempotencyKeys['acquireConcurrencySlot']>>;
+        try {
+          answer = await this.#keys.acquireConcurrencySlot(scope, key, limit, {
+            leaseMs: this.#timing.leaseMs,
+            starvationMs: this.#timing.concurrencyStarvationMs,
+            ...(groups && { groups }),
+          });
+        } catch (error) {
+          return this.#failures.storeFault(run, error);
+        }
+        if (!answer.acquired) return this.#failures.defer(answer.retryAfterMs, 'concurrency-limit', limit.key);
+        held.push(answer);
+      }
       return await this.#runClaimed(run);
     } finally {
-      await this.#keys.releaseConcurrencySlot(scope, key, answer).catch((error: unknown) => {
-        run.log.warn({ err: error, concurrencyKey: limit.key }, 'could not free the concurrency slot; it frees itself when its time is up');
-      });
+      for (const slot of held) {
+        await this.#keys.releaseConcurrencySlot(scope, key, slot).catch((error: unknown) => {
+          run.log.warn({ err: error, concurrencyKey: slot.group }, 'could not free the concurrency slot; it frees itself when its time is up');
+        });
+      }
     }
   }
 
@@ -332,9 +353,10 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
         break;
       case 'deferred':
         if (outcome.reason === 'concurrency-limit') {
-          this.#emit('concurrency-limited', delivery, { identity });
+          const concurrencyKey = outcome.concurrencyKey ?? concurrencyLimitsOf(identity?.concurrency)[0]?.key;
+          this.#emit('concurrency-limited', delivery, { identity, ...(concurrencyKey !== undefined && { concurrencyKey }) });
           log?.info(
-            { outcome: 'concurrency-limited', delayMs: outcome.retryAfterMs, concurrencyKey: identity?.concurrency?.key },
+            { outcome: 'concurrency-limited', delayMs: outcome.retryAfterMs, concurrencyKey },
             'concurrency key at its limit: deferring the job without using an attempt',
           );
           break;
@@ -562,7 +584,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
 
   /** Emits one event (and records it on the message's span): `about` names the claim, or else the identity, it concerns. */
   #emit(kind: WorkerEventKind, delivery: Delivery<M>, about: EventAbout<P> = {}): void {
-    const { claim, identity, durationMs, step, cause, retentionPart } = about;
+    const { claim, identity, durationMs, step, cause, retentionPart, concurrencyKey } = about;
     this.#options.tracing?.record(kind, delivery.message as object, claim, step);
     const events = this.#options.events;
     if (!events?.wanted()) return;
@@ -577,7 +599,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       durationMs,
       ...(step && { step: step.name, position: step.position }),
       ...(cause !== undefined && { cause }),
-      ...(kind === 'concurrency-limited' && identity?.concurrency && { concurrencyKey: identity.concurrency.key }),
+      ...(kind === 'concurrency-limited' && concurrencyKey !== undefined && { concurrencyKey }),
       ...(retentionPart !== undefined && { retentionPart }),
     });
   }

@@ -51,9 +51,9 @@ export class RunFailures<P, M> {
     this.#options = options;
   }
 
-  /** Deferral without using an attempt, to replay once the owner finishes. */
-  defer(retryAfterMs: number, reason: Exclude<DeferralReason, 'data-layer-elsewhere'>): RunResult {
-    return { outcome: { kind: 'deferred', retryAfterMs: deferralMs(this.#options.timing, retryAfterMs), reason } };
+  /** Deferral without using an attempt, to replay once the owner finishes (or, `concurrencyKey` given, once that key has a free slot). */
+  defer(retryAfterMs: number, reason: Exclude<DeferralReason, 'data-layer-elsewhere'>, concurrencyKey?: string): RunResult {
+    return { outcome: { kind: 'deferred', retryAfterMs: deferralMs(this.#options.timing, retryAfterMs), reason, ...(concurrencyKey !== undefined && { concurrencyKey }) } };
   }
 
   /**

@@ -83,6 +83,8 @@ export type RunOutcome =
       readonly reason: DeferralReason;
       /** With `'data-layer-elsewhere'`: the refusal, which names the fix. */
       readonly error?: DataLayerElsewhereError;
+      /** With `'concurrency-limit'`: the concurrency key that was at its limit. */
+      readonly concurrencyKey?: string;
     }
   | {
       /** Postgres failed, not the handler: deliver again later, without counting a failed delivery. */

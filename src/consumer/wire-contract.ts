@@ -25,6 +25,10 @@ import type { KeyRetention } from '../store/records.js';
  * `concurrencyLimit` (1–10,000) jobs naming the same `concurrencyKey` (1–255 characters, e.g.
  * `tenant:acme`) run at once across all workers; the others are deferred without using an attempt.
  *
+ * `concurrencyLimits`: optional, instead of the pair, outside the fingerprint: a list of 1–4
+ * `{ "key": …, "limit": … }` with distinct keys (e.g. a tenant's limit and one "in all"); the
+ * job runs only while it holds a slot of every key it names.
+ *
  * `coalesce`: optional, outside the fingerprint: `true` makes the key coalescing (one running job
  * plus one pending successor with the newest payload) instead of idempotent; its key has at most
  * 235 characters, and each job needs an id of its own.
@@ -49,6 +53,13 @@ export interface WireJobData<P = unknown> {
   readonly concurrencyKey?: string;
   /** How many jobs of `concurrencyKey` may run at once (1–10,000). @defaultValue unset (no limit) */
   readonly concurrencyLimit?: number;
+  /**
+   * Several limits at once, instead of `concurrencyKey` / `concurrencyLimit`: 1–4 entries with
+   * distinct keys, e.g. `[{ key: 'tenant:acme', limit: 2 }, { key: 'all-syncs', limit: 10 }]`;
+   * the job runs only while it holds a slot of every one.
+   * @defaultValue unset (no limit)
+   */
+  readonly concurrencyLimits?: readonly ConcurrencyLimit[];
   /**
    * Coalescing mode instead of idempotency: one running job plus at most one pending successor
    * per key, the newest payload winning; the same key with another payload is the next run, not
@@ -78,6 +89,16 @@ export const MAX_COALESCING_KEY_LENGTH = 235;
 /** Most jobs of one concurrency key that may be allowed to run at once. */
 export const MAX_CONCURRENCY_LIMIT = 10_000;
 
+/** Most concurrency keys one job may name (each one more statement per run, and one more slot to wait for). */
+export const MAX_CONCURRENCY_KEYS = 4;
+
+/** The limits a job's concurrency names, sorted by key: the order every job takes its slots in, so none deadlock. */
+export function concurrencyLimitsOf(concurrency: ConcurrencyLimit | readonly ConcurrencyLimit[] | undefined): readonly ConcurrencyLimit[] {
+  if (concurrency === undefined) return [];
+  const limits = Array.isArray(concurrency) ? [...(concurrency as readonly ConcurrencyLimit[])] : [concurrency as ConcurrencyLimit];
+  return limits.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+}
+
 /** What a job is, for the claim: its key, scope, payload, and what its fingerprint covers. */
 export interface JobIdentity<P = unknown> {
   /** The key's scope. */
@@ -88,8 +109,11 @@ export interface JobIdentity<P = unknown> {
   readonly payload: P;
   /** The value fingerprinted; same key + different identity = key reused. */
   readonly fingerprintOf: unknown;
-  /** At most `limit` jobs of this concurrency key run at once. @defaultValue unset (no limit) */
-  readonly concurrency?: ConcurrencyLimit;
+  /**
+   * At most `limit` jobs of this concurrency key run at once; a list: the job runs only while it
+   * holds a slot of each key, taken in key order. @defaultValue unset (no limit)
+   */
+  readonly concurrency?: ConcurrencyLimit | readonly ConcurrencyLimit[];
   /** Coalescing mode (see {@link WireJobData.coalesce}). @defaultValue `false` */
   readonly coalesce?: boolean;
   /** The key's own retention (see {@link WireJobData.retention}), well formed, not yet held to the worker's bounds. @defaultValue unset */
@@ -163,23 +187,55 @@ function retentionOf(value: unknown, named: string): KeyRetention | undefined {
   return { ...(resultMs === undefined ? {} : { resultMs }), ...(tombstoneMs === undefined ? {} : { tombstoneMs }) };
 }
 
-/** The job's concurrency limit, if it names one; refuses half of one or a bad value. */
-function concurrencyOf(record: Record<string, unknown>, named: string): ConcurrencyLimit | undefined {
-  const { concurrencyKey: key, concurrencyLimit: limit } = record;
+/** The job's concurrency limit (or limits), if it names any; refuses half of a pair, a bad value, or both forms at once. */
+function concurrencyOf(record: Record<string, unknown>, named: string): ConcurrencyLimit | readonly ConcurrencyLimit[] | undefined {
+  const { concurrencyKey: key, concurrencyLimit: limit, concurrencyLimits: list } = record;
+  if (list !== undefined) {
+    if (key !== undefined || limit !== undefined) {
+      throw malformed('job.data.concurrencyLimits', `give either "concurrencyLimits" or "concurrencyKey" with "concurrencyLimit", not both (${named})`);
+    }
+    return concurrencyListOf(list, named);
+  }
   if (key === undefined && limit === undefined) return undefined;
+  return concurrencyEntryOf(key, limit, 'job.data.concurrencyKey', 'job.data.concurrencyLimit', named);
+}
+
+/** A list of concurrency limits: 1–{@link MAX_CONCURRENCY_KEYS} well-formed entries with distinct keys. */
+function concurrencyListOf(list: unknown, named: string): readonly ConcurrencyLimit[] {
+  if (!Array.isArray(list) || list.length < 1 || list.length > MAX_CONCURRENCY_KEYS) {
+    throw malformed('job.data.concurrencyLimits', `"concurrencyLimits" must be a list of 1 to ${MAX_CONCURRENCY_KEYS} { key, limit } entries (${named})`);
+  }
+  const limits = list.map((entry: unknown, n) => {
+    if (entry === null || typeof entry !== 'object' || Array.isArray(entry)) {
+      throw malformed(`job.data.concurrencyLimits/${n}`, `each entry of "concurrencyLimits" must be an object { key, limit } (${named})`);
+    }
+    const { key, limit } = entry as Record<string, unknown>;
+    return concurrencyEntryOf(key, limit, `job.data.concurrencyLimits/${n}/key`, `job.data.concurrencyLimits/${n}/limit`, named);
+  });
+  const seen = new Set<string>();
+  for (const [n, { key }] of limits.entries()) {
+    if (seen.has(key)) throw malformed(`job.data.concurrencyLimits/${n}/key`, `"concurrencyLimits" names the key "${printable(key)}" twice (${named})`);
+    seen.add(key);
+  }
+  return limits;
+}
+
+/** One concurrency key and its limit, `keyField` and `limitField` naming where they were read. */
+function concurrencyEntryOf(key: unknown, limit: unknown, keyField: string, limitField: string, named: string): ConcurrencyLimit {
+  const [keyName, limitName] = [keyField, limitField].map((field) => field.replace(/^job\.data\./, ''));
   if (typeof key !== 'string' || key.length < 1 || key.length > 255 || findJsonProblem(key, { maxDepth: 0, allowNul: false })) {
-    throw malformed('job.data.concurrencyKey', `"concurrencyKey" must be a string of 1–255 characters without NUL or lone surrogates when "concurrencyLimit" is given (${named})`);
+    throw malformed(keyField, `"${keyName}" must be a string of 1–255 characters without NUL or lone surrogates when "${limitName}" is given (${named})`);
   }
   if (typeof limit !== 'number' || !Number.isInteger(limit) || limit < 1 || limit > MAX_CONCURRENCY_LIMIT) {
-    throw malformed('job.data.concurrencyLimit', `"concurrencyLimit" must be a whole number from 1 to ${MAX_CONCURRENCY_LIMIT} when "concurrencyKey" is given (${named})`);
+    throw malformed(limitField, `"${limitName}" must be a whole number from 1 to ${MAX_CONCURRENCY_LIMIT} when "${keyName}" is given (${named})`);
   }
   return { key, limit };
 }
 
 /** What a job carries besides its key, scope and payload (see {@link toWireJobData}). */
 export interface WireJobExtras {
-  /** See {@link WireJobData.concurrencyKey}. @defaultValue unset */
-  readonly concurrency?: ConcurrencyLimit;
+  /** See {@link WireJobData.concurrencyKey} and {@link WireJobData.concurrencyLimits}: one limit, or 1–4 with distinct keys. @defaultValue unset */
+  readonly concurrency?: ConcurrencyLimit | readonly ConcurrencyLimit[];
   /** See {@link WireJobData.retention}. @defaultValue unset */
   readonly retention?: KeyRetention;
 }
@@ -199,7 +255,12 @@ export function toWireJobData<P>(scope: string, key: string, payload: P, extras:
   const retention = retentionOf(extras.retention, named);
   let data: WireJobData<P> = { idempotencyKey: key, scope, payload };
   if (concurrency) {
-    data = { ...data, concurrencyKey: concurrency.key, concurrencyLimit: concurrency.limit };
+    // One limit keeps the pair of fields, which workers of every version read.
+    const [only, ...more] = Array.isArray(concurrency) ? (concurrency as readonly ConcurrencyLimit[]) : [concurrency as ConcurrencyLimit];
+    data =
+      only && more.length === 0
+        ? { ...data, concurrencyKey: only.key, concurrencyLimit: only.limit }
+        : { ...data, concurrencyLimits: (concurrency as readonly ConcurrencyLimit[]).map(({ key: group, limit }) => ({ key: group, limit })) };
     concurrencyOf(data as unknown as Record<string, unknown>, named);
   }
   return retention ? { ...data, retention } : data;
@@ -224,7 +285,7 @@ function malformed(field: string, problem: string): ValidationError {
   return new ValidationError(
     'INVALID_JOB_DATA',
     field,
-    `Malformed job data: ${problem}. Expected { idempotencyKey: string, scope?: string, payload: JSON, retention?: { resultMs?, tombstoneMs? } } ` +
+    `Malformed job data: ${problem}. Expected { idempotencyKey: string, scope?: string, payload: JSON, concurrencyKey?, concurrencyLimit?, concurrencyLimits?: [{ key, limit }], retention?: { resultMs?, tombstoneMs? } } ` +
       '(see "The wire contract" in docs/guide.md).',
   );
 }

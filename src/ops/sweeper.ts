@@ -231,7 +231,7 @@ export class Sweeper {
 /**
  * The lost job as it was enqueued, rebuilt from what the store kept: its name, its payload, and
  * what its data said beyond them, so the job added again runs as the lost one would have:
- * - under its concurrency key and limit, if it named one (else it would run outside the limit);
+ * - under its concurrency keys and limits, if it named any (else it would run outside them);
  * - as a run of its coalescing key, if the key is one (`<key>#<generation>`): the same job id as
  *   the lost job (the coalescing key hands that generation to that job, which runs it again with
  *   its payload and then takes the pending successor; a job of another id would only fold into
@@ -242,9 +242,9 @@ function jobToAddAgain(candidate: LostKeyCandidate): { jobId: string; name: stri
   const { scope, key, jobName, coalescing, concurrency } = candidate;
   if (jobName === null) return undefined;
   if (coalescing && candidate.jobId) {
-    const data = { ...toWireJobData(scope, coalescing.key, coalescing.payload, concurrency), coalesce: true };
+    const data = { ...toWireJobData(scope, coalescing.key, coalescing.payload, { concurrency }), coalesce: true };
     return { jobId: candidate.jobId, name: jobName, data };
   }
   if (!candidate.hasPayload) return undefined;
-  return { jobId: jobIdFor(scope, key), name: jobName, data: toWireJobData(scope, key, candidate.payload, concurrency) };
+  return { jobId: jobIdFor(scope, key), name: jobName, data: toWireJobData(scope, key, candidate.payload, { concurrency }) };
 }

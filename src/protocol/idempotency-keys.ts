@@ -351,19 +351,30 @@ export class IdempotencyKeys {
    * long as the key is `processing` under a live lease (heartbeats keep it; a crashed worker's
    * slot frees when its lease ends); free it with {@link releaseConcurrencySlot} when the run
    * ends. A job that has waited `starvationMs` goes before every job of the group that has
-   * waited less. Transient store faults throw {@link StoreUnavailableError}.
+   * waited less. A job that names several groups takes a slot of each, sorted by group, and
+   * passes them all as `groups` (what the key's record keeps for the sweeper). Transient store
+   * faults throw {@link StoreUnavailableError}.
    */
   async acquireConcurrencySlot(
     scope: string,
     key: string,
     group: { readonly key: string; readonly limit: number },
-    options: { readonly leaseMs?: number; readonly starvationMs: number },
+    options: { readonly leaseMs?: number; readonly starvationMs: number; readonly groups?: readonly string[] },
   ): Promise<ConcurrencySlot | ConcurrencySlotRefused> {
     const acquire = this.#store.acquireSlot?.bind(this.#store);
     if (!acquire) throw new ValidationError('INVALID_OPTIONS', 'store', 'This key store has no concurrency slots (acquireSlot).');
     const owner = randomUUID();
     const answer = await storeCall(scope, key, 'concurrency slot', () =>
-      acquire({ group: group.key, limit: group.limit, scope, key, owner, leaseMs: options.leaseMs ?? this.#options.leaseMs, starvationMs: options.starvationMs }),
+      acquire({
+        group: group.key,
+        limit: group.limit,
+        scope,
+        key,
+        owner,
+        leaseMs: options.leaseMs ?? this.#options.leaseMs,
+        starvationMs: options.starvationMs,
+        ...(options.groups && { groups: options.groups }),
+      }),
     );
     return answer.acquired ? { acquired: true, group: group.key, slot: answer.slot, owner } : answer;
   }

@@ -11,7 +11,7 @@ import { recordStepFunctionDdl } from './sql/record-step.js';
 import { startStepFunctionDdl } from './sql/start-step.js';
 import { keysTableLayout } from './sql/keys-table-layout.js';
 import { perKeyRetentionDdl, tombstonesDdl } from './sql/tombstones.js';
-import { acquireConcurrencySlotFunctionDdl, concurrencySlotsDdl, keyConcurrencyLimitsDdl } from './sql/concurrency-slots.js';
+import { acquireConcurrencySlotFunctionDdl, concurrencyLimitSetsDdl, concurrencySlotsDdl, keyConcurrencyLimitsDdl } from './sql/concurrency-slots.js';
 import { coalescingDdl } from './sql/coalescing.js';
 import { schedulesDdl } from './sql/schedules.js';
 
@@ -251,6 +251,14 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
         await storeFastPathResultFunctionDdl(schema).execute(db);
         await sql`drop function if exists ${t('insert_completed_keys')}(text[], text[], text[], uuid[], bigint[], int, text[], text[], text[], jsonb[], jsonb[])`.execute(db);
         await insertCompletedKeysFunctionDdl(schema).execute(db);
+      },
+    },
+    '024_concurrency_limit_sets': {
+      // A job may name several concurrency keys (a tenant's limit and one in all): a key records
+      // each, and the slot's function drops records of keys its job no longer names (see
+      // sql/concurrency-slots.ts). Its old signature goes first, as in 023.
+      async up(db: Kysely<any>) {
+        for (const statement of concurrencyLimitSetsDdl(schema)) await statement.execute(db);
       },
     },
   };

@@ -443,8 +443,8 @@ export interface LostKeyCandidate {
   /** True when a payload was stored with the key (even a JSON `null` payload). */
   readonly hasPayload: boolean;
   readonly payload: unknown;
-  /** The concurrency key and limit the key took a slot under, if its job named one. */
-  readonly concurrency?: { readonly key: string; readonly limit: number };
+  /** The concurrency key and limit the key took a slot under, if its job named one; each of them (sorted by key), if several. */
+  readonly concurrency?: { readonly key: string; readonly limit: number } | ReadonlyArray<{ readonly key: string; readonly limit: number }>;
   /**
    * When the key is a run of a coalescing key (`<key>#<generation>`) handed to the job that
    * claimed it: the coalescing key and the run's payload. That job, added again under its own id,

@@ -96,10 +96,22 @@ export function checkTombstones(history: TombstonesHistory): KeyFeatureCheck {
 // ---------------------------------------------------------------------------------------------
 // Per-key concurrency limits under kills
 
+/** One concurrency key a produced key names, and its limit. */
+export interface ConcurrencyGroup {
+  readonly key: string;
+  readonly limit: number;
+}
+
+/** The concurrency keys a produced key names. */
+function groupsOf(history: ConcurrencyHistory, id: string): readonly ConcurrencyGroup[] {
+  const named = history.groups.get(id);
+  return named === undefined ? [] : Array.isArray(named) ? (named as readonly ConcurrencyGroup[]) : [named as ConcurrencyGroup];
+}
+
 /** What {@link checkConcurrencyLimits} reads. */
 export interface ConcurrencyHistory {
-  /** The concurrency key and limit of each produced key, by `scope/key`. */
-  readonly groups: ReadonlyMap<string, { readonly key: string; readonly limit: number }>;
+  /** The concurrency key and limit of each produced key, by `scope/key`; a list when it names several (a tenant's and one in all). */
+  readonly groups: ReadonlyMap<string, ConcurrencyGroup | readonly ConcurrencyGroup[]>;
   /** Committed effects: each run's end. */
   readonly effects: readonly ExecutionRow[];
   /** External calls: each run's start (the call of the effect's fence). */
@@ -136,14 +148,15 @@ export function checkConcurrencyLimits(history: ConcurrencyHistory): KeyFeatureC
   let withoutStart = 0;
   for (const effect of history.effects) {
     const id = idOf(effect);
-    const group = history.groups.get(id);
-    if (!group) continue;
+    const groups = groupsOf(history, id);
+    if (groups.length === 0) continue;
     const starts = (calls.get(`${id}#${effect.fence}`) ?? []).filter((call) => call.at <= effect.at);
     if (starts.length === 0) {
       withoutStart++;
       continue;
     }
-    runs.push({ id, group: group.key, limit: group.limit, start: Math.max(...starts.map((c) => c.at)), end: effect.at });
+    // A run counts in each key its job names: every one of their limits must hold.
+    for (const group of groups) runs.push({ id, group: group.key, limit: group.limit, start: Math.max(...starts.map((c) => c.at)), end: effect.at });
   }
   const overLimit: string[] = [];
   let maxInFlight = 0;
@@ -181,7 +194,7 @@ export function checkConcurrencyLimits(history: ConcurrencyHistory): KeyFeatureC
   return result(
     'concurrency-limits',
     [
-      ['runs with a concurrency key (groups; most in flight at once in a group)', `${runs.length} (${new Set(runs.map((r) => r.group)).size}; ${maxInFlight})${withoutStart ? `, ${withoutStart} without a start` : ''}`],
+      ['runs with a concurrency key (groups; most in flight at once in a group)', `${new Set(runs.map((r) => `${r.id}#${r.start}`)).size} (${new Set(runs.map((r) => r.group)).size}; ${maxInFlight})${withoutStart ? `, ${withoutStart} without a start` : ''}`],
       ['deferrals by the limit (jobs deferred)', `${deferrals} (${firstDeferral.size})`],
       ['wait of a deferred job from its first deferral to its run p50 / p99 / max', `${seconds(waited.p50)} / ${seconds(waited.p99)} / ${seconds(waited.max)}`],
     ],
@@ -200,10 +213,11 @@ export function checkConcurrencyLimits(history: ConcurrencyHistory): KeyFeatureC
  */
 function starvedSpans(history: ConcurrencyHistory, runs: ReadonlyArray<{ group: string; limit: number; start: number; end: number }>): string[] {
   const runsByGroup = groupBy(runs, (run) => run.group);
-  const limitOf = new Map([...history.groups.values()].map((g) => [g.key, g.limit]));
+  const limitOf = new Map([...history.groups.keys()].flatMap((id) => groupsOf(history, id)).map((g) => [g.key, g.limit]));
+  // A deferral counts against the key that refused it (the line names it), else the job's only key.
   const deferralsByGroup = groupBy(
     history.lines.filter((line) => line.outcome === 'concurrency-limited' && history.groups.has(idOf(line))),
-    (line) => history.groups.get(idOf(line))!.key,
+    (line) => line.concurrencyKey ?? groupsOf(history, idOf(line))[0]!.key,
   );
   const starved: string[] = [];
   for (const [group, deferrals] of deferralsByGroup) {

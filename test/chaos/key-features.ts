@@ -6,8 +6,8 @@
  * - `tombstones`: short retention (`RETENTION_MS` 4 s) and a janitor (a maintenance process)
  *   leaving tombstones for an hour; duplicates of keys whose row is gone are sent late
  *   ({@link runLateDuplicates}).
- * - `concurrency-limits`: every job names one of 3 concurrency keys, limit 2, so that 6 slots
- *   serve 12 worker slots; `CONCURRENCY_STARVATION_MS` 5 s.
+ * - `concurrency-limits`: every job names one of 3 tenant keys, limit 2, and the in-all key
+ *   `all`, limit 5, so that 5 slots serve 12 worker slots; `CONCURRENCY_STARVATION_MS` 5 s.
  * - `coalescing`: bursts of adds of coalescing keys beside the suite's load ({@link runCoalescingBursts}).
  * - `racing-schedulers`: a one-second schedule (`missed: 'all'`, `maxMissed` 1000) on the run's
  *   queue, ticked by 3 maintenance processes that are killed and restarted at seeded times,
@@ -41,8 +41,8 @@ import type { WorkerLogLine } from './worker-fleet.js';
 
 /** The tombstone profile's retention of a finished key's row, and how often the janitor runs. */
 export const TOMBSTONE_PROFILE = { retentionMs: 4_000, tombstoneMs: 3_600_000, janitorIntervalMs: 1_000 } as const;
-/** The concurrency profile's keys: `tenant:0` … `tenant:<groups − 1>`, each with `limit`. */
-export const CONCURRENCY_PROFILE = { groups: 3, limit: 2, starvationMs: 5_000 } as const;
+/** The concurrency profile's keys: `tenant:0` … `tenant:<groups − 1>`, each with `limit`, and the in-all key every job names too. */
+export const CONCURRENCY_PROFILE = { groups: 3, limit: 2, inAll: { key: 'all', limit: 5 }, starvationMs: 5_000 } as const;
 /** The scheduler profile's schedule: a tick a second, every missed tick enqueued. */
 export const SCHEDULE_PROFILE = { name: 'chaos-tick', everyMs: 1_000, maxMissed: 1_000, schedulers: 3, payload: { n: -1, workMs: 20 } } as const;
 
@@ -69,9 +69,9 @@ export function racingClockSkews(seed: number, workers: number): ClockSkews {
   };
 }
 
-/** The concurrency key of produced key number `n` in the concurrency profile. */
-export function concurrencyOf(n: number): ConcurrencyLimit {
-  return { key: `tenant:${n % CONCURRENCY_PROFILE.groups}`, limit: CONCURRENCY_PROFILE.limit };
+/** The concurrency keys of produced key number `n` in the concurrency profile: its tenant's, and the in-all key. */
+export function concurrencyOf(n: number): readonly ConcurrencyLimit[] {
+  return [{ key: `tenant:${n % CONCURRENCY_PROFILE.groups}`, limit: CONCURRENCY_PROFILE.limit }, CONCURRENCY_PROFILE.inAll];
 }
 
 /** What the profile needs of the run. */
@@ -148,7 +148,7 @@ export class KeyFeatureRun {
   }
 
   /** Added to the suite's producer's options. */
-  producerOptions(): { keys: Map<string, ProducedKey>; concurrencyFor?: (n: number) => ConcurrencyLimit } {
+  producerOptions(): { keys: Map<string, ProducedKey>; concurrencyFor?: (n: number) => readonly ConcurrencyLimit[] } {
     return { keys: this.#keys, ...(this.feature === 'concurrency-limits' ? { concurrencyFor: concurrencyOf } : {}) };
   }
 

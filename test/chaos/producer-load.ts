@@ -70,10 +70,10 @@ export interface LoadOptions {
   /** The queue in Postgres (BullMQ's PostgreSQL backend): its database and schema. Completed jobs are kept there. */
   readonly postgresQueue?: { readonly url: string; readonly schema: string };
   /**
-   * The concurrency key and limit of key number `n`, carried by every add of it (`--concurrency-limits`).
+   * The concurrency keys and limits of key number `n`, carried by every add of it (`--concurrency-limits`).
    * @defaultValue none
    */
-  readonly concurrencyFor?: (n: number) => ConcurrencyLimit;
+  readonly concurrencyFor?: (n: number) => ConcurrencyLimit | readonly ConcurrencyLimit[];
   /** The map the keys are recorded in, to read while the load runs (`--tombstones`). @defaultValue a new map */
   readonly keys?: Map<string, ProducedKey>;
   /** Stops sending new requests. */
@@ -120,7 +120,7 @@ export async function runProducerLoad(options: LoadOptions): Promise<LoadResult>
     const name = jobNameFor(produced.payload.fault);
     const concurrency = options.concurrencyFor?.(produced.payload.n);
     const add = foreignJobId
-      ? () => foreign.add(name, toWireJobData(produced.scope, produced.key, produced.payload, concurrency), { jobId: foreignJobId })
+      ? () => foreign.add(name, toWireJobData(produced.scope, produced.key, produced.payload, { concurrency }), { jobId: foreignJobId })
       : () => producer.enqueue({ name, scope: produced.scope, key: produced.key, data: produced.payload, ...(concurrency ? { concurrency } : {}) });
     const task = (async () => {
       for (;;) {

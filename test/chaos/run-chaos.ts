@@ -112,7 +112,8 @@ const USAGE = `Usage: npm run chaos -- [flags]
                          gone are sent again, with their own payload and with another; the
                          checker adds: none runs again, the first kind is acknowledged, the second
                          refused as KEY_REUSED
-  --concurrency-limits   key feature: every job names one of ${CONCURRENCY_PROFILE.groups} concurrency keys, limit ${CONCURRENCY_PROFILE.limit}
+  --concurrency-limits   key feature: every job names one of ${CONCURRENCY_PROFILE.groups} concurrency keys, limit ${CONCURRENCY_PROFILE.limit},
+                         and the in-all key "${CONCURRENCY_PROFILE.inAll.key}", limit ${CONCURRENCY_PROFILE.inAll.limit}
                          (CONCURRENCY_STARVATION_MS ${CONCURRENCY_PROFILE.starvationMs}); the checker adds: never more runs of
                          a key in flight than its limit, no key deferring jobs with a free slot for
                          longer than twice the starvation bound + 2 leases + 2 s, no slot left held

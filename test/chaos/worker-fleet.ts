@@ -35,6 +35,8 @@ export interface WorkerLogLine {
   readonly step?: string;
   /** On error lines: the error's message. */
   readonly err?: string;
+  /** On `concurrency-limited` lines: the concurrency key that refused the job. */
+  readonly concurrencyKey?: string;
 }
 
 /** How a worker process ended. */
@@ -242,5 +244,6 @@ function parseLine(text: string, skewMs: number): WorkerLogLine | undefined {
     ...(typeof raw.point === 'string' ? { point: raw.point } : {}),
     ...(typeof raw.step === 'string' ? { step: raw.step } : {}),
     ...(err?.message ? { err: err.message } : {}),
+    ...(typeof raw.concurrencyKey === 'string' ? { concurrencyKey: raw.concurrencyKey } : {}),
   };
 }

@@ -31,6 +31,12 @@ export interface SlotRequest {
   readonly leaseMs: number;
   /** A waiter deferred this long goes before anyone who has waited less (the starvation bound). */
   readonly starvationMs: number;
+  /**
+   * Every concurrency key the job names, `group` among them, when it names more than one: what
+   * the key's record in `key_concurrency_limits` keeps (records of other keys are dropped).
+   * @defaultValue `[group]`
+   */
+  readonly groups?: readonly string[];
 }
 
 /**
@@ -65,7 +71,7 @@ export async function acquireConcurrencySlot(db: Kysely<any>, schema: string, re
   const { rows } = await sql<{ slot: number | null; retry_after_ms: string | null }>`
     select * from ${sql.id(schema, 'acquire_concurrency_slot')}(
       ${request.group}::text, ${request.limit}::int, ${request.scope}::text, ${request.key}::text, ${request.owner}::uuid,
-      ${request.leaseMs}::int, ${request.starvationMs}::int)`.execute(db);
+      ${request.leaseMs}::int, ${request.starvationMs}::int, ${request.groups ?? null}::text[])`.execute(db);
   const row = rows[0]!;
   return row.slot !== null ? { acquired: true, slot: row.slot } : { acquired: false, retryAfterMs: Math.max(1, Number(row.retry_after_ms ?? 1)) };
 }
@@ -129,11 +135,13 @@ export function concurrencySlotsDdl(schema: string) {
 
 /**
  * DDL of `acquire_concurrency_slot` (see {@link acquireConcurrencySlot}): its current body,
- * installed by migrations `018_concurrency_slots`, `021_key_concurrency_limits` and
+ * installed by migrations `018_concurrency_slots`, `021_key_concurrency_limits`,
  * `022_concurrency_waiters_seen` (a starving waiter holds the free slots only while it keeps
- * coming back). Besides taking the slot, it records the key's concurrency key and limit in
+ * coming back) and `024_concurrency_limit_sets` (a job may name several keys: `p_groups`).
+ * Besides taking the slot, it records the key's concurrency key and limit in
  * `key_concurrency_limits` ({@link keyConcurrencyLimitsDdl}), in the same statement, so no round
- * trip is added.
+ * trip is added; the key's records of keys outside `p_groups` (all the keys its job names; null:
+ * only `p_group`) are dropped, so a key whose job now names other keys is not swept under old ones.
  */
 export function acquireConcurrencySlotFunctionDdl(schema: string) {
   const slots = sql.id(schema, 'concurrency_slots');
@@ -141,7 +149,8 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
   const limits = sql.id(schema, 'key_concurrency_limits');
   return sql`
       create or replace function ${sql.id(schema, 'acquire_concurrency_slot')}(
-        p_group text, p_limit int, p_scope text, p_key text, p_owner uuid, p_lease_ms int, p_starvation_ms int)
+        p_group text, p_limit int, p_scope text, p_key text, p_owner uuid, p_lease_ms int, p_starvation_ms int,
+        p_groups text[] default null)
       returns table (slot int, retry_after_ms bigint)
       language plpgsql volatile as $slot$
       #variable_conflict use_column
@@ -187,9 +196,11 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
           on conflict (group_key, slot) do update
              set owner = excluded.owner, scope = excluded.scope, key = excluded.key, acquired_until = excluded.acquired_until;
           delete from ${waiters} as w where w.group_key = p_group and w.scope = p_scope and w.key = p_key;
+          delete from ${limits} as r
+           where r.scope = p_scope and r.key = p_key and r.group_key <> all(coalesce(p_groups, array[p_group]));
           insert into ${limits} as r (scope, key, group_key, concurrency_limit) values (p_scope, p_key, p_group, p_limit)
-          on conflict (scope, key) do update
-             set group_key = excluded.group_key, concurrency_limit = excluded.concurrency_limit, recorded_at = now();
+          on conflict (scope, key, group_key) do update
+             set concurrency_limit = excluded.concurrency_limit, recorded_at = now();
           slot := v_slot;
           retry_after_ms := null;
           return next;
@@ -238,6 +249,23 @@ export function keyConcurrencyLimitsDdl(schema: string) {
       )`,
     // The janitor: records ordered by age.
     sql`create index key_concurrency_limits_recorded on ${limits} (recorded_at)`,
+  ];
+}
+
+/**
+ * DDL of migration `024_concurrency_limit_sets`: a key records each concurrency key its job names
+ * (one row per key and concurrency key, where `021_key_concurrency_limits` kept one per key), so
+ * the sweeper adds a lost job again under all its limits. The function of the old signature is
+ * dropped before the new one is installed: beside it, a call with seven arguments (a worker of an
+ * earlier version) would be ambiguous.
+ */
+export function concurrencyLimitSetsDdl(schema: string) {
+  const limits = sql.id(schema, 'key_concurrency_limits');
+  return [
+    sql`alter table ${limits} drop constraint key_concurrency_limits_pkey`,
+    sql`alter table ${limits} add primary key (scope, key, group_key)`,
+    sql`drop function if exists ${sql.id(schema, 'acquire_concurrency_slot')}(text, int, text, text, uuid, int, int)`,
+    acquireConcurrencySlotFunctionDdl(schema),
   ];
 }
 

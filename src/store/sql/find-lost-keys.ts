@@ -14,7 +14,7 @@ import type { LostKeyCandidate, LostKeyCursor } from '../records.js';
  * JSON `null` (jsonb 'null') from no payload stored (SQL NULL).
  *
  * What the job said beyond its name and payload comes along, so that a job added again is the
- * job that was lost: the concurrency key and limit it took a slot under (`key_concurrency_limits`),
+ * job that was lost: the concurrency keys and limits it took slots under (`key_concurrency_limits`),
  * and, for a run of a coalescing key (`<key>#<generation>`, the generation that key's
  * `coalescing_keys` row hands to this very job), the coalescing key and that run's payload.
  * Each is a primary-key probe, made only for the page's rows.
@@ -44,8 +44,7 @@ export async function findLostKeyCandidates(
     job_name: string | null;
     has_payload: boolean;
     payload: unknown;
-    concurrency_key: string | null;
-    concurrency_limit: number | null;
+    concurrency_limits: Array<{ key: string; limit: number }> | null;
     coalescing_key: string | null;
     coalescing_payload: unknown;
   }>`
@@ -60,9 +59,12 @@ export async function findLostKeyCandidates(
        order by locked_until, scope, key
        limit ${limit}
     )
-    select p.*, l.group_key as concurrency_key, l.concurrency_limit, c.key as coalescing_key, c.running_payload as coalescing_payload
+    select p.*,
+           (select json_agg(json_build_object('key', l.group_key, 'limit', l.concurrency_limit) order by l.group_key)
+              from ${sql.id(schema, 'key_concurrency_limits')} as l
+             where l.scope = p.scope and l.key = p.key) as concurrency_limits,
+           c.key as coalescing_key, c.running_payload as coalescing_payload
       from page as p
-      left join ${sql.id(schema, 'key_concurrency_limits')} as l on l.scope = p.scope and l.key = p.key
       left join ${sql.id(schema, 'coalescing_keys')} as c
         on c.scope = p.scope and p.key = c.key || '#' || c.generation and c.running_job = p.job_id
      order by p.locked_until, p.scope, p.key`.execute(db);
@@ -78,7 +80,8 @@ export async function findLostKeyCandidates(
     jobName: r.job_name,
     hasPayload: r.has_payload,
     payload: r.payload,
-    concurrency: r.concurrency_key !== null && r.concurrency_limit !== null ? { key: r.concurrency_key, limit: r.concurrency_limit } : undefined,
+    // One limit keeps the form a job with one names; several, the list.
+    concurrency: r.concurrency_limits === null ? undefined : r.concurrency_limits.length === 1 ? r.concurrency_limits[0] : r.concurrency_limits,
     coalescing: r.coalescing_key !== null ? { key: r.coalescing_key, payload: r.coalescing_payload } : undefined,
   }));
 }
