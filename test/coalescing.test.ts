@@ -53,6 +53,24 @@ describe('coalescing keys (protocol)', () => {
     await keys.runEffect(claim, async () => 'done');
     expect(await keys.coalesceArrive('c', 'entity-1', 'j4', { v: 4 })).toEqual({ action: 'run', generation: 3, payload: { v: 4 } });
   });
+
+  it('orders payloads by when they were sent: an arrival held back (a delivery deferred by a fault) never replaces or outruns a newer one', async () => {
+    const sent = (s: number) => ({ sentAtMs: Date.UTC(2026, 0, 1, 0, 0, s) });
+    expect(await keys.coalesceArrive('c', 'entity-2', 'j2', { v: 2 }, sent(2))).toEqual({ action: 'run', generation: 1, payload: { v: 2 } });
+    expect(await keys.coalesceArrive('c', 'entity-2', 'j5', { v: 5 }, sent(5))).toEqual({ action: 'coalesced' });
+    // Sent before the pending payload: superseded, the pending one stays.
+    expect(await keys.coalesceArrive('c', 'entity-2', 'j4', { v: 4 }, sent(4))).toEqual({ action: 'coalesced' });
+    expect(await keys.coalesceNext('c', 'entity-2', 'j2', 1)).toEqual({ generation: 2, payload: { v: 5 } });
+    const claim = await keys.claim('c', 'entity-2#2', keys.fingerprint('x'));
+    if (claim.kind !== 'claimed') throw new Error(claim.kind);
+    await keys.runEffect(claim, async () => 'done');
+    // Nothing in flight, but the newest payload sent has run: one sent before it does not run after it.
+    expect(await keys.coalesceArrive('c', 'entity-2', 'j1', { v: 1 }, sent(1))).toEqual({ action: 'coalesced' });
+    // A newer one runs; one without a send time goes by its arrival, as before.
+    expect(await keys.coalesceArrive('c', 'entity-2', 'j6', { v: 6 }, sent(6))).toEqual({ action: 'run', generation: 3, payload: { v: 6 } });
+    expect(await keys.coalesceArrive('c', 'entity-2', 'j7', { v: 7 })).toEqual({ action: 'coalesced' });
+    expect(await keys.coalesceNext('c', 'entity-2', 'j6', 3)).toEqual({ generation: 4, payload: { v: 7 } });
+  });
 });
 
 describe('coalescing producers', () => {

@@ -106,10 +106,12 @@ it('024 upgrades a schema of one concurrency record per key: its records are kep
     await sql`create function ${t('acquire_concurrency_slot')}(text, int, text, text, uuid, int, int)
               returns table (slot int, retry_after_ms bigint) language sql as 'select 0, null::bigint'`.execute(env.db);
     await sql`insert into ${t('key_concurrency_limits')} (scope, key, group_key, concurrency_limit) values ('s', 'old', 'tenant:acme', 2)`.execute(env.db);
-    await sql`delete from ${t('idempotent_jobs_migration')} where name = '024_concurrency_limit_sets'`.execute(env.db);
+    // Migrations after 024 run again with it (they are idempotent): Kysely refuses a gap.
+    await sql`delete from ${t('idempotent_jobs_migration')} where name >= '024_concurrency_limit_sets'`.execute(env.db);
 
     const result = await migrate(env.db, { schema: upgraded });
-    expect(result.results?.map((r) => [r.migrationName, r.status])).toEqual([['024_concurrency_limit_sets', 'Success']]);
+    expect(result.results?.map((r) => [r.migrationName, r.status])[0]).toEqual(['024_concurrency_limit_sets', 'Success']);
+    expect(result.results?.every((r) => r.status === 'Success')).toBe(true);
     const { rows } = await sql<{ group_key: string }>`select group_key from ${t('key_concurrency_limits')} where key = 'old'`.execute(env.db);
     expect(rows).toEqual([{ group_key: 'tenant:acme' }]);
     // A call of seven arguments (an earlier worker) resolves to the one function, and a key records two concurrency keys.
@@ -118,6 +120,28 @@ it('024 upgrades a schema of one concurrency record per key: its records are kep
     await sql`select * from ${t('acquire_concurrency_slot')}('tenant:acme', 2, 's', 'old', ${uuid}::uuid, 1000, 1000, array['all', 'tenant:acme'])`.execute(env.db);
     const after = await sql<{ group_key: string }>`select group_key from ${t('key_concurrency_limits')} where key = 'old' order by group_key`.execute(env.db);
     expect(after.rows).toEqual([{ group_key: 'all' }, { group_key: 'tenant:acme' }]);
+  } finally {
+    await sql`drop schema if exists ${sql.id(upgraded)} cascade`.execute(env.db);
+  }
+});
+
+it('025 upgrades coalescing keys: a key taken before it keeps its state, and a five-argument call (an earlier worker) still resolves', async () => {
+  const upgraded = `${schema}_send_order`;
+  const t = (name: string) => sql.id(upgraded, name);
+  try {
+    await migrate(env.db, { schema: upgraded });
+    // Back to what 024 left: no send times, and the five-argument function.
+    await sql`alter table ${t('coalescing_keys')} drop column newest_sent_at`.execute(env.db);
+    await sql`drop function ${t('coalesce_arrive')}(text, text, text, jsonb, int, timestamptz)`.execute(env.db);
+    await sql`create function ${t('coalesce_arrive')}(text, text, text, jsonb, int)
+              returns table (action text, generation bigint, payload jsonb) language sql as 'select null::text, null::bigint, null::jsonb'`.execute(env.db);
+    await sql`insert into ${t('coalescing_keys')} (scope, key, generation) values ('s', 'taken', 3)`.execute(env.db);
+    await sql`delete from ${t('idempotent_jobs_migration')} where name = '025_coalescing_send_order'`.execute(env.db);
+
+    const result = await migrate(env.db, { schema: upgraded });
+    expect(result.results?.map((r) => [r.migrationName, r.status])).toEqual([['025_coalescing_send_order', 'Success']]);
+    const { rows } = await sql<{ action: string; generation: string }>`select * from ${t('coalesce_arrive')}('s', 'taken', 'j', '{}'::jsonb, 1000)`.execute(env.db);
+    expect(rows[0]).toMatchObject({ action: 'run', generation: '4' });
   } finally {
     await sql`drop schema if exists ${sql.id(upgraded)} cascade`.execute(env.db);
   }

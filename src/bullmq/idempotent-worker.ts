@@ -370,6 +370,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
       // Activations that used no attempt (deferrals, stalls): no write is needed to keep a count.
       deferrals: job.attemptsStarted - job.attemptsMade - 1,
       deliveryCount: job.attemptsStarted,
+      sentAtMs: job.timestamp,
       signal: bullSignal,
     });
     switch (outcome.kind) {

@@ -91,6 +91,11 @@ export interface Delivery<M> {
    * that a run can be told from an older delivery of the same message.
    */
   readonly deliveryCount?: number;
+  /**
+   * When the producer sent the message (ms since the epoch: BullMQ's job timestamp, JetStream's
+   * stored time), when the broker says: coalescing keys order payloads by it.
+   */
+  readonly sentAtMs?: number;
   /** The broker's own cancellation of this delivery, if it has one. */
   readonly signal?: AbortSignal;
 }

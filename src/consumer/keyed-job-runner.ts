@@ -232,7 +232,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     }
     let next: { readonly generation: number; readonly payload: unknown } | undefined;
     try {
-      const arrival = await this.#keys.coalesceArrive(scope, key, delivery.id, identity.payload, { staleMs: this.#timing.leaseMs * 10 });
+      const arrival = await this.#keys.coalesceArrive(scope, key, delivery.id, identity.payload, { staleMs: this.#timing.leaseMs * 10, sentAtMs: delivery.sentAtMs });
       if (arrival.action === 'coalesced') return { outcome: { kind: 'replayed', result: null, coalesced: true } };
       next = arrival;
     } catch (error) {

@@ -457,6 +457,7 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
       },
       deferrals: message.info.deliveryCount - 1,
       deliveryCount: message.info.deliveryCount,
+      sentAtMs: message.info.timestampNanos / 1e6,
     };
     // JetStream's redelivery timer is reset while the handler runs, as the runner's heartbeat
     // extends the lease; a lost lease aborts the handler, which ends the run and the beats.

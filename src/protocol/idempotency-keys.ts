@@ -386,13 +386,14 @@ export class IdempotencyKeys {
    * run it with, or `coalesced` (a run is in flight; this payload is now its pending successor's,
    * and the job is done). Transient store faults throw {@link StoreUnavailableError}.
    */
-  coalesceArrive(scope: string, key: string, jobId: string, payload: unknown, options: { readonly staleMs?: number } = {}): Promise<CoalesceAnswer> {
+  coalesceArrive(scope: string, key: string, jobId: string, payload: unknown, options: { readonly staleMs?: number; readonly sentAtMs?: number } = {}): Promise<CoalesceAnswer> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
     const arrive = this.#store.coalesceArrive?.bind(this.#store);
     if (!arrive) throw new ValidationError('INVALID_OPTIONS', 'store', 'This key store has no coalescing keys (coalesceArrive).');
     const payloadJson = serializePayload(scope, key, payload);
-    return storeCall(scope, key, 'coalescing arrival', () => arrive({ scope, key, jobId, payloadJson, staleMs: options.staleMs ?? this.#options.leaseMs * 10 }));
+    const sentAtMs = options.sentAtMs !== undefined && Number.isFinite(options.sentAtMs) ? options.sentAtMs : undefined;
+    return storeCall(scope, key, 'coalescing arrival', () => arrive({ scope, key, jobId, payloadJson, staleMs: options.staleMs ?? this.#options.leaseMs * 10, sentAtMs }));
   }
 
   /** After the running job's run of `generation` ended: the pending successor to run next in the same job, if any. */

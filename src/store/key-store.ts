@@ -1,3 +1,4 @@
+import type { CoalesceArrival } from './sql/coalescing.js';
 import type { CompiledQuery, Kysely } from 'kysely';
 import type { Claim, ClaimOutcome } from './claim-outcome.js';
 import type { HeldRecord } from './one-trip-commit.js';
@@ -22,7 +23,7 @@ export interface KeyStore {
   /** Frees a slot taken by {@link acquireSlot}; false when it was no longer held. */
   releaseSlot?(group: string, slot: number, owner: string): Promise<boolean>;
   /** A coalescing job arrives: run a generation, or fold into the run in flight (see `sql/coalescing.ts`). */
-  coalesceArrive?(input: { scope: string; key: string; jobId: string; payloadJson: string; staleMs: number }): Promise<CoalesceAnswer>;
+  coalesceArrive?(input: CoalesceArrival): Promise<CoalesceAnswer>;
   /** The running job's generation ended: the pending successor's generation and payload, if any. */
   coalesceNext?(input: { scope: string; key: string; jobId: string; generation: number }): Promise<CoalesceSuccessor | undefined>;
   /** Claims a key (see `sql/claim.ts`). */

@@ -12,7 +12,7 @@ import { startStepFunctionDdl } from './sql/start-step.js';
 import { keysTableLayout } from './sql/keys-table-layout.js';
 import { perKeyRetentionDdl, tombstonesDdl } from './sql/tombstones.js';
 import { acquireConcurrencySlotFunctionDdl, concurrencyLimitSetsDdl, concurrencySlotsDdl, keyConcurrencyLimitsDdl } from './sql/concurrency-slots.js';
-import { coalescingDdl } from './sql/coalescing.js';
+import { coalescingDdl, coalescingSendOrderDdl } from './sql/coalescing.js';
 import { schedulesDdl } from './sql/schedules.js';
 
 /** How a new schema's tables are laid out (see {@link migrationsFor}). */
@@ -259,6 +259,13 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
       // sql/concurrency-slots.ts). Its old signature goes first, as in 023.
       async up(db: Kysely<any>) {
         for (const statement of concurrencyLimitSetsDdl(schema)) await statement.execute(db);
+      },
+    },
+    '025_coalescing_send_order': {
+      // Coalescing orders payloads by when they were sent, where the broker says: an arrival sent
+      // before a payload the key already took is superseded (see sql/coalescing.ts).
+      async up(db: Kysely<any>) {
+        for (const statement of coalescingSendOrderDdl(schema)) await statement.execute(db);
       },
     },
   };

@@ -9,7 +9,7 @@ import { StatementBatcher } from './statement-batcher.js';
 import { claimKey } from './sql/claim.js';
 import { claimNewKey } from './sql/claim-new-key.js';
 import { tombstoneOf } from './sql/tombstones.js';
-import { coalesceArrive, coalesceNext } from './sql/coalescing.js';
+import { coalesceArrive, coalesceNext, type CoalesceArrival } from './sql/coalescing.js';
 import type { CoalesceAnswer, CoalesceSuccessor } from './records.js';
 import { acquireConcurrencySlot, releaseConcurrencySlot, type SlotAnswer, type SlotRequest } from './sql/concurrency-slots.js';
 import { completeAndCommit, completeKey, completionStatement, storeFastPathResult, storeResultAndCommit } from './sql/complete-and-commit.js';
@@ -157,7 +157,7 @@ export class PostgresKeyStore implements KeyStore {
     return claimKey(executor, statementInput);
   }
 
-  coalesceArrive(input: { scope: string; key: string; jobId: string; payloadJson: string; staleMs: number }): Promise<CoalesceAnswer> {
+  coalesceArrive(input: CoalesceArrival): Promise<CoalesceAnswer> {
     return coalesceArrive(this.#db, this.schema, input);
   }
 

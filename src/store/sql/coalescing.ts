@@ -2,8 +2,28 @@ import { sql, type Kysely } from 'kysely';
 import type { CoalesceAnswer } from '../records.js';
 
 
+/** One arrival of a coalescing job, as {@link coalesceArrive} sends it. */
+export interface CoalesceArrival {
+  /** The key's scope. */
+  readonly scope: string;
+  /** The coalescing key (its generations are `<key>#<generation>`). */
+  readonly key: string;
+  /** The arriving job's (message's) id: a redelivery of the running job is told by it. */
+  readonly jobId: string;
+  /** The job's payload, as JSON. */
+  readonly payloadJson: string;
+  /** How long a generation handed out without a key row counts as running (then abandoned). */
+  readonly staleMs: number;
+  /**
+   * When the producer sent the job (ms since the epoch: BullMQ's job timestamp, JetStream's
+   * stored time), when the broker says: an arrival sent before a payload the key already took
+   * is superseded by it. Undefined: the arrival's order is the order it reaches Postgres.
+   */
+  readonly sentAtMs?: number;
+}
+
 /**
- * A coalescing job arrives (see the `coalesce_arrive` function, {@link coalescingDdl}): one
+ * A coalescing job arrives (see the `coalesce_arrive` function, {@link coalesceArriveFunctionDdl}): one
  * statement, serialized per (scope, key) by the row lock of the key's `coalescing_keys` row.
  *
  * - The job is the one running the key's current generation (a redelivery after a crash or a
@@ -18,15 +38,23 @@ import type { CoalesceAnswer } from '../records.js';
  *
  * A generation whose key never got a row and which was handed out more than `staleMs` ago
  * counts as finished: its job was removed before it claimed.
+ *
+ * "Newest" is the order the producer sent the jobs, where the arrival says when it was sent
+ * (`sentAtMs`): an arrival sent before a payload the key already took (running, run or
+ * pending) is superseded by it and done (`coalesced`) without changing anything, so a delivery
+ * held back by a fault (a Postgres outage deferring it) never runs after a newer one. Without a
+ * send time, the order in which arrivals reach Postgres.
  */
 export async function coalesceArrive(
   db: Kysely<any>,
   schema: string,
-  input: { readonly scope: string; readonly key: string; readonly jobId: string; readonly payloadJson: string; readonly staleMs: number },
+  input: CoalesceArrival,
 ): Promise<CoalesceAnswer> {
+  const sentAt = input.sentAtMs === undefined ? null : new Date(input.sentAtMs).toISOString();
   const { rows } = await sql<{ action: 'run' | 'coalesced'; generation: string | null; payload: unknown }>`
     select * from ${sql.id(schema, 'coalesce_arrive')}(
-      ${input.scope}::text, ${input.key}::text, ${input.jobId}::text, ${input.payloadJson}::jsonb, ${input.staleMs}::int)`.execute(db);
+      ${input.scope}::text, ${input.key}::text, ${input.jobId}::text, ${input.payloadJson}::jsonb, ${input.staleMs}::int,
+      ${sentAt}::timestamptz)`.execute(db);
   const row = rows[0]!;
   return row.action === 'run' ? { action: 'run', generation: Number(row.generation), payload: row.payload } : { action: 'coalesced' };
 }
@@ -54,7 +82,7 @@ export async function coalesceNext(
 }
 
 
-/** DDL of `coalescing_keys` and `coalesce_arrive`, for migration `019_coalescing`. */
+/** DDL of `coalescing_keys` and the first `coalesce_arrive`, for migration `019_coalescing` (as it ran; see {@link coalesceArriveFunctionDdl}). */
 export function coalescingDdl(schema: string) {
   const table = sql.id(schema, 'coalescing_keys');
   const keys = sql.id(schema, 'idempotency_keys');
@@ -109,4 +137,72 @@ export function coalescingDdl(schema: string) {
       end;
       $coalesce$`,
   ];
+}
+
+/**
+ * Migration `025_coalescing_send_order`: the send time of the newest payload each key took
+ * (`coalescing_keys.newest_sent_at`), and `coalesce_arrive` with the arrival's send time as a
+ * last parameter (default null, so an older worker's five-argument call still resolves; the old
+ * signature is dropped first).
+ */
+export function coalescingSendOrderDdl(schema: string) {
+  return [
+    sql`alter table ${sql.id(schema, 'coalescing_keys')} add column if not exists newest_sent_at timestamptz`,
+    sql`drop function if exists ${sql.id(schema, 'coalesce_arrive')}(text, text, text, jsonb, int)`,
+    coalesceArriveFunctionDdl(schema),
+  ];
+}
+
+/**
+ * DDL of `coalesce_arrive(scope, key, job, payload, stale_ms, sent_at)` (see {@link coalesceArrive}).
+ * `greatest` ignores nulls: an arrival without a send time leaves the newest one as it was.
+ */
+export function coalesceArriveFunctionDdl(schema: string) {
+  const table = sql.id(schema, 'coalescing_keys');
+  const keys = sql.id(schema, 'idempotency_keys');
+  return sql`
+    create or replace function ${sql.id(schema, 'coalesce_arrive')}(
+      p_scope text, p_key text, p_job text, p_payload jsonb, p_stale_ms int, p_sent_at timestamptz default null)
+    returns table (action text, generation bigint, payload jsonb)
+    language plpgsql volatile as $coalesce$
+    #variable_conflict use_column
+    declare
+      r record;
+      v_run_key text;
+      v_finished boolean;
+    begin
+      insert into ${table} as c (scope, key) values (p_scope, p_key) on conflict do nothing;
+      select * into r from ${table} as c where c.scope = p_scope and c.key = p_key for update;
+      if r.running_job = p_job then
+        action := 'run'; generation := r.generation; payload := r.running_payload;
+        return next;
+        return;
+      end if;
+      -- Sent before a payload the key already took: that newer payload has run or will.
+      if p_sent_at < r.newest_sent_at then
+        action := 'coalesced';
+        return next;
+        return;
+      end if;
+      v_run_key := p_key || '#' || r.generation;
+      v_finished := r.running_job is null
+        or exists (select 1 from ${keys} as k where k.scope = p_scope and k.key = v_run_key and k.status in ('completed', 'failed'))
+        or (r.assigned_at < now() - p_stale_ms * interval '1 millisecond'
+            and not exists (select 1 from ${keys} as k where k.scope = p_scope and k.key = v_run_key));
+      if v_finished then
+        update ${table} as c
+           set generation = c.generation + 1, running_job = p_job, running_payload = p_payload,
+               assigned_at = now(), pending_payload = null, newest_sent_at = greatest(c.newest_sent_at, p_sent_at)
+         where c.scope = p_scope and c.key = p_key
+        returning c.generation into generation;
+        action := 'run'; payload := p_payload;
+        return next;
+        return;
+      end if;
+      update ${table} as c set pending_payload = p_payload, newest_sent_at = greatest(c.newest_sent_at, p_sent_at)
+       where c.scope = p_scope and c.key = p_key;
+      action := 'coalesced';
+      return next;
+    end;
+    $coalesce$`;
 }
