@@ -2,7 +2,7 @@ import { sql, type Kysely } from 'kysely';
 import type { CoalesceAnswer } from '../records.js';
 
 
-/** One arrival of a coalescing job, as {@link coalesceArrive} sends it. */
+/** One arrival of a coalescing job, as the store's `coalesce_arrive` function takes it. */
 export interface CoalesceArrival {
   /** The key's scope. */
   readonly scope: string;
