@@ -198,7 +198,7 @@ describe('examples', () => {
   // The data-layer workers: the same ledger effect written with each adapter's data layer. On a
   // fresh clone the Prisma CLI is installed into tools/prisma at its first use (about a minute of
   // npm install), hence the longer time.
-  it.each(['pg', 'postgres-js', 'drizzle', 'prisma', 'typeorm'])('%s-worker: a job added twice writes one ledger row', { timeout: 240_000 }, async (name) => {
+  it.each(['pg', 'postgres-js', 'drizzle', 'prisma', 'typeorm', 'knex'])('%s-worker: a job added twice writes one ledger row', { timeout: 240_000 }, async (name) => {
     if (name === 'prisma') {
       // The generated client is not committed: generated as the example's README says.
       prismaGenerate('examples/prisma-worker/schema.prisma');
