@@ -10,11 +10,17 @@ export interface KnexDataLayerOptions {
   readonly name?: string;
 }
 
+/** The query context of the adapter's statements: see {@link KNEX_QUERY_CONTEXT}. */
+export interface KnexQueryContext {
+  /** Always `true`: the statement is the library's. */
+  readonly idempotentJobs: true;
+}
+
 /**
  * The query context the adapter's statements carry (`.queryContext(...)`), so that a
  * `postProcessResponse` or `wrapIdentifier` of your Knex configuration can leave them alone.
  */
-export const KNEX_QUERY_CONTEXT = Object.freeze({ idempotentJobs: true });
+export const KNEX_QUERY_CONTEXT: KnexQueryContext = Object.freeze({ idempotentJobs: true });
 
 /**
  * Your Knex instance (client `pg`) as a data layer: the effect runs on a Knex transaction opened

@@ -5,5 +5,5 @@
  * @packageDocumentation
  * @module idempotent-jobs/knex
  */
-export type { KnexDataLayerOptions } from '../data-layers/knex.js';
+export type { KnexDataLayerOptions, KnexQueryContext } from '../data-layers/knex.js';
 export { KNEX_QUERY_CONTEXT, knexDataLayer } from '../data-layers/knex.js';
