@@ -57,12 +57,12 @@ export function knexDataLayer(db: Knex, options: KnexDataLayerOptions = {}): Dat
     async transaction(body) {
       const trx = await db.transaction({ isolationLevel: 'read committed' });
       try {
-        const value = await body(trx, statementsOn(trx));
+        const value = await body(trx, knexStatementsOn(trx));
         const reply: unknown = await trx.commit();
         // A COMMIT that failed (its connection lost) resolves `commit()` and rejects this.
         await trx.executionPromise;
         // Postgres answers COMMIT in an aborted transaction with ROLLBACK, and no error.
-        if (commandOf(reply) === 'ROLLBACK') throw new AbortedTransactionError();
+        if (commitCommandOf(reply) === 'ROLLBACK') throw new AbortedTransactionError();
         return value;
       } catch (error) {
         // `rollback()` resolves even when its ROLLBACK fails (the connection is gone: Knex's
@@ -72,12 +72,12 @@ export function knexDataLayer(db: Knex, options: KnexDataLayerOptions = {}): Dat
       }
     },
     driverError: unwrapDriverError,
-    statementsOn,
+    statementsOn: knexStatementsOn,
   };
 }
 
-/** The raw-SQL call on a Knex transaction. */
-function statementsOn(trx: Knex.Transaction): RunStatement {
+/** The raw-SQL call on a Knex transaction (also MikroORM's, which runs on Knex). */
+export function knexStatementsOn(trx: Knex.Transaction): RunStatement {
   return async (text, parameters) => {
     const statement = questionMarkPlaceholders(text, parameters);
     // On client pg, `raw` answers node-postgres's result, rows in `rows`.
@@ -91,6 +91,6 @@ function statementsOn(trx: Knex.Transaction): RunStatement {
  * The command tag of the reply to Knex's COMMIT: `trx.commit()` resolves with Knex's query
  * object, node-postgres's result in `response`.
  */
-function commandOf(reply: unknown): unknown {
+export function commitCommandOf(reply: unknown): unknown {
   return (reply as { response?: { command?: unknown } } | null | undefined)?.response?.command;
 }
