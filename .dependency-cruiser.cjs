@@ -7,7 +7,7 @@
  * room, and nothing in a room imports a door.
  */
 const FOUNDATION = '^src/(errors|fingerprint|fault-hook|text-table|json-limits|describe-error|metric-registry)\\.ts$';
-const DOOR = '^src/(index|(amqp|nats|otel|process|store|pg|postgres-js|drizzle|prisma|typeorm)/index)\\.ts$';
+const DOOR = '^src/(index|(amqp|nats|otel|process|store|pg|postgres-js|drizzle|prisma|typeorm|knex|mikro-orm)/index)\\.ts$';
 
 /** Floors from the ground up; each entry is one floor's rooms. */
 const FLOORS = [
@@ -84,7 +84,7 @@ module.exports = {
     onlyIn('otel-sdk-only-in-otel', ['@opentelemetry/sdk-node'], ['otel']),
     onlyIn('bullmq-only-in-bullmq', ['bullmq', 'ioredis'], ['bullmq']),
     onlyIn('pg-only-in-store', ['pg'], ['store', 'data-layers']),
-    onlyIn('data-layers-only-in-data-layers', ['postgres', 'drizzle-orm', 'typeorm', '@prisma/client', '@prisma/adapter-pg'], ['data-layers']),
+    onlyIn('data-layers-only-in-data-layers', ['postgres', 'drizzle-orm', 'typeorm', '@prisma/client', '@prisma/adapter-pg', 'knex', '@mikro-orm/core', '@mikro-orm/knex', '@mikro-orm/postgresql'], ['data-layers']),
     {
       name: 'runnables-use-doors',
       severity: 'error',

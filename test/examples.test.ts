@@ -198,14 +198,14 @@ describe('examples', () => {
   // The data-layer workers: the same ledger effect written with each adapter's data layer. On a
   // fresh clone the Prisma CLI is installed into tools/prisma at its first use (about a minute of
   // npm install), hence the longer time.
-  it.each(['pg', 'postgres-js', 'drizzle', 'prisma', 'typeorm'])('%s-worker: a job added twice writes one ledger row', { timeout: 240_000 }, async (name) => {
+  it.each(['pg', 'postgres-js', 'drizzle', 'prisma', 'typeorm', 'knex', 'mikro-orm'])('%s-worker: a job added twice writes one ledger row', { timeout: 240_000 }, async (name) => {
     if (name === 'prisma') {
       // The generated client is not committed: generated as the example's README says.
       prismaGenerate('examples/prisma-worker/schema.prisma');
     }
     const printed = run(TSX, [`examples/${name}-worker/run.ts`]);
     expect(printedLines(printed)).toEqual(EXPECTED_BROKER_EXAMPLE_OUTPUT);
-    expect(await ledgerRows(`${name.replace('-', '_')}_ledger`)).toEqual([{ key: 'order-1', n: 1 }, { key: 'order-2', n: 1 }]);
+    expect(await ledgerRows(`${name.replaceAll('-', '_')}_ledger`)).toEqual([{ key: 'order-1', n: 1 }, { key: 'order-2', n: 1 }]);
   });
 
   it('rabbitmq-consumer: a message published twice writes one ledger row; its queues are deleted', { tags: ['rabbitmq'] }, async () => {

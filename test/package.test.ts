@@ -89,7 +89,7 @@ function run(command: string, args: string[], options: { cwd?: string; env?: Nod
 
 describe('npm pack from a tree without a build', () => {
   it('builds the package and ships the library and the command; nothing of the repository', () => {
-    for (const shipped of ['package.json', 'README.md', 'LICENSE', 'CHANGELOG.md', 'bin/idempotent-jobs.js', 'dist/src/index.js', 'dist/src/index.d.ts', 'dist/src/cli/main.js', 'dist/src/amqp/index.js', 'dist/src/nats/index.js', 'dist/src/otel/index.js', 'dist/src/process/index.js', 'dist/src/store/index.js', 'dist/src/pg/index.js', 'dist/src/postgres-js/index.js', 'dist/src/drizzle/index.js', 'dist/src/prisma/index.js', 'dist/src/typeorm/index.js']) {
+    for (const shipped of ['package.json', 'README.md', 'LICENSE', 'CHANGELOG.md', 'bin/idempotent-jobs.js', 'dist/src/index.js', 'dist/src/index.d.ts', 'dist/src/cli/main.js', 'dist/src/amqp/index.js', 'dist/src/nats/index.js', 'dist/src/otel/index.js', 'dist/src/process/index.js', 'dist/src/store/index.js', 'dist/src/pg/index.js', 'dist/src/postgres-js/index.js', 'dist/src/drizzle/index.js', 'dist/src/prisma/index.js', 'dist/src/typeorm/index.js', 'dist/src/knex/index.js', 'dist/src/mikro-orm/index.js']) {
       expect(files, shipped).toContain(shipped);
     }
     const unexpected = files.filter((file) => !/^(dist\/src\/.*\.(js|d\.ts)|bin\/idempotent-jobs\.js|README\.md|LICENSE|CHANGELOG\.md|package\.json)$/.test(file));
@@ -106,12 +106,12 @@ describe('the installed package', () => {
       const otel = require('idempotent-jobs/otel');
       const amqp = require('idempotent-jobs/amqp');
       const nats = require('idempotent-jobs/nats');
-      const layers = ['pg', 'postgres-js', 'drizzle', 'prisma', 'typeorm'].map((name) => require('idempotent-jobs/' + name));
+      const layers = ['pg', 'postgres-js', 'drizzle', 'prisma', 'typeorm', 'knex', 'mikro-orm'].map((name) => require('idempotent-jobs/' + name));
       console.log(JSON.stringify([typeof main.createIdempotentWorker, typeof main.IdempotencyKeys, typeof otel.startTracingFromEnv, typeof amqp.createAmqpConsumer, typeof nats.createIdempotentNatsConsumer,
-        typeof layers[0].pgDataLayer, typeof layers[1].postgresJsDataLayer, typeof layers[2].drizzleDataLayer, typeof layers[3].prismaDataLayer, typeof layers[4].typeormDataLayer]));`;
+        typeof layers[0].pgDataLayer, typeof layers[1].postgresJsDataLayer, typeof layers[2].drizzleDataLayer, typeof layers[3].prismaDataLayer, typeof layers[4].typeormDataLayer, typeof layers[5].knexDataLayer, typeof layers[6].mikroOrmDataLayer]));`;
     const result = run(node, ['-e', script]);
     expect(result.stderr).toBe('');
-    expect(JSON.parse(result.stdout)).toEqual(Array(10).fill('function'));
+    expect(JSON.parse(result.stdout)).toEqual(Array(12).fill('function'));
   });
 
   it('CommonJS: a plain require() consumer processes a job once', () => {

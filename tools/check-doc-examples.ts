@@ -36,6 +36,8 @@ const ENTRY_POINTS: Readonly<Record<string, string>> = {
   'idempotent-jobs/drizzle': 'src/drizzle/index.ts',
   'idempotent-jobs/prisma': 'src/prisma/index.ts',
   'idempotent-jobs/typeorm': 'src/typeorm/index.ts',
+  'idempotent-jobs/knex': 'src/knex/index.ts',
+  'idempotent-jobs/mikro-orm': 'src/mikro-orm/index.ts',
 };
 
 const GLOBALS = path.join(ROOT, 'tools/doc-examples/globals.d.ts');

@@ -18,6 +18,7 @@ import { fileURLToPath } from 'node:url';
 import { PrismaPg } from '@prisma/adapter-pg';
 import { sql as drizzleSql } from 'drizzle-orm';
 import { drizzle } from 'drizzle-orm/node-postgres';
+import knex, { type Knex } from 'knex';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { pino } from 'pino';
@@ -36,6 +37,7 @@ import {
   type KeyedJobHandler,
 } from 'idempotent-jobs';
 import { drizzleDataLayer } from 'idempotent-jobs/drizzle';
+import { knexDataLayer } from 'idempotent-jobs/knex';
 import { pgDataLayer } from 'idempotent-jobs/pg';
 import { postgresJsDataLayer } from 'idempotent-jobs/postgres-js';
 import { prismaDataLayer } from 'idempotent-jobs/prisma';
@@ -90,13 +92,14 @@ export async function runDataLayersBench(options: DataLayersBenchOptions): Promi
   const keys = new IdempotencyKeys({ db, schema });
   const silent = pino({ level: 'silent' });
 
-  // Each data layer with its own pool of CONCURRENCY connections, and the one-row effect in its own API.
+  // Each data layer with a pool of CONCURRENCY connections, and the one-row effect in its own API.
+  // Drizzle runs over node-postgres's pool (the contenders never run at once): seven pools of
+  // their own and the keys' would need more connections than a server's default max_connections (100).
   const pool = new pg.Pool({ connectionString: url, max: CONCURRENCY });
   pool.on('error', () => {});
-  const drizzlePool = new pg.Pool({ connectionString: url, max: CONCURRENCY });
-  drizzlePool.on('error', () => {});
   const postgresJs = postgres(url, { max: CONCURRENCY, onnotice: () => {} });
   const dataSource = await new DataSource({ type: 'postgres', url, poolSize: CONCURRENCY }).initialize();
+  const knexDb = knex({ client: 'pg', connection: url, pool: { min: 0, max: CONCURRENCY } });
   const generated = fileURLToPath(new URL('../../examples/prisma-worker/generated/client.ts', import.meta.url));
   if (!existsSync(generated)) {
     // The Prisma CLI lives in tools/prisma (see its package.json).
@@ -114,9 +117,10 @@ export async function runDataLayersBench(options: DataLayersBenchOptions): Promi
   const layers: Array<[string, DataLayer<any>, Effect<any>]> = [
     ['node-postgres', pgDataLayer(pool), (client: pg.PoolClient, key) => client.query(`insert into ${table} (key) values ($1)`, [key])],
     ['postgres.js', postgresJsDataLayer(postgresJs), (tx: postgres.ReservedSql, key) => tx.unsafe(`insert into ${table} (key) values ($1)`, [key])],
-    ['Drizzle (node-postgres)', drizzleDataLayer(drizzle(drizzlePool)), (tx: { execute(q: unknown): Promise<unknown> }, key) => tx.execute(drizzleSql`insert into ${drizzleSql.raw(table)} (key) values (${key})`)],
+    ['Drizzle (node-postgres)', drizzleDataLayer(drizzle(pool)), (tx: { execute(q: unknown): Promise<unknown> }, key) => tx.execute(drizzleSql`insert into ${drizzleSql.raw(table)} (key) values (${key})`)],
     ['Prisma (adapter-pg)', prismaDataLayer(prisma), (tx: { $executeRawUnsafe(q: string, ...v: unknown[]): Promise<unknown> }, key) => tx.$executeRawUnsafe(`insert into ${table} (key) values ($1)`, key)],
     ['TypeORM', typeormDataLayer(dataSource), (manager: { query(q: string, p: unknown[]): Promise<unknown> }, key) => manager.query(`insert into ${table} (key) values ($1)`, [key])],
+    ['Knex', knexDataLayer(knexDb), (trx: Knex.Transaction, key) => trx.raw(`insert into ${table} (key) values (?)`, [key]).then(() => null)],
   ];
 
   type Contender = readonly [name: string, drain: (round: string) => Promise<void>];
@@ -195,7 +199,7 @@ export async function runDataLayersBench(options: DataLayersBenchOptions): Promi
     return { name, path, jobsPerSec: rate, roundsJobsPerSec: rates.get(name)!, xLean: rate / leanRate, xKyselySamePath: kysely === undefined ? undefined : rate / kysely };
   });
   await sql`drop schema ${sql.id(schema)} cascade`.execute(db);
-  await Promise.all([db.destroy(), pool.end(), drizzlePool.end(), postgresJs.end(), dataSource.destroy(), prisma.$disconnect()]);
+  await Promise.all([db.destroy(), pool.end(), postgresJs.end(), dataSource.destroy(), knexDb.destroy(), prisma.$disconnect()]);
   return { jobs, rounds, concurrency: CONCURRENCY, rows };
 }
 

@@ -1,6 +1,6 @@
 /**
  * The seam between the claim protocol and a data layer of the user's own (Prisma, Drizzle,
- * TypeORM, node-postgres, postgres.js): a transaction the data layer opens and commits, and one
+ * TypeORM, Knex, MikroORM, node-postgres, postgres.js): a transaction the data layer opens and commits, and one
  * call that runs a statement of the store's inside it. The library writes the key's fenced
  * completion (and on the fast path the key itself) through that call, so the user's effect and
  * the completion commit together, in the data layer's own transaction.
@@ -20,11 +20,12 @@ export type RunStatement = (sql: string, parameters: readonly unknown[]) => Prom
 
 /**
  * A data layer the claim protocol can complete keys in: what an adapter (`idempotent-jobs/pg`,
- * `/postgres-js`, `/drizzle`, `/prisma`, `/typeorm`) builds around the user's pool or client.
+ * `/postgres-js`, `/drizzle`, `/prisma`, `/typeorm`, `/knex`, `/mikro-orm`) builds around the user's pool or client.
  * Write one for another data layer by implementing these two members.
  *
  * `Tx` is what the effect receives: the data layer's own transaction object (a `PoolClient`, a
- * postgres.js `TransactionSql`, a Drizzle or Prisma transaction, a TypeORM `EntityManager`).
+ * postgres.js `TransactionSql`, a Drizzle or Prisma transaction, a TypeORM `EntityManager`, a Knex
+ * transaction, a MikroORM entity manager).
  */
 export interface DataLayer<Tx> {
   /** How errors name the data layer: `'Prisma'`, `'node-postgres'`, … */
