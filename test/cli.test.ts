@@ -6,11 +6,17 @@ import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { IdempotencyKeys, JobSteps } from '../src/index.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 const BIN = fileURLToPath(new URL('../bin/idempotent-jobs.js', import.meta.url));
+
+// Each call is a process that compiles the sources through tsx: seconds on a quiet machine, up
+// to half a minute on a loaded one (a suite beside a chaos run). A test makes up to ten calls
+// (some in loops), so its time is the sum of theirs, not one call's.
+const CLI_TIMEOUT_MS = 60_000;
+vi.setConfig({ testTimeout: 10 * CLI_TIMEOUT_MS });
 
 let env: TestEnv;
 let keys: IdempotencyKeys;
@@ -26,7 +32,7 @@ function cli(args: string[], extraEnv: Record<string, string> = {}): Promise<Cli
     execFile(
       process.execPath,
       [BIN, ...args],
-      { env: { ...process.env, DATABASE_URL: env.databaseUrl, SCHEMA: env.schema, LOG_LEVEL: 'silent', ...extraEnv }, timeout: 30_000 },
+      { env: { ...process.env, DATABASE_URL: env.databaseUrl, SCHEMA: env.schema, LOG_LEVEL: 'silent', ...extraEnv }, timeout: CLI_TIMEOUT_MS },
       (error, stdout, stderr) => {
         const code = error ? (typeof error.code === 'number' ? error.code : -1) : 0;
         resolve({ code, stdout, stderr });
