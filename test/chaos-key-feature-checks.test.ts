@@ -189,6 +189,15 @@ describe('checkCoalescing', () => {
     ]);
   });
 
+  it('passes a payload held back (sent before the pending one, arriving after it) that did not replace it', () => {
+    // Version 2 arrives after version 3 (a deferred delivery): 3 stays pending and runs.
+    const late = { ...clean(), lines: [line('c', 'e', 'coalesced', 200, 'j3'), line('c', 'e', 'coalesced', 400, 'j2')] };
+    expect(failing(checkCoalescing(late))).toEqual({});
+    // Had the late version 2 replaced it, the rule fails.
+    const replaced = { ...late, runs: late.runs.map((run) => (run.generation === 2 ? { ...run, version: 2 } : run)) };
+    expect(Object.keys(failing(checkCoalescing(replaced)))).toEqual(['generations that ran a replaced payload (more than one pending successor)']);
+  });
+
   it('fails a run in which nothing was coalesced', () => {
     expect(Object.keys(failing(checkCoalescing({ ...clean(), lines: [] })))).toEqual(['no arrival coalesced (nothing tested)']);
   });

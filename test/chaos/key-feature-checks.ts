@@ -285,8 +285,8 @@ export interface CoalescingHistory {
  * Coalescing under bursts: each generation of a key committed exactly once (generations 1 … n,
  * none without its effect, none twice); the runs of one key one after another; the version sent
  * last is the one that ran last; and at most one pending successor, the newest: a generation
- * never runs a payload that a later arrival had replaced before the previous generation ended
- * (arrivals ordered by their `coalesced` log lines; only arrivals logged at least
+ * never runs a payload when a newer one (sent later) had arrived before the previous generation
+ * ended (arrivals from their `coalesced` log lines; only arrivals logged at least
  * `toleranceMs` before that end count, so clocks a few ms apart cannot fail the rule).
  */
 export function checkCoalescing(history: CoalescingHistory, toleranceMs = 50): KeyFeatureCheck {
@@ -319,12 +319,14 @@ export function checkCoalescing(history: CoalescingHistory, toleranceMs = 50): K
       const run = runs[i]!;
       if (run.generation !== previous.generation + 1) continue;
       if (run.start !== undefined && run.start < previous.end) overlapping.push(`${id}#${run.generation} started before #${previous.generation} ended`);
-      // Coalesced arrivals before the previous run ended: the newest of them is the pending one
-      // the next generation takes; a run of an earlier one of them means a queue of successors.
+      // Coalesced arrivals before the previous run ended: the newest sent of them (payloads are
+      // ordered by when they were sent; versions count the sends) is the pending one the next
+      // generation takes; a run of an older one means a queue of successors, or an older payload
+      // that replaced a newer one.
       const before = keyArrivals.filter((a) => a.at < previous.end - toleranceMs);
-      const ranIndex = before.findIndex((a) => a.version === run.version);
-      if (ranIndex >= 0 && before.slice(ranIndex + 1).some((a) => a.version !== run.version)) {
-        superseded.push(`${id}#${run.generation} ran version ${run.version}, replaced by ${before.at(-1)!.version} before #${previous.generation} ended`);
+      const newest = Math.max(...before.map((a) => a.version));
+      if (before.some((a) => a.version === run.version) && newest > run.version) {
+        superseded.push(`${id}#${run.generation} ran version ${run.version}, replaced by ${newest} before #${previous.generation} ended`);
       }
     }
   }
