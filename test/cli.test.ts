@@ -240,11 +240,14 @@ describe('idempotent-jobs CLI', () => {
     }
     const url = new URL(env.databaseDirectUrl);
     url.pathname = '/ij_cli_no_such_database';
+    // The message shows the URL with its password masked (the embedded test server has one).
+    const shown = new URL(url);
+    if (shown.password) shown.password = '***';
     for (const args of [['stats'], ['keys', 'get', 'acme', 'paid'], ['migrate']]) {
       const missing = await cli(args, { DATABASE_URL: url.toString(), DATABASE_DIRECT_URL: '' });
       expect(missing.code, args.join(' ')).toBe(2);
       expect(missing.stderr.trim()).toBe(
-        `Postgres has no database "ij_cli_no_such_database", which DATABASE_URL (${url}) names. ` +
+        `Postgres has no database "ij_cli_no_such_database", which DATABASE_URL (${shown}) names. ` +
           `Create it (createdb -h ${url.hostname} -p ${url.port} -U ${url.username} ij_cli_no_such_database), or point DATABASE_URL at a database that exists.`,
       );
     }
