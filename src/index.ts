@@ -27,8 +27,7 @@ export type { GroupedEffects, IdempotencyGroupCommitOptions, IdempotencyOptions,
 export type { GroupCommitOptions } from './protocol/group-commit.js';
 export type { Claim, ClaimOutcome, ExpiredResult, HeldClaim } from './store/claim-outcome.js';
 export { isHeld } from './store/claim-outcome.js';
-export type { CoalesceAnswer, CoalesceSuccessor, KeyRecord, KeyRetention, KeyStatus } from './store/records.js';
-export type { CoalesceArrival } from './store/sql/coalescing.js';
+export type { CoalesceAnswer, CoalesceArrival, CoalesceSuccessor, KeyRecord, KeyRetention, KeyStatus } from './store/records.js';
 export type { Fingerprinter } from './fingerprint.js';
 export type { PostgresDbOptions } from './store/create-postgres-db.js';
 export { createPostgresDb } from './store/create-postgres-db.js';

@@ -1,8 +1,7 @@
-import type { CoalesceArrival } from './sql/coalescing.js';
 import type { CompiledQuery, Kysely } from 'kysely';
 import type { Claim, ClaimOutcome } from './claim-outcome.js';
 import type { HeldRecord } from './one-trip-commit.js';
-import type { ClaimInput, CompletedKeyRow, KeyRecord, LeaseExtension, StepPlace, StepRecord } from './records.js';
+import type { ClaimInput, CoalesceArrival, CompletedKeyRow, KeyRecord, LeaseExtension, StepPlace, StepRecord } from './records.js';
 import type { SlotAnswer, SlotRequest } from './sql/concurrency-slots.js';
 import type { CoalesceAnswer, CoalesceSuccessor } from './records.js';
 

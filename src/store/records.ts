@@ -528,3 +528,23 @@ export interface ScheduleRow {
   readonly updated_at: Date;
   readonly db_now: Date;
 }
+
+/** One arrival of a coalescing job, as the store's `coalesce_arrive` function takes it. */
+export interface CoalesceArrival {
+  /** The key's scope. */
+  readonly scope: string;
+  /** The coalescing key (its generations are `<key>#<generation>`). */
+  readonly key: string;
+  /** The arriving job's (message's) id: a redelivery of the running job is told by it. */
+  readonly jobId: string;
+  /** The job's payload, as JSON. */
+  readonly payloadJson: string;
+  /** How long a generation handed out without a key row counts as running (then abandoned). */
+  readonly staleMs: number;
+  /**
+   * When the producer sent the job (ms since the epoch: BullMQ's job timestamp, JetStream's
+   * stored time), when the broker says: an arrival sent before a payload the key already took
+   * is superseded by it. Undefined: the arrival's order is the order it reaches Postgres.
+   */
+  readonly sentAtMs?: number;
+}
