@@ -46,7 +46,7 @@ const MAX_ROUNDS = 5;
  * then reads back what the id holds.
  */
 export async function addOrReplaceFinished(queue: AnyQueue, jobs: readonly JobToAdd[], fingerprint: Fingerprinter): Promise<AddOutcome[]> {
-  const added = await queue.addBulk(jobs.map((job) => ({ name: job.name, data: job.data, opts: job.opts })));
+  const added = await addBulkInIdOrder(queue, jobs);
   const stored = await Promise.all(jobs.map((job) => readStoredJob(queue, job.opts.jobId)));
   const seen = new Set<string>();
   const outcomes: AddOutcome[] = [];
@@ -57,6 +57,32 @@ export async function addOrReplaceFinished(queue: AnyQueue, jobs: readonly JobTo
     outcomes.push(await outcomeOfAdd(queue, job, stored[i], ourAdd, fingerprint));
   }
   return outcomes;
+}
+
+/** How many times a batch that Postgres rolled back for a deadlock is sent again. */
+const MAX_DEADLOCK_RETRIES = 3;
+
+/**
+ * `queue.addBulk` with the jobs in id order, its answers in the callers' order. On BullMQ's
+ * PostgreSQL backend a batch inserts its rows in the order given, in one transaction: two
+ * batches sharing ids in different orders each wait for the other's insert on the job table's
+ * unique index, and Postgres ends one with a deadlock (40P01). In one order they never wait in a
+ * cycle. (The sort is stable: an id repeated in a batch keeps its first occurrence first.) A
+ * deadlock from elsewhere rolled the whole batch back, so it is sent again, as a fault of the
+ * moment and never the caller's.
+ */
+async function addBulkInIdOrder(queue: AnyQueue, jobs: readonly JobToAdd[]): Promise<Array<{ readonly timestamp: number }>> {
+  const order = jobs.map((_, i) => i).sort((a, b) => (jobs[a]!.opts.jobId < jobs[b]!.opts.jobId ? -1 : jobs[a]!.opts.jobId > jobs[b]!.opts.jobId ? 1 : 0));
+  for (let attempt = 0; ; attempt++) {
+    try {
+      const added = await queue.addBulk(order.map((i) => ({ name: jobs[i]!.name, data: jobs[i]!.data, opts: jobs[i]!.opts })));
+      const inCallersOrder = new Array<{ readonly timestamp: number }>(jobs.length);
+      order.forEach((i, position) => (inCallersOrder[i] = added[position]!));
+      return inCallersOrder;
+    } catch (error) {
+      if (attempt >= MAX_DEADLOCK_RETRIES || (error as { code?: unknown } | null)?.code !== '40P01') throw error;
+    }
+  }
 }
 
 async function outcomeOfAdd(
