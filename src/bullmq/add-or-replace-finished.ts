@@ -41,12 +41,22 @@ const MAX_ROUNDS = 5;
  * (atomically, only if it is still that job: see {@link removeFinishedJob}) and ours added;
  * a pending one with another fingerprint is reported, for the caller to refuse or retry.
  *
+ * `inIdOrder` (the PostgreSQL backend's callers set it): the batch goes in job-id order, see
+ * {@link addBulkInIdOrder}; on Redis a batch is one atomic script, and keeps the caller's order.
+ * `inCallersTransaction`: a deadlock aborted the caller's transaction, so the batch is not sent
+ * again; the caller's transaction fails with it.
+ *
  * One BullMQ round trip for the batch, one read per job, and more only where an id is taken.
  * Racing callers are safe: only one of them can remove a given finished job, and every adder
  * then reads back what the id holds.
  */
-export async function addOrReplaceFinished(queue: AnyQueue, jobs: readonly JobToAdd[], fingerprint: Fingerprinter): Promise<AddOutcome[]> {
-  const added = await addBulkInIdOrder(queue, jobs);
+export async function addOrReplaceFinished(
+  queue: AnyQueue,
+  jobs: readonly JobToAdd[],
+  fingerprint: Fingerprinter,
+  options: { readonly inIdOrder?: boolean; readonly inCallersTransaction?: boolean } = {},
+): Promise<AddOutcome[]> {
+  const added = options.inIdOrder ? await addBulkInIdOrder(queue, jobs, options.inCallersTransaction ? 0 : MAX_DEADLOCK_RETRIES) : await queue.addBulk(jobs.map((job) => ({ name: job.name, data: job.data, opts: job.opts })));
   const stored = await Promise.all(jobs.map((job) => readStoredJob(queue, job.opts.jobId)));
   const seen = new Set<string>();
   const outcomes: AddOutcome[] = [];
@@ -71,7 +81,7 @@ const MAX_DEADLOCK_RETRIES = 3;
  * deadlock from elsewhere rolled the whole batch back, so it is sent again, as a fault of the
  * moment and never the caller's.
  */
-async function addBulkInIdOrder(queue: AnyQueue, jobs: readonly JobToAdd[]): Promise<Array<{ readonly timestamp: number }>> {
+async function addBulkInIdOrder(queue: AnyQueue, jobs: readonly JobToAdd[], deadlockRetries: number): Promise<Array<{ readonly timestamp: number }>> {
   const order = jobs.map((_, i) => i).sort((a, b) => (jobs[a]!.opts.jobId < jobs[b]!.opts.jobId ? -1 : jobs[a]!.opts.jobId > jobs[b]!.opts.jobId ? 1 : 0));
   for (let attempt = 0; ; attempt++) {
     try {
@@ -80,7 +90,7 @@ async function addBulkInIdOrder(queue: AnyQueue, jobs: readonly JobToAdd[]): Pro
       order.forEach((i, position) => (inCallersOrder[i] = added[position]!));
       return inCallersOrder;
     } catch (error) {
-      if (attempt >= MAX_DEADLOCK_RETRIES || (error as { code?: unknown } | null)?.code !== '40P01') throw error;
+      if (attempt >= deadlockRetries || (error as { code?: unknown } | null)?.code !== '40P01') throw error;
     }
   }
 }

@@ -201,7 +201,7 @@ export class IdempotentProducer {
         return jobs.map((job) => ({ jobId: job.jobId, scope: job.scope, key: job.key, status: 'outboxed' }));
       }
       const toAdd = jobs.map((job, i) => ({ name: job.name, data: dataOf(job, i), opts: { ...job.opts, jobId: job.jobId }, fingerprint: job.fingerprint }));
-      outcomes = options.tx ? await this.#addInTransaction(options.tx, toAdd) : await addOrReplaceFinished(this.#queue, toAdd, this.#fingerprint);
+      outcomes = options.tx ? await this.#addInTransaction(options.tx, toAdd) : await addOrReplaceFinished(this.#queue, toAdd, this.#fingerprint, { inIdOrder: this.#options.backend === 'postgres' });
     } catch (error) {
       spans?.end(error);
       throw error;
@@ -229,7 +229,7 @@ export class IdempotentProducer {
     await this.#queue.waitUntilReady();
     const queue = openTransactionQueue(this.#options.queue, tx, postgresQueueSchema(this.#options));
     try {
-      return await addOrReplaceFinished(queue, jobs, this.#fingerprint);
+      return await addOrReplaceFinished(queue, jobs, this.#fingerprint, { inIdOrder: true, inCallersTransaction: true });
     } finally {
       await queue.close();
     }

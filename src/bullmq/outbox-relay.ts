@@ -109,7 +109,7 @@ export class OutboxRelay {
         for (const [queueName, queueRows] of byQueue) {
           const data = tracing.send(queueName, queueRows);
           const jobs = queueRows.map((row, i) => jobOfRow(row, data[i]));
-          const outcomes = await addOrReplaceFinished(this.#queues.get(queueName), jobs, sha256Fingerprint);
+          const outcomes = await addOrReplaceFinished(this.#queues.get(queueName), jobs, sha256Fingerprint, { inIdOrder: this.#options.backend === 'postgres' });
           tracing.sent(queueName, outcomes);
           queueRows.forEach((row, i) => (outcomes[i] === 'held-by-other' ? waiting : delivered).push(row));
         }
