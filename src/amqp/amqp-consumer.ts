@@ -174,7 +174,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
   #started = false;
   #dataLayersChecked: Promise<DataLayerElsewhereError | undefined> | undefined;
   #closed = false;
-  /** Set once the first session consumed: a declaration refused before that ends the start. */
+  /** Set once a first connection consumed: a declaration refused before that ends the start. */
   #consumedOnce = false;
 
   constructor(options: AmqpConsumerOptions<P, R>) {
