@@ -204,11 +204,17 @@ export class PatroniCluster {
   }
 
   /**
-   * Waits until a leader (other than `notMember`, when given) holds the lock and its Postgres,
-   * reached directly, is out of recovery and takes writes. Returns its name.
+   * Waits until a leader (other than `notMember`, when given) holds the lock, its Postgres,
+   * reached directly, is out of recovery and takes writes, and HAProxy routes a new connection
+   * on {@link url} to it. Returns its name.
+   *
+   * The last condition matters after a crash: Patroni names the new leader before HAProxy's
+   * health check has marked it up, and until then HAProxy closes a new connection at once (the
+   * crashed member being down too), which a client sees as "Connection terminated unexpectedly".
    */
   async waitForLeader(options: { readonly notMember?: string; readonly timeoutMs?: number } = {}): Promise<string> {
-    return waitUntil(
+    const deadline = Date.now() + (options.timeoutMs ?? 60_000);
+    const leader = await waitUntil(
       `a Patroni leader${options.notMember ? ` other than ${options.notMember}` : ''}`,
       async () => {
         const leader = await this.leader();
@@ -218,6 +224,13 @@ export class PatroniCluster {
       options.timeoutMs ?? 60_000,
       200,
     );
+    await waitUntil(
+      `HAProxy routing to the leader ${leader}`,
+      async () => ((await routedPort(this.url)) === this.#member(leader).pgPort ? true : undefined),
+      Math.max(1, deadline - Date.now()),
+      100,
+    );
+    return leader;
   }
 
   /**
@@ -243,7 +256,6 @@ export class PatroniCluster {
       Math.max(1, deadline - Date.now()),
       200,
     );
-    await waitUntil('HAProxy routing to the leader', async () => ((await inRecovery(this.url)) ? undefined : true), Math.max(1, deadline - Date.now()), 100);
   }
 
   /**
@@ -492,6 +504,12 @@ function allPids(): number[] {
 async function inRecovery(url: string): Promise<boolean> {
   const row = await queryOne<{ recovery: boolean }>(url, 'select pg_is_in_recovery() as recovery');
   return row.recovery;
+}
+
+/** The port of the Postgres a new connection to `url` reaches (through HAProxy: the server it chose). */
+async function routedPort(url: string): Promise<number> {
+  const row = await queryOne<{ port: number }>(url, 'select inet_server_port() as port');
+  return row.port;
 }
 
 /** One row of a query on a short-lived connection. */
