@@ -259,15 +259,57 @@ describe('a database-only handler', () => {
   });
 });
 
+/** The same, asking `ctx.transaction` to run alone. */
+const ledgerFunctionAlone: JobHandler<Payload, { booked: number }> = (ctx) =>
+  ctx.transaction(
+    async (tx) => {
+      await sql`insert into ${sql.id(env.schema, 'ledger')} (key, n) values (${ctx.key}, ${ctx.data.n})`.execute(tx);
+      return { booked: ctx.data.n };
+    },
+    { runsAlone: true },
+  );
+
 describe('a function handler', () => {
-  it('keeps its defaults: leases, a transaction per job', async () => {
+  it('keeps its leases by default, and its ctx.transaction callbacks share group transactions', async () => {
     const queue = newQueue();
     startWorker(queue, ledgerFunction);
     await runJobs(queue, 'function');
     const seen = await observe('function');
     expect(seen.effectsPerKey).toEqual(once('function'));
     expect(seen.leased).toBe(true);
+    expect(seen.transactions).toBeLessThan(JOBS);
+  });
+
+  it('ctx.transaction(fn, { runsAlone: true }): a transaction per job', async () => {
+    const queue = newQueue();
+    startWorker(queue, ledgerFunctionAlone);
+    await runJobs(queue, 'function-runs-alone');
+    const seen = await observe('function-runs-alone');
+    expect(seen.effectsPerKey).toEqual(once('function-runs-alone'));
+    expect(seen.leased).toBe(true);
     expect(seen.transactions).toBe(JOBS);
+  });
+
+  it('groupCommit: false: a transaction per job', async () => {
+    const queue = newQueue();
+    startWorker(queue, ledgerFunction, { keys: { groupCommit: false } });
+    await runJobs(queue, 'function-ungrouped');
+    const seen = await observe('function-ungrouped');
+    expect(seen.effectsPerKey).toEqual(once('function-ungrouped'));
+    expect(seen.transactions).toBe(JOBS);
+  });
+
+  it('ctx.transaction with options it does not take: a TypeError naming them, which the error disposition sees (retried by default); nothing committed', async () => {
+    const queue = newQueue();
+    const errors: unknown[] = [];
+    startWorker(queue, (ctx) => ctx.transaction(async () => 'never', { runAlone: true } as never), { worker: { errorDisposition: (error) => (errors.push(error), 'retry') } });
+    const [finished] = await runJobs(queue, 'function-bad-options', 1);
+    expect(finished!.state).toBe('failed');
+    expect(errors[0]).toBeInstanceOf(TypeError);
+    expect(String(errors[0])).toMatch(/unknown option runAlone \(it takes runsAlone\)/);
+    const seen = await observe('function-bad-options');
+    expect(seen.keys.map((key) => key.status)).not.toContain('completed');
+    expect(seen.effectsPerKey).toEqual({});
   });
 
   it('fastPath: true and groupCommit: true still mean the fast path in groups', async () => {
@@ -295,13 +337,14 @@ describe('the environment: FAST_PATH and GROUP_COMMIT unset, true or false', () 
     const unset = loadEnvConfig({});
     expect(unset.FAST_PATH).toBeUndefined();
     expect(unset.GROUP_COMMIT).toBeUndefined();
-    expect(groupCommitFromEnv(unset)).toEqual({ maxJobs: 32, maxGroups: 2, watchSettings: [], effects: 'database-only' });
+    expect(groupCommitFromEnv(unset)).toEqual({ maxJobs: 32, maxGroups: 2, watchSettings: [], slowJobMs: 1_000, effects: 'database-only' });
     const off = loadEnvConfig({ FAST_PATH: 'false', GROUP_COMMIT: 'false' });
     expect([off.FAST_PATH, off.GROUP_COMMIT]).toEqual([false, false]);
     expect(groupCommitFromEnv(off)).toBe(false);
-    const on = loadEnvConfig({ FAST_PATH: 'true', GROUP_COMMIT: 'yes', GROUP_COMMIT_MAX_JOBS: '8', GROUP_COMMIT_WATCH_SETTINGS: 'app.tenant, app.user_id' });
+    const on = loadEnvConfig({ FAST_PATH: 'true', GROUP_COMMIT: 'yes', GROUP_COMMIT_MAX_JOBS: '8', GROUP_COMMIT_WATCH_SETTINGS: 'app.tenant, app.user_id', GROUP_COMMIT_SLOW_JOB_MS: '250' });
     expect([on.FAST_PATH, on.GROUP_COMMIT]).toEqual([true, true]);
-    expect(groupCommitFromEnv(on)).toEqual({ maxJobs: 8, maxGroups: 2, watchSettings: ['app.tenant', 'app.user_id'], effects: 'all' });
+    expect(groupCommitFromEnv(on)).toEqual({ maxJobs: 8, maxGroups: 2, watchSettings: ['app.tenant', 'app.user_id'], slowJobMs: 250, effects: 'all' });
+    expect(() => loadEnvConfig({ GROUP_COMMIT_SLOW_JOB_MS: '0' })).toThrow(/GROUP_COMMIT_SLOW_JOB_MS/);
     expect(() => loadEnvConfig({ GROUP_COMMIT_WATCH_SETTINGS: 'tenant' })).toThrow(/GROUP_COMMIT_WATCH_SETTINGS: must be custom setting names/);
     // A setting that no longer exists is refused, saying what to do, rather than ignored.
     expect(() => loadEnvConfig({ GROUP_COMMIT_OPTIMISTIC: 'false' })).toThrow(/GROUP_COMMIT_OPTIMISTIC: no longer used.*remove it/);
@@ -360,12 +403,22 @@ describe('the environment: FAST_PATH and GROUP_COMMIT unset, true or false', () 
     expect(seen.transactions).toBe(JOBS);
   });
 
-  it('unset: a function handler keeps leases, a transaction per job', async () => {
+  it('unset: a function handler keeps leases, its ctx.transaction callbacks grouped', async () => {
     const queue = newQueue();
     await startProcess(queue, ledgerFunction);
     await runJobs(queue, 'env-function');
     const seen = await observe('env-function');
     expect(seen.effectsPerKey).toEqual(once('env-function'));
+    expect(seen.leased).toBe(true);
+    expect(seen.transactions).toBeLessThan(JOBS);
+  });
+
+  it('GROUP_COMMIT=false: a function handler keeps leases, a transaction per job', async () => {
+    const queue = newQueue();
+    await startProcess(queue, ledgerFunction, { GROUP_COMMIT: 'false' });
+    await runJobs(queue, 'env-function-ungrouped');
+    const seen = await observe('env-function-ungrouped');
+    expect(seen.effectsPerKey).toEqual(once('env-function-ungrouped'));
     expect(seen.leased).toBe(true);
     expect(seen.transactions).toBe(JOBS);
   });

@@ -32,7 +32,7 @@ afterAll(async () => {
  * Group commit on, one group at a time, no settled-key probe: jobs submitted together share a
  * transaction, and every job reaches its group.
  */
-function groupedKeys(db: Kysely<any> = env.db, groupCommit: { maxJobs?: number; watchSettings?: readonly string[] } = {}) {
+function groupedKeys(db: Kysely<any> = env.db, groupCommit: { maxJobs?: number; watchSettings?: readonly string[]; slowJobMs?: number } = {}) {
   const store = new PostgresKeyStore(db, env.schema, { probeSettledKeys: false });
   return new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1, ...groupCommit } }, store);
 }
@@ -463,6 +463,51 @@ describe('group commit options and its absence', () => {
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: true }, store)).toThrow(ValidationError);
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxJobs: 64 } })).toThrow(/maxJobs/);
     expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { optimistic: false } as never })).toThrow(/optimistic is gone/);
+    expect(() => new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { slowJobMs: 0 } })).toThrow(/groupCommit\.slowJobMs/);
+  });
+
+  it('17. a callback that holds its group past slowJobMs: its group-mates commit together without it, and it runs alone once its abandoned run has ended, never two runs at once', async () => {
+    const keys = groupedKeys(env.db, { slowJobMs: 200 });
+    const othersCommitted = createGate();
+    const runs = Array<number>(8).fill(0);
+    let slowRunsAtOnce = 0;
+    let mostSlowRunsAtOnce = 0;
+    const jobs = Array.from({ length: 8 }, (_, i) =>
+      keys.executeOnce(
+        scope,
+        `slow-${i}`,
+        fp(`slow-${i}`),
+        async (tx) => {
+          runs[i]!++;
+          if (i !== 3) return (await insertEffect(tx, `slow-${i}`), i);
+          mostSlowRunsAtOnce = Math.max(mostSlowRunsAtOnce, ++slowRunsAtOnce);
+          try {
+            // Its first run waits, outside the database, until the others have committed:
+            // without the bound their group would wait for it for ever.
+            if (runs[i] === 1) await othersCommitted.wait;
+            await insertEffect(tx, `slow-${i}`);
+            return i;
+          } finally {
+            slowRunsAtOnce--;
+          }
+        },
+        { databaseOnly: true },
+      ),
+    );
+    await Promise.all(jobs.filter((_, i) => i !== 3));
+    othersCommitted.open();
+    const outcomes = await Promise.all(jobs);
+    expect(outcomes.map((o) => o.kind)).toEqual(jobs.map(() => 'executed'));
+    const rows = await effects('slow-');
+    expect(rows.map((r) => r.key)).toEqual(jobs.map((_, i) => `slow-${i}`));
+    const slow = rows.find((row) => row.key === 'slow-3')!;
+    const others = rows.filter((row) => row.key !== 'slow-3');
+    expect(new Set(others.map((r) => r.txid)).size).toBe(1); // the seven committed together
+    expect(others[0]!.txid).not.toBe(slow.txid);
+    // The others ran in the group that went on without job 3, and again; job 3 ran twice, the
+    // second time alone and only after its first run had ended.
+    expect(runs).toEqual([2, 2, 2, 2, 2, 2, 2, 2]);
+    expect(mostSlowRunsAtOnce).toBe(1);
   });
 
   it('15. jobs waiting for a group fail (for their callers to retry) when no connection can be had, instead of looping', async () => {

@@ -71,6 +71,20 @@ describe('round trips', () => {
 describe('round trips of a worker job (claim to completion)', () => {
   const effect = (key: string, fence: number) => (tx: Parameters<typeof insertEffect>[0]) => insertEffect(tx, env.schema, { scope, key, fence, worker: 'w' });
 
+  it('by default, ctx.transaction joins a group: claim 1 + the group\'s 2 (BEGIN with the effect; the fenced completion, the settings check and the COMMIT)', async () => {
+    const job = withoutProbes(await countJobWith('w0', async (ctx) => ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), 'ok'))));
+    expect(job).toHaveLength(3);
+    expect(job[0]).toMatch(/claim_keys?"?\(/);
+    expect(job[1]).toMatch(/^begin isolation level read committed;\nselect set_config\('idempotent_jobs\.group_settings', .*group_settings\(.*\);\ninsert into /s);
+    expect(job[2]).toMatch(/complete_key\(.*;\nselect .*check_group_settings\(.*\);\ncommit$/s);
+  });
+});
+
+/** The same jobs with group commit off: each ctx.transaction in a transaction of its own. */
+describe('round trips of a worker job alone (groupCommit: false)', () => {
+  const effect = (key: string, fence: number) => (tx: Parameters<typeof insertEffect>[0]) => insertEffect(tx, env.schema, { scope, key, fence, worker: 'w' });
+  const countJob = (key: string, handler: JobHandler, opts: { attempts?: number } = {}) => countJobWith(key, handler, opts, { groupCommit: false });
+
   it('a handler that calls no step pays nothing for steps: claim 1 + effect boundary 2', async () => {
     const job = await countJob('w1', async (ctx) => ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), 'ok')));
     expect(job.statements).toHaveLength(3);
@@ -144,7 +158,7 @@ describe('round trips of a database-only handler\'s job ({ transaction })', () =
   };
 
   it('by default, the fast path in a group: BEGIN with the effect, then the key written completed with the COMMIT; no claim, no lease', async () => {
-    const job = withoutProbes(await countJob('d1', handler));
+    const job = withoutProbes(await countJobWith('d1', handler));
     expect(job).toHaveLength(2);
     // The group keeps its watched settings with its BEGIN and checks them before its COMMIT.
     expect(job[0]).toMatch(/^begin isolation level read committed;\nselect set_config\('idempotent_jobs\.group_settings', .*group_settings\(.*\);\ninsert into /s);
@@ -153,7 +167,7 @@ describe('round trips of a database-only handler\'s job ({ transaction })', () =
   });
 
   it('groupCommit: false: the fast path in a transaction of its own (claimed completed, the effect, the result with the COMMIT)', async () => {
-    const job = withoutProbes(await countJob('d2', handler, {}, { groupCommit: false }));
+    const job = withoutProbes(await countJobWith('d2', handler, {}, { groupCommit: false }));
     expect(job).toHaveLength(3);
     expect(job[0]).toMatch(/^begin isolation level read committed;\s*select .*claim_new_key"\(/s);
     expect(job[1]).toMatch(/^insert into /);
@@ -161,7 +175,7 @@ describe('round trips of a database-only handler\'s job ({ transaction })', () =
   });
 
   it('fastPath: false: a leased claim, then the effect and the fenced completion', async () => {
-    const job = await countJob('d3', handler, {}, { groupCommit: false }, { fastPath: false });
+    const job = await countJobWith('d3', handler, {}, { groupCommit: false }, { fastPath: false });
     expect(briefOf(job.statements)).toEqual(['claim_key', 'begin', 'complete_key commit']);
   });
 });
@@ -193,7 +207,7 @@ function briefOf(statements: readonly string[]): string[] {
  * Runs one job through a worker over the counting instance and counts its round trips, from the
  * add to the completion. `keyOptions` and `workerOptions` add to the keys' and the worker's.
  */
-async function countJob(
+async function countJobWith(
   key: string,
   handler: JobHandler | DatabaseOnlyJobHandler,
   opts: { attempts?: number } = {},

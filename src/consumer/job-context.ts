@@ -26,8 +26,15 @@ export interface KeyedJobContext<P = unknown, M = unknown> {
   /**
    * Runs `fn(tx)` in a transaction that also completes the key, storing `fn`'s return value:
    * the effect and the completion commit together or not at all. Call it at most once.
+   *
+   * `fn` may run more than once, one run committing, as in every database-retry API: with group
+   * commit (the default) it may share a transaction with other jobs' callbacks, and when that
+   * group rolls back for another job's failure it runs again. A run that did not commit leaves
+   * nothing in the database; what it did elsewhere stays done. So call other systems outside
+   * `fn` (before `ctx.transaction`, in a `ctx.step`), or pass `{ runsAlone: true }`, which runs
+   * `fn` once in a transaction of its own (see {@link TransactionOptions}).
    */
-  transaction<T>(fn: (tx: Transaction<any>) => Promise<T>): Promise<T>;
+  transaction<T>(fn: (tx: Transaction<any>) => Promise<T>, options?: TransactionOptions): Promise<T>;
   /**
    * The same in a data layer of your own (`idempotent-jobs/pg`, `/postgres-js`, `/drizzle`,
    * `/prisma`, `/typeorm`): `fn(tx)` runs on the data layer's transaction (a `PoolClient`, a
@@ -100,13 +107,45 @@ export interface Delivery<M> {
   readonly signal?: AbortSignal;
 }
 
+/** Options of `ctx.transaction(fn, options)`. */
+export interface TransactionOptions {
+  /**
+   * Never share a group's transaction: `fn` runs in a transaction of its own, and runs again
+   * only if the job does (a retry, a takeover), as without group commit. For a callback that
+   * calls another system inside the transaction, or changes a setting from inside a function.
+   * @defaultValue `false` (it may share one; `GROUP_COMMIT=false` turns groups off for the worker)
+   */
+  readonly runsAlone?: boolean;
+}
+
+/**
+ * Reads the options a handler passed to `ctx.transaction(fn, options)`; throws a TypeError naming
+ * the mistake for anything else. The default error disposition retries a TypeError, so a deploy
+ * that mends the handler can still run the job while it has attempts left.
+ */
+export function transactionOptionsOf(options: unknown): TransactionOptions {
+  if (options === undefined) return {};
+  if (typeof options !== 'object' || options === null || Array.isArray(options)) {
+    throw new TypeError('ctx.transaction(fn, options): options must be an object like { runsAlone: true }.');
+  }
+  const { runsAlone, ...rest } = options as Record<string, unknown>;
+  const unknownNames = Object.keys(rest);
+  if (unknownNames.length > 0) {
+    throw new TypeError(`ctx.transaction(fn, options): unknown option ${unknownNames.join(', ')} (it takes runsAlone).`);
+  }
+  if (runsAlone !== undefined && typeof runsAlone !== 'boolean') {
+    throw new TypeError('ctx.transaction(fn, options): runsAlone must be true or false.');
+  }
+  return runsAlone === undefined ? {} : { runsAlone };
+}
+
 /** The handler's `ctx` for one run: the message's identity, the claim, and how this run commits and records steps. */
 export function jobContext<P, M>(
   delivery: Delivery<M>,
   identity: JobIdentity<P>,
   claim: Claim,
   signal: AbortSignal,
-  transaction: (first: DataLayer<unknown> | ((tx: Transaction<any>) => Promise<unknown>), fn?: (tx: unknown) => Promise<unknown>) => Promise<unknown>,
+  transaction: (first: DataLayer<unknown> | ((tx: Transaction<any>) => Promise<unknown>), second?: unknown) => Promise<unknown>,
   step: (name: string, body: StepBody<unknown>) => Promise<unknown>,
 ): KeyedJobContext<P, M> {
   return {

@@ -13,7 +13,7 @@ import type { DataLayer } from '../store/data-layer.js';
 import { sqlStateOf } from '../store/pg-errors.js';
 import { generationKey } from '../store/coalescing-keys.js';
 import { handlerForm, isDataLayerHandler, runsInOneTransaction, type DatabaseOnlyContext, type DatabaseOnlyHandler } from './database-only-handler.js';
-import { jobContext, type Delivery, type KeyedJobContext } from './job-context.js';
+import { jobContext, transactionOptionsOf, type Delivery, type KeyedJobContext, type TransactionOptions } from './job-context.js';
 import { JobLogger } from './job-logger.js';
 import { startLeaseHeartbeat } from './lease-heartbeat.js';
 import { RunFailures, WorkerClosingError } from './run-failures.js';
@@ -466,11 +466,18 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     let committed: { result: unknown } | undefined;
     // Created at the handler's first ctx.step: a handler without steps pays nothing for them.
     let steps: JobSteps | undefined;
-    const commit = async (effect: (tx: any) => Promise<unknown>, dataLayer?: DataLayer<unknown>) => {
+    const commit = async (effect: (tx: any) => Promise<unknown>, dataLayer?: DataLayer<unknown>, transactionOptions: TransactionOptions = {}) => {
       if (controller.signal.aborted) throw controller.signal.reason;
       // A step record still held back commits ahead of the completion, in its first round trip.
       const complete = (held?: HeldRecord) => {
-        const options = { beforeCommit: () => this.#fault('before-commit', identity), heldRecord: held, databaseOnly: this.#databaseOnly };
+        // ctx.transaction's callback may run more than once, one run committing (see
+        // TransactionOptions): it may share a group's transaction unless it asked to run alone.
+        const options = {
+          beforeCommit: () => this.#fault('before-commit', identity),
+          heldRecord: held,
+          databaseOnly: true,
+          runsAlone: transactionOptions.runsAlone === true,
+        };
         return dataLayer ? this.#keys.commitEffectIn(claim, dataLayer, effect, options) : this.#keys.commitEffect(claim, effect, options);
       };
       const result = steps ? await steps.complete(complete) : await complete();
@@ -484,9 +491,9 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       identity,
       claim,
       controller.signal,
-      (first, fn) => {
+      (first, second) => {
         if (committed) throw new Error('ctx.transaction may be called only once per job.');
-        return typeof first === 'function' ? commit(first) : commit(fn!, first);
+        return typeof first === 'function' ? commit(first, undefined, transactionOptionsOf(second)) : commit(second as (tx: unknown) => Promise<unknown>, first);
       },
       (name, body) => {
         if (committed) throw new Error(`ctx.step("${name}") was called after ctx.transaction: the key is completed; call every step before it.`);
@@ -543,12 +550,15 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
             identity,
             claim,
             controller.signal,
-            async (first, fn) => {
+            async (first, second) => {
               if (transactionResult) throw new Error('ctx.transaction may be called only once per job.');
+              // Read for their errors only: on the fast path the whole handler runs inside the
+              // claim's transaction, grouped or not by the handler's kind.
+              if (typeof first === 'function') transactionOptionsOf(second);
               // On the fast path the handler runs inside the one transaction that claims the key:
               // a transaction of another data layer could not commit with it.
               if ((typeof first === 'function' ? undefined : first) !== dataLayer) throw fastPathDataLayerMismatch(dataLayer, first);
-              transactionResult = { value: await (typeof first === 'function' ? first(tx) : fn!(tx)) };
+              transactionResult = { value: await (typeof first === 'function' ? first(tx) : (second as (tx: unknown) => Promise<unknown>)(tx)) };
               return transactionResult.value;
             },
             () => {

@@ -18,6 +18,15 @@ export interface GroupCommitOptions {
    * set with `set_config(…, true)` and no catalog declares. @defaultValue `[]`
    */
   readonly watchSettings?: readonly string[];
+  /**
+   * Longest a job's callback may hold its group open, from its start to its end. Past it, the
+   * group rolls back without waiting for it; its group-mates share a transaction again, and the
+   * slow job runs alone once its abandoned run has ended (its later statements fail). This
+   * bounds the time a callback spends outside the database (an await on another system); a
+   * statement already on its way is waited for, as the connection answers in order (bounded by
+   * `statement_timeout` and `lock_timeout`). @defaultValue `1000`
+   */
+  readonly slowJobMs?: number;
 }
 
 /**
@@ -26,7 +35,7 @@ export interface GroupCommitOptions {
  * Up to 32 jobs each, so that two groups can hold what 64 jobs in flight bring: a gathered
  * group's jobs share their round trips, so a larger group costs little more time.
  */
-export const GROUP_COMMIT_DEFAULTS: Required<GroupCommitOptions> = { maxJobs: 32, maxGroups: 2, watchSettings: [] };
+export const GROUP_COMMIT_DEFAULTS: Required<GroupCommitOptions> = { maxJobs: 32, maxGroups: 2, watchSettings: [], slowJobMs: 1_000 };
 
 /**
  * How often a job may share a transaction that then rolls back for a group-mate's failure
@@ -94,6 +103,7 @@ export class GroupCommitter {
   readonly #maxGroups: number;
   readonly #lockTimeoutMs: number;
   readonly #watchSettings: readonly string[];
+  readonly #slowJobMs: number;
   readonly #waiting: Waiting[] = [];
   /** Kinds of jobs found sending a statement that cannot share a transaction: they run alone. */
   readonly #aloneKinds = new Set<string>();
@@ -111,6 +121,7 @@ export class GroupCommitter {
     this.#maxGroups = options.maxGroups ?? GROUP_COMMIT_DEFAULTS.maxGroups;
     this.#lockTimeoutMs = options.lockTimeoutMs;
     this.#watchSettings = options.watchSettings ?? GROUP_COMMIT_DEFAULTS.watchSettings;
+    this.#slowJobMs = options.slowJobMs ?? GROUP_COMMIT_DEFAULTS.slowJobMs;
     this.#gather = pipelines(db);
   }
 
@@ -136,7 +147,14 @@ export class GroupCommitter {
           members.push(...batch);
           return batch.map((waiting) => waiting.job);
         },
-        { statements: this.#statements, gather: this.#gather, pipelines: pipelines(this.#db), watchedSettings, lockTimeoutMs: this.#lockTimeoutMs },
+        {
+          statements: this.#statements,
+          gather: this.#gather,
+          pipelines: pipelines(this.#db),
+          watchedSettings,
+          lockTimeoutMs: this.#lockTimeoutMs,
+          slowJobMs: this.#slowJobMs,
+        },
       );
       this.#deliverVerdict(members, verdict);
     } catch (error) {
@@ -150,7 +168,15 @@ export class GroupCommitter {
     }
   }
 
-  #deliverVerdict(members: readonly Waiting[], verdict: GroupVerdict<GroupJob<unknown>>): void {
+  #deliverVerdict(all: readonly Waiting[], verdict: GroupVerdict<GroupJob<unknown>>): void {
+    // A job whose callback outran slowJobMs runs alone once that run has ended, whatever the
+    // verdict: never two runs of one callback at once.
+    const abandoned = verdict.kind === 'committed' ? undefined : verdict.abandoned;
+    const members = abandoned?.size ? all.filter((member) => !abandoned.has(member.job)) : all;
+    for (const member of all) {
+      const run = abandoned?.get(member.job);
+      if (run) void run.then(() => this.#runAlone(member));
+    }
     switch (verdict.kind) {
       case 'committed':
         for (const member of members) member.resolve(verdict.values.get(member.job));

@@ -36,13 +36,18 @@ export interface GroupMemberEnd<T> {
  *   setting changed inside a function, a statement of the group's own, a connection that failed
  *   before the COMMIT went out); every job runs alone;
  * - `unknown`: the connection failed at the end: the COMMIT may or may not have been applied.
+ *
+ * `abandoned`: the jobs whose callback outran `slowJobMs`, each with its run, which the group
+ * stopped waiting for: each runs alone once that run has ended, whatever the verdict.
  */
 export type GroupVerdict<M> =
   | { readonly kind: 'committed'; readonly values: ReadonlyMap<M, unknown> }
-  | { readonly kind: 'interleaved' }
-  | { readonly kind: 'culprits'; readonly culprits: ReadonlySet<M>; readonly errors: ReadonlyMap<M, unknown> }
-  | { readonly kind: 'uncertain'; readonly error: unknown }
-  | { readonly kind: 'unknown'; readonly error: unknown };
+  | ((
+      | { readonly kind: 'interleaved' }
+      | { readonly kind: 'culprits'; readonly culprits: ReadonlySet<M>; readonly errors: ReadonlyMap<M, unknown> }
+      | { readonly kind: 'uncertain'; readonly error: unknown }
+      | { readonly kind: 'unknown'; readonly error: unknown }
+    ) & { readonly abandoned?: ReadonlyMap<M, Promise<void>> });
 
 /** How a group runs its jobs. */
 export interface GroupTransactionOptions {
@@ -59,6 +64,19 @@ export interface GroupTransactionOptions {
   readonly watchedSettings: readonly string[] | undefined;
   /** How long the insert of the group's new keys may wait on a key another transaction holds. */
   readonly lockTimeoutMs: number;
+  /** Longest a job's callback may hold the group (`GroupCommitOptions.slowJobMs`). */
+  readonly slowJobMs: number;
+}
+
+/**
+ * A job's callback held its group open longer than `slowJobMs`: the group rolled back without
+ * waiting for it, and the job runs alone once this run has ended.
+ */
+export class HeldGroupTooLong extends Error {
+  constructor(readonly slowJobMs: number) {
+    super(`a job's callback held its group's transaction open for more than ${slowJobMs} ms; the group goes on without it, and it runs alone`);
+    this.name = 'HeldGroupTooLong';
+  }
 }
 
 /**
@@ -90,22 +108,33 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
     const ends = new Map<M, GroupMemberEnd<unknown>>();
     // Jobs that threw an error of their own (not one the group's failure caused).
     const threw = new Map<M, unknown>();
+    // Jobs whose callback outran slowJobMs, with their runs: the group did not wait for them.
+    const abandoned = new Map<M, Promise<void>>();
     const stop = async (verdict: GroupVerdict<M>): Promise<GroupVerdict<M>> => {
       await connection.rollback(ROLLBACK);
-      return verdict;
+      return abandoned.size > 0 && verdict.kind !== 'committed' ? { ...verdict, abandoned } : verdict;
     };
     const watched = options.watchedSettings;
     connection.defer(BEGIN_READ_COMMITTED, ...(watched && statements.settings ? [statements.settings.keep(watched)] : []));
     for (let batch = take(); batch.length > 0; batch = take()) {
-      const run = (member: M) =>
-        member.run(transactionOn(db, sharedProvider(connection.forJob(member)))).then(
-          (end) => void ends.set(member, end),
+      const run = (member: M) => {
+        const ran = member.run(transactionOn(db, sharedProvider(connection.forJob(member)))).then(
+          (end) => {
+            if (!abandoned.has(member)) ends.set(member, end);
+          },
           (error: unknown) => {
+            if (abandoned.has(member)) return;
             if (!(error instanceof GroupAbortedError) && !(error instanceof InterleavedStatements)) threw.set(member, error);
             // The group is lost: its other jobs' statements go no further.
             connection.fail({ kind: 'job', error, culprits: new Set([member]) });
           },
         );
+        return endedWithin(ran, options.slowJobMs, () => {
+          abandoned.set(member, ran);
+          // Its statements, and its group-mates', go no further; the group rolls back.
+          connection.fail({ kind: 'job', error: new HeldGroupTooLong(options.slowJobMs), culprits: new Set([member]) });
+        });
+      };
       if (options.gather) await Promise.all(batch.map(run));
       else await oneAfterAnother(batch, run, () => connection.failure !== undefined);
       const failure = connection.failure;
@@ -114,6 +143,7 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       if (failure) {
         const errors = new Map<M, unknown>(threw);
         for (const culprit of failure.culprits) if (!errors.has(culprit as M)) errors.set(culprit as M, failure.error);
+        for (const slow of abandoned.keys()) errors.delete(slow); // they run alone after their run ends
         return stop({ kind: 'culprits', culprits: new Set(errors.keys()), errors });
       }
     }
@@ -177,6 +207,23 @@ async function endGroup<M>(
   }
   if (!commitApplied(reply.results[sent.length - 1])) return stop(uncertain(new Error('the group\'s COMMIT was answered with ROLLBACK')));
   return { kind: 'committed', values: new Map(ends.map(([member, end]) => [member, end.value])) };
+}
+
+/**
+ * Resolves when `ran` has settled, or after `limitMs`, calling `onSlow` first: the group waits
+ * for a job's callback no longer than that.
+ */
+function endedWithin(ran: Promise<void>, limitMs: number, onSlow: () => void): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const timer = setTimeout(() => {
+      onSlow();
+      resolve();
+    }, limitMs);
+    void ran.then(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
 }
 
 /** Runs each job once the one before has ended, up to the first that fails the group. */

@@ -153,6 +153,7 @@ const optionsSchema = z.object({
           .array(z.string().regex(/^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$.]*$/, 'must be custom setting names like app.tenant'))
           .readonly()
           .default([]),
+        slowJobMs: z.number().int().min(1).max(3_600_000).default(GROUP_COMMIT_DEFAULTS.slowJobMs),
         effects: z.enum(['all', 'database-only']).default('all'),
       }),
     ])

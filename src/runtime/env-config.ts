@@ -125,6 +125,11 @@ const envSchema = z.object({
     .string()
     .regex(/^\s*[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$.]*(\s*,\s*[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$.]*)*\s*$/, 'must be custom setting names like app.tenant, separated by commas')
     .optional(),
+  /**
+   * Longest a job's callback may hold its group open, in ms (1-3600000): past it, the group goes
+   * on without it and it runs alone. @defaultValue `1000`
+   */
+  GROUP_COMMIT_SLOW_JOB_MS: int(1).max(3_600_000).default(GROUP_COMMIT_DEFAULTS.slowJobMs),
   /** Keep payloads on keys, which lets the sweeper re-enqueue lost jobs. @defaultValue `false` */
   STORE_PAYLOAD: bool.default(false),
   /** Postgres pool size per process. @defaultValue CONCURRENCY + 2 */
@@ -233,12 +238,13 @@ export function preparedStatementsOverDatabaseUrl(config: Pick<EnvConfig, 'DATAB
  * settings either way.
  */
 export function groupCommitFromEnv(
-  config: Pick<EnvConfig, 'GROUP_COMMIT' | 'GROUP_COMMIT_MAX_JOBS' | 'GROUP_COMMIT_GROUPS' | 'GROUP_COMMIT_WATCH_SETTINGS'>,
+  config: Pick<EnvConfig, 'GROUP_COMMIT' | 'GROUP_COMMIT_MAX_JOBS' | 'GROUP_COMMIT_GROUPS' | 'GROUP_COMMIT_WATCH_SETTINGS' | 'GROUP_COMMIT_SLOW_JOB_MS'>,
 ): IdempotencyGroupCommitOptions | false {
   if (config.GROUP_COMMIT === false) return false;
   return {
     maxJobs: config.GROUP_COMMIT_MAX_JOBS,
     maxGroups: config.GROUP_COMMIT_GROUPS,
+    slowJobMs: config.GROUP_COMMIT_SLOW_JOB_MS,
     watchSettings: config.GROUP_COMMIT_WATCH_SETTINGS?.split(',').map((name) => name.trim()) ?? [],
     effects: config.GROUP_COMMIT === true ? 'all' : 'database-only',
   };
