@@ -131,14 +131,18 @@ export async function paymentReport(db: Kysely<any>, schema: string): Promise<Pa
     if (ranAgain.length > 0) problems.push(`${row.scope}/${row.key}: ${ranAgain.join(', ')} ran again after being recorded`);
   }
 
-  // E-mails: at most one per fence, and a second one only where a worker died inside the step.
+  // E-mails: at most one per fence, and a second one only where a worker lost the key inside the
+  // step: sent under a fence older than the one that recorded the step. A key may change hands
+  // more than once inside it (its owners dead, or alive past their lease under load), so every
+  // older fence counts, not only the one just before the last.
   const emailsPerFence = await count(sql`
     select count(*) as n from (select 1 from ${t('emails')} group by scope, key, fence having count(*) > 1) d`);
   if (emailsPerFence > 0) problems.push(`${emailsPerFence} keys got two e-mails under one fence`);
   const emailRepeats = steps.find((s) => s.step === 'email')!.effects - (await count(sql`select count(distinct (scope, key)) as n from ${t('emails')}`));
-  const explained = resumptions.filter((r) => r.stoppedAt === 'email').reduce((sum, r) => sum + r.callsBeforeTakeover, 0);
+  const emailRecordedUnder = new Map(recorded.filter((r) => r.name === 'email').map((r) => [`${r.scope}\u0000${r.key}`, Number(r.fence)]));
+  const explained = activity.filter((a) => a.step === 'email' && a.fence < (emailRecordedUnder.get(`${a.scope}\u0000${a.key}`) ?? 0)).length;
   if (emailRepeats !== explained) {
-    problems.push(`${emailRepeats} repeated e-mails, but workers died inside the e-mail step after sending ${explained}`);
+    problems.push(`${emailRepeats} repeated e-mails, but workers lost their key inside the e-mail step after sending ${explained}`);
   }
   return { steps, resumptions, emailRepeats, duplicatedKeys, problems };
 }

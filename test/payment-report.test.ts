@@ -34,16 +34,19 @@ afterAll(async () => {
 
 describe('demo payments report', () => {
   it('finds where taken-over keys stopped and resumed, and explains every repeated e-mail', async () => {
-    // Keys whose first claim stops, as if its worker died, right after the named system was called.
+    // Keys whose claims stop, as if their worker died, right after the named system was called:
+    // the first claim of each, and the second too of a key that changes hands twice.
     const stopAfter = new Map([
-      ['stops-in-charge', 'charge'],
-      ['stops-in-email', 'email'],
+      ['stops-in-charge', { where: 'charge', fences: [1] }],
+      ['stops-in-email', { where: 'email', fences: [1] }],
+      ['stops-in-email-twice', { where: 'email', fences: [1, 2] }],
     ]);
     const gate = createGate();
     const reached = new Set<string>();
     const stop = async (key: string, fence: number, where: string) => {
-      if (fence !== 1 || stopAfter.get(key) !== where) return;
-      reached.add(key);
+      const stops = stopAfter.get(key);
+      if (stops?.where !== where || !stops.fences.includes(fence)) return;
+      reached.add(`${key}@${fence}`);
       await gate.wait;
     };
     class StoppingProvider extends SimulatedPaymentProvider {
@@ -65,7 +68,8 @@ describe('demo payments report', () => {
       connection: { url: env.redisUrl },
       prefix: env.redisPrefix,
       keys: new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 60_000 }),
-      concurrency: 4,
+      // Four runs wait at the gate at once: room for the runs that take their keys over.
+      concurrency: 8,
       logger: pino({ level: 'silent' }),
       handler: paymentHandler(env.db, new StoppingProvider(env.db, env.schema), new StoppingMailer(env.db, env.schema), env.schema),
     });
@@ -73,15 +77,20 @@ describe('demo payments report', () => {
       queue.add('charge', { idempotencyKey: key, scope: 'demo', payload: { orderId: key, cents: 500 } }, { jobId: `job-${randomUUID()}` });
 
     const plain = await add('plain');
-    const stopped = [await add('stops-in-charge'), await add('stops-in-email')];
+    const stopped = [await add('stops-in-charge'), await add('stops-in-email'), await add('stops-in-email-twice')];
     await waitForJobState(queue, plain.id!, ['completed']);
-    await waitFor('both keys to stop', async () => reached.size === 2);
-    // Their leases run out; duplicates take them over and finish them.
+    await waitFor('the three keys to stop', async () => reached.size === 3);
+    // Their leases run out; duplicates take them over and finish them, but for the key that
+    // stops twice: its second owner stops inside the e-mail too, and a third one finishes it.
     const resumed = [];
     for (const key of stopAfter.keys()) {
       await expireLease(env.db, env.schema, 'demo', key);
-      resumed.push(await add(key));
+      const job = await add(key);
+      (key === 'stops-in-email-twice' ? stopped : resumed).push(job);
     }
+    await waitFor('the second owner of stops-in-email-twice to stop', async () => reached.has('stops-in-email-twice@2'));
+    await expireLease(env.db, env.schema, 'demo', 'stops-in-email-twice');
+    resumed.push(await add('stops-in-email-twice'));
     for (const job of resumed) await waitForJobState(queue, job.id!, ['completed']);
     // The stopped workers wake up as zombies; the report is read once their jobs have settled
     // (each zombie's run refused, its job then replaying the key's result).
@@ -91,23 +100,26 @@ describe('demo payments report', () => {
     const report = await paymentReport(env.db, env.schema);
     expect(report.problems).toEqual([]);
     expect(report.duplicatedKeys).toBe(0);
-    expect(report.emailRepeats).toBe(1);
+    // One extra e-mail for the key that changed hands once, two for the one that changed hands
+    // twice: every owner before the last sent one.
+    expect(report.emailRepeats).toBe(3);
     expect(report.steps.map((s) => [s.step, s.calls, s.effects])).toEqual([
-      ['reserve', 3, 3],
-      ['charge', 4, 3],
-      // 4 calls: the zombie stopped in the charge wakes up and calls ledger; the charge's record,
+      ['reserve', 4, 4],
+      ['charge', 5, 4],
+      // 5 calls: the zombie stopped in the charge wakes up and calls ledger; the charge's record,
       // held for that round trip, is refused in front of ledger's transaction, so none of its
-      // statements run (3 effects) and it fails with LeaseLostError.
-      ['ledger', 4, 3],
-      ['email', 4, 4],
-      ['completion', 3, 3],
+      // statements run (4 effects) and it fails with LeaseLostError.
+      ['ledger', 5, 4],
+      ['email', 7, 7],
+      ['completion', 4, 4],
     ]);
     expect(report.resumptions.map((r) => [r.key, r.stoppedAt, r.inside, r.resumedAt, r.lostFence, r.fence, r.callsBeforeTakeover]).sort()).toEqual([
       ['stops-in-charge', 'charge', true, 'charge', 1, 2, 1],
       ['stops-in-email', 'email', true, 'email', 1, 2, 1],
+      ['stops-in-email-twice', 'email', true, 'email', 2, 3, 1],
     ]);
     const text = formatPaymentReport(report, undefined);
-    expect(text).toContain('keys taken over: 2');
+    expect(text).toContain('keys taken over: 3');
     expect(text).toMatch(/demo\/stops-in-charge\s+stopped inside charge \(fence 1, pid \d+\) → resumed at charge \(fence 2, pid \d+\): reserve replayed; charge called again, the provider deduplicated it$/m);
     expect(text).toMatch(/demo\/stops-in-email\s+stopped inside email \(fence 1, pid \d+\) → resumed at email \(fence 2, pid \d+\): reserve, charge, ledger replayed; e-mail sent again/);
 
