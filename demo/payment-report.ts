@@ -2,7 +2,7 @@
  * What the demo's multi-step payments did, read from the tables after a run: per step, calls
  * and effects; per taken-over key, the step where its first owner stopped and the step where
  * the next one resumed; and the checks that make the demo fail (a database effect twice, a
- * resumption at the wrong step, an e-mail repeated where no worker died inside the e-mail step).
+ * resumption at the wrong step, an e-mail repeated where no owner lost the key inside the e-mail step).
  */
 import { sql, type Kysely } from 'kysely';
 import { PAYMENT_STEPS } from '../workers/payments/payments-domain.js';

@@ -210,7 +210,7 @@ try {
     const inEmail = report.resumptions.filter((r) => r.stoppedAt === 'email' && r.inside).length;
     console.log(
       `\nOK: ${unique} unique keys, ${effects} payments, 0 database effects twice; ${report.resumptions.length} keys resumed at the step ` +
-        `where they stopped; ${report.emailRepeats} e-mail${report.emailRepeats === 1 ? '' : 's'} repeated, each where a worker died inside ` +
+        `where they stopped; ${report.emailRepeats} e-mail${report.emailRepeats === 1 ? '' : 's'} repeated, each by an owner that lost its key inside ` +
         `the e-mail step after sending (${inEmail} key${inEmail === 1 ? '' : 's'} stopped inside it); worker pid ${killed} was killed mid-run`,
     );
   }
