@@ -1,7 +1,7 @@
 /**
  * Broker consumers against a plain consumer doing the same transaction:
  *
- *   npm run bench:brokers -- --broker amqp [--messages 2000] [--concurrency 8] [--rounds 3]
+ *   npm run bench:brokers -- --broker amqp [--messages 2000] [--concurrency 8] [--rounds 3] [--handler function|database-only]
  *
  * Each round pre-fills a queue with `messages` wire-contract messages (unique keys), then
  * times how long a consumer takes to commit them all, alternating:
@@ -9,7 +9,8 @@
  * - plain: amqplib's consumer, one transaction per message (insert the ledger row), then ack:
  *   at-least-once, what teams write before they add an inbox;
  * - ours: `createAmqpConsumer`, the same insert in `ctx.transaction` (claim, lease, fenced
- *   completion, ack after commit).
+ *   completion, ack after commit), or with `--handler database-only` in a database-only
+ *   handler (the fast path with group commit).
  *
  * Printed: messages/s per round and the ratio ours / plain of the medians. Alternating rounds
  * and a ratio from one run, because the machine is shared and absolute numbers are noisy.
@@ -21,7 +22,7 @@ import { connect, type ChannelModel } from 'amqplib';
 import { sql, type Kysely } from 'kysely';
 import { pino } from 'pino';
 import { createAmqpConsumer, amqpTopology } from '../src/amqp/index.js';
-import { IdempotencyKeys, createPostgresDb, migrate } from '../src/index.js';
+import { IdempotencyKeys, createPostgresDb, databaseOnly, migrate } from '../src/index.js';
 
 const { values } = parseArgs({
   options: {
@@ -29,8 +30,16 @@ const { values } = parseArgs({
     messages: { type: 'string', default: '2000' },
     concurrency: { type: 'string', default: '8' },
     rounds: { type: 'string', default: '3' },
+    // Our handler's form: a function calling ctx.transaction, or a database-only handler
+    // ({ transaction }: the fast path with group commit by default).
+    handler: { type: 'string', default: 'function' },
   },
 });
+if (values.handler !== 'function' && values.handler !== 'database-only') {
+  console.error(`--handler ${values.handler}: function or database-only`);
+  process.exit(2);
+}
+const HANDLER_FORM = values.handler;
 if (values.broker !== 'amqp') {
   console.error(`--broker ${values.broker}: only amqp is measured here`);
   process.exit(2);
@@ -107,11 +116,17 @@ async function oursRound(round: string, queue: string, keys: IdempotencyKeys): P
     keys,
     concurrency: CONCURRENCY,
     logger: silent,
-    handler: (ctx) =>
-      ctx.transaction(async (tx: Kysely<any>) => {
-        await tx.insertInto(`${schema}.ledger`).values({ key: ctx.key, amount: ctx.data.amount }).execute();
-        return null;
-      }),
+    handler:
+      HANDLER_FORM === 'database-only'
+        ? databaseOnly<{ amount: number }, null>(async (tx, ctx) => {
+            await tx.insertInto(`${schema}.ledger`).values({ key: ctx.key, amount: ctx.data.amount }).execute();
+            return null;
+          })
+        : (ctx) =>
+            ctx.transaction(async (tx: Kysely<any>) => {
+              await tx.insertInto(`${schema}.ledger`).values({ key: ctx.key, amount: ctx.data.amount }).execute();
+              return null;
+            }),
   });
   const started = performance.now();
   await consumer.start();
@@ -140,7 +155,7 @@ try {
   }
   const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
   console.log(
-    `\namqp, ${MESSAGES} messages × ${ROUNDS} rounds, concurrency ${CONCURRENCY}: plain ${Math.round(median(rates.plain))}/s, ours ${Math.round(median(rates.ours))}/s, ` +
+    `\namqp, ${HANDLER_FORM} handler, ${MESSAGES} messages × ${ROUNDS} rounds, concurrency ${CONCURRENCY}: plain ${Math.round(median(rates.plain))}/s, ours ${Math.round(median(rates.ours))}/s, ` +
       `ratio ours/plain ${(median(rates.ours) / median(rates.plain)).toFixed(2)}`,
   );
 } finally {

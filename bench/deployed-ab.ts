@@ -2,7 +2,7 @@
  * A/B of deployed worker processes: this checkout ("now") against another checkout ("old",
  * e.g. main) and the lean baseline, drains alternating in the same machine window.
  *
- * Usage: `npm run bench:deployed-ab -- <other-checkout> [--n 10000] [--reps 3] [--specs "…"]`
+ * Usage: `npm run bench:deployed-ab -- <other-checkout> [--n 10000] [--reps 3] [--call-ms 0] [--specs "…"]`
  * (or `tsx bench/deployed-ab.ts …`). The other checkout is any commit of this repository with a
  * node_modules symlink, e.g. `git worktree add /tmp/ij-main main && ln -s "$PWD/node_modules" /tmp/ij-main/`.
  *
@@ -48,13 +48,14 @@ const args = parseArgs(process.argv.slice(2));
 const env = await createBenchEnv();
 const runs: Array<{ rep: number; spec: AbSpec; run: DeployedRun }> = [];
 try {
-  log(`deployed A/B: now ${THIS_CHECKOUT}, old ${args.other}, N ${args.n}, reps ${args.reps}, schema ${env.schema}`);
+  log(`deployed A/B: now ${THIS_CHECKOUT}, old ${args.other}, N ${args.n}, reps ${args.reps}, call ${args.callMs} ms, schema ${env.schema}`);
   for (let rep = 1; rep <= args.reps; rep++) {
     for (const spec of rep % 2 === 1 ? args.specs : [...args.specs].reverse()) {
       const run = await runDeployedDrain(env, {
         contender: spec.contender,
         concurrency: spec.concurrency,
         n: args.n,
+        callMs: args.callMs,
         workerCheckout: spec.tree === 'old' ? args.other : THIS_CHECKOUT,
         extraEnv: spec.extraEnv,
       });
@@ -121,14 +122,16 @@ function parseArgs(argv: string[]) {
   const { value, positive } = optionReader(argv);
   const n = positive('--n', 10_000);
   const reps = positive('--reps', 3);
+  // Each job waits this long outside its transaction first (a provider's call), the lean baseline's too.
+  const callMs = positive('--call-ms', 0);
   const specs = (value('--specs') ?? process.env.SPECS ?? DEFAULT_SPECS).split('|').map((text) => parseSpec(text.trim()));
   const [otherArg, ...rest] = argv;
-  if (!otherArg || rest.length > 0) throw new Error(`usage: tsx bench/deployed-ab.ts <other-checkout> [--n N] [--reps N] [--specs "${DEFAULT_SPECS}"]`);
+  if (!otherArg || rest.length > 0) throw new Error(`usage: tsx bench/deployed-ab.ts <other-checkout> [--n N] [--reps N] [--call-ms MS] [--specs "${DEFAULT_SPECS}"]`);
   const other = resolve(otherArg);
   if (!existsSync(resolve(other, 'bin/idempotent-jobs.js'))) throw new Error(`${other}: no bin/idempotent-jobs.js (not a checkout of this repository?)`);
   if (!existsSync(resolve(other, 'node_modules'))) throw new Error(`${other}: no node_modules (add a symlink to this checkout's: ln -s ${THIS_CHECKOUT}/node_modules ${other}/)`);
   if (specs.some((s) => s.tree === 'old') && other === THIS_CHECKOUT) log('note: the other checkout is this checkout, so "old" and "now" run the same code');
-  return { n, reps, specs, other };
+  return { n, reps, specs, other, callMs };
 }
 
 /** `lean 64 [VAR=value …]` or `now fast-path-group 64 [VAR=value …]`. */

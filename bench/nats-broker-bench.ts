@@ -1,7 +1,7 @@
 /**
  * The NATS JetStream consumer against a plain JetStream consumer doing the same transaction:
  *
- *   npm run bench:brokers:nats -- [--messages 2000] [--concurrency 8] [--rounds 3]
+ *   npm run bench:brokers:nats -- [--messages 2000] [--concurrency 8] [--rounds 3] [--handler function|database-only]
  *
  * Each round fills a stream of its own with `messages` wire-contract messages (unique keys),
  * then times how long a consumer takes to commit them all, alternating:
@@ -9,7 +9,8 @@
  * - plain: a durable pull consumer (`consume()`), one transaction per message (insert the
  *   ledger row), then ack: at-least-once, what teams write before they add an inbox;
  * - ours: `createIdempotentNatsConsumer`, the same insert in `ctx.transaction` (claim, lease,
- *   fenced completion, ack after commit).
+ *   fenced completion, ack after commit), or with `--handler database-only` in a database-only
+ *   handler (the fast path with group commit).
  *
  * Printed: messages/s per round and the ratio ours / plain of the medians. Alternating rounds
  * and a ratio from one run, because the machine is shared and absolute numbers are noisy.
@@ -22,7 +23,7 @@ import { jetstream, jetstreamManager } from '@nats-io/jetstream';
 import { connect } from '@nats-io/transport-node';
 import { sql } from 'kysely';
 import { pino } from 'pino';
-import { IdempotencyKeys, createPostgresDb, migrate } from '../src/index.js';
+import { IdempotencyKeys, createPostgresDb, databaseOnly, migrate } from '../src/index.js';
 import { createIdempotentNatsConsumer, ensureJetStreamConsumer } from '../src/nats/index.js';
 
 const { values } = parseArgs({
@@ -30,8 +31,16 @@ const { values } = parseArgs({
     messages: { type: 'string', default: '2000' },
     concurrency: { type: 'string', default: '8' },
     rounds: { type: 'string', default: '3' },
+    // Our handler's form: a function calling ctx.transaction, or a database-only handler
+    // ({ transaction }: the fast path with group commit by default).
+    handler: { type: 'string', default: 'function' },
   },
 });
+if (values.handler !== 'function' && values.handler !== 'database-only') {
+  console.error(`--handler ${values.handler}: function or database-only`);
+  process.exit(2);
+}
+const HANDLER_FORM = values.handler;
 const MESSAGES = Number(values.messages);
 const CONCURRENCY = Number(values.concurrency);
 const ROUNDS = Number(values.rounds);
@@ -106,7 +115,10 @@ async function oursRound(round: string): Promise<number> {
     keys,
     concurrency: CONCURRENCY,
     logger: silent,
-    handler: (ctx) => ctx.transaction((tx) => tx.insertInto(`${schema}.ledger`).values({ key: ctx.key, amount: ctx.data.amount }).execute().then(() => null)),
+    handler:
+      HANDLER_FORM === 'database-only'
+        ? databaseOnly<{ amount: number }, null>((tx, ctx) => tx.insertInto(`${schema}.ledger`).values({ key: ctx.key, amount: ctx.data.amount }).execute().then(() => null))
+        : (ctx) => ctx.transaction((tx) => tx.insertInto(`${schema}.ledger`).values({ key: ctx.key, amount: ctx.data.amount }).execute().then(() => null)),
   });
   const started = performance.now();
   await consumer.waitUntilReady();
@@ -130,7 +142,7 @@ try {
   }
   const plain = median(rates.plain);
   const ours = median(rates.ours);
-  console.log(`\nmedian: plain ${Math.round(plain)} msg/s, ours ${Math.round(ours)} msg/s; ours / plain = ${(ours / plain).toFixed(2)} ` +
+  console.log(`\n${HANDLER_FORM} handler, median: plain ${Math.round(plain)} msg/s, ours ${Math.round(ours)} msg/s; ours / plain = ${(ours / plain).toFixed(2)} ` +
     `(${MESSAGES} messages, concurrency ${CONCURRENCY}, ${ROUNDS} alternating rounds; ${new Date().toISOString()})`);
 } finally {
   for (const stream of streams) await jsm.streams.delete(stream).catch(() => false);

@@ -56,7 +56,7 @@ export { OutboxRelay } from './bullmq/outbox-relay.js';
 export type { AnyQueue, AnyWorker, PostgresQueueConnection, QueueBackendKind, QueueConnectionOptions } from './bullmq/queue-connection.js';
 export { DEFAULT_POSTGRES_QUEUE_SCHEMA } from './bullmq/queue-connection.js';
 // Any broker: the runner and the wire contract.
-export type { Delivery, KeyedJobContext } from './consumer/job-context.js';
+export type { Delivery, KeyedJobContext, TransactionOptions } from './consumer/job-context.js';
 export type { DeferralReason, RunOutcome } from './consumer/run-outcome.js';
 export type { ErrorDisposition, KeyedJobRunnerOptions } from './consumer/runner-options.js';
 export { KeyedJobRunner } from './consumer/keyed-job-runner.js';

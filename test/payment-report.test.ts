@@ -82,7 +82,7 @@ describe('demo payments report', () => {
     await waitFor('the three keys to stop', async () => reached.size === 3);
     // Their leases run out; duplicates take them over and finish them, but for the key that
     // stops twice: its second owner stops inside the e-mail too, and a third one finishes it.
-    const resumed = [];
+    const resumed: Awaited<ReturnType<typeof add>>[] = [];
     for (const key of stopAfter.keys()) {
       await expireLease(env.db, env.schema, 'demo', key);
       const job = await add(key);

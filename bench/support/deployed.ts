@@ -81,6 +81,12 @@ export interface DeployedSpec {
    * @defaultValue `'redis'`
    */
   readonly queueBackend?: 'redis' | 'postgres';
+  /**
+   * Each job first waits this long outside its transaction, standing in for a call to another
+   * system (a payment provider): the handler's `sleepMs`, which the lean baseline honours too.
+   * @defaultValue `0`
+   */
+  readonly callMs?: number;
 }
 
 /** One measured deployed drain. */
@@ -132,7 +138,7 @@ export async function runDeployedDrain(env: BenchEnv, spec: DeployedSpec): Promi
   let child: BenchChild | undefined;
   try {
     const redisPid = queueBackend === 'redis' ? await redisServerPid(env.redisUrl) : undefined;
-    await fillQueue(queue, n, 0);
+    await fillQueue(queue, n, 0, spec.callMs ? { sleepMs: spec.callMs } : {});
     const spawnedAt = performance.now();
     child = startContender(env, queueName, { ...spec, workerCheckout, extraEnv, queueBackend });
     await waitUntilListed(queue, child);

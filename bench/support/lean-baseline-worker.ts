@@ -33,9 +33,13 @@ pool.on('error', () => {});
 interface WireJobData {
   readonly idempotencyKey: string;
   readonly scope?: string;
+  /** The benchmark's payload: `sleepMs`, a call to another system before the transaction (bench-handler.ts). */
+  readonly payload?: { readonly sleepMs?: number };
 }
 
 async function processJob(job: Job<WireJobData>): Promise<null> {
+  const callMs = job.data.payload?.sleepMs;
+  if (callMs) await new Promise((resolve) => setTimeout(resolve, callMs));
   const client = await pool.connect();
   try {
     await client.query('BEGIN');

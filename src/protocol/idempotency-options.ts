@@ -77,13 +77,15 @@ export interface IdempotencyOptions {
    * it suits short effects that only touch this database. See `src/protocol/group-commit.ts`.
    *
    * - unset: only database-only effects are grouped (those marked `EffectOptions.databaseOnly`:
-   *   the workers' database-only handlers), with the default settings; every other effect runs
-   *   in a transaction of its own. A store without group statements runs them alone too.
+   *   the workers mark so their database-only handlers' transactions and their function
+   *   handlers' `ctx.transaction` callbacks, unless called with `{ runsAlone: true }`), with the
+   *   default settings; every other effect runs in a transaction of its own. A store without
+   *   group statements runs them alone too.
    * - `true`, or settings: every effect is grouped (settings with `effects: 'database-only'`:
    *   only database-only ones, with these settings).
    * - `false`: no effect is grouped, database-only ones included.
    *
-   * @defaultValue unset: database-only effects only, with the default settings (`maxJobs` 32, `maxGroups` 2)
+   * @defaultValue unset: database-only effects only, with the default settings (`maxJobs` 32, `maxGroups` 2, `slowJobMs` 1000)
    */
   readonly groupCommit?: boolean | IdempotencyGroupCommitOptions;
 }

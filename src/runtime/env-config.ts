@@ -107,7 +107,9 @@ const envSchema = z.object({
   FAST_PATH: bool.optional(),
   /**
    * Group commit: concurrent jobs' effects share transactions (see IdempotencyOptions.groupCommit).
-   * Unset: a database-only handler's jobs only; `true`: every job's; `false`: none.
+   * Unset: a database-only handler's transactions and a function handler's `ctx.transaction`
+   * callbacks (which may run more than once, one run committing); `true`: every effect, those
+   * run through `IdempotencyKeys` directly too; `false`: none.
    * @defaultValue unset
    */
   GROUP_COMMIT: bool.optional(),
@@ -233,9 +235,9 @@ export function preparedStatementsOverDatabaseUrl(config: Pick<EnvConfig, 'DATAB
 
 /**
  * `IdempotencyOptions.groupCommit` from `GROUP_COMMIT` and its settings (`GROUP_COMMIT_MAX_JOBS`,
- * `GROUP_COMMIT_GROUPS`, `GROUP_COMMIT_WATCH_SETTINGS`): every effect grouped when `true`, none when
- * `false`, and when unset only database-only ones (a database-only handler's), with those
- * settings either way.
+ * `GROUP_COMMIT_GROUPS`, `GROUP_COMMIT_WATCH_SETTINGS`, `GROUP_COMMIT_SLOW_JOB_MS`): every effect
+ * grouped when `true`, none when `false`, and when unset only those marked database-only (the
+ * workers' transactions and `ctx.transaction` callbacks), with those settings either way.
  */
 export function groupCommitFromEnv(
   config: Pick<EnvConfig, 'GROUP_COMMIT' | 'GROUP_COMMIT_MAX_JOBS' | 'GROUP_COMMIT_GROUPS' | 'GROUP_COMMIT_WATCH_SETTINGS' | 'GROUP_COMMIT_SLOW_JOB_MS'>,
