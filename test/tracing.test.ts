@@ -106,6 +106,9 @@ describe('traces', () => {
     // HTTP request → request record and outbox row (one transaction) → relay → BullMQ add →
     // worker → claim, effect transaction → commit.
     const effectCommit = tree.children(tree.one('effect transaction')).find((span) => span.name === 'commit')!;
+    // By default the job's ctx.transaction shares a group's: its commit span is its wait for the group's COMMIT.
+    expect(tree.one('effect transaction').attributes).toMatchObject({ 'idempotent_jobs.group_commit': true });
+    expect(effectCommit.attributes).toMatchObject({ 'idempotent_jobs.group_commit': true });
     expect(tree.ancestry(effectCommit)).toEqual([
       'commit',
       'effect transaction',

@@ -350,9 +350,10 @@ describe('the leased path', () => {
     expect(events.filter((e) => e.kind === 'failed')).toHaveLength(0);
   });
 
-  it("an effect statement that meets a terminated connection is the store's fault, not the handler's", async () => {
+  /** An effect that terminates its own backend on its key's first run. */
+  function terminatingOnce(): Handler {
     const terminated = new Set<string>();
-    const handler: Handler = (ctx) =>
+    return (ctx) =>
       ctx.transaction(async (tx) => {
         if (!terminated.has(ctx.key)) {
           terminated.add(ctx.key);
@@ -361,12 +362,23 @@ describe('the leased path', () => {
         await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, 'w')`.execute(tx);
         return { n: ctx.data.n };
       });
-    const { events } = startWorker(keysOn(workerDb), { handler });
+  }
+
+  it("an effect statement that meets a terminated connection is the store's fault, not the handler's (alone: groupCommit false)", async () => {
+    const { events } = startWorker(keysOn(workerDb, { groupCommit: false }), { handler: terminatingOnce() });
     const added = await addJobs('effect', 2);
     await expectCompletedOnce(added, events);
     expect(events.filter((e) => e.kind === 'store-unavailable')).toHaveLength(2);
   });
 
+  it('an effect statement that meets a terminated connection in a group (the default): the group rolls back, its jobs run again alone, each completes once, none fails', async () => {
+    const { events } = startWorker(keysOn(workerDb), { handler: terminatingOnce() });
+    const added = await addJobs('effect-grouped', 2);
+    await expectCompletedOnce(added, events);
+    expect(events.filter((e) => e.kind === 'failed')).toHaveLength(0);
+  });
+
+  // The ambiguous COMMIT of a transaction alone (a group's is test/group-commit.test.ts's).
   it('an ambiguous COMMIT that did commit finishes the job with the stored result, without running it again', async () => {
     const { store, state } = commitThenDisconnect(workerDb);
     let runs = 0;
@@ -374,7 +386,7 @@ describe('the leased path', () => {
       runs++;
       return effectHandler(ctx);
     };
-    const { events } = startWorker(keysOn(workerDb, {}, store), { handler });
+    const { events } = startWorker(keysOn(workerDb, { groupCommit: false }, store), { handler });
     const added = await addJobs('ambiguous', 1);
     await expectCompletedOnce(added, events);
     expect(state.cut).toBeGreaterThan(0);
@@ -389,7 +401,7 @@ describe('the leased path', () => {
       runs++;
       return effectHandler(ctx);
     };
-    const { events } = startWorker(keysOn(workerDb, {}, store), { handler });
+    const { events } = startWorker(keysOn(workerDb, { groupCommit: false }, store), { handler });
     const added = await addJobs('ambiguous-unread', 1);
     await expectCompletedOnce(added, events);
     expect(state).toMatchObject({ cut: 1, failedReads: 1 });

@@ -55,6 +55,15 @@ export function traceCommit(work: () => Promise<void>): Promise<void> {
 }
 
 /**
+ * `commit` of a job in a group: from the end of its effect until its group's COMMIT settled it
+ * (the group-mates' effects, the group's end, and any run again after a rolled-back group).
+ */
+export function traceGroupCommit<T>(settled: Promise<T>): Promise<T> {
+  if (tracingOff()) return settled;
+  return inSpan('commit', { attributes: () => ({ [ATTR.groupCommit]: true }) }, () => settled);
+}
+
+/**
  * `execute once`: the fast path's claim, effect and completion in one transaction; the
  * outcome `executed` (with fence and attempt) or the claim's when it was not held.
  */
