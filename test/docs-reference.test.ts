@@ -19,7 +19,7 @@ describe('the docs', () => {
   });
 
   it("quote the README's ratio for the leased path where they compare with it", () => {
-    const row = /^\| function handler, defaults \(leased path, one job per transaction\) \| \d+ \| [\d,]+ \| ([\d.]+) \(/m.exec(read('README.md'));
+    const row = /^\| function handler, defaults \(leased claim, `ctx\.transaction` in group commit\) \| \d+ \| [\d,]+ \| ([\d.]+) \(/m.exec(read('README.md'));
     expect(row).not.toBeNull();
     const brokers = read('docs/brokers.md');
     const quoted = /the leased path's ratio to the lean BullMQ baseline: ([\d.]+)/.exec(brokers);
