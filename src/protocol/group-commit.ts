@@ -92,9 +92,11 @@ interface Waiting {
  * than `maxJobs`, then commits. Nothing waits on a timer: under load, jobs group themselves.
  *
  * The price: a group commits when its last job has ended, and it holds every job's row locks
- * until then, so a slow job holds up its group. And a job may run more than once (one run
- * committing): which is why, by default, `IdempotencyKeys` groups only database-only effects
- * (whose every run but the committed one leaves no trace), and every effect only when asked.
+ * until then, so a slow job holds up its group, for at most `slowJobMs`: past it the group
+ * goes on without it, and it runs alone once its run has ended. And a job may run more than
+ * once (one run committing): which is why, by default, `IdempotencyKeys` groups only effects
+ * marked database-only (whose every run but the committed one leaves no trace: the workers'
+ * transactions and `ctx.transaction` callbacks), and every effect only when asked.
  */
 export class GroupCommitter {
   readonly #db: Kysely<any>;
