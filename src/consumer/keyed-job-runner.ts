@@ -88,7 +88,11 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   readonly #active = new Set<ActiveRun<M>>();
   /** The handler as a function of the full context (a database-only one wrapped in `ctx.transaction`). */
   readonly #handler: (ctx: KeyedJobContext<P, M>) => Promise<unknown>;
-  /** A database-only handler: its transaction may share a group's (see `EffectOptions.databaseOnly`). */
+  /**
+   * A database-only handler: the fast path is its default, and on it the whole handler (the
+   * claim's transaction) may share a group's (see `EffectOptions.databaseOnly`). A function
+   * handler's `ctx.transaction` may share one either way (see `TransactionOptions`).
+   */
   readonly #databaseOnly: boolean;
   readonly #fastPath: boolean;
   /** The data layer of a database-only handler written in one (`databaseOnly(dataLayer, …)`): its fast path runs there. */
