@@ -403,23 +403,17 @@ describe('the environment: FAST_PATH and GROUP_COMMIT unset, true or false', () 
     expect(seen.transactions).toBe(JOBS);
   });
 
-  it('unset: a function handler keeps leases, its ctx.transaction callbacks grouped', async () => {
+  it.each<{ setting: string; env: Record<string, string>; tag: string; grouped: boolean }>([
+    { setting: 'unset', env: {}, tag: 'env-function', grouped: true },
+    { setting: 'GROUP_COMMIT=false', env: { GROUP_COMMIT: 'false' }, tag: 'env-function-ungrouped', grouped: false },
+  ])('$setting: a function handler keeps leases; its ctx.transaction callbacks grouped: $grouped', async ({ env: extra, tag, grouped }) => {
     const queue = newQueue();
-    await startProcess(queue, ledgerFunction);
-    await runJobs(queue, 'env-function');
-    const seen = await observe('env-function');
-    expect(seen.effectsPerKey).toEqual(once('env-function'));
+    await startProcess(queue, ledgerFunction, extra);
+    await runJobs(queue, tag);
+    const seen = await observe(tag);
+    expect(seen.effectsPerKey).toEqual(once(tag));
     expect(seen.leased).toBe(true);
-    expect(seen.transactions).toBeLessThan(JOBS);
-  });
-
-  it('GROUP_COMMIT=false: a function handler keeps leases, a transaction per job', async () => {
-    const queue = newQueue();
-    await startProcess(queue, ledgerFunction, { GROUP_COMMIT: 'false' });
-    await runJobs(queue, 'env-function-ungrouped');
-    const seen = await observe('env-function-ungrouped');
-    expect(seen.effectsPerKey).toEqual(once('env-function-ungrouped'));
-    expect(seen.leased).toBe(true);
-    expect(seen.transactions).toBe(JOBS);
+    if (grouped) expect(seen.transactions).toBeLessThan(JOBS);
+    else expect(seen.transactions).toBe(JOBS);
   });
 });
