@@ -112,4 +112,18 @@ describe('recordFailure', () => {
     expect(await keys.get('sf', 'record-refused')).toMatchObject({ status: 'processing', owner: null, error: { message: 'effect failed' } });
     expect((await keys.claim('sf', 'record-refused', fingerprint)).kind).toBe('taken-over');
   });
+
+  it('5. when its claim is taken over before the failure is stored, nothing is recorded and the outcome says the key is in progress', async () => {
+    const store = new PostgresKeyStore(env.db, env.schema);
+    const fingerprint = keys.fingerprint({ n: 2 });
+    store.fail = async (claim, errorJson, retentionMs) => {
+      await keys.release(claim);
+      expect((await keys.claim('sf', 'record-taken-over', fingerprint)).kind).toBe('taken-over');
+      return PostgresKeyStore.prototype.fail.call(store, claim, errorJson, retentionMs);
+    };
+    const racing = new IdempotencyKeys({ db: env.db, schema: env.schema }, store);
+    const outcome = await racing.recordFailure('sf', 'record-taken-over', fingerprint, new Error('effect failed'));
+    expect(outcome).toEqual({ kind: 'in-progress', scope: 'sf', key: 'record-taken-over', retryAfterMs: 0 });
+    expect(await keys.get('sf', 'record-taken-over')).toMatchObject({ status: 'processing', fence: 2 });
+  });
 });

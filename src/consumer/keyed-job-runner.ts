@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import { describeError } from '../describe-error.js';
-import { ClaimContendedError, KeyFailedError, KeyReusedError, StepsUnsupportedError, ValidationError } from '../errors.js';
+import { ClaimContendedError, StepsUnsupportedError, ValidationError } from '../errors.js';
 import type { FaultPoint } from '../fault-hook.js';
 import type { ClaimOptions } from '../protocol/effect-options.js';
 import type { ConcurrencySlot, IdempotencyKeys } from '../protocol/idempotency-keys.js';
@@ -419,26 +419,12 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       if (error instanceof ClaimContendedError) return this.#failures.contended();
       return this.#failures.storeFault(run, error);
     }
-    if (outcome.kind !== 'claimed' && outcome.kind !== 'taken-over') return this.#notHeld(outcome);
+    if (outcome.kind !== 'claimed' && outcome.kind !== 'taken-over') return this.#failures.notHeld(outcome);
     this.#emit(outcome.kind, delivery, { claim: outcome });
     log.info({ fence: outcome.fence, outcome: outcome.kind }, 'key claimed');
     await this.#fault('after-claim', identity);
     const held = log.with({ fence: outcome.fence });
     return { ...(await this.#runLeased({ ...run, log: held }, outcome)), log: held };
-  }
-
-  /** A claim that this consumer does not hold: replay, refuse, or defer. */
-  #notHeld(outcome: Exclude<ClaimOutcome, HeldClaim>): RunResult {
-    switch (outcome.kind) {
-      case 'completed':
-        return { outcome: { kind: 'replayed', result: outcome.result, resultExpired: outcome.resultExpired } };
-      case 'failed':
-        return { outcome: { kind: 'replayed-failure', error: new KeyFailedError(outcome.scope, outcome.key, outcome.error), resultExpired: outcome.resultExpired } };
-      case 'key-reused':
-        return { outcome: { kind: 'key-reused', error: new KeyReusedError(outcome.scope, outcome.key) } };
-      case 'in-progress':
-        return this.#failures.defer(outcome.retryAfterMs, 'in-progress');
-    }
   }
 
   async #waitForOwner(outcome: ClaimOutcome & { kind: 'in-progress' }, fingerprint: string, claimOptions: ClaimOptions) {
@@ -586,7 +572,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     } finally {
       this.#active.delete(active);
     }
-    if (outcome.kind !== 'executed') return this.#notHeld(outcome);
+    if (outcome.kind !== 'executed') return this.#failures.notHeld(outcome);
     await this.#fault('after-commit', identity);
     const { claim } = outcome;
     return { outcome: { kind: 'completed', result: outcome.result ?? null }, claim, durationMs: performance.now() - startedAt, log: run.log.with({ fence: claim.fence }) };

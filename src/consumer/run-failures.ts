@@ -1,6 +1,8 @@
 import {
   ClaimContendedError,
   DataLayerElsewhereError,
+  KeyFailedError,
+  KeyReusedError,
   LeaseLostError,
   PersistentStoreFaultError,
   StepMismatchError,
@@ -8,7 +10,7 @@ import {
 } from '../errors.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { FailedStep } from '../protocol/validate.js';
-import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
+import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import { isHeld } from '../store/claim-outcome.js';
 import type { Delivery } from './job-context.js';
 import { describeFailure, streakId, type DeferralReason, type Run, type RunResult } from './run-outcome.js';
@@ -54,6 +56,20 @@ export class RunFailures<P, M> {
   /** Deferral without using an attempt, to replay once the owner finishes (or, `concurrencyKey` given, once that key has a free slot). */
   defer(retryAfterMs: number, reason: Exclude<DeferralReason, 'data-layer-elsewhere'>, concurrencyKey?: string): RunResult {
     return { outcome: { kind: 'deferred', retryAfterMs: deferralMs(this.#options.timing, retryAfterMs), reason, ...(concurrencyKey !== undefined && { concurrencyKey }) } };
+  }
+
+  /** A claim that this consumer does not hold: replay, refuse, or defer. */
+  notHeld(outcome: Exclude<ClaimOutcome, HeldClaim>): RunResult {
+    switch (outcome.kind) {
+      case 'completed':
+        return { outcome: { kind: 'replayed', result: outcome.result, resultExpired: outcome.resultExpired } };
+      case 'failed':
+        return { outcome: { kind: 'replayed-failure', error: new KeyFailedError(outcome.scope, outcome.key, outcome.error), resultExpired: outcome.resultExpired } };
+      case 'key-reused':
+        return { outcome: { kind: 'key-reused', error: new KeyReusedError(outcome.scope, outcome.key) } };
+      case 'in-progress':
+        return this.defer(outcome.retryAfterMs, 'in-progress');
+    }
   }
 
   /**
@@ -123,10 +139,8 @@ export class RunFailures<P, M> {
   async heldFailure(run: Run<P, M>, claim: Claim, signal: AbortSignal, error: unknown, step?: FailedStep): Promise<RunResult> {
     const { delivery, log } = run;
     if (error instanceof LeaseLostError || signal.reason instanceof LeaseLostError) {
-      // Another consumer owns the key now and will finish it; this delivery becomes a duplicate.
-      this.#options.emit('fenced', delivery, claim);
       log.warn({ outcome: 'fenced' }, 'completion fenced: the key was taken over; deferring this job to replay');
-      return this.defer(this.#options.timing.deferMinMs, 'fenced');
+      return this.#fenced(run, claim);
     }
     if (signal.reason instanceof WorkerClosingError) return { outcome: { kind: 'abandoned', error } }; // key already released by abandonActive()
     const elsewhere = findDataLayerElsewhere(error);
@@ -140,18 +154,36 @@ export class RunFailures<P, M> {
   async heldError(run: Run<P, M>, claim: Claim, error: unknown, final: boolean, step?: FailedStep): Promise<RunResult> {
     const { keys } = this.#options;
     if (final) {
+      const failed = { kind: 'failed-permanently', error, description: describeFailure(run.identity, error, step) } as const;
       let stored: boolean;
       try {
         stored = await keys.fail(claim, error, step);
       } catch (failError) {
         // The failure could not be recorded for now: run the job again later rather than lose it.
         if (findStoreUnavailable(failError)) return this.deferStoreFault(run, failError, claim);
-        stored = false;
+        // Refused for good: the job fails, and its key is given back rather than left processing
+        // under a lease nobody will end (a later add of the key runs it again).
+        run.log.error({ err: failError }, 'the failure could not be stored on the key: the key is released');
+        const released = await keys.release(claim, error, step).catch(() => false);
+        if (released) this.#options.emit('released', run.delivery, claim);
+        return { outcome: failed, claim, step, confirmed: false };
       }
-      return { outcome: { kind: 'failed-permanently', error, description: describeFailure(run.identity, error, step) }, claim, step, confirmed: stored };
+      if (!stored) {
+        // Taken over while this run failed: the new owner decides the key's outcome, which this
+        // job then replays. Failing the job here would end it apart from its key.
+        run.log.warn({ outcome: 'fenced' }, 'failure fenced: the key was taken over; deferring this job to replay');
+        return this.#fenced(run, claim);
+      }
+      return { outcome: failed, claim, step, confirmed: true };
     }
     const released = await keys.release(claim, error, step).catch(() => false);
     return { outcome: { kind: 'retry', error }, claim, step, confirmed: released };
+  }
+
+  /** This run's claim was taken over: another consumer owns the key now and will finish it; this delivery becomes a duplicate. */
+  #fenced(run: Run<P, M>, claim: Claim): RunResult {
+    this.#options.emit('fenced', run.delivery, claim);
+    return this.defer(this.#options.timing.deferMinMs, 'fenced');
   }
 
   /**
@@ -184,7 +216,10 @@ export class RunFailures<P, M> {
       // Not recorded (recordFailure gave the key back if it could): run the job again later.
       if (findStoreUnavailable(recordError)) return this.deferStoreFault(run, recordError);
     }
-    const claim = recorded && (recorded.kind === 'claimed' || recorded.kind === 'taken-over') ? recorded : undefined;
+    // Held or settled by another run meanwhile (a delivery of the key still running): nothing
+    // was recorded; this job replays what that run decides, as any duplicate would.
+    if (recorded && !isHeld(recorded)) return this.notHeld(recorded);
+    const claim = recorded && isHeld(recorded) ? recorded : undefined;
     return { outcome: { kind: 'failed-permanently', error, description: describeFailure(identity, error) }, claim, confirmed: claim !== undefined };
   }
 

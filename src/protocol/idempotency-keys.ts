@@ -293,25 +293,27 @@ export class IdempotencyKeys {
   /**
    * Records a permanent failure for a key nobody holds (the fast path's last attempt failed
    * and rolled its claim back): claims it and fails it. Returns the claim outcome when the key
-   * turned out to be held or settled by someone else, in which case nothing was recorded.
-   * The payload is not kept. If the failure cannot be stored, the key is released (never left
-   * `processing`) and the store's error is thrown.
+   * turned out to be held or settled by someone else, in which case nothing was recorded
+   * (`in-progress` with `retryAfterMs` 0 also when another claim took the key over between this
+   * claim and its failure). The payload is not kept. If the failure cannot be stored, the key is
+   * released (never left `processing`) and the store's error is thrown.
    */
   async recordFailure(scope: string, key: string, fingerprint: string, error: unknown, options: ClaimOptions = {}): Promise<ClaimOutcome> {
     // No payload: it is kept only for re-enqueueing a key left processing, which this one is
     // not, and a payload that cannot be stored may be the very failure being recorded.
     const { payload: _, ...withoutPayload } = options;
     const outcome = await this.claim(scope, key, fingerprint, withoutPayload);
-    if (isHeld(outcome)) {
-      try {
-        await this.fail(outcome, error);
-      } catch (failure) {
-        // Never leave the key processing (claimed by nobody who will finish it) for the sweeper.
-        await this.release(outcome, error).catch(() => {});
-        throw failure;
-      }
+    if (!isHeld(outcome)) return outcome;
+    let recorded: boolean;
+    try {
+      recorded = await this.fail(outcome, error);
+    } catch (failure) {
+      // Never leave the key processing (claimed by nobody who will finish it) for the sweeper.
+      await this.release(outcome, error).catch(() => {});
+      throw failure;
     }
-    return outcome;
+    // Taken over in between: the new owner decides the key's outcome.
+    return recorded ? outcome : { kind: 'in-progress', scope, key, retryAfterMs: 0 };
   }
 
   /**
