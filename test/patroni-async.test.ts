@@ -25,7 +25,7 @@ describe.skipIf(programs.includes(undefined))('PatroniCluster (asynchronous repl
 
   beforeAll(async () => {
     cluster = await PatroniCluster.start({ synchronous: false });
-  }, 120_000);
+  }, PatroniCluster.START_HOOK_TIMEOUT_MS);
 
   afterAll(async () => {
     await cluster?.stop();

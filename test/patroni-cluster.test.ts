@@ -59,7 +59,7 @@ describe.skipIf(programs.includes(undefined))('PatroniCluster (synchronous repli
   beforeAll(async () => {
     cluster = await PatroniCluster.start({ synchronous: true });
     await query(cluster.url, 'create table committed (n int primary key)');
-  }, 120_000);
+  }, PatroniCluster.START_HOOK_TIMEOUT_MS);
 
   afterAll(async () => {
     await cluster?.stop();

@@ -139,7 +139,7 @@ describe.skipIf(programs.includes(undefined))('a Patroni cluster (asynchronous r
   beforeAll(async () => {
     redisUrl = inject('redisUrl');
     cluster = await PatroniCluster.start({ synchronous: false });
-  }, 120_000);
+  }, PatroniCluster.START_HOOK_TIMEOUT_MS);
   afterAll(async () => {
     await cluster?.stop();
     const redis = new Redis(redisUrl);
