@@ -7,7 +7,8 @@
  * node_modules symlink, e.g. `git worktree add /tmp/ij-main main && ln -s "$PWD/node_modules" /tmp/ij-main/`.
  *
  * Specs (`--specs`, or the SPECS environment variable), separated by `|`:
- *   `lean <concurrency> [VAR=value …]`                       the lean baseline process
+ *   `lean <concurrency> [VAR=value …]`                       the lean baseline process (the first of a
+ *                                                            concurrency is what the others at it are divided by)
  *   `<old|now> <contender> <concurrency> [VAR=value …]`      `idempotent-jobs worker` of that checkout
  * with contenders leased, fast-path, leased-group, fast-path-group, database-only (the `{ transaction }`
  * handler form, bench/support/deployed-database-only-handler.ts, with its defaults), and extra environment for
@@ -106,10 +107,13 @@ function summarizeBy(what: string, measure: (run: DeployedRun) => number): strin
     const text = line(`now/old ${variant}`, ratios);
     if (text) out.push(text);
   }
-  for (const spec of args.specs.filter((s) => s.tree !== 'lean')) {
+  // Each drain against the first lean spec of its concurrency in the list (another lean spec at
+  // that concurrency, e.g. LEAN_PROTOCOL=keyed, is a contender like the others).
+  const referenceOf = (spec: AbSpec) => args.specs.find((s) => s.tree === 'lean' && s.concurrency === spec.concurrency);
+  for (const spec of args.specs.filter((s) => referenceOf(s) !== s)) {
     const ratios = reps.map((rep) => {
       const mine = rate(rep, (s) => s === spec);
-      const lean = rate(rep, (s) => s.tree === 'lean' && s.concurrency === spec.concurrency);
+      const lean = rate(rep, (s) => s === referenceOf(spec));
       return mine !== undefined && lean !== undefined ? mine / lean : undefined;
     });
     const text = line(`${spec.label} / lean c ${spec.concurrency}`, ratios);

@@ -8,7 +8,15 @@
  * concurrency: one connection per job in flight, no more); QUEUE_BACKEND=postgres and
  * QUEUE_SCHEMA put the queue in Postgres (BullMQ's PostgreSQL backend, over DATABASE_URL). Prints one JSON line
  * `{"msg":"lean baseline worker ready"}` once it takes jobs; SIGTERM closes it gracefully.
+ *
+ * `LEAN_PROTOCOL=keyed`: the claim protocol written by hand, for a reference of what the shape
+ * costs without this library's code: the key claimed in the keys table with one autocommit
+ * `insert … on conflict do nothing` (durable before the transaction, as a leased claim must be;
+ * a key with a row is skipped, the job replayed), then BEGIN, the insert, the fenced completion
+ * (one `update` of the key's row), COMMIT. No batching, no group commit, no lease heartbeat, no
+ * takeover: the least Node and Postgres work the protocol's statements can cost.
  */
+import { randomUUID } from 'node:crypto';
 import { Worker, createPostgresBackend, type Job } from 'bullmq';
 import pg from 'pg';
 
@@ -37,13 +45,30 @@ interface WireJobData {
   readonly payload?: { readonly sleepMs?: number };
 }
 
+const keyed = process.env.LEAN_PROTOCOL === 'keyed';
+const keysTable = `${pg.escapeIdentifier(schema)}.idempotency_keys`;
+const claimKey =
+  `insert into ${keysTable} (scope, key, fingerprint, status, owner, locked_until, job_id) ` +
+  `values ($1, $2, $3, 'processing', $4, now() + interval '30 seconds', $5) on conflict do nothing returning fence`;
+const completeKey =
+  `update ${keysTable} set status = 'completed', locked_until = null, completed_at = now(), updated_at = now(), ` +
+  `expires_at = now() + interval '1 day' where scope = $1 and key = $2 and owner = $3 and fence = $4 and status = 'processing'`;
+
 async function processJob(job: Job<WireJobData>): Promise<null> {
   const callMs = job.data.payload?.sleepMs;
+  const scope = job.data.scope ?? 'default';
+  const key = job.data.idempotencyKey;
+  const owner = keyed ? randomUUID() : undefined;
+  if (keyed) {
+    const claimed = await pool.query(claimKey, [scope, key, 'bench', owner, job.id ?? null]);
+    if (claimed.rowCount === 0) return null;
+  }
   if (callMs) await new Promise((resolve) => setTimeout(resolve, callMs));
   const client = await pool.connect();
   try {
     await client.query('BEGIN');
-    await client.query(insertEffect, [job.data.scope ?? 'default', job.data.idempotencyKey, workerName]);
+    await client.query(insertEffect, [scope, key, workerName]);
+    if (keyed) await client.query(completeKey, [scope, key, owner, 1]);
     await client.query('COMMIT');
   } catch (error) {
     await client.query('ROLLBACK').catch(() => {});
