@@ -68,7 +68,7 @@ async function processJob(job: Job<WireJobData>): Promise<null> {
   try {
     await client.query('BEGIN');
     await client.query(insertEffect, [scope, key, workerName]);
-    if (keyed) await client.query(completeKey, [scope, key, owner, 1]);
+    if (keyed && (await client.query(completeKey, [scope, key, owner, 1])).rowCount !== 1) throw new Error(`key ${key}: lease lost`);
     await client.query('COMMIT');
   } catch (error) {
     await client.query('ROLLBACK').catch(() => {});
