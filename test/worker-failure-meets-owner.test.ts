@@ -110,54 +110,44 @@ const completesLater: OtherRun = async (claim) => {
   await keys.commitEffect(claim, async () => ({ by: 'other' }));
 };
 
-async function addJob(key: string) {
-  return queue.add('job', { idempotencyKey: key, scope: SCOPE, payload: { n: 1 } }, { jobId: `job-${randomUUID()}`, attempts: 1 });
+/**
+ * Runs one job of `key` (one attempt) on a worker over `withKeys` whose handler always throws
+ * "the card was declined", until the job completes or fails; counts the handler's runs.
+ */
+async function runDeclinedJob(withKeys: IdempotencyKeys, key: string, fastPath: boolean) {
+  let runs = 0;
+  startWorker(withKeys, async () => {
+    runs++;
+    throw new Error('the card was declined');
+  }, { fastPath });
+  const job = await queue.add('job', { idempotencyKey: key, scope: SCOPE, payload: { n: 1 } }, { jobId: `job-${randomUUID()}`, attempts: 1 });
+  const done = await waitForJobState(queue, job.id!, ['completed', 'failed']);
+  return { ...done, runs, record: await keys.get(SCOPE, key) };
 }
 
 describe('a run fails for good while another run of its key holds it', () => {
   it('1. fast path: the other run claimed the key before the failure was recorded and completes it: the job replays its result', async () => {
-    let runs = 0;
-    const withKeys = new ClaimedBeforeTheRecord(completesLater, 60_000);
-    startWorker(withKeys, async () => {
-      runs++;
-      throw new Error('the card was declined');
-    }, { fastPath: true });
-    const job = await addJob('fast-completed');
-    const done = await waitForJobState(queue, job.id!, ['completed', 'failed']);
+    const done = await runDeclinedJob(new ClaimedBeforeTheRecord(completesLater, 60_000), 'fast-completed', true);
     expect(done.state, done.job.failedReason).toBe('completed');
     expect(done.job.returnvalue).toEqual({ by: 'other' });
-    expect(await keys.get(SCOPE, 'fast-completed')).toMatchObject({ status: 'completed', result: { by: 'other' } });
-    expect(runs).toBe(1);
+    expect(done.record).toMatchObject({ status: 'completed', result: { by: 'other' } });
+    expect(done.runs).toBe(1);
   });
 
   it('2. fast path: the other run never finishes: after its lease the job runs again, and its failure is recorded on the key', async () => {
-    let runs = 0;
-    const withKeys = new ClaimedBeforeTheRecord(async () => {}, 1_000);
-    startWorker(withKeys, async () => {
-      runs++;
-      throw new Error('the card was declined');
-    }, { fastPath: true });
-    const job = await addJob('fast-zombie');
-    const done = await waitForJobState(queue, job.id!, ['completed', 'failed']);
+    const done = await runDeclinedJob(new ClaimedBeforeTheRecord(async () => {}, 1_000), 'fast-zombie', true);
     expect(done.state).toBe('failed');
     expect(done.job.failedReason).toContain('the card was declined');
-    expect(await keys.get(SCOPE, 'fast-zombie')).toMatchObject({ status: 'failed', fence: 2, error: { message: 'the card was declined' } });
-    expect(runs).toBe(2);
+    expect(done.record).toMatchObject({ status: 'failed', fence: 2, error: { message: 'the card was declined' } });
+    expect(done.runs).toBe(2);
   });
 
   it('3. leased path: the key was taken over while the run failed: the job replays what the new owner stored', async () => {
-    let runs = 0;
-    const withKeys = new TakenOverBeforeTheFailure(completesLater);
-    startWorker(withKeys, async () => {
-      runs++;
-      throw new Error('the card was declined');
-    }, { fastPath: false });
-    const job = await addJob('leased-taken-over');
-    const done = await waitForJobState(queue, job.id!, ['completed', 'failed']);
+    const done = await runDeclinedJob(new TakenOverBeforeTheFailure(completesLater), 'leased-taken-over', false);
     expect(done.state, done.job.failedReason).toBe('completed');
     expect(done.job.returnvalue).toEqual({ by: 'other' });
-    expect(await keys.get(SCOPE, 'leased-taken-over')).toMatchObject({ status: 'completed', fence: 2, result: { by: 'other' } });
-    expect(runs).toBe(1);
+    expect(done.record).toMatchObject({ status: 'completed', fence: 2, result: { by: 'other' } });
+    expect(done.runs).toBe(1);
   });
 });
 
@@ -168,13 +158,10 @@ describe('a failure the store refuses for good', () => {
         throw new Error('the store refused the failure');
       }
     }
-    startWorker(new RefusingFailures({ db: env.db, schema: env.schema }), async () => {
-      throw new Error('the card was declined');
-    }, { fastPath: false });
-    const job = await addJob('leased-refused');
-    const done = await waitForJobState(queue, job.id!, ['completed', 'failed']);
+    const done = await runDeclinedJob(new RefusingFailures({ db: env.db, schema: env.schema }), 'leased-refused', false);
     expect(done.state).toBe('failed');
     expect(done.job.failedReason).toContain('the card was declined');
-    expect(await keys.get(SCOPE, 'leased-refused')).toMatchObject({ status: 'processing', owner: null, error: { message: 'the card was declined' } });
+    expect(done.record).toMatchObject({ status: 'processing', owner: null, error: { message: 'the card was declined' } });
+    expect(done.runs).toBe(1);
   });
 });
