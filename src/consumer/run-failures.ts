@@ -209,18 +209,21 @@ export class RunFailures<P, M> {
       await this.#recordAttempt(run, error);
       return { outcome: { kind: 'retry', error } };
     }
-    let recorded: ClaimOutcome | undefined;
+    const failed = { kind: 'failed-permanently', error, description: describeFailure(identity, error) } as const;
+    let recorded: ClaimOutcome;
     try {
       recorded = await this.#options.keys.recordFailure(identity.scope, identity.key, fingerprint, error, { ...claimOptions, leaseMs: this.#options.timing.leaseMs });
     } catch (recordError) {
       // Not recorded (recordFailure gave the key back if it could): run the job again later.
       if (findStoreUnavailable(recordError)) return this.deferStoreFault(run, recordError);
+      // Refused for good: the job fails; its key was given back (see heldError).
+      run.log.error({ err: recordError }, 'the failure could not be stored on the key: the key is released');
+      return { outcome: failed, confirmed: false };
     }
     // Held or settled by another run meanwhile (a delivery of the key still running): nothing
     // was recorded; this job replays what that run decides, as any duplicate would.
-    if (recorded && !isHeld(recorded)) return this.notHeld(recorded);
-    const claim = recorded && isHeld(recorded) ? recorded : undefined;
-    return { outcome: { kind: 'failed-permanently', error, description: describeFailure(identity, error) }, claim, confirmed: claim !== undefined };
+    if (!isHeld(recorded)) return this.notHeld(recorded);
+    return { outcome: failed, claim: recorded, confirmed: true };
   }
 
   /**
