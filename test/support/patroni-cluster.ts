@@ -125,20 +125,21 @@ export class PatroniCluster {
    * exercise is the cluster's behaviour, not its first bootstrap.
    */
   static async start(options: PatroniClusterOptions = {}): Promise<PatroniCluster> {
+    // A missing binary is no bootstrap failure: another attempt could not mend it.
+    const patroni = findSystemTool('patroni');
+    if (patroni === undefined) throw new Error(`no patroni binary: ${missingToolLine('patroni')}`);
     try {
-      return await PatroniCluster.#startOnce(options);
+      return await PatroniCluster.#startOnce(patroni, options);
     } catch (error) {
       console.warn(`[patroni] the cluster did not start; starting it once more on fresh ports. ${(error as Error).message}`);
-      return PatroniCluster.#startOnce(options);
+      return PatroniCluster.#startOnce(patroni, options);
     }
   }
 
   /** Hook timeout for a test set-up that calls {@link PatroniCluster.start}: both attempts and their clean-up. */
   static readonly START_HOOK_TIMEOUT_MS = 200_000;
 
-  static async #startOnce(options: PatroniClusterOptions): Promise<PatroniCluster> {
-    const patroni = findSystemTool('patroni');
-    if (patroni === undefined) throw new Error(`no patroni binary: ${missingToolLine('patroni')}`);
+  static async #startOnce(patroni: string, options: PatroniClusterOptions): Promise<PatroniCluster> {
     const binDir = findBinDir();
     const user = postgresOsUser();
     const dir = mkdtempSync(join(tmpdir(), 'ij-patroni-'));
