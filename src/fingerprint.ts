@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { hash } from 'node:crypto';
 import canonicalize from 'canonicalize';
 import { ValidationError } from './errors.js';
 import { MAX_FINGERPRINT_DEPTH, describeJsonProblem, findJsonProblem } from './json-limits.js';
@@ -22,7 +22,6 @@ export const sha256Fingerprint: Fingerprinter = (identity) => {
     throw new ValidationError('INVALID_JOB_DATA', 'fingerprint', `Cannot fingerprint the request: its value ${describeJsonProblem(found)}.`);
   }
   const canonical = canonicalize(identity === undefined ? null : identity);
-  return createHash('sha256')
-    .update(canonical ?? 'null')
-    .digest('hex');
+  // One call, no Hash object to make and finish: a few µs of every job's claim.
+  return hash('sha256', canonical ?? 'null', 'hex');
 };

@@ -2,6 +2,7 @@ import type { Transaction } from 'kysely';
 import type { DatabaseStep, ExternalStep, StepBody } from '../protocol/job-steps.js';
 import type { Claim } from '../store/claim-outcome.js';
 import type { DataLayer } from '../store/data-layer.js';
+import type { RunAbort } from './run-abort.js';
 import type { JobIdentity } from './wire-contract.js';
 
 /**
@@ -144,7 +145,7 @@ export function jobContext<P, M>(
   delivery: Delivery<M>,
   identity: JobIdentity<P>,
   claim: Claim,
-  signal: AbortSignal,
+  cancellation: RunAbort,
   transaction: (first: DataLayer<unknown> | ((tx: Transaction<any>) => Promise<unknown>), second?: unknown) => Promise<unknown>,
   step: (name: string, body: StepBody<unknown>) => Promise<unknown>,
 ): KeyedJobContext<P, M> {
@@ -155,7 +156,10 @@ export function jobContext<P, M>(
     fence: claim.fence,
     attempt: claim.attempts,
     message: delivery.message,
-    signal,
+    // Made when read: most handlers never look at their signal.
+    get signal() {
+      return cancellation.signal;
+    },
     transaction: transaction as KeyedJobContext<P, M>['transaction'],
     step: step as KeyedJobContext<P, M>['step'],
   };

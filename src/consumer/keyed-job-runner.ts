@@ -16,6 +16,7 @@ import { handlerForm, isDataLayerHandler, runsInOneTransaction, type DatabaseOnl
 import { jobContext, transactionOptionsOf, type Delivery, type KeyedJobContext, type TransactionOptions } from './job-context.js';
 import { JobLogger } from './job-logger.js';
 import { startLeaseHeartbeat } from './lease-heartbeat.js';
+import { RunAbort } from './run-abort.js';
 import { RunFailures, WorkerClosingError } from './run-failures.js';
 import { describeFailure, passedTheStore, streakId, type Run, type RunOutcome, type RunResult } from './run-outcome.js';
 import type { KeyedJobRunnerOptions } from './runner-options.js';
@@ -39,7 +40,7 @@ interface EventAbout<P> {
 interface ActiveRun<M> {
   readonly delivery: Delivery<M>;
   readonly claim: Claim | undefined;
-  readonly controller: AbortController;
+  readonly cancellation: RunAbort;
 }
 
 /**
@@ -144,7 +145,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     if (abandoned.length > 0) this.#log.warn({ active: abandoned.length }, 'shutdown deadline passed: releasing keys of unfinished jobs');
     await Promise.all(
       abandoned.map(async (active) => {
-        active.controller.abort(new WorkerClosingError());
+        active.cancellation.abort(new WorkerClosingError());
         if (active.claim) {
           const released = await this.#keys.release(active.claim, new WorkerClosingError()).catch(() => false);
           if (released) this.#emit('released', active.delivery, { claim: active.claim });
@@ -438,17 +439,15 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
 
   async #runLeased(run: Run<P, M>, claim: HeldClaim): Promise<RunResult> {
     const { delivery, identity, log } = run;
-    const controller = new AbortController();
-    const brokerSignal = delivery.signal;
-    brokerSignal?.addEventListener('abort', () => controller.abort(brokerSignal.reason), { once: true });
-    const active: ActiveRun<M> = { delivery, claim, controller };
+    const cancellation = new RunAbort(delivery.signal);
+    const active: ActiveRun<M> = { delivery, claim, cancellation };
     this.#active.add(active);
     const stopHeartbeat = startLeaseHeartbeat({
       keys: this.#keys,
       claim,
       leaseMs: this.#timing.leaseMs,
       heartbeatMs: this.#timing.heartbeatMs,
-      controller,
+      cancellation,
       log,
       onBeat: (kind) => this.#emit(kind, delivery, { claim }),
     });
@@ -457,7 +456,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     // Created at the handler's first ctx.step: a handler without steps pays nothing for them.
     let steps: JobSteps | undefined;
     const commit = async (effect: (tx: any) => Promise<unknown>, dataLayer?: DataLayer<unknown>, transactionOptions: TransactionOptions = {}) => {
-      if (controller.signal.aborted) throw controller.signal.reason;
+      if (cancellation.aborted) throw cancellation.reason;
       // A step record still held back commits ahead of the completion, in its first round trip.
       const complete = (held?: HeldRecord) => {
         // ctx.transaction's callback may run more than once, one run committing (see
@@ -480,7 +479,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       delivery,
       identity,
       claim,
-      controller.signal,
+      cancellation,
       (first, second) => {
         if (committed) throw new Error('ctx.transaction may be called only once per job.');
         return typeof first === 'function' ? commit(first, undefined, transactionOptionsOf(second)) : commit(second as (tx: unknown) => Promise<unknown>, first);
@@ -491,7 +490,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
         steps ??= new JobSteps(
           this.#keys,
           claim,
-          controller.signal,
+          cancellation.signal,
           (report) => this.#emit(`step-${report.outcome}`, delivery, { claim, durationMs: report.durationMs, step: report }),
           { holdRecords: true },
         );
@@ -510,7 +509,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       await steps?.flush();
       // Before the key is released or failed, after which an extension would find no lease.
       stopHeartbeat();
-      return await this.#failures.heldFailure(run, claim, controller.signal, error, steps?.failedStep(error));
+      return await this.#failures.heldFailure(run, claim, cancellation, error, steps?.failedStep(error));
     } finally {
       stopHeartbeat();
       this.#active.delete(active);
@@ -519,8 +518,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
 
   async #runFastPath(run: Run<P, M>): Promise<RunResult> {
     const { delivery, identity, fingerprint, claimOptions } = run;
-    const controller = new AbortController();
-    const active: ActiveRun<M> = { delivery, claim: undefined, controller };
+    const cancellation = new RunAbort();
+    const active: ActiveRun<M> = { delivery, claim: undefined, cancellation };
     this.#active.add(active);
     const startedAt = performance.now();
     let outcome;
@@ -539,7 +538,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
             delivery,
             identity,
             claim,
-            controller.signal,
+            cancellation,
             async (first, second) => {
               if (transactionResult) throw new Error('ctx.transaction may be called only once per job.');
               // Read for their errors only: on the fast path the whole handler runs inside the

@@ -2,7 +2,7 @@ import type { Transaction } from 'kysely';
 import { LeaseLostError } from '../errors.js';
 import type { Claim } from '../store/claim-outcome.js';
 import { endWithCommit, runTransaction, sendHeldRecord, type HeldRecord } from '../store/one-trip-commit.js';
-import { traceCommit, traceEffectTransaction, traceGroupCommit } from '../telemetry/claim-tracing.js';
+import { claimSpansOn, traceCommit, traceEffectTransaction, traceGroupCommit } from '../telemetry/claim-tracing.js';
 import type { CommitEffectOptions, Effect } from './effect-options.js';
 import { mayHaveCommitted, resultOfInterruptedCommit } from './interrupted-commit.js';
 import { resultRetentionMs } from './key-retention.js';
@@ -56,8 +56,9 @@ export class EffectBoundary {
       if (heldRecord.state === 'refused') throw new LeaseLostError(claim.scope, claim.key, claim.fence);
       if (heldRecord.state === 'failed') throw heldRecord.error;
     }
-    let effectEnded!: () => void;
-    const effectDone = new Promise<void>((resolve) => (effectEnded = resolve));
+    // Only a traced job needs to know when its effect ended: its commit span begins there.
+    let effectEnded: (() => void) | undefined;
+    const effectDone = claimSpansOn() ? new Promise<void>((resolve) => (effectEnded = resolve)) : undefined;
     const settled = group.committer.run({
       identity: keyIdentity(claim),
       kind: options.kind,
@@ -65,7 +66,7 @@ export class EffectBoundary {
         const result = await effect(tx);
         const json = serializeResult(claim.scope, claim.key, result, maxResultBytes);
         await beforeCommit?.();
-        effectEnded();
+        effectEnded?.();
         // A lost lease fails the fenced completion at the group's end: the job then runs
         // alone, where it fails with LeaseLostError.
         return { value: result, closing: group.statements.completion(claim, json, retentionMs) };
@@ -74,6 +75,7 @@ export class EffectBoundary {
     });
     // The job's trace shows its wait for the group's COMMIT as its commit, begun here, in the
     // job's own context (the group runs the effect in the context of the job that opened it).
+    if (!effectDone) return settled;
     const effectFirst = await Promise.race([effectDone.then(() => true), settled.then(() => false, () => false)]);
     return effectFirst ? traceGroupCommit(settled) : settled;
   }

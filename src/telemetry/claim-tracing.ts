@@ -54,6 +54,11 @@ export function traceCommit(work: () => Promise<void>): Promise<void> {
   return inSpan('commit', {}, () => work());
 }
 
+/** Whether spans are recorded now: a job that is not traced need not mark where its effect ended. */
+export function claimSpansOn(): boolean {
+  return !tracingOff();
+}
+
 /**
  * `commit` of a job in a group: from the end of its effect until its group's COMMIT settled it
  * (the group-mates' effects, the group's end, and any run again after a rolled-back group).
