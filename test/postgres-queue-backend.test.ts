@@ -328,6 +328,42 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
     }
   });
 
+  it('passes ctx.transaction\'s options on when it finishes the job in the effect: a bad runsAlone is refused, a good one runs', async () => {
+    const queue = 'pg-finish-options';
+    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
+    const jobs = new IdempotentProducer({ queue, backend: 'postgres', connection: env.databaseDirectUrl, prefix: queueSchema });
+    const worker = createIdempotentWorker<{ cents: number; runsAlone: unknown }, { booked: number }>({
+      queue,
+      backend: 'postgres',
+      connection: env.databaseDirectUrl,
+      prefix: queueSchema,
+      keys,
+      logger: pino({ level: 'silent' }),
+      handler: async (ctx) =>
+        ctx.transaction(
+          async (tx) => {
+            await tx.insertInto(ledger()).values({ key: ctx.key, cents: ctx.data.cents }).execute();
+            return { booked: ctx.data.cents };
+          },
+          { runsAlone: ctx.data.runsAlone as boolean },
+        ),
+    });
+    try {
+      const bad = await jobs.enqueue({ name: 'book', scope: 's', key: 'f-5', data: { cents: 5, runsAlone: 'yes' }, opts: { attempts: 1 } });
+      const good = await jobs.enqueue({ name: 'book', scope: 's', key: 'f-6', data: { cents: 6, runsAlone: true }, opts: { attempts: 1 } });
+      const refused = await waitForJobState(jobs.queue, bad.jobId, ['failed', 'completed']);
+      expect(refused.state).toBe('failed');
+      expect(refused.job.failedReason).toMatch(/runsAlone must be true or false/);
+      const ran = await waitForJobState(jobs.queue, good.jobId, ['completed']);
+      expect(ran.job.returnvalue).toEqual({ booked: 6 });
+      const rows = await sql<{ key: string }>`select key from ${sql.id(env.schema, 'ledger')} where key in ('f-5', 'f-6') order by key`.execute(env.db);
+      expect(rows.rows.map((row) => row.key)).toEqual(['f-6']);
+    } finally {
+      await worker.close();
+      await jobs.close();
+    }
+  });
+
   it('refuses finishJobInEffect on Redis', () => {
     const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
     expect(() =>

@@ -5,7 +5,7 @@ import type { Transaction } from 'kysely';
 import { pino, type Logger } from 'pino';
 import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../consumer/worker-timing.js';
 import { KeyedJobRunner } from '../consumer/keyed-job-runner.js';
-import type { KeyedJobContext } from '../consumer/job-context.js';
+import type { KeyedJobContext, TransactionOptions } from '../consumer/job-context.js';
 import type { DataLayer } from '../store/data-layer.js';
 import { defaultErrorDisposition, type ErrorDisposition } from '../consumer/runner-options.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
@@ -230,20 +230,15 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
         handlerForm(handler) === 'database-only'
           ? isDataLayerHandler(handler)
             ? // A data layer's transaction is the ORM's: the job is finished as BullMQ finishes it.
-              withDatabaseOnlyContext(handler as DataLayerJobHandler<P, R>, (ctx: DatabaseOnlyContext<P, Job>) => ({ ...ctx, job: ctx.message }))
+              withDatabaseOnlyContext(handler as DataLayerJobHandler<P, R>, databaseOnlyJobContext)
             : {
                 transaction: async (tx, ctx) => {
-                  const result = await (handler as DatabaseOnlyJobHandler<P, R>).transaction(tx, { ...ctx, job: ctx.message });
+                  const result = await (handler as DatabaseOnlyJobHandler<P, R>).transaction(tx, databaseOnlyJobContext(ctx));
                   await finish?.(tx, ctx, result);
                   return result;
                 },
               }
-          : (ctx) =>
-              (handler as JobHandler<P, R>)({
-                ...ctx,
-                job: ctx.message,
-                transaction: finish ? finishingTransaction(ctx, finish) : ctx.transaction,
-              }),
+          : (ctx) => (handler as JobHandler<P, R>)(jobContextOf(ctx, finish ? finishingTransaction(ctx, finish) : ctx.transaction)),
       identityOf,
       errorDisposition: options.errorDisposition ?? bullmqErrorDisposition,
       fastPath: options.fastPath,
@@ -445,6 +440,43 @@ function bullmqErrorDisposition(error: unknown): ErrorDisposition {
   return defaultErrorDisposition(error);
 }
 
+/*
+ * The BullMQ handlers' contexts: the runner's, with the job. Written out rather than spread: a
+ * spread reads `signal`, which the runner makes only when it is read (see `RunAbort`).
+ */
+
+function jobContextOf<P>(ctx: KeyedJobContext<P, Job>, transaction: KeyedJobContext<P, Job>['transaction']): JobContext<P> {
+  return {
+    data: ctx.data,
+    key: ctx.key,
+    scope: ctx.scope,
+    fence: ctx.fence,
+    attempt: ctx.attempt,
+    message: ctx.message,
+    job: ctx.message,
+    get signal() {
+      return ctx.signal;
+    },
+    transaction,
+    step: ctx.step,
+  };
+}
+
+function databaseOnlyJobContext<P>(ctx: DatabaseOnlyContext<P, Job>): DatabaseOnlyJobContext<P> {
+  return {
+    data: ctx.data,
+    key: ctx.key,
+    scope: ctx.scope,
+    fence: ctx.fence,
+    attempt: ctx.attempt,
+    message: ctx.message,
+    job: ctx.message,
+    get signal() {
+      return ctx.signal;
+    },
+  };
+}
+
 /** How the worker finishes a job inside its effect's transaction (the Postgres backend's `finishJobInEffect`). */
 type FinishInEffect = <T>(tx: Transaction<any>, ctx: { message: Job; scope: string; key: string }, result: T) => Promise<void>;
 
@@ -455,13 +487,15 @@ type FinishInEffect = <T>(tx: Transaction<any>, ctx: { message: Job; scope: stri
  * the job is then finished as BullMQ finishes any job, after the commit.
  */
 function finishingTransaction<P>(ctx: KeyedJobContext<P, Job>, finish: FinishInEffect): KeyedJobContext<P, Job>['transaction'] {
-  const transaction = (first: DataLayer<unknown> | ((tx: Transaction<any>) => Promise<unknown>), fn?: (tx: unknown) => Promise<unknown>) => {
-    if (typeof first !== 'function') return ctx.transaction(first, fn!);
-    return ctx.transaction(async (tx) => {
+  // `second` is the data layer's callback, or the options of `ctx.transaction(fn, options)`.
+  const transaction = (first: DataLayer<unknown> | ((tx: Transaction<any>) => Promise<unknown>), second?: unknown) => {
+    if (typeof first !== 'function') return ctx.transaction(first, second as (tx: unknown) => Promise<unknown>);
+    const finishing = async (tx: Transaction<any>) => {
       const result = await first(tx);
       await finish(tx, ctx, result);
       return result;
-    });
+    };
+    return ctx.transaction(finishing, second as TransactionOptions | undefined);
   };
   return transaction as KeyedJobContext<P, Job>['transaction'];
 }
