@@ -230,15 +230,20 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
         handlerForm(handler) === 'database-only'
           ? isDataLayerHandler(handler)
             ? // A data layer's transaction is the ORM's: the job is finished as BullMQ finishes it.
-              withDatabaseOnlyContext(handler as DataLayerJobHandler<P, R>, databaseOnlyJobContext)
+              withDatabaseOnlyContext(handler as DataLayerJobHandler<P, R>, (ctx: DatabaseOnlyContext<P, Job>) => ({ ...ctx, job: ctx.message }))
             : {
                 transaction: async (tx, ctx) => {
-                  const result = await (handler as DatabaseOnlyJobHandler<P, R>).transaction(tx, databaseOnlyJobContext(ctx));
+                  const result = await (handler as DatabaseOnlyJobHandler<P, R>).transaction(tx, { ...ctx, job: ctx.message });
                   await finish?.(tx, ctx, result);
                   return result;
                 },
               }
-          : (ctx) => (handler as JobHandler<P, R>)(jobContextOf(ctx, finish ? finishingTransaction(ctx, finish) : ctx.transaction)),
+          : (ctx) =>
+              (handler as JobHandler<P, R>)({
+                ...ctx,
+                job: ctx.message,
+                transaction: finish ? finishingTransaction(ctx, finish) : ctx.transaction,
+              }),
       identityOf,
       errorDisposition: options.errorDisposition ?? bullmqErrorDisposition,
       fastPath: options.fastPath,
@@ -438,43 +443,6 @@ export async function delayWithoutAttempt(job: Job, token: string | undefined, d
 function bullmqErrorDisposition(error: unknown): ErrorDisposition {
   if (error instanceof UnrecoverableError) return 'fail';
   return defaultErrorDisposition(error);
-}
-
-/*
- * The BullMQ handlers' contexts: the runner's, with the job. Written out rather than spread: a
- * spread reads `signal`, which the runner makes only when it is read (see `RunAbort`).
- */
-
-function jobContextOf<P>(ctx: KeyedJobContext<P, Job>, transaction: KeyedJobContext<P, Job>['transaction']): JobContext<P> {
-  return {
-    data: ctx.data,
-    key: ctx.key,
-    scope: ctx.scope,
-    fence: ctx.fence,
-    attempt: ctx.attempt,
-    message: ctx.message,
-    job: ctx.message,
-    get signal() {
-      return ctx.signal;
-    },
-    transaction,
-    step: ctx.step,
-  };
-}
-
-function databaseOnlyJobContext<P>(ctx: DatabaseOnlyContext<P, Job>): DatabaseOnlyJobContext<P> {
-  return {
-    data: ctx.data,
-    key: ctx.key,
-    scope: ctx.scope,
-    fence: ctx.fence,
-    attempt: ctx.attempt,
-    message: ctx.message,
-    job: ctx.message,
-    get signal() {
-      return ctx.signal;
-    },
-  };
 }
 
 /** How the worker finishes a job inside its effect's transaction (the Postgres backend's `finishJobInEffect`). */

@@ -2,7 +2,6 @@ import type { Transaction } from 'kysely';
 import type { DatabaseStep, ExternalStep, StepBody } from '../protocol/job-steps.js';
 import type { Claim } from '../store/claim-outcome.js';
 import type { DataLayer } from '../store/data-layer.js';
-import type { RunAbort } from './run-abort.js';
 import type { JobIdentity } from './wire-contract.js';
 
 /**
@@ -145,7 +144,7 @@ export function jobContext<P, M>(
   delivery: Delivery<M>,
   identity: JobIdentity<P>,
   claim: Claim,
-  cancellation: RunAbort,
+  signal: AbortSignal,
   transaction: (first: DataLayer<unknown> | ((tx: Transaction<any>) => Promise<unknown>), second?: unknown) => Promise<unknown>,
   step: (name: string, body: StepBody<unknown>) => Promise<unknown>,
 ): KeyedJobContext<P, M> {
@@ -156,10 +155,7 @@ export function jobContext<P, M>(
     fence: claim.fence,
     attempt: claim.attempts,
     message: delivery.message,
-    // Made when read: most handlers never look at their signal.
-    get signal() {
-      return cancellation.signal;
-    },
+    signal,
     transaction: transaction as KeyedJobContext<P, M>['transaction'],
     step: step as KeyedJobContext<P, M>['step'],
   };

@@ -16,7 +16,6 @@ import { handlerForm, isDataLayerHandler, runsInOneTransaction, type DatabaseOnl
 import { jobContext, transactionOptionsOf, type Delivery, type KeyedJobContext, type TransactionOptions } from './job-context.js';
 import { JobLogger } from './job-logger.js';
 import { startLeaseHeartbeat } from './lease-heartbeat.js';
-import { RunAbort } from './run-abort.js';
 import { RunFailures, WorkerClosingError } from './run-failures.js';
 import { describeFailure, passedTheStore, streakId, type Run, type RunOutcome, type RunResult } from './run-outcome.js';
 import type { KeyedJobRunnerOptions } from './runner-options.js';
@@ -40,7 +39,7 @@ interface EventAbout<P> {
 interface ActiveRun<M> {
   readonly delivery: Delivery<M>;
   readonly claim: Claim | undefined;
-  readonly cancellation: RunAbort;
+  readonly controller: AbortController;
 }
 
 /**
@@ -145,7 +144,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     if (abandoned.length > 0) this.#log.warn({ active: abandoned.length }, 'shutdown deadline passed: releasing keys of unfinished jobs');
     await Promise.all(
       abandoned.map(async (active) => {
-        active.cancellation.abort(new WorkerClosingError());
+        active.controller.abort(new WorkerClosingError());
         if (active.claim) {
           const released = await this.#keys.release(active.claim, new WorkerClosingError()).catch(() => false);
           if (released) this.#emit('released', active.delivery, { claim: active.claim });
@@ -439,15 +438,17 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
 
   async #runLeased(run: Run<P, M>, claim: HeldClaim): Promise<RunResult> {
     const { delivery, identity, log } = run;
-    const cancellation = new RunAbort(delivery.signal);
-    const active: ActiveRun<M> = { delivery, claim, cancellation };
+    const controller = new AbortController();
+    const brokerSignal = delivery.signal;
+    brokerSignal?.addEventListener('abort', () => controller.abort(brokerSignal.reason), { once: true });
+    const active: ActiveRun<M> = { delivery, claim, controller };
     this.#active.add(active);
     const stopHeartbeat = startLeaseHeartbeat({
       keys: this.#keys,
       claim,
       leaseMs: this.#timing.leaseMs,
       heartbeatMs: this.#timing.heartbeatMs,
-      cancellation,
+      controller,
       log,
       onBeat: (kind) => this.#emit(kind, delivery, { claim }),
     });
@@ -456,7 +457,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     // Created at the handler's first ctx.step: a handler without steps pays nothing for them.
     let steps: JobSteps | undefined;
     const commit = async (effect: (tx: any) => Promise<unknown>, dataLayer?: DataLayer<unknown>, transactionOptions: TransactionOptions = {}) => {
-      if (cancellation.aborted) throw cancellation.reason;
+      if (controller.signal.aborted) throw controller.signal.reason;
       // A step record still held back commits ahead of the completion, in its first round trip.
       const complete = (held?: HeldRecord) => {
         // ctx.transaction's callback may run more than once, one run committing (see
@@ -479,7 +480,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       delivery,
       identity,
       claim,
-      cancellation,
+      controller.signal,
       (first, second) => {
         if (committed) throw new Error('ctx.transaction may be called only once per job.');
         return typeof first === 'function' ? commit(first, undefined, transactionOptionsOf(second)) : commit(second as (tx: unknown) => Promise<unknown>, first);
@@ -490,7 +491,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
         steps ??= new JobSteps(
           this.#keys,
           claim,
-          cancellation.signal,
+          controller.signal,
           (report) => this.#emit(`step-${report.outcome}`, delivery, { claim, durationMs: report.durationMs, step: report }),
           { holdRecords: true },
         );
@@ -509,7 +510,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       await steps?.flush();
       // Before the key is released or failed, after which an extension would find no lease.
       stopHeartbeat();
-      return await this.#failures.heldFailure(run, claim, cancellation, error, steps?.failedStep(error));
+      return await this.#failures.heldFailure(run, claim, controller.signal, error, steps?.failedStep(error));
     } finally {
       stopHeartbeat();
       this.#active.delete(active);
@@ -518,8 +519,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
 
   async #runFastPath(run: Run<P, M>): Promise<RunResult> {
     const { delivery, identity, fingerprint, claimOptions } = run;
-    const cancellation = new RunAbort();
-    const active: ActiveRun<M> = { delivery, claim: undefined, cancellation };
+    const controller = new AbortController();
+    const active: ActiveRun<M> = { delivery, claim: undefined, controller };
     this.#active.add(active);
     const startedAt = performance.now();
     let outcome;
@@ -538,7 +539,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
             delivery,
             identity,
             claim,
-            cancellation,
+            controller.signal,
             async (first, second) => {
               if (transactionResult) throw new Error('ctx.transaction may be called only once per job.');
               // Read for their errors only: on the fast path the whole handler runs inside the

@@ -2,7 +2,6 @@ import { LeaseLostError } from '../errors.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { Claim } from '../store/claim-outcome.js';
 import type { JobLogger } from './job-logger.js';
-import type { RunAbort } from './run-abort.js';
 
 /** What a lease's heartbeat needs and tells. */
 export interface LeaseHeartbeatOptions {
@@ -14,8 +13,8 @@ export interface LeaseHeartbeatOptions {
   readonly leaseMs: number;
   /** How often to extend. */
   readonly heartbeatMs: number;
-  /** Aborted with a `LeaseLostError` when the lease is lost: the run, and the handler's signal. */
-  readonly cancellation: RunAbort;
+  /** Aborted with a `LeaseLostError` when the lease is lost: the handler's signal. */
+  readonly controller: AbortController;
   /** The job's logger. */
   readonly log: JobLogger;
   /** Told each extension (`lease-extended`) and the loss (`lease-lost`). */
@@ -31,7 +30,7 @@ export interface LeaseHeartbeatOptions {
  * Returns the heartbeat's stop.
  */
 export function startLeaseHeartbeat(options: LeaseHeartbeatOptions): () => void {
-  const { keys, claim, cancellation, log } = options;
+  const { keys, claim, controller, log } = options;
   let stopped = false;
   let inFlight = false;
   const stop = () => {
@@ -50,7 +49,7 @@ export function startLeaseHeartbeat(options: LeaseHeartbeatOptions): () => void 
         stop();
         options.onBeat('lease-lost');
         log.warn({ outcome: 'lease-lost' }, 'lease lost: another worker took the key over');
-        cancellation.abort(new LeaseLostError(claim.scope, claim.key, claim.fence));
+        controller.abort(new LeaseLostError(claim.scope, claim.key, claim.fence));
       } else {
         options.onBeat('lease-extended');
       }

@@ -13,7 +13,6 @@ import type { FailedStep } from '../protocol/validate.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import { isHeld } from '../store/claim-outcome.js';
 import type { Delivery } from './job-context.js';
-import type { AbortState } from './run-abort.js';
 import { describeFailure, streakId, type DeferralReason, type Run, type RunResult } from './run-outcome.js';
 import { defaultErrorDisposition, type ErrorDisposition } from './runner-options.js';
 import type { StoreFaultStreaks } from './store-fault-streaks.js';
@@ -137,13 +136,13 @@ export class RunFailures<P, M> {
   }
 
   /** The handler of a held claim threw (or its commit failed). */
-  async heldFailure(run: Run<P, M>, claim: Claim, cancellation: AbortState, error: unknown, step?: FailedStep): Promise<RunResult> {
+  async heldFailure(run: Run<P, M>, claim: Claim, signal: AbortSignal, error: unknown, step?: FailedStep): Promise<RunResult> {
     const { delivery, log } = run;
-    if (error instanceof LeaseLostError || cancellation.reason instanceof LeaseLostError) {
+    if (error instanceof LeaseLostError || signal.reason instanceof LeaseLostError) {
       log.warn({ outcome: 'fenced' }, 'completion fenced: the key was taken over; deferring this job to replay');
       return this.#fenced(run, claim);
     }
-    if (cancellation.reason instanceof WorkerClosingError) return { outcome: { kind: 'abandoned', error } }; // key already released by abandonActive()
+    if (signal.reason instanceof WorkerClosingError) return { outcome: { kind: 'abandoned', error } }; // key already released by abandonActive()
     const elsewhere = findDataLayerElsewhere(error);
     if (elsewhere) return this.dataLayerElsewhere(run, elsewhere, claim);
     // Postgres, not the handler, failed (an ambiguous COMMIT was already resolved, as failed).
