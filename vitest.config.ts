@@ -1,3 +1,5 @@
+import { readFileSync } from 'node:fs';
+import { join, resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { defineConfig } from 'vitest/config';
 import { BROKERS, BROKER_TAGS, brokerAbsence, type BrokerTag } from './test/support/broker-files.js';
@@ -38,11 +40,31 @@ const failoverClusterFiles = ['test/patroni-cluster.test.ts', 'test/patroni-asyn
 // Each specifier matches exactly: a plain string alias would also rewrite 'idempotent-jobs/amqp'
 // as a path under the root's file.
 const resolve = {
-  alias: Object.entries(entryPoints).map(([specifier, file]) => ({
-    find: new RegExp(`^${specifier}$`),
-    replacement: fileURLToPath(new URL(file, import.meta.url)),
-  })),
+  alias: [
+    ...Object.entries(entryPoints).map(([specifier, file]) => ({
+      find: new RegExp(`^${specifier}$`),
+      replacement: fileURLToPath(new URL(file, import.meta.url)),
+    })),
+    ...postgresJsAlias(process.env.TEST_POSTGRES_JS_DIR),
+  ],
 };
+
+/**
+ * `TEST_POSTGRES_JS_DIR`: the package directory of another postgres.js release, imported by the
+ * tests as `postgres` in place of the installed one, so that CI runs the postgres.js data
+ * layer's tests on each major the optional peer range accepts.
+ */
+function postgresJsAlias(directory: string | undefined): Array<{ find: RegExp; replacement: string }> {
+  if (!directory) return [];
+  const manifest = JSON.parse(readFileSync(join(directory, 'package.json'), 'utf8')) as {
+    exports?: { '.'?: { import?: string | { default?: string }; default?: string } };
+    main?: string;
+  };
+  const entry = manifest.exports?.['.'];
+  const esm = typeof entry?.import === 'string' ? entry.import : (entry?.import?.default ?? entry?.default ?? manifest.main);
+  if (!esm) throw new Error(`TEST_POSTGRES_JS_DIR=${directory}: its package.json names no entry point`);
+  return [{ find: /^postgres$/, replacement: resolvePath(directory, esm) }];
+}
 
 // Which files run depends on whether the run will have Redis, so it is asked here, before the
 // set-up (test/support/service-urls.ts): without one, the files marked `@module-tag redis` are

@@ -51,7 +51,8 @@ cd "$project"
 npm init -y >/dev/null
 npm pkg set type=module
 # The project's own TypeScript compiler checks the consumer (installing another copy only costs time).
-npm install --no-audit --no-fund --silent --prefer-offline "./$tarball" "@types/node@20"
+# Errors only, so that a refused install (a peer conflict, say) says why.
+npm install --no-audit --no-fund --loglevel=error --prefer-offline "./$tarball" "@types/node@20"
 
 echo "== tsc --strict, no skipLibCheck"
 node "$root/node_modules/typescript/bin/tsc" -p .

@@ -15,8 +15,8 @@ import { HTTP_ENV_VARIABLES, loadHttpEnvConfig } from '../src/runtime/http-env-c
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const THIS_FILE = fileURLToPath(import.meta.url);
 const DOC_PATH = join(ROOT, 'docs/configuration.md');
-/** Where the code that reads the environment lives. */
-const CODE_ROOTS = ['src', 'workers', 'producers', 'demo', 'examples', 'test', 'bench', 'bin', '.ci'];
+/** Where the code that reads the environment lives (directories, and the test runner's configuration). */
+const CODE_ROOTS = ['src', 'workers', 'producers', 'demo', 'examples', 'test', 'bench', 'bin', '.ci', 'vitest.config.ts'];
 const CODE_EXTENSIONS = new Set(['.ts', '.js', '.mjs', '.sh', '.py']);
 /** Read by the OpenTelemetry SDK, not by this repository's code, and documented for that. */
 const READ_BY_DEPENDENCIES = new Set(['OTEL_TRACES_SAMPLER', 'OTEL_RESOURCE_ATTRIBUTES']);
