@@ -57,11 +57,11 @@ const resolve = {
 function postgresJsAlias(directory: string | undefined): Array<{ find: RegExp; replacement: string }> {
   if (!directory) return [];
   const manifest = JSON.parse(readFileSync(join(directory, 'package.json'), 'utf8')) as {
-    exports?: { '.'?: { import?: string | { default?: string }; default?: string } };
+    exports?: { '.'?: { import?: string; default?: string } };
     main?: string;
   };
   const entry = manifest.exports?.['.'];
-  const esm = typeof entry?.import === 'string' ? entry.import : (entry?.import?.default ?? entry?.default ?? manifest.main);
+  const esm = entry?.import ?? entry?.default ?? manifest.main;
   if (!esm) throw new Error(`TEST_POSTGRES_JS_DIR=${directory}: its package.json names no entry point`);
   return [{ find: /^postgres$/, replacement: resolvePath(directory, esm) }];
 }

@@ -7,7 +7,7 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
-import { IdempotencyKeys, IdempotentProducer, OutboxRelay, createHttpApi, createIdempotentWorker, jobIdFor, toWireJobData, type IdempotentWorker } from '../src/index.js';
+import { IdempotencyKeys, IdempotentProducer, OutboxRelay, createHttpApi, createIdempotentWorker, jobIdFor, toWireJobData, type IdempotentWorker, type JobHandler } from '../src/index.js';
 import { httpClient } from './support/http-client.js';
 import { BullmqJobLookup } from '../src/process/index.js';
 import { pingBullWorker } from '../src/bullmq/job-lookup.js';
@@ -228,6 +228,26 @@ describe('HTTP API on the Postgres backend', () => {
 describe('the job finished in the effect\'s commit (Postgres backend)', () => {
   const ledger = () => `${env.schema}.ledger`;
 
+  /** A producer and a worker of `queue` on the Postgres backend; the handler is made with the producer at hand. */
+  function workerOnQueue<P, R>(queue: string, handlerWith: (jobs: IdempotentProducer) => JobHandler<P, R>) {
+    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
+    const jobs = new IdempotentProducer({ queue, backend: 'postgres', connection: env.databaseDirectUrl, prefix: queueSchema });
+    const worker = createIdempotentWorker<P, R>({
+      queue,
+      backend: 'postgres',
+      connection: env.databaseDirectUrl,
+      prefix: queueSchema,
+      keys,
+      logger: pino({ level: 'silent' }),
+      handler: handlerWith(jobs),
+    });
+    const close = async () => {
+      await worker.close();
+      await jobs.close();
+    };
+    return { keys, jobs, close };
+  }
+
   /** Runs one job of key `key` on a worker (`finishJobInEffect` as given) and reports the job's state, read from outside, at the fault points. */
   async function statesAtFaultPoints(key: string, options: { finishJobInEffect: boolean; failBeforeCommitOnce?: boolean }) {
     const queue = `pg-finish-${options.finishJobInEffect}`;
@@ -290,28 +310,17 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
   });
 
   it('defers a job whose BullMQ lock was lost before its effect committed: the effect rolls back, the key is not failed, the job runs again', async () => {
-    const queue = 'pg-finish-lock';
-    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
-    const jobs = new IdempotentProducer({ queue, backend: 'postgres', connection: env.databaseDirectUrl, prefix: queueSchema });
     let runs = 0;
-    const worker = createIdempotentWorker<{ cents: number }, { booked: number }>({
-      queue,
-      backend: 'postgres',
-      connection: env.databaseDirectUrl,
-      prefix: queueSchema,
-      keys,
-      logger: pino({ level: 'silent' }),
-      handler: async (ctx) => {
-        if (++runs === 1) {
-          // The lock goes away under the running job (as when it stalled): back to waiting.
-          const outside = await jobs.queue.getJob(ctx.job.id!);
-          await outside!.moveToWait();
-        }
-        return ctx.transaction(async (tx) => {
-          await tx.insertInto(ledger()).values({ key: ctx.key, cents: ctx.data.cents }).execute();
-          return { booked: ctx.data.cents };
-        });
-      },
+    const { keys, jobs, close } = workerOnQueue<{ cents: number }, { booked: number }>('pg-finish-lock', (producer) => async (ctx) => {
+      if (++runs === 1) {
+        // The lock goes away under the running job (as when it stalled): back to waiting.
+        const outside = await producer.queue.getJob(ctx.job.id!);
+        await outside!.moveToWait();
+      }
+      return ctx.transaction(async (tx) => {
+        await tx.insertInto(ledger()).values({ key: ctx.key, cents: ctx.data.cents }).execute();
+        return { booked: ctx.data.cents };
+      });
     });
     try {
       // One attempt: a lock loss counted as the handler's failure would fail the key for good.
@@ -323,31 +332,20 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
       expect(Number(rows.rows[0]!.n)).toBe(1);
       expect((await keys.get('s', 'f-4'))?.status).toBe('completed');
     } finally {
-      await worker.close();
-      await jobs.close();
+      await close();
     }
   });
 
   it('passes ctx.transaction\'s options on when it finishes the job in the effect: a bad runsAlone is refused, a good one runs', async () => {
-    const queue = 'pg-finish-options';
-    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
-    const jobs = new IdempotentProducer({ queue, backend: 'postgres', connection: env.databaseDirectUrl, prefix: queueSchema });
-    const worker = createIdempotentWorker<{ cents: number; runsAlone: unknown }, { booked: number }>({
-      queue,
-      backend: 'postgres',
-      connection: env.databaseDirectUrl,
-      prefix: queueSchema,
-      keys,
-      logger: pino({ level: 'silent' }),
-      handler: async (ctx) =>
-        ctx.transaction(
-          async (tx) => {
-            await tx.insertInto(ledger()).values({ key: ctx.key, cents: ctx.data.cents }).execute();
-            return { booked: ctx.data.cents };
-          },
-          { runsAlone: ctx.data.runsAlone as boolean },
-        ),
-    });
+    const { jobs, close } = workerOnQueue<{ cents: number; runsAlone: unknown }, { booked: number }>('pg-finish-options', () => async (ctx) =>
+      ctx.transaction(
+        async (tx) => {
+          await tx.insertInto(ledger()).values({ key: ctx.key, cents: ctx.data.cents }).execute();
+          return { booked: ctx.data.cents };
+        },
+        { runsAlone: ctx.data.runsAlone as boolean },
+      ),
+    );
     try {
       const bad = await jobs.enqueue({ name: 'book', scope: 's', key: 'f-5', data: { cents: 5, runsAlone: 'yes' }, opts: { attempts: 1 } });
       const good = await jobs.enqueue({ name: 'book', scope: 's', key: 'f-6', data: { cents: 6, runsAlone: true }, opts: { attempts: 1 } });
@@ -359,8 +357,7 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
       const rows = await sql<{ key: string }>`select key from ${sql.id(env.schema, 'ledger')} where key in ('f-5', 'f-6') order by key`.execute(env.db);
       expect(rows.rows.map((row) => row.key)).toEqual(['f-6']);
     } finally {
-      await worker.close();
-      await jobs.close();
+      await close();
     }
   });
 
