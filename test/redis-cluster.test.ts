@@ -7,6 +7,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { Queue } from 'bullmq';
+import { Cluster } from 'ioredis';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -72,6 +73,26 @@ function clusterEnv(extra: Record<string, string> = {}): Record<string, string> 
     LOG_LEVEL: 'silent',
     ...extra,
   };
+}
+
+/**
+ * Kills another shard's master and replica, so the whole cluster reports `fail` (every slot
+ * answers CLUSTERDOWN); keeps it so for longer than BullMQ's blocking read (5 s at most) and its
+ * watchdog (1 s after it), which then resets a worker's blocking client while the cluster is
+ * down; then starts both again and waits until the cluster is healthy.
+ */
+async function takeClusterDownLongerThanABlockingRead(): Promise<void> {
+  const queueShard = await cluster.shardOf(`${prefix}:${QUEUE}:wait`);
+  const nodes = await cluster.nodes();
+  const downMaster = nodes.find((n) => n.role === 'master' && n.port !== queueShard.master)!;
+  const downReplica = nodes.find((n) => n.masterId === downMaster.id)!;
+  await cluster.kill(downReplica.port);
+  await cluster.kill(downMaster.port);
+  await waitFor('the cluster to report its state as fail', async () => (await cluster.state(queueShard.master)) === 'fail', 30_000, 200);
+  await new Promise((resolve) => setTimeout(resolve, 10_000));
+  await cluster.startNode(downMaster.port);
+  await cluster.startNode(downReplica.port);
+  await cluster.waitUntilHealthy(60_000);
 }
 
 async function startClusterWorker(extra: Record<string, string> = {}) {
@@ -193,6 +214,41 @@ describe('Redis Cluster', () => {
     const { job } = await waitForJobState(queue, jobIdFor('acme', 's-1'), ['completed'], 30_000);
     expect(job.returnvalue).toMatchObject({ value: 'swept', fence: 2 });
     expect(await lookup.presence(QUEUE, [jobIdFor('acme', 's-1')])).toBe('finished');
+  });
+
+  // The cluster is down (a shard with no live node, so every slot refuses with CLUSTERDOWN) for
+  // longer than BullMQ's blocking read and its watchdog, which then reconnects the worker's
+  // blocking client while the cluster is down. That reconnect once never ended, and the worker
+  // took no job again.
+  it('a shard down with its replica: the worker waits out the cluster being down, then takes jobs again', { timeout: 240_000 }, async () => {
+    await startClusterWorker();
+    const producer = openProducer();
+    await producer.enqueue({ name: 'charge', scope: 'shop', key: 'd-0', data: { value: 0 } });
+    await waitForJobState(queue, jobIdFor('shop', 'd-0'), ['completed'], 30_000);
+    await takeClusterDownLongerThanABlockingRead();
+    await producer.enqueue({ name: 'charge', scope: 'shop', key: 'd-1', data: { value: 1 } });
+    await waitForJobState(queue, jobIdFor('shop', 'd-1'), ['completed'], 60_000);
+    expect(await effectsOf(env.db, env.schema, 'shop', 'd-1')).toHaveLength(1);
+  });
+
+  it("a hand-built cluster client with ioredis's ready check: the worker warns at start, and its close ends though BullMQ's loop is stuck", { timeout: 240_000 }, async () => {
+    // The options openRedisConnection gives, but the ready check's: ioredis's default.
+    const handBuilt = new Cluster(
+      cluster.ports.map((port) => ({ host: '127.0.0.1', port })),
+      { redisOptions: { maxRetriesPerRequest: null }, maxRedirections: 100, retryDelayOnClusterDown: 300, retryDelayOnMoved: 100, retryDelayOnTryAgain: 300 },
+    );
+    handBuilt.on('error', () => {});
+    closers.push(async () => handBuilt.disconnect());
+    const warnings: string[] = [];
+    const logger = pino({ level: 'warn' }, { write: (line: string) => warnings.push(JSON.parse(line).msg) });
+    const worker = createIdempotentWorker({ queue: QUEUE, connection: handBuilt, prefix, keys, handler: async () => 'done', logger, shutdownTimeoutMs: 1_000 });
+    expect(warnings.filter((warning) => warning.includes('enableReadyCheck: false'))).toHaveLength(1);
+    await worker.waitUntilReady();
+    // The ready check fails while the cluster is down, and BullMQ's reconnect of the blocking
+    // client never ends: the graceful close waits for it, then the forced close gives up on it.
+    await takeClusterDownLongerThanABlockingRead();
+    const closed = await Promise.race([worker.close().then(() => 'closed'), new Promise((resolve) => setTimeout(resolve, 60_000, 'still closing'))]);
+    expect(closed).toBe('closed');
   });
 
   // Its waits, each with its own deadline and message, add up to more than the default timeout:

@@ -16,7 +16,7 @@ import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
 import { JobTracing } from '../telemetry/job-tracing.js';
 import { identityFromWireContract, type JobIdentity } from '../consumer/wire-contract.js';
-import { assertKeysFitConnection } from './redis-connection.js';
+import { assertKeysFitConnection, warnOfClusterReadyCheck } from './redis-connection.js';
 import { openWorker, postgresQueueSchema, type AnyWorker, type QueueConnectionOptions } from './queue-connection.js';
 import { openTransactionQueue } from './transaction-queue.js';
 import { QueueLockLostError, isLockRefusal } from './queue-lock-lost-error.js';
@@ -31,6 +31,9 @@ export interface JobContext<P = unknown> extends KeyedJobContext<P, Job> {
   /** The BullMQ job being run (the same object as `message`). */
   readonly job: Job;
 }
+
+/** How long a forced close waits for BullMQ's worker to close (and then for its connections to disconnect). */
+const FORCED_CLOSE_WAIT_MS = 5_000;
 
 /** The user's job handler. Its return value is stored (when it never calls `ctx.transaction`). */
 export type JobHandler<P = unknown, R = unknown> = (ctx: JobContext<P>) => Promise<R>;
@@ -210,6 +213,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
     this.#log = (options.logger ?? pino()).child({ queue: options.queue });
     assertKeysFitConnection(options, options.queue);
+    warnOfClusterReadyCheck(options, this.#log);
     const identityOf = options.keyOf ?? (identityFromWireContract as (job: Job) => JobIdentity<P>);
     this.#tracing = new JobTracing(
       options.queue,
@@ -330,9 +334,21 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
 
   async #forceClose(): Promise<void> {
     const abandoned = await this.#runner.abandonActive();
-    // Put the jobs straight back in the queue instead of waiting for them to stall.
-    await Promise.all(abandoned.map(({ message: job }) => job.moveToWait(this.#tokens.get(job)).catch(() => {})));
-    await this.#bull.close(true);
+    const closed = await Promise.race([
+      (async () => {
+        // Put the jobs straight back in the queue instead of waiting for them to stall.
+        await Promise.all(abandoned.map(({ message: job }) => job.moveToWait(this.#tokens.get(job)).catch(() => {})));
+        await this.#bull.close(true);
+        return true;
+      })(),
+      sleep(FORCED_CLOSE_WAIT_MS, false, { ref: false }),
+    ]);
+    if (closed) return;
+    // Redis unreachable (the moves wait for it), or BullMQ's loop stuck on a connection that
+    // never comes back: a forced close must still end, or a second SIGTERM could not stop the
+    // process. The abandoned jobs' keys are released already; their BullMQ jobs stall back.
+    this.#log.error({ waitedMs: FORCED_CLOSE_WAIT_MS }, "BullMQ's worker did not close in time; its connections are disconnected instead");
+    await Promise.race([this.#bull.disconnect().catch(() => {}), sleep(FORCED_CLOSE_WAIT_MS, undefined, { ref: false })]);
   }
 
   /**

@@ -1,4 +1,5 @@
 import type { ConnectionOptions } from 'bullmq';
+import type { Logger } from 'pino';
 import { Cluster } from 'ioredis';
 import { assertClusterHashTag, parseClusterNodes } from './redis-cluster.js';
 import { ClosingSentinelConnector } from './sentinel-connector.js';
@@ -80,6 +81,13 @@ export function openRedisConnection(settings: RedisConnectionSettings): RedisCon
       retryDelayOnClusterDown: 300,
       retryDelayOnMoved: 100,
       retryDelayOnTryAgain: 300,
+      // ioredis's connect() of a cluster never settles when its ready check (CLUSTER INFO) fails:
+      // the check reconnects the client and drops that call's promise (ioredis#741). BullMQ
+      // awaits connect() when its watchdog resets a worker's blocking client, so a reset while
+      // the cluster was down, or while the check reached a node just killed, left the worker
+      // taking no job again and unable to close. Without the check, the client is ready once it
+      // has the slot map; a command during CLUSTERDOWN waits and retries (above).
+      enableReadyCheck: false,
     },
   );
   // Errors reach the queues and workers that use the client; this keeps an idle one from throwing.
@@ -142,6 +150,22 @@ function resendOnReadonly(error: Error): 2 | false {
  */
 export function assertKeysFitConnection(options: QueueConnectionOptions, queue: string): void {
   if (options.backend !== 'postgres' && isClusterClient(options.connection)) assertClusterHashTag(options.prefix ?? 'bull', queue);
+}
+
+/**
+ * Warns when a worker is given a Redis Cluster client that runs ioredis's ready check (its
+ * default): BullMQ reconnects a worker's blocking client through `connect()`, which then may
+ * never settle (see {@link openRedisConnection}), and the worker stops taking jobs. A client from
+ * {@link openRedisConnection} has the check off.
+ */
+export function warnOfClusterReadyCheck(options: QueueConnectionOptions, log: Logger): void {
+  if (options.backend === 'postgres' || !isClusterClient(options.connection)) return;
+  const clusterOptions = (options.connection as { options?: { enableReadyCheck?: boolean } }).options;
+  if (clusterOptions?.enableReadyCheck === false) return;
+  log.warn(
+    'this Redis Cluster client runs ioredis\'s ready check (enableReadyCheck), with which a worker can stop taking jobs for good after the cluster was down ' +
+      'or a master was killed: create it with enableReadyCheck: false, or with openRedisConnection from idempotent-jobs/process (see docs/operations.md#redis-cluster)',
+  );
 }
 
 function isClusterClient(connection: unknown): boolean {

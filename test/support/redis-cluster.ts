@@ -112,6 +112,12 @@ export class RedisCluster {
       });
   }
 
+  /** `cluster_state` as the node on `port` reports it: `ok`, or `fail` while a slot has no live master. */
+  async state(port: number): Promise<string> {
+    const info = await withClient(port, (client) => client.call('CLUSTER', 'INFO') as Promise<string>);
+    return /cluster_state:(\w+)/.exec(info)?.[1] ?? 'unknown';
+  }
+
   /** The port of the master serving `key`'s slot, and of its replica(s). */
   async shardOf(key: string): Promise<{ master: number; replicas: number[] }> {
     const slot = await withClient(this.ports.find((p) => this.pidOf(p) !== undefined)!, (client) => client.call('CLUSTER', 'KEYSLOT', key) as Promise<number>);
