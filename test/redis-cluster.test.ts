@@ -249,6 +249,8 @@ describe('Redis Cluster', () => {
     await takeClusterDownLongerThanABlockingRead();
     const closed = await Promise.race([worker.close().then(() => 'closed'), new Promise((resolve) => setTimeout(resolve, 60_000, 'still closing'))]);
     expect(closed).toBe('closed');
+    // The caller's client may be shared: the worker disconnected only BullMQ's duplicate of it.
+    expect(await handBuilt.ping()).toBe('PONG');
   });
 
   // Its waits, each with its own deadline and message, add up to more than the default timeout:

@@ -1,6 +1,6 @@
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { DelayedError, Job, UnrecoverableError, WaitingError, type WorkerOptions } from 'bullmq';
+import { DelayedError, Job, UnrecoverableError, WaitingError, isRedisInstance, type WorkerOptions } from 'bullmq';
 import type { Transaction } from 'kysely';
 import { pino, type Logger } from 'pino';
 import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../consumer/worker-timing.js';
@@ -316,7 +316,10 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
   /**
    * Graceful shutdown: stop taking jobs, let active ones finish within `shutdownTimeoutMs`;
    * then abort the rest (their `ctx.signal` fires), release their keys so another worker takes
-   * them over at once, and close. Does not close the IdempotencyKeys' database.
+   * them over at once, and close. The forced part waits at most 5 s for BullMQ's own close (a
+   * Redis that does not answer, a BullMQ loop stuck on its connection), then disconnects the
+   * connections BullMQ opened for the worker and returns. Does not close the IdempotencyKeys'
+   * database.
    *
    * @param options.force - skip the wait: abort and release active jobs at once
    */
@@ -347,8 +350,19 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
     // Redis unreachable (the moves wait for it), or BullMQ's loop stuck on a connection that
     // never comes back: a forced close must still end, or a second SIGTERM could not stop the
     // process. The abandoned jobs' keys are released already; their BullMQ jobs stall back.
-    this.#log.error({ waitedMs: FORCED_CLOSE_WAIT_MS }, "BullMQ's worker did not close in time; its connections are disconnected instead");
-    await Promise.race([this.#bull.disconnect().catch(() => {}), sleep(FORCED_CLOSE_WAIT_MS, undefined, { ref: false })]);
+    this.#log.error({ waitedMs: FORCED_CLOSE_WAIT_MS }, "BullMQ's worker did not close in time; its own connections are disconnected instead");
+    await Promise.race([this.#disconnectOwnConnections().catch(() => {}), sleep(FORCED_CLOSE_WAIT_MS, undefined, { ref: false })]);
+  }
+
+  /**
+   * Disconnects the connections BullMQ opened for this worker. A client the caller passed in may
+   * be shared (with their producers, say), so then only BullMQ's duplicate of it is: the blocking
+   * client, which BullMQ 6 keeps on its backend (no public method reaches it).
+   */
+  #disconnectOwnConnections(): Promise<void> {
+    if (!isRedisInstance(this.#options.connection)) return this.#bull.disconnect();
+    const backend = (this.#bull as unknown as { backend?: { disconnectBlocking?(wait: boolean): Promise<void> } }).backend;
+    return backend?.disconnectBlocking?.(false) ?? Promise.resolve();
   }
 
   /**
