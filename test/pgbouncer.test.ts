@@ -99,7 +99,7 @@ const fingerprint = (value: unknown) => keys.fingerprint({ value });
 
 describe('the store through PgBouncer (transaction mode)', () => {
   it('the leased path: claim (claim_key), effect and fenced completion (complete_key) merged into two round trips', async () => {
-    const counting = createCountingDb(bouncer.url());
+    const counting = createCountingDb(bouncer.url(), 'library', false);
     dbs.push(counting.db);
     const counted = new IdempotencyKeys({ db: counting.db, schema: env.schema });
     const claim = await counted.claim(scope, 'leased-1', fingerprint(1));

@@ -22,7 +22,7 @@ const scope = 'rt';
 beforeAll(async () => {
   env = await createTestEnv('round_trips');
   await createEffectsTable(env.db, env.schema);
-  counting = createCountingDb(env.databaseUrl);
+  counting = createCountingDb(env.databaseUrl, 'library', env.preparedStatements);
   keys = new IdempotencyKeys({ db: counting.db, schema: env.schema });
   await sql`select 1`.execute(counting.db); // open a connection outside the counts
   plainCounting = createCountingDb(env.databaseUrl, 'plain');

@@ -6,8 +6,11 @@ import { kyselyOverPool } from '../../src/store/pipelining-pool.js';
 /**
  * `kind: 'library'` builds the instance as `createPostgresDb` does (statements can share a
  * round trip); `'plain'` is a plain Kysely over the pool, as a user might pass in.
+ * `preparedStatements` as `createPostgresDb`'s: false behind a pooler that keeps none
+ * (the test environment's `preparedStatements`), where a named statement would be found missing
+ * on another server connection and its job's statements sent again.
  */
-export function createCountingDb(connectionString: string, kind: 'library' | 'plain' = 'library') {
+export function createCountingDb(connectionString: string, kind: 'library' | 'plain' = 'library', preparedStatements = true) {
   const counter = { roundTrips: 0, statements: [] as string[] };
   const pool = new pg.Pool({ connectionString, max: 2 });
   pool.on('connect', (client) => {
@@ -19,7 +22,7 @@ export function createCountingDb(connectionString: string, kind: 'library' | 'pl
       return query(...args);
     };
   });
-  const db = kind === 'library' ? kyselyOverPool(pool) : new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
+  const db = kind === 'library' ? kyselyOverPool(pool, { preparedStatements }) : new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
   return {
     db,
     counter,
