@@ -218,8 +218,8 @@ describe('Redis Cluster', () => {
 
   // The cluster is down (a shard with no live node, so every slot refuses with CLUSTERDOWN) for
   // longer than BullMQ's blocking read and its watchdog, which then reconnects the worker's
-  // blocking client while the cluster is down. That reconnect once never ended, and the worker
-  // took no job again.
+  // blocking client while the cluster is down. With ioredis's ready check on, that reconnect never
+  // ends and the worker takes no job again (see openRedisConnection).
   it('a shard down with its replica: the worker waits out the cluster being down, then takes jobs again', { timeout: 240_000 }, async () => {
     await startClusterWorker();
     const producer = openProducer();

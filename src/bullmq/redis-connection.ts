@@ -82,7 +82,7 @@ export function openRedisConnection(settings: RedisConnectionSettings): RedisCon
       retryDelayOnMoved: 100,
       retryDelayOnTryAgain: 300,
       // ioredis's connect() of a cluster never settles when its ready check (CLUSTER INFO) fails:
-      // the check reconnects the client and drops that call's promise (ioredis#741). BullMQ
+      // the check reconnects the client and drops that call's promise (redis/ioredis#741). BullMQ
       // awaits connect() when its watchdog resets a worker's blocking client, so a reset while
       // the cluster was down, or while the check reached a node just killed, left the worker
       // taking no job again and unable to close. Without the check, the client is ready once it
