@@ -149,7 +149,7 @@ function resendOnReadonly(error: Error): 2 | false {
  * errors on the first job.
  */
 export function assertKeysFitConnection(options: QueueConnectionOptions, queue: string): void {
-  if (options.backend !== 'postgres' && isClusterClient(options.connection)) assertClusterHashTag(options.prefix ?? 'bull', queue);
+  if (redisClusterClientOf(options)) assertClusterHashTag(options.prefix ?? 'bull', queue);
 }
 
 /**
@@ -159,15 +159,17 @@ export function assertKeysFitConnection(options: QueueConnectionOptions, queue: 
  * {@link openRedisConnection} has the check off.
  */
 export function warnOfClusterReadyCheck(options: QueueConnectionOptions, log: Logger): void {
-  if (options.backend === 'postgres' || !isClusterClient(options.connection)) return;
-  const clusterOptions = (options.connection as { options?: { enableReadyCheck?: boolean } }).options;
-  if (clusterOptions?.enableReadyCheck === false) return;
+  const cluster = redisClusterClientOf(options);
+  if (!cluster || cluster.options?.enableReadyCheck === false) return;
   log.warn(
     'this Redis Cluster client runs ioredis\'s ready check (enableReadyCheck), with which a worker can stop taking jobs for good after the cluster was down ' +
       'or a master was killed: create it with enableReadyCheck: false, or with openRedisConnection from idempotent-jobs/process (see docs/operations.md#redis-cluster)',
   );
 }
 
-function isClusterClient(connection: unknown): boolean {
-  return (connection as { isCluster?: unknown }).isCluster === true;
+/** The Redis Cluster client `options` name as the queue's connection, or undefined (one server, Sentinel, or the Postgres backend). */
+function redisClusterClientOf(options: QueueConnectionOptions): { readonly options?: { readonly enableReadyCheck?: boolean } } | undefined {
+  if (options.backend === 'postgres') return undefined;
+  const connection = options.connection as { isCluster?: unknown; options?: { enableReadyCheck?: boolean } };
+  return connection.isCluster === true ? connection : undefined;
 }
