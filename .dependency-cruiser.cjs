@@ -6,8 +6,8 @@
  * each other. The entry points (doors: src/index.ts and src/<name>/index.ts) may import any
  * room, and nothing in a room imports a door.
  */
-const FOUNDATION = '^src/(errors|fingerprint|fault-hook|text-table|json-limits|describe-error|metric-registry)\\.ts$';
-const DOOR = '^src/(index|(amqp|nats|otel|process|store|pg|postgres-js|drizzle|prisma|typeorm|knex|mikro-orm)/index)\\.ts$';
+const FOUNDATION = '^src/(errors|fingerprint|fault-hook|text-table|json-limits|describe-error|metric-registry|default-logger|service-unreachable)\\.ts$';
+const DOOR = '^src/(index|(amqp|nats|otel|process|store|pg|postgres-js|drizzle|prisma|typeorm|knex|mikro-orm|nestjs|bull-board|http-idempotency)/index)\\.ts$';
 
 /** Floors from the ground up; each entry is one floor's rooms. */
 const FLOORS = [
@@ -18,8 +18,8 @@ const FLOORS = [
   ['bullmq', 'amqp', 'nats', 'ops', 'data-layers'],
   ['metrics'],
   ['http'],
-  ['runtime'],
-  ['otel'],
+  ['runtime', 'http-idempotency'],
+  ['otel', 'nestjs', 'bull-board'],
   ['cli'],
 ];
 
@@ -82,7 +82,10 @@ module.exports = {
     onlyIn('amqplib-only-in-amqp', ['amqplib'], ['amqp']),
     onlyIn('nats-only-in-nats', ['@nats-io/jetstream', '@nats-io/transport-node', '@nats-io/nats-core'], ['nats']),
     onlyIn('otel-sdk-only-in-otel', ['@opentelemetry/sdk-node'], ['otel']),
+    onlyIn('web-frameworks-only-in-http-idempotency', ['express', '@nestjs/common', '@nestjs/core', 'rxjs'], ['http-idempotency']),
     onlyIn('bullmq-only-in-bullmq', ['bullmq', 'ioredis'], ['bullmq']),
+    onlyIn('nestjs-only-in-nestjs', ['@nestjs/common', '@nestjs/core', '@nestjs/bullmq'], ['nestjs']),
+    onlyIn('bull-board-only-in-bull-board', ['@bull-board/api'], ['bull-board']),
     onlyIn('pg-only-in-store', ['pg'], ['store', 'data-layers']),
     onlyIn('data-layers-only-in-data-layers', ['postgres', 'drizzle-orm', 'typeorm', '@prisma/client', '@prisma/adapter-pg', 'knex', '@mikro-orm/core', '@mikro-orm/knex', '@mikro-orm/postgresql'], ['data-layers']),
     {
@@ -102,7 +105,7 @@ module.exports = {
   ],
   options: {
     doNotFollow: { path: 'node_modules' },
-    exclude: { path: '^(dist|docs/api|node_modules|examples/prisma-worker/generated)/' },
+    exclude: { path: '^(dist|docs/api|node_modules|examples/prisma-worker/generated|examples/nestjs-payments/dist)/' },
     tsPreCompilationDeps: true,
     tsConfig: { fileName: 'tsconfig.json' },
     enhancedResolveOptions: { exportsFields: ['exports'], conditionNames: ['import', 'require', 'node', 'default', 'types'], extensions: ['.ts', '.js', '.mjs', '.cjs', '.d.ts'] },

@@ -4,7 +4,7 @@ import globals from 'globals';
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/', 'node_modules/', 'coverage/', 'docs/api/', 'examples/prisma-worker/generated/'] },
+  { ignores: ['dist/', 'node_modules/', 'coverage/', 'docs/api/', 'examples/prisma-worker/generated/', 'examples/nestjs-payments/dist/'] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

@@ -15,6 +15,10 @@ const entryPoints: Record<string, string> = {
   'idempotent-jobs/otel': './src/otel/index.ts',
   'idempotent-jobs/process': './src/process/index.ts',
   'idempotent-jobs/store': './src/store/index.ts',
+  'idempotent-jobs/typeorm': './src/typeorm/index.ts',
+  'idempotent-jobs/nestjs': './src/nestjs/index.ts',
+  'idempotent-jobs/bull-board': './src/bull-board/index.ts',
+  'idempotent-jobs/http-idempotency': './src/http-idempotency/index.ts',
 };
 
 /**

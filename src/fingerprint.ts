@@ -1,5 +1,5 @@
 import { hash } from 'node:crypto';
-import canonicalize from 'canonicalize';
+import { canonicalJson } from './canonical-json.js';
 import { ValidationError } from './errors.js';
 import { MAX_FINGERPRINT_DEPTH, describeJsonProblem, findJsonProblem } from './json-limits.js';
 
@@ -21,7 +21,7 @@ export const sha256Fingerprint: Fingerprinter = (identity) => {
   if (found) {
     throw new ValidationError('INVALID_JOB_DATA', 'fingerprint', `Cannot fingerprint the request: its value ${describeJsonProblem(found)}.`);
   }
-  const canonical = canonicalize(identity === undefined ? null : identity);
+  const canonical = canonicalJson(identity === undefined ? null : identity);
   // One call, without a Hash object to make and finish (about 1.5 µs a job less on Node 20).
   return hash('sha256', canonical ?? 'null', 'hex');
 };

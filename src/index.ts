@@ -11,6 +11,7 @@
  * @module idempotent-jobs
  */
 export * from './errors.js';
+export { ServiceUnreachableError, type Service } from './service-unreachable.js';
 // The claim protocol.
 export type {
   ClaimOptions,
@@ -25,6 +26,7 @@ export type {
 export { IdempotencyKeys, type ConcurrencySlot, type ConcurrencySlotRefused } from './protocol/idempotency-keys.js';
 export type { GroupedEffects, IdempotencyGroupCommitOptions, IdempotencyOptions, ResolvedIdempotencyOptions } from './protocol/idempotency-options.js';
 export type { GroupCommitOptions } from './protocol/group-commit.js';
+export type { GroupRefusal, GroupRefusalReason } from './protocol/group-refusals.js';
 export type { Claim, ClaimOutcome, ExpiredResult, HeldClaim } from './store/claim-outcome.js';
 export { isHeld } from './store/claim-outcome.js';
 export type { CoalesceAnswer, CoalesceArrival, CoalesceSuccessor, KeyRecord, KeyRetention, KeyStatus } from './store/records.js';
@@ -33,7 +35,7 @@ export type { PostgresDbOptions } from './store/create-postgres-db.js';
 export { createPostgresDb } from './store/create-postgres-db.js';
 export type { MigrateOptions } from './store/migrate.js';
 export { migrate } from './store/migrate.js';
-export { KeySettledListener } from './store/key-settled-listener.js';
+export { KeySettledListener, type FreedSlot } from './store/key-settled-listener.js';
 // Steps (`ctx.step`).
 export type { DataLayerStep, DatabaseStep, ExternalStep, ExternalStepContext, JobStepsOptions, StepContext, StepBody, StepReport } from './protocol/job-steps.js';
 export type { FailedStep, StoredError } from './protocol/validate.js';

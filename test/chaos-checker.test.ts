@@ -190,6 +190,18 @@ describe('checkHistory', () => {
     expect(result.ok).toBe(true);
   });
 
+  it('in a run mixing the fast path and leases, holds only the leased runs\' calls to one per lease (a rolled-back fast-path attempt and the next claim share fence 1)', () => {
+    const history = cleanHistory();
+    const fastPathCall = (at: number): ExecutionRow => ({ ...row('k1', 1, at, 2), fastPath: true });
+    const mixed = checkHistory({ ...history, externalCalls: [fastPathCall(2), fastPathCall(4), ...history.externalCalls] });
+    expect(mixed.repeatedWithinLease).toEqual([]);
+    expect(mixed.externalCalls).toEqual({ total: 5, keysCalledMoreThanOnce: 2, extraCalls: 3 });
+    expect(mixed.ok).toBe(true);
+    const twoLeased = checkHistory({ ...history, externalCalls: [fastPathCall(2), ...history.externalCalls, row('k1', 1, 20)] });
+    expect(twoLeased.repeatedWithinLease).toEqual(['s/k1#1']);
+    expect(twoLeased.ok).toBe(false);
+  });
+
   it('measures recovery per process when a killed worker\'s pid is reused by a later worker', () => {
     const history = cleanHistory();
     // A later worker gets pid 2 again, claims k3 and is killed too; worker 3 takes k3 over.

@@ -7,19 +7,20 @@
 import { describe, expect, it } from 'vitest';
 import type { ExecutionRow, FailedJob } from './chaos/checker.js';
 import {
-  checkCoalescing,
   checkConcurrencyLimits,
   checkRacingSchedulers,
   checkTombstones,
   firstSightOfTicks,
-  type CoalescingHistory,
   type ConcurrencyHistory,
   type KeyFeatureCheck,
   type SchedulesHistory,
   type TickDuplicate,
   type TombstonesHistory,
 } from './chaos/key-feature-checks.js';
+import { checkDstSchedulers, clockAtReal, type DstScheduleHistory, type DstSchedulersHistory } from './chaos/dst-schedule-checks.js';
+import type { ClockPiece } from './support/database-clock.js';
 import type { WorkerLogLine } from './chaos/worker-fleet.js';
+import { checkCoalescing, type CoalescingHistory } from './chaos/coalescing-checks.js';
 
 const T0 = 1_700_000_000_000;
 const row = (scope: string, key: string, fence: number, at: number): ExecutionRow => ({ scope, key, fence, workerPid: 1, at: T0 + at });
@@ -93,6 +94,20 @@ describe('checkConcurrencyLimits', () => {
     const check = checkConcurrencyLimits(clean());
     expect(failing(check)).toEqual({});
     expect(check.numbers[0]![1]).toBe('4 (2; 2)');
+  });
+
+  it('with the lease given: counts runs longer than it, fails a profile that had none, and names a long run among too many at once', () => {
+    // Every run lasts 400 ms: longer than a lease of 350 ms, shorter than one of 1 s.
+    const check = checkConcurrencyLimits({ ...clean(), leaseMs: 350 });
+    expect(failing(check)).toEqual({});
+    expect(check.numbers.find(([name]) => name.startsWith('runs longer than the lease'))![1]).toBe('4 (4)');
+    expect(Object.keys(failing(checkConcurrencyLimits({ ...clean(), leaseMs: 1_000 })))).toEqual(['no run longer than the lease (nothing tested)']);
+    // c starts at 300 ms while a and b still run: three at once, long runs among them.
+    const crowded = { ...clean(), leaseMs: 350, externalCalls: [...clean().externalCalls.filter((r) => r.key !== 'c'), row('s', 'c', 2, 300)] };
+    expect(Object.keys(failing(checkConcurrencyLimits(crowded)))).toEqual([
+      'runs of a concurrency key in flight past its limit',
+      'never more than the limit at once with a run longer than the lease among them',
+    ]);
   });
 
   it('fails a third run of a key in flight while two are', () => {
@@ -176,7 +191,7 @@ describe('checkCoalescing', () => {
   it('fails a key whose last version did not run last, and runs of one key overlapping', () => {
     const runs = clean().runs.slice(0, 2);
     expect(Object.keys(failing(checkCoalescing({ ...clean(), runs, generations: new Map([['c/e', [1, 2]]]) })))).toEqual([
-      'keys whose last version sent did not run last',
+      'keys whose newest payload sent did not run last',
     ]);
     const overlapping = clean().runs.map((run) => (run.generation === 2 ? { ...run, start: T0 + 900 } : run));
     expect(Object.keys(failing(checkCoalescing({ ...clean(), runs: overlapping })))).toEqual(['runs of one key overlapping']);
@@ -200,6 +215,45 @@ describe('checkCoalescing', () => {
 
   it('fails a run in which nothing was coalesced', () => {
     expect(Object.keys(failing(checkCoalescing({ ...clean(), lines: [] })))).toEqual(['no arrival coalesced (nothing tested)']);
+  });
+
+  it('fails a payload run in two generations (a redelivery run again)', () => {
+    const twice = { ...clean(), runs: [...clean().runs, { id: 'c/e', generation: 4, version: 3, start: T0 + 4_000, end: T0 + 4_500 }], generations: new Map([['c/e', [1, 2, 3, 4]]]) };
+    expect(failing(checkCoalescing(twice))).toEqual({
+      'payloads run in more than one generation': ['c/e: version 3 ran in generations 2, 4'],
+      'keys whose newest payload sent did not run last': ['c/e: newest sent 4, ran last 3'],
+    });
+  });
+
+  it('orders by when the database counts each version sent: a version stamped by a clock behind is older, one ahead counts from its first arrival', () => {
+    // Version 4 was stamped by a clock five minutes behind: it counts as older than version 3,
+    // is superseded when it arrives, and version 3, run as generation 2, is the last run.
+    const sentAt = new Map([['c/e', new Map([[1, T0], [2, T0 + 100], [3, T0 + 300], [4, T0 + 3_000 - 300_000]])]]);
+    const reordered: CoalescingHistory = {
+      ...clean(),
+      runs: clean().runs.slice(0, 2),
+      generations: new Map([['c/e', [1, 2]]]),
+      lines: [...clean().lines, line('c', 'e', 'coalesced', 3_000, 'j4')],
+      sentAt,
+    };
+    expect(failing(checkCoalescing(reordered))).toEqual({});
+    // Read by versions alone, version 4 should have run last.
+    expect(Object.keys(failing(checkCoalescing({ ...reordered, sentAt: undefined })))).toEqual(['keys whose newest payload sent did not run last']);
+  });
+
+  it('reports the clocks and the store faults at the hand-over, and fails a run that had no add from a skewed clock or no store fault', () => {
+    const skewOfJob = new Map([['j1', 0], ['j2', 180_000], ['j3', -240_000], ['j4', 0]]);
+    const fault = (point: string, at: number): WorkerLogLine => ({ time: T0 + at, pid: 1, msg: 'fault injected: store fault', level: 40, point, scope: 'c', key: 'e' });
+    const faulted = { ...clean(), skewOfJob, lines: [...clean().lines, fault('before-hand-over', 900), fault('after-hand-over', 1_900)] };
+    const check = checkCoalescing(faulted);
+    expect(failing(check)).toEqual({});
+    expect(Object.fromEntries(check.numbers)).toMatchObject({
+      'adds stamped by a producer clock ahead / behind / right': '1 / 1 / 2',
+      'store faults injected at the hand-over: before / after it reached Postgres': '1 / 1',
+    });
+    expect(Object.keys(failing(checkCoalescing({ ...faulted, lines: clean().lines })))).toEqual([
+      'no add stamped by a clock ahead or behind, or no store fault at the hand-over (nothing tested)',
+    ]);
   });
 });
 
@@ -277,5 +331,73 @@ describe('checkRacingSchedulers', () => {
     expect(failing(checkRacingSchedulers({ ...clean(), duplicates: duplicates.filter((d) => d.kind === 'same-job-id') }))).toEqual({
       "no duplicate of a tick under another job id or after its job's removal (nothing tested)": ['0 duplicates other-job-id', '0 duplicates after-removal'],
     });
+  });
+});
+
+describe('checkDstSchedulers', () => {
+  const fall = Date.UTC(2026, 9, 25, 1);
+  const spring = Date.UTC(2027, 2, 28, 1);
+  const iso = (t: number) => new Date(t).toISOString();
+  // '30 2 * * *' in Paris from the 24th to the 26th of October: the first 02:30 of the 25th only.
+  const daily = ['2026-10-24T00:30:00.000Z', '2026-10-25T00:30:00.000Z', '2026-10-26T01:30:00.000Z'];
+  const schedule = (overrides: Partial<DstScheduleHistory> = {}): DstScheduleHistory => ({
+    name: 'dst-daily-paris',
+    cron: '30 2 * * *',
+    timezone: 'Europe/Paris',
+    daily: true,
+    from: Date.UTC(2026, 9, 23, 12),
+    to: Date.UTC(2026, 9, 27, 12),
+    expectedTicks: daily,
+    effects: daily.map((tick, n) => ({ scope: 'schedule:dst-daily-paris', key: tick, fence: 1, workerPid: 1, at: Date.parse(tick) + 1_000 + n })),
+    firstSeenOnClock: new Map(daily.map((tick) => [tick, Date.parse(tick) + 5_000])),
+    ...overrides,
+  });
+  const pieces: ClockPiece[] = [
+    { fromReal: new Date(T0), clockAt: new Date(fall - 45 * 60_000), rate: 0 },
+    { fromReal: new Date(T0 + 10_000), clockAt: new Date(fall - 45 * 60_000), rate: 180 },
+    { fromReal: new Date(T0 + 40_000), clockAt: new Date(spring - 45 * 60_000), rate: 180 },
+  ];
+  const history = (one: DstScheduleHistory = schedule()): DstSchedulersHistory => ({ schedules: [one], changes: [fall], pieces, kills: 2, starts: 5 });
+
+  it('passes every tick of the model committed once, one tick on each local day, the clock past its change', () => {
+    const check = checkDstSchedulers({ ...history(), changes: [fall] });
+    expect(failing(check)).toEqual({});
+    expect(check.ok).toBe(true);
+  });
+
+  it("fails a run whose schedulers' clock ended before a change", () => {
+    expect(failing(checkDstSchedulers({ ...history(), changes: [fall, spring] }))).toEqual({
+      "the schedulers' clock did not go through both changes": ['the schedulers\' clock ended at 2026-10-27T12:00:00.000Z, before the change at 2027-03-28T01:00:00.000Z'],
+    });
+  });
+
+  it('fails a tick committed twice, a tick missed and an effect that is no tick of the model', () => {
+    const effects = schedule().effects;
+    const check = checkDstSchedulers(history(schedule({ effects: [effects[0]!, effects[0]!, { ...effects[2]!, key: '2026-10-25T01:30:00.000Z' }] })));
+    const rules = failing(check);
+    expect(rules['ticks committed more than once']).toEqual(['dst-daily-paris 2026-10-24T00:30:00.000Z: 2 effects']);
+    expect(rules['ticks missed (a tick of the reference model without an effect)']).toEqual(['dst-daily-paris 2026-10-25T00:30:00.000Z', 'dst-daily-paris 2026-10-26T01:30:00.000Z']);
+    expect(rules['effects of times that are not ticks of the reference model']).toEqual(['dst-daily-paris 2026-10-25T01:30:00.000Z']);
+  });
+
+  it("fails a daily schedule with two ticks on the fall-back day (the repeated 02:30) or none on a day", () => {
+    const twice = [...daily.slice(0, 2), '2026-10-25T01:30:00.000Z', daily[2]!];
+    const rows = twice.map((tick) => ({ scope: 'schedule:dst-daily-paris', key: tick, fence: 1, workerPid: 1, at: Date.parse(tick) }));
+    const check = checkDstSchedulers(history(schedule({ expectedTicks: twice, effects: rows })));
+    expect(failing(check)['local days of a daily fixed-time schedule without exactly one tick']).toEqual(['dst-daily-paris 2026-10-25: 2 ticks']);
+    const none = checkDstSchedulers(history(schedule({ expectedTicks: [daily[0]!, daily[2]!], effects: rows.filter((r) => r.key !== daily[1] && r.key !== '2026-10-25T01:30:00.000Z') })));
+    expect(failing(none)['local days of a daily fixed-time schedule without exactly one tick']).toEqual(['dst-daily-paris 2026-10-25: 0 ticks']);
+  });
+
+  it("fails a tick seen before its time on the schedulers' clock, and maps real times through the clock's pieces", () => {
+    const check = checkDstSchedulers(history(schedule({ firstSeenOnClock: new Map([[daily[0]!, Date.parse(daily[0]!) - 1]]) })));
+    expect(failing(check)["ticks seen by the database before their time on the schedulers' clock"]).toEqual([`dst-daily-paris ${daily[0]}: seen at ${iso(Date.parse(daily[0]!) - 1)} on the schedulers' clock`]);
+    expect(clockAtReal(pieces, T0 + 5_000)).toBe(fall - 45 * 60_000);
+    expect(clockAtReal(pieces, T0 + 20_000)).toBe(fall - 45 * 60_000 + 10_000 * 180);
+    expect(clockAtReal(pieces, T0 + 41_000)).toBe(spring - 45 * 60_000 + 1_000 * 180);
+  });
+
+  it('fails a run in which no scheduler was killed', () => {
+    expect(failing(checkDstSchedulers({ ...history(), kills: 0 }))['no scheduler killed or no tick (nothing tested)']).toEqual(['0 kills, 3 ticks']);
   });
 });

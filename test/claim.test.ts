@@ -3,6 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyKeys, KeyReusedError, LeaseLostError, ResultNotStorableError, ValidationError, isHeld, type HeldClaim, type ClaimOutcome } from '../src/index.js';
 import { type KeyStore } from '../src/store/key-store.js';
 import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
+import { UncertainClaims } from '../src/protocol/uncertain-claims.js';
+import { StatementFaults } from './support/statement-faults.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 import { createEffectsTable, createGate, effectsOf, expireLease, insertEffect } from './support/protocol-fixtures.js';
 
@@ -377,5 +379,67 @@ describe('a custom KeyStore with only the required methods', () => {
     const second = await custom.executeOnce(scope, 'custom-4', 'fp', async () => 'second').finally(() => gate.open());
     expect(second).toMatchObject({ kind: 'in-progress' });
     await first;
+  });
+});
+
+describe('a claim whose reply is lost', () => {
+  it('is asked again with its owner token and returns the claim that committed: the key is not left held by a claim nobody knows', async () => {
+    const faults = StatementFaults.open({ connectionString: env.databaseUrl, maxConnections: 2, preparedStatements: env.preparedStatements });
+    try {
+      const cut = new IdempotencyKeys({ db: faults.db, schema: env.schema, leaseMs: 600_000 }, new PostgresKeyStore(faults.db, env.schema, { batchClaims: false }));
+      faults.arm({ nth: 1, match: /claim_key/, fault: { kind: 'cut', when: 'after' } });
+      const outcome = held(await cut.claim(scope, 'lost-reply', 'fp'));
+      expect(faults.fired).toHaveLength(1);
+      expect(outcome).toMatchObject({ kind: 'claimed', fence: 1, attempts: 1 });
+      // The claim that committed is this one: it completes.
+      expect(await keys.get(scope, 'lost-reply')).toMatchObject({ owner: outcome.owner, fence: 1 });
+      await cut.runEffect(outcome, async () => ({ ok: true }));
+      expect(await keys.get(scope, 'lost-reply')).toMatchObject({ status: 'completed', result: { ok: true } });
+
+      // A claim that did not commit is simply made on the second ask.
+      faults.arm({ nth: 1, match: /claim_key/, fault: { kind: 'cut', when: 'before' } });
+      expect(await cut.claim(scope, 'lost-before', 'fp')).toMatchObject({ kind: 'claimed', fence: 1 });
+      // Asked once more only: a fault that lasts is the caller's store fault.
+      faults.arm({ nth: 1, match: /claim_key/, fault: { kind: 'cut', when: 'before' }, times: 2 });
+      await expect(cut.claim(scope, 'lost-twice', 'fp')).rejects.toMatchObject({ code: 'STORE_UNAVAILABLE' });
+
+      // Both asks committed, both replies lost: the key's next claim (the job's redelivery) is
+      // made under the same token and gets the key at once, not after the lease.
+      faults.arm({ nth: 1, match: /claim_key/, fault: { kind: 'cut', when: 'after' }, times: 2 });
+      await expect(cut.claim(scope, 'lost-for-a-while', 'fp')).rejects.toMatchObject({ code: 'STORE_UNAVAILABLE' });
+      const orphan = await keys.get(scope, 'lost-for-a-while');
+      expect(orphan).toMatchObject({ status: 'processing', fence: 1 });
+      const redelivered = held(await cut.claim(scope, 'lost-for-a-while', 'fp'));
+      expect(redelivered).toMatchObject({ kind: 'claimed', fence: 1, owner: orphan!.owner });
+      // Forgotten once answered: the claim after it is an ordinary duplicate.
+      expect(await cut.claim(scope, 'lost-for-a-while', 'fp')).toMatchObject({ kind: 'in-progress' });
+
+      // Two deliveries of such a key claimed at once (a job and its duplicate, in one worker):
+      // only one carries the remembered token and gets the key; the other finds it held.
+      faults.arm({ nth: 1, match: /claim_key/, fault: { kind: 'cut', when: 'after' }, times: 2 });
+      await expect(cut.claim(scope, 'lost-then-twice', 'fp')).rejects.toMatchObject({ code: 'STORE_UNAVAILABLE' });
+      const both = await Promise.all([cut.claim(scope, 'lost-then-twice', 'fp'), cut.claim(scope, 'lost-then-twice', 'fp')]);
+      expect(both.map((claim) => claim.kind).sort()).toEqual(['claimed', 'in-progress']);
+    } finally {
+      await faults.close();
+    }
+  });
+});
+
+describe('UncertainClaims', () => {
+  it('gives a token to one claim only, keeps it for one lease at most, and the most recent keys when there are too many', () => {
+    let now = 0;
+    const uncertain = new UncertainClaims({ maxTracked: 2, now: () => now });
+    uncertain.remember('a', 'token-a', 1_000);
+    expect(uncertain.take('a')).toBe('token-a');
+    // Taken once: a second claim of the key does not carry it.
+    expect(uncertain.take('a')).toBeUndefined();
+    uncertain.remember('a', 'token-a2', 1_000);
+    now = 1_000;
+    expect(uncertain.take('a')).toBeUndefined();
+    expect(uncertain.size).toBe(0);
+    for (const k of ['b', 'c', 'd']) uncertain.remember(k, `token-${k}`, 1_000);
+    expect([uncertain.take('b'), uncertain.take('c'), uncertain.take('d')]).toEqual([undefined, 'token-c', 'token-d']);
+    expect(uncertain.size).toBe(0);
   });
 });

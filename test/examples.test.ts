@@ -10,7 +10,7 @@ import { jetstreamManager } from '@nats-io/jetstream';
 import { connect as connectNats } from '@nats-io/transport-node';
 import { connect as connectAmqp } from 'amqplib';
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { amqpTopology } from 'idempotent-jobs/amqp';
 import { freePort } from './chaos/private-redis.js';
 import { AMQP_URL } from './support/amqp-test-env.js';
@@ -29,9 +29,18 @@ const children: ChildProcess[] = [];
 beforeAll(async () => {
   env = await createTestEnv('examples');
 });
-afterAll(async () => {
+/**
+ * Stops the examples a test started. Several examples consume the queue `payments` under this
+ * file's prefix: a worker left running would take the next example's jobs with its own handler.
+ */
+async function stopChildren(): Promise<void> {
   for (const child of children) if (child.exitCode === null) child.kill('SIGTERM');
   await Promise.all(children.map((child) => (child.exitCode === null ? new Promise((resolve) => child.once('exit', resolve)) : undefined)));
+  children.length = 0;
+}
+afterEach(stopChildren);
+afterAll(async () => {
+  await stopChildren();
   await env.teardown();
 });
 
@@ -131,6 +140,27 @@ describe('examples', () => {
     expect(keys.rows).toEqual([{ status: 'completed' }]);
     expect(await count('shipments')).toBe(1);
     expect(await count('outbox')).toBe(1);
+  });
+
+  it('orders-service: a retried POST with its Idempotency-Key replays the first response; one order, one payment', async () => {
+    const [, url] = await start('examples/orders-service/service.ts', /listening on (http:\S+)/, { PORT: '0' });
+    await start('examples/orders-service/worker.ts', /payment worker running/);
+    const order = (body: unknown, key = 'order-A-1') =>
+      fetch(`${url}/orders`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-tenant': 'acme', 'idempotency-key': key }, body: JSON.stringify(body) });
+    const first = await order({ reference: 'A-1', cents: 1200 });
+    expect(first.status).toBe(201);
+    const created = (await first.json()) as { id: string };
+    const retry = await order({ reference: 'A-1', cents: 1200 });
+    expect(retry.status).toBe(201);
+    expect(retry.headers.get('idempotent-replayed')).toBe('true');
+    expect(await retry.json()).toEqual(created);
+    expect((await order({ reference: 'A-1', cents: 999 })).status).toBe(422);
+    expect((await order({ reference: 'A-1' }, 'order-A-2')).status).toBe(400);
+    await until(() => count('order_charges'), (n) => n > 0);
+    expect(await count('customer_orders')).toBe(1);
+    expect(await count('order_charges')).toBe(1);
+    const charges = await sql<{ order_id: string }>`select order_id from ${sql.id(env.schema, 'order_charges')}`.execute(env.db);
+    expect(charges.rows).toEqual([{ order_id: created.id }]);
   });
 
   it('multi-step-payment: each step recorded once, the step key passed to the provider', async () => {

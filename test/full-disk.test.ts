@@ -6,13 +6,19 @@
  * what is wrong (`postgres-writes`: the 53100 and "No space left on device") although
  * `select 1` still passes; once space is freed every job completes, each effect once, and the
  * check passes again.
+ *
+ * Jobs whose claims committed just before the disk filled meet it at their effect's write: each
+ * is deferred without using an attempt, and its key is given back at once, although the full
+ * release (a new row version and index entries) no longer fits: a redelivery takes the key over
+ * as soon as there is room, instead of waiting out the lease.
  */
 import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { createPostgresDb } from '../src/index.js';
+import { IdempotencyKeys, KeyedJobRunner, createPostgresDb, identityFromWireContract, migrate, resolveWorkerTiming, toWireJobData, type JobIdentity, type RunOutcome } from '../src/index.js';
 import { loadEnvConfig, startWorkerProcess, type WorkerProcess } from '../src/process/index.js';
+import { createGate } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { startPostgresOnSmallDisk, type PostgresOnSmallDisk } from './support/small-disk.js';
 import { inCi, systemToolForTests } from './support/system-tools.js';
@@ -105,4 +111,83 @@ describe.skipIf(MKFS_EXT4 === undefined || !ROOT)('a full disk under a running w
     expect((await waitForJobState(queue, after.id!, ['completed', 'failed'])).state).toBe('completed');
     expect((await health()).status).toBe(200);
   }, 240_000);
+});
+
+describe.skipIf(MKFS_EXT4 === undefined || !ROOT)('jobs claimed just before the disk filled', () => {
+  const schema = 'claimed_before_full';
+  let running: PostgresOnSmallDisk;
+  let db: ReturnType<typeof createPostgresDb>;
+
+  beforeAll(async () => {
+    running = await startPostgresOnSmallDisk({ sizeMb: 64, placement: 'data' });
+    db = createPostgresDb({ connectionString: running.postgres.url, maxConnections: 12 }, () => {});
+    await migrate(db, { schema });
+    await sql`create table ${sql.id(schema, 'ledger')} (id bigint generated always as identity primary key, key text not null, pad text not null)`.execute(db);
+    await sql`alter table ${sql.id(schema, 'ledger')} alter column pad set storage plain`.execute(db);
+  }, 120_000);
+  afterAll(async () => {
+    await db?.destroy();
+    await running?.stop();
+  });
+
+  interface Message {
+    readonly id: string;
+    readonly data: unknown;
+  }
+  const JOBS = 40;
+  // Far longer than the test: a key left to its lease would still be held when its job comes back.
+  const LEASE_MS = 600_000;
+
+  it('defers them without using an attempt and gives their keys back at once; their redeliveries run as soon as there is room', async () => {
+    const keys = new IdempotencyKeys({ db, schema, leaseMs: LEASE_MS, groupCommit: false });
+    const gate = createGate();
+    const runner = new KeyedJobRunner<unknown, unknown, Message>({
+      keys,
+      timing: resolveWorkerTiming({ storeRetryMinMs: 10, storeRetryMaxMs: 100 }, LEASE_MS),
+      identityOf: (message) => identityFromWireContract({ id: message.id, name: 'book', data: message.data }) as JobIdentity<unknown>,
+      handler: async (ctx) => {
+        await gate.wait;
+        return ctx.transaction(async (tx) => {
+          await sql`insert into ${sql.id(schema, 'ledger')} (key, pad) values (${ctx.key}, repeat('x', 2000))`.execute(tx);
+          return { booked: ctx.key };
+        });
+      },
+      logger: pino({ level: 'silent' }),
+    });
+    const deliver = (n: number) => {
+      const id = String(n);
+      return { message: { id, data: toWireJobData('disk', `job-${n}`, { n }) }, id, label: `Job ${id}`, queue: 'q', name: 'book', lastAttempt: true, deferrals: 0 };
+    };
+    const heldKeys = async () =>
+      (await sql<{ key: string; owner: string | null }>`select key, owner from ${sql.id(schema, 'idempotency_keys')} where scope = 'disk' order by key`.execute(db)).rows;
+
+    const firstRuns = Array.from({ length: JOBS }, (_, n) => runner.run(deliver(n)));
+    await waitFor('every job to have claimed its key', async () => (await heldKeys()).filter((k) => k.owner !== null).length === JOBS);
+
+    // The disk fills, and other claims take what room the keys table had left.
+    expect(running.disk.fill()).toBeGreaterThan(0);
+    const filler = new IdempotencyKeys({ db, schema, leaseMs: LEASE_MS });
+    for (let n = 0; ; n++) {
+      const refused = await filler.claim('filler', `filler-${n}`, 'f').then(() => undefined, (error: unknown) => error);
+      if (refused) {
+        expect(JSON.stringify((refused as Error).cause ?? refused)).toMatch(/53100/);
+        break;
+      }
+    }
+
+    // Each effect's first write meets the full disk.
+    gate.open();
+    const outcomes: RunOutcome[] = await Promise.all(firstRuns);
+    expect(outcomes.map((o) => o.kind)).toEqual(Array(JOBS).fill('store-unavailable'));
+    // No key is left to its lease: each is given back, although the disk is still full (the
+    // releases that found no room while all of them wrote at once go through when tried again).
+    await waitFor('every key to be given back', async () => (await heldKeys()).every((k) => k.owner === null), 60_000);
+
+    running.disk.free();
+    // Each redelivery takes its key over and runs at once (a key still held would defer it for the lease).
+    const again = await Promise.all(Array.from({ length: JOBS }, (_, n) => runner.run(deliver(n))));
+    expect(again.map((o) => o.kind)).toEqual(Array(JOBS).fill('completed'));
+    const { rows } = await sql<{ n: string }>`select count(*) as n from ${sql.id(schema, 'ledger')}`.execute(db);
+    expect(Number(rows[0]!.n)).toBe(JOBS);
+  }, 180_000);
 });

@@ -83,6 +83,13 @@ describe('idempotent-jobs worker --handler', () => {
     expect(await loadHandlerModule('test/support/ledger-handler.mjs')).toHaveProperty('transaction');
   });
 
+  it('exits 2 when no queue is named (no --queue, no QUEUE), saying how to name it', async () => {
+    const { exited } = runCli(['worker', '--handler', 'test/support/echo-handler.mjs'], { QUEUE: '' });
+    const { code, stderr } = await exited;
+    expect(code).toBe(2);
+    expect(stderr).toContain('worker: no queue named. Pass --queue <name> (or set QUEUE)');
+  });
+
   it('exits 2 naming the module when it has no default export', async () => {
     const { exited } = runCli(['worker', '--queue', 'echo', '--handler', 'test/support/not-a-handler.mjs']);
     const { code, stderr } = await exited;

@@ -12,7 +12,7 @@ import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyKeys, createIdempotentWorker, type DatabaseOnlyJobHandler, createPostgresDb, type IdempotentWorker, type JobContext, type WorkerEvent } from '../src/index.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
-import { waitForJobState } from './support/queue-helpers.js';
+import { sleep } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
@@ -39,7 +39,7 @@ afterAll(async () => {
 });
 
 /** Terminates some of the worker's backends, at random, until `stop` is set. */
-async function terminateAtRandom(stop: { done: boolean }): Promise<number> {
+async function terminateAtRandom(stop: { done: boolean }, times: number[]): Promise<number> {
   let terminated = 0;
   while (!stop.done) {
     await new Promise((resolve) => setTimeout(resolve, 5 + Math.random() * 60));
@@ -47,8 +47,51 @@ async function terminateAtRandom(stop: { done: boolean }): Promise<number> {
       select pid from pg_stat_activity where application_name = ${appName} and random() < 0.5`.execute(env.db);
     for (const { pid } of rows) await sql`select pg_terminate_backend(${pid})`.execute(env.db);
     terminated += rows.length;
+    for (const _ of rows) times.push(Date.now());
   }
   return terminated;
+}
+
+/** Jobs of the queue that are completed or failed (the cases share the queue: each counts from its start). */
+async function finishedCount(): Promise<number> {
+  const counts = await queue.getJobCounts('completed', 'failed');
+  return (counts.completed ?? 0) + (counts.failed ?? 0);
+}
+
+/** Waits until `total` jobs have finished; throws, with `describeStall()`, when none has for `stallMs`. */
+async function untilAllFinished(total: number, stallMs: number, describeStall: () => Promise<string>): Promise<void> {
+  let finished = await finishedCount();
+  let progressAt = Date.now();
+  while (finished < total) {
+    await sleep(200);
+    const now = await finishedCount();
+    if (now > finished) progressAt = Date.now();
+    finished = now;
+    if (Date.now() - progressAt > stallMs) {
+      throw new Error(`no job finished for ${stallMs} ms (${total - finished} of them unfinished); the first unfinished:\n${await describeStall()}`);
+    }
+  }
+}
+
+function countsOf(values: readonly string[]): Map<string, number> {
+  const counts = new Map<string, number>();
+  for (const value of values) counts.set(value, (counts.get(value) ?? 0) + 1);
+  return counts;
+}
+
+/** What happened to a job that did not finish: its state, attempts, its key's row and events, the terminations' pace. */
+async function historyOf(jobId: string, key: string, events: readonly WorkerEvent[], terminations: readonly number[]): Promise<string> {
+  const state = await queue.getJobState(jobId);
+  const job = await queue.getJob(jobId);
+  const { rows } = await sql`select * from ${sql.id(env.schema, 'idempotency_keys')} where scope = ${scope} and key = ${key}`.execute(env.db);
+  const lastSecond = terminations.filter((t) => t > Date.now() - 1_000).length;
+  return [
+    `job ${jobId}: state ${state}, attemptsMade ${job?.attemptsMade}, delay ${job?.delay}, processedOn ${job?.processedOn ? `${job.processedOn - job.timestamp} ms after it was added` : '-'}`,
+    `key row: ${JSON.stringify(rows)}`,
+    `its events: ${events.filter((e) => e.key === key || e.jobId === jobId).map((e) => `${e.kind}${e.cause ? ` (${e.cause})` : ''}`).join(', ') || 'none'}`,
+    `all events: ${[...countsOf(events.map((e) => e.kind))].map(([kind, count]) => `${kind} ${count}`).join(', ')}`,
+    `backends terminated: ${terminations.length}, ${lastSecond} in the last second`,
+  ].join('\n');
 }
 
 const handler = (ctx: JobContext<{ n: number }>) =>
@@ -82,16 +125,28 @@ describe('group commit with backends terminated at random', () => {
       worker.on('event', (event) => events.push(event));
       workers.push(worker);
       const stop = { done: false };
-      const terminations = terminateAtRandom(stop);
+      const terminated: number[] = [];
+      const terminations = terminateAtRandom(stop, terminated);
+      const finishedBefore = await finishedCount();
       const added: Array<{ job: Job; key: string }> = [];
       for (let n = 0; n < 400; n++) {
         const key = `k-${n}-${randomUUID()}`;
         added.push({ job: await queue.add('pay', { idempotencyKey: key, scope, payload: { n } }), key });
       }
       try {
+        // Liveness, not speed: the run fails when no job has finished for a minute (a job that can
+        // never finish), however slow a loaded machine makes the terminated groups' retries.
+        await untilAllFinished(finishedBefore + added.length, 60_000, async () => {
+          const unfinished: string[] = [];
+          for (const { job, key } of added) {
+            if (unfinished.length === 3) break;
+            if (!['completed', 'failed'].includes(await queue.getJobState(job.id!))) unfinished.push(await historyOf(job.id!, key, events, terminated));
+          }
+          return unfinished.join('\n');
+        });
         for (const { job } of added) {
-          const { job: finished, state } = await waitForJobState(queue, job.id!, ['completed', 'failed'], 120_000);
-          expect({ id: job.id, state, failedReason: finished.failedReason }).toEqual({ id: job.id, state: 'completed', failedReason: undefined });
+          const finished = (await queue.getJob(job.id!))!;
+          expect({ id: job.id, state: await finished.getState(), failedReason: finished.failedReason }).toEqual({ id: job.id, state: 'completed', failedReason: undefined });
         }
       } finally {
         stop.done = true;
@@ -99,6 +154,6 @@ describe('group commit with backends terminated at random', () => {
       expect(await terminations).toBeGreaterThan(0);
       for (const { key } of added) expect(await effectsOf(env.db, env.schema, scope, key)).toHaveLength(1);
       expect(events.filter((e) => e.kind === 'failed')).toEqual([]);
-    }, 300_000);
+    }, 600_000);
   }
 });

@@ -319,9 +319,12 @@ describe('what Postgres answers is what each job gets (pipelines)', () => {
     expect(outcomes.map((o) => o.kind)).toEqual(Array(8).fill('executed'));
     expect(outcomes[3]).toMatchObject({ result: 3, claim: { fence: 1, attempts: 1 } });
     expect(sent).toHaveLength(2);
-    expect(sent[0]).toMatch(/^begin isolation level read committed;\nselect set_config\('idempotent_jobs\.group_settings'/);
+    expect(sent[0]).toMatch(/^begin isolation level read committed;\nselect pg_catalog\.set_config\('idempotent_jobs\.group_state'/);
     expect(sent[0]!.match(/insert into/g)).toHaveLength(8);
-    expect(sent[1]).toMatch(/^select .*check_group_settings\(.*\);\nselect .*insert_completed_keys\(.*\);\ncommit$/s);
+    // The state is checked after each job, before the next one's statement, in the same round trip.
+    expect(sent[0]!.match(/group_state_differs/g)).toHaveLength(7);
+    expect(sent[0]).toMatch(/insert into[^;]*;\nselect [^;]*group_state_differs\(\$1::text\[\]\)[^;]*;\ninsert into/);
+    expect(sent[1]).toMatch(/^select .*group_state_differs\(.*\);\nselect .*insert_completed_keys\(.*\);\ncommit$/s);
     expect(sent.some((text) => /savepoint|claim_/.test(text))).toBe(false);
     expect(new Set((await effects('lean-')).map((r) => r.txid)).size).toBe(1);
     for (const [i, outcome] of outcomes.entries()) {

@@ -226,6 +226,22 @@ describe('HTTP API', () => {
     expect(conflict.headers.get('request-id')).toMatch(/.+/);
   });
 
+  it('1l. a body that is not JSON: 400 saying so, where (line, column, byte) and what the route takes; nothing enqueued', async () => {
+    const path = '/v1/queues/payments/jobs';
+    const cut = await client.post(path, { token: ACME, key: 'not-json-1', rawBody: '{"orderId": ' });
+    expectProblem(cut, 400, 'invalid-request');
+    expect(cut.body.detail).toBe(
+      'The body is not valid JSON: unexpected end of the body at line 1, column 13 (byte 12). Nothing was enqueued. ' +
+        'The body is the job\'s payload: one JSON value, e.g. {"orderId": 42, "cents": 1999}, sent with Content-Type: application/json; the key goes in the Idempotency-Key header.',
+    );
+    const comma = await client.post(path, { token: ACME, key: 'not-json-2', rawBody: '{\n  "orderId": 42,\n}' });
+    expectProblem(comma, 400, 'invalid-request');
+    expect(comma.body.detail).toMatch(/^The body is not valid JSON: unexpected "\}" at line 3, column 1 \(byte 19\)\. /);
+    const quotes = await client.post(path, { token: ACME, key: 'not-json-3', rawBody: "{'orderId': 42}" });
+    expect(quotes.body.detail).toMatch(/^The body is not valid JSON: unexpected "'" at line 1, column 2 \(byte 1\)\. /);
+    for (const key of ['not-json-1', 'not-json-2', 'not-json-3']) expectProblem(await client.get(`${path}/${key}`, { token: ACME }), 404, 'not-found');
+  });
+
   it('1k. a request whose record expired into a tombstone: POST and GET answer 410 request-expired, enqueue nothing; another body is 422', async () => {
     const path = '/v1/queues/payments/jobs';
     const body = { orderId: 'tomb', cents: 1 };

@@ -215,7 +215,7 @@ describe('Maintenance', () => {
     expect((await maintenance.refreshStats()).ran).toBe(true);
     release();
     expect(await holder).toEqual({ ran: true, result: undefined });
-    expect(await maintenance.runJanitor()).toEqual({ ran: true, result: { keysDeleted: 5, tombstonesDeleted: 0, outboxRowsDeleted: 0, concurrencyRecordsDeleted: 0, more: false } });
+    expect(await maintenance.runJanitor()).toEqual({ ran: true, result: { keysDeleted: 5, tombstonesDeleted: 0, outboxRowsDeleted: 0, concurrencyRecordsDeleted: 0, concurrencySlotsDeleted: 0, coalescingKeysDeleted: 0, coalescingArrivalsDeleted: 0, more: false } });
   });
 
   it('runs the janitor periodically once started, emits its reports, and stops cleanly', async () => {

@@ -241,7 +241,7 @@ describe('maintenance metrics', () => {
           { scope: 'a', key: 'k2', fence: 3, queue: 'payments', jobId: 'j2', action: 'abandoned', jobWas: 'finished' },
         ],
       });
-      maintenance.emit('janitor', { keysDeleted: 7, tombstonesDeleted: 6, outboxRowsDeleted: 2, concurrencyRecordsDeleted: 0, more: false });
+      maintenance.emit('janitor', { keysDeleted: 7, tombstonesDeleted: 6, outboxRowsDeleted: 2, concurrencyRecordsDeleted: 0, concurrencySlotsDeleted: 0, coalescingKeysDeleted: 3, coalescingArrivalsDeleted: 4, more: false });
       maintenance.emit('stats', stats);
       maintenance.emit('error', 'sweeper', new Error('redis down'));
       let { values } = await scrape(server.url);
@@ -251,6 +251,8 @@ describe('maintenance metrics', () => {
       expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="keys"}`)).toBe(7);
       expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="outbox"}`)).toBe(2);
       expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="tombstones"}`)).toBe(6);
+      expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="coalescing_keys"}`)).toBe(3);
+      expect(values.get(`idempotent_jobs_janitor_deleted_total{${s},table="coalescing_arrivals"}`)).toBe(4);
       expect(values.get(`idempotent_jobs_key_tombstones{${s}}`)).toBe(11);
       expect(values.get(`idempotent_jobs_maintenance_errors_total{${s},task="sweeper"}`)).toBe(1);
       expect(values.get(`idempotent_jobs_keys{${s},status="processing"}`)).toBe(4);

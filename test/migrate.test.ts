@@ -102,7 +102,7 @@ it('024 upgrades a schema of one concurrency record per key: its records are kep
     // that version calls (its body does not matter here, only that it would make calls ambiguous).
     await sql`alter table ${t('key_concurrency_limits')} drop constraint key_concurrency_limits_pkey`.execute(env.db);
     await sql`alter table ${t('key_concurrency_limits')} add primary key (scope, key)`.execute(env.db);
-    await sql`drop function ${t('acquire_concurrency_slot')}(text, int, text, text, uuid, int, int, text[])`.execute(env.db);
+    await sql`drop function ${t('acquire_concurrency_slot')}(text, int, text, text, uuid, int, int, text[], text, text)`.execute(env.db);
     await sql`create function ${t('acquire_concurrency_slot')}(text, int, text, text, uuid, int, int)
               returns table (slot int, retry_after_ms bigint) language sql as 'select 0, null::bigint'`.execute(env.db);
     await sql`insert into ${t('key_concurrency_limits')} (scope, key, group_key, concurrency_limit) values ('s', 'old', 'tenant:acme', 2)`.execute(env.db);
@@ -136,12 +136,77 @@ it('025 upgrades coalescing keys: a key taken before it keeps its state, and a f
     await sql`create function ${t('coalesce_arrive')}(text, text, text, jsonb, int)
               returns table (action text, generation bigint, payload jsonb) language sql as 'select null::text, null::bigint, null::jsonb'`.execute(env.db);
     await sql`insert into ${t('coalescing_keys')} (scope, key, generation) values ('s', 'taken', 3)`.execute(env.db);
-    await sql`delete from ${t('idempotent_jobs_migration')} where name = '025_coalescing_send_order'`.execute(env.db);
+    // 025 and the migrations after it (each installs functions only, again as it did).
+    await sql`delete from ${t('idempotent_jobs_migration')} where name >= '025_coalescing_send_order'`.execute(env.db);
 
     const result = await migrate(env.db, { schema: upgraded });
-    expect(result.results?.map((r) => [r.migrationName, r.status])).toEqual([['025_coalescing_send_order', 'Success']]);
+    expect(result.results?.[0]).toMatchObject({ migrationName: '025_coalescing_send_order', status: 'Success' });
+    expect(result.results?.every((r) => r.status === 'Success')).toBe(true);
     const { rows } = await sql<{ action: string; generation: string }>`select * from ${t('coalesce_arrive')}('s', 'taken', 'j', '{}'::jsonb, 1000)`.execute(env.db);
     expect(rows[0]).toMatchObject({ action: 'run', generation: '4' });
+  } finally {
+    await sql`drop schema if exists ${sql.id(upgraded)} cascade`.execute(env.db);
+  }
+});
+
+it('027 upgrades coalescing keys: a key taken before it keeps its state, and a send time stored ahead of the database clock is brought back to it', async () => {
+  const upgraded = `${schema}_ends`;
+  const t = (name: string) => sql.id(upgraded, name);
+  try {
+    await migrate(env.db, { schema: upgraded });
+    // Back to what 025 left: no recorded ends, no remembered arrivals, no generation floor.
+    await sql`drop table ${t('coalescing_generation_floor')}`.execute(env.db);
+    await sql`drop table ${t('coalescing_arrivals')}`.execute(env.db);
+    await sql`drop index ${t('coalescing_keys_assigned_at')}`.execute(env.db);
+    for (const column of ['finished_generation', 'previous_job', 'previous_generation', 'newest_job']) {
+      await sql`alter table ${t('coalescing_keys')} drop column ${sql.id(column)}`.execute(env.db);
+    }
+    await sql`insert into ${t('coalescing_keys')} (scope, key, generation, running_job, assigned_at, newest_sent_at)
+              values ('s', 'ahead', 3, 'j3', now(), now() + interval '10 minutes')`.execute(env.db);
+    await sql`insert into ${t('idempotency_keys')} (scope, key, fingerprint, status) values ('s', 'ahead#3', 'fp', 'completed')`.execute(env.db);
+    await sql`delete from ${t('idempotent_jobs_migration')} where name >= '027_coalescing_ends'`.execute(env.db);
+
+    const result = await migrate(env.db, { schema: upgraded });
+    expect(result.results?.map((r) => [r.migrationName, r.status])[0]).toEqual(['027_coalescing_ends', 'Success']);
+    expect(result.results?.every((r) => r.status === 'Success')).toBe(true);
+    // Sent by a right clock now: newer than the send time brought back to the clock, and generation 3 has ended: it runs.
+    const { rows } = await sql<{ action: string; generation: string }>`
+      select * from ${t('coalesce_arrive')}('s', 'ahead', 'j4', '{}'::jsonb, 1000, now() + interval '1 millisecond')`.execute(env.db);
+    expect(rows[0]).toMatchObject({ action: 'run', generation: '4' });
+    const floor = await sql<{ generation: string }>`select generation from ${t('coalescing_generation_floor')}`.execute(env.db);
+    expect(floor.rows).toEqual([{ generation: '0' }]);
+  } finally {
+    await sql`drop schema if exists ${sql.id(upgraded)} cascade`.execute(env.db);
+  }
+});
+
+it('028 upgrades concurrency waiters: a waiter recorded before it stays, an eight-argument call (an earlier worker) still resolves, and a refused job is recorded with its job and queue', async () => {
+  const upgraded = `${schema}_slot_wakes`;
+  const t = (name: string) => sql.id(upgraded, name);
+  try {
+    await migrate(env.db, { schema: upgraded });
+    // Back to what 027 left: waiters without their job, and the eight-argument function.
+    await sql`alter table ${t('concurrency_waiters')} drop column job_id, drop column queue, drop column woken_at`.execute(env.db);
+    await sql`drop function ${t('acquire_concurrency_slot')}(text, int, text, text, uuid, int, int, text[], text, text)`.execute(env.db);
+    await sql`create function ${t('acquire_concurrency_slot')}(text, int, text, text, uuid, int, int, text[] default null)
+              returns table (slot int, retry_after_ms bigint) language sql as 'select 0, null::bigint'`.execute(env.db);
+    await sql`insert into ${t('concurrency_waiters')} (group_key, scope, key) values ('tenant:acme', 's', 'waiting')`.execute(env.db);
+    await sql`delete from ${t('idempotent_jobs_migration')} where name >= '028_concurrency_slot_wakes'`.execute(env.db);
+
+    const result = await migrate(env.db, { schema: upgraded });
+    expect(result.results?.map((r) => [r.migrationName, r.status])).toEqual([['028_concurrency_slot_wakes', 'Success']]);
+    const uuid = '00000000-0000-4000-8000-000000000000';
+    // An earlier worker's call: takes the one slot.
+    const taken = await sql<{ slot: number }>`select * from ${t('acquire_concurrency_slot')}('tenant:acme', 1, 's', 'old', ${uuid}::uuid, 60000, 60000, null)`.execute(env.db);
+    expect(taken.rows[0]).toMatchObject({ slot: 0 });
+    // This version's: refused, recorded as a waiter with its job and queue.
+    await sql`select * from ${t('acquire_concurrency_slot')}('tenant:acme', 1, 's', 'new', ${uuid}::uuid, 60000, 60000, null, 'job-7', 'syncs')`.execute(env.db);
+    const { rows } = await sql<{ key: string; job_id: string | null; queue: string | null }>`
+      select key, job_id, queue from ${t('concurrency_waiters')} order by key`.execute(env.db);
+    expect(rows).toEqual([
+      { key: 'new', job_id: 'job-7', queue: 'syncs' },
+      { key: 'waiting', job_id: null, queue: null },
+    ]);
   } finally {
     await sql`drop schema if exists ${sql.id(upgraded)} cascade`.execute(env.db);
   }

@@ -89,10 +89,14 @@ function run(command: string, args: string[], options: { cwd?: string; env?: Nod
 
 describe('npm pack from a tree without a build', () => {
   it('builds the package and ships the library and the command; nothing of the repository', () => {
-    for (const shipped of ['package.json', 'README.md', 'LICENSE', 'CHANGELOG.md', 'bin/idempotent-jobs.js', 'dist/src/index.js', 'dist/src/index.d.ts', 'dist/src/cli/main.js', 'dist/src/amqp/index.js', 'dist/src/nats/index.js', 'dist/src/otel/index.js', 'dist/src/process/index.js', 'dist/src/store/index.js', 'dist/src/pg/index.js', 'dist/src/postgres-js/index.js', 'dist/src/drizzle/index.js', 'dist/src/prisma/index.js', 'dist/src/typeorm/index.js', 'dist/src/knex/index.js', 'dist/src/mikro-orm/index.js']) {
+    for (const shipped of ['package.json', 'README.md', 'LICENSE', 'CHANGELOG.md', 'bin/idempotent-jobs.js', 'dist/src/index.js', 'dist/src/index.d.ts', 'dist/src/cli/main.js', 'dist/src/amqp/index.js', 'dist/src/nats/index.js', 'dist/src/otel/index.js', 'dist/src/process/index.js', 'dist/src/store/index.js', 'dist/src/pg/index.js', 'dist/src/postgres-js/index.js', 'dist/src/drizzle/index.js', 'dist/src/prisma/index.js', 'dist/src/typeorm/index.js', 'dist/src/knex/index.js', 'dist/src/mikro-orm/index.js', 'dist/src/nestjs/index.js', 'dist/src/bull-board/index.js', 'dist/src/http-idempotency/index.js']) {
       expect(files, shipped).toContain(shipped);
     }
-    const unexpected = files.filter((file) => !/^(dist\/src\/.*\.(js|d\.ts)|bin\/idempotent-jobs\.js|README\.md|LICENSE|CHANGELOG\.md|package\.json)$/.test(file));
+    // The guides ship too, so that the README's and the errors' links resolve in node_modules.
+    expect(files).toEqual(expect.arrayContaining(['docs/guide.md', 'docs/configuration.md', 'docs/images/key-inspector.png']));
+    const unexpected = files.filter(
+      (file) => !/^(dist\/src\/.*\.(js|d\.ts)|bin\/idempotent-jobs\.js|README\.md|LICENSE|CHANGELOG\.md|package\.json|docs\/[a-z-]+\.md|docs\/images\/[a-z-]+\.png)$/.test(file),
+    );
     expect(unexpected).toEqual([]);
     expect(files.some((file) => /demo|load-generator|payments-worker|\.test\./.test(file))).toBe(false);
   });
@@ -107,11 +111,16 @@ describe('the installed package', () => {
       const amqp = require('idempotent-jobs/amqp');
       const nats = require('idempotent-jobs/nats');
       const layers = ['pg', 'postgres-js', 'drizzle', 'prisma', 'typeorm', 'knex', 'mikro-orm'].map((name) => require('idempotent-jobs/' + name));
+      const nestjs = require('idempotent-jobs/nestjs');
+      const board = require('idempotent-jobs/bull-board');
+      const requests = require('idempotent-jobs/http-idempotency');
       console.log(JSON.stringify([typeof main.createIdempotentWorker, typeof main.IdempotencyKeys, typeof otel.startTracingFromEnv, typeof amqp.createAmqpConsumer, typeof nats.createIdempotentNatsConsumer,
-        typeof layers[0].pgDataLayer, typeof layers[1].postgresJsDataLayer, typeof layers[2].drizzleDataLayer, typeof layers[3].prismaDataLayer, typeof layers[4].typeormDataLayer, typeof layers[5].knexDataLayer, typeof layers[6].mikroOrmDataLayer]));`;
+        typeof layers[0].pgDataLayer, typeof layers[1].postgresJsDataLayer, typeof layers[2].drizzleDataLayer, typeof layers[3].prismaDataLayer, typeof layers[4].typeormDataLayer, typeof layers[5].knexDataLayer, typeof layers[6].mikroOrmDataLayer,
+        typeof nestjs.IdempotentJobsModule.forRootAsync, typeof nestjs.IdempotentWorkerHost, typeof board.IdempotentJobsAdapter,
+        typeof requests.IdempotentRequests, typeof requests.expressIdempotency, typeof requests.fastifyIdempotency, typeof requests.IdempotencyInterceptor]));`;
     const result = run(node, ['-e', script]);
     expect(result.stderr).toBe('');
-    expect(JSON.parse(result.stdout)).toEqual(Array(12).fill('function'));
+    expect(JSON.parse(result.stdout)).toEqual(Array(19).fill('function'));
   });
 
   it('CommonJS: a plain require() consumer processes a job once', () => {

@@ -126,6 +126,6 @@ describe('demo payments report', () => {
     // A database effect twice is a problem the report names.
     await sql`insert into ${sql.id(env.schema, 'ledger')} (scope, key, fence, worker_pid, order_id, cents, charge_id)
               values ('demo', 'plain', 1, 0, 'plain', 500, 'ch_x')`.execute(env.db);
-    expect((await paymentReport(env.db, env.schema)).problems).toEqual(['1 keys have a database effect more than once']);
+    expect((await paymentReport(env.db, env.schema)).problems).toEqual(['1 key has a database effect more than once']);
   });
 });

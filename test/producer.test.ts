@@ -50,3 +50,21 @@ describe('IdempotentProducer.enqueueBulk', () => {
     expect((await producer.enqueue({ name: 'charge', scope: 's', key: 'removed', data: { cents: 3 } })).status).toBe('added');
   });
 });
+
+describe('IdempotentProducer.enqueue without data', () => {
+  it('adds the job with a null payload and tells a repeat as a duplicate (no KeyReusedError)', async () => {
+    // Plain JavaScript may leave `data` out; the type says it is required.
+    const request = { name: 'ping', scope: 's', key: 'no-data' } as unknown as Parameters<IdempotentProducer['enqueue']>[0];
+    expect((await producer.enqueue(request)).status).toBe('added');
+    expect((await producer.enqueue(request)).status).toBe('duplicate');
+    expect((await producer.enqueue({ name: 'ping', scope: 's', key: 'no-data', data: null })).status).toBe('duplicate');
+    const job = await foreign.getJob(jobIdFor('s', 'no-data'));
+    expect(job?.data).toMatchObject({ payload: null });
+    expect(Object.keys(job!.data as object)).toContain('payload');
+  });
+
+  it('refuses an unknown request field, naming the closest one', async () => {
+    const request = { name: 'ping', scope: 's', key: 'misspelt', data: 1, retension: { resultMs: 1000 } } as unknown as Parameters<IdempotentProducer['enqueue']>[0];
+    await expect(producer.enqueue(request)).rejects.toThrow('producer.enqueue(request): unknown option "retension". Did you mean "retention"?');
+  });
+});

@@ -71,12 +71,12 @@ describe('round trips', () => {
 describe('round trips of a worker job (claim to completion)', () => {
   const effect = (key: string, fence: number) => (tx: Parameters<typeof insertEffect>[0]) => insertEffect(tx, env.schema, { scope, key, fence, worker: 'w' });
 
-  it('by default, ctx.transaction joins a group: claim 1 + the group\'s 2 (BEGIN with the effect; the fenced completion, the settings check and the COMMIT)', async () => {
+  it('by default, ctx.transaction joins a group: claim 1 + the group\'s 2 (BEGIN with the effect; the state check, the fenced completion and the COMMIT)', async () => {
     const job = withoutProbes(await countJobWith('w0', async (ctx) => ctx.transaction(async (tx) => (await effect(ctx.key, ctx.fence)(tx), 'ok'))));
     expect(job).toHaveLength(3);
     expect(job[0]).toMatch(/claim_keys?"?\(/);
-    expect(job[1]).toMatch(/^begin isolation level read committed;\nselect set_config\('idempotent_jobs\.group_settings', .*group_settings\(.*\);\ninsert into /s);
-    expect(job[2]).toMatch(/complete_key\(.*;\nselect .*check_group_settings\(.*\);\ncommit$/s);
+    expect(job[1]).toMatch(/^begin isolation level read committed;\nselect pg_catalog\.set_config\('idempotent_jobs\.group_state', .*;\ninsert into /s);
+    expect(job[2]).toMatch(/group_state_differs\(.*;\nselect .*complete_key\(.*;\ncommit$/s);
   });
 });
 
@@ -161,8 +161,8 @@ describe('round trips of a database-only handler\'s job ({ transaction })', () =
     const job = withoutProbes(await countJobWith('d1', handler));
     expect(job).toHaveLength(2);
     // The group keeps its watched settings with its BEGIN and checks them before its COMMIT.
-    expect(job[0]).toMatch(/^begin isolation level read committed;\nselect set_config\('idempotent_jobs\.group_settings', .*group_settings\(.*\);\ninsert into /s);
-    expect(job[1]).toMatch(/^select .*check_group_settings\(.*\);\nselect .*insert_completed_keys\(.*\);\ncommit$/s);
+    expect(job[0]).toMatch(/^begin isolation level read committed;\nselect pg_catalog\.set_config\('idempotent_jobs\.group_state', .*;\ninsert into /s);
+    expect(job[1]).toMatch(/^select .*group_state_differs\(.*;\nselect .*insert_completed_keys\(.*\);\ncommit$/s);
     expect(job.join('\n')).not.toMatch(/claim_(new_)?keys?"?\(|complete_key|savepoint/);
   });
 

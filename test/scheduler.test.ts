@@ -33,7 +33,8 @@ import {
 } from '../src/process/index.js';
 import { EventEmitter } from 'node:events';
 import { register } from 'prom-client';
-import { dueTicks, nextTick } from '../src/ops/schedule-spec.js';
+import { dueTicks, hashSeedOf, nextTick } from '../src/ops/schedule-ticks.js';
+import { CronTicks } from '../src/ops/cron-ticks.js';
 import { createEffectsTable, createGate } from './support/protocol-fixtures.js';
 import { waitFor } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
@@ -113,7 +114,7 @@ describe('tick rules', () => {
   const at = (iso: string) => new Date(iso);
 
   it('interval ticks are the multiples of the interval since the epoch, after the cursor and at or before now', () => {
-    const rule = { kind: 'interval' as const, spec: String(MINUTE), timezone: 'UTC', missed: 'all' as const, maxMissed: 100 };
+    const rule = { name: 'minutes', kind: 'interval' as const, spec: String(MINUTE), timezone: 'UTC', missed: 'all' as const, maxMissed: 100 };
     expect(dueTicks(rule, at('2026-01-01T00:00:30Z'), at('2026-01-01T00:03:00Z')).map(tickKey)).toEqual([
       '2026-01-01T00:01:00.000Z',
       '2026-01-01T00:02:00.000Z',
@@ -125,7 +126,7 @@ describe('tick rules', () => {
   });
 
   it("missed: 'latest' gives only the latest due tick; 'all' the latest maxMissed, oldest first", () => {
-    const base = { kind: 'cron' as const, spec: '0 * * * *', timezone: 'UTC' };
+    const base = { name: 'hourly', kind: 'cron' as const, spec: '0 * * * *', timezone: 'UTC' };
     const from = at('2026-01-01T00:30:00Z');
     const to = at('2026-01-01T10:00:00Z');
     expect(dueTicks({ ...base, missed: 'latest', maxMissed: 1 }, from, to).map(tickKey)).toEqual(['2026-01-01T10:00:00.000Z']);
@@ -137,8 +138,15 @@ describe('tick rules', () => {
     expect(dueTicks({ ...base, missed: 'all', maxMissed: 100 }, from, to)).toHaveLength(10);
   });
 
+  it("draws H in a cron expression from the schedule's name: every scheduler and every round compute the same ticks", () => {
+    const rule = { name: 'hashed', kind: 'cron' as const, spec: 'H H * * *', timezone: 'UTC' };
+    const first = nextTick(rule, at('2026-01-01T00:00:00Z'))!;
+    expect(nextTick(rule, first)!.getTime() - first.getTime()).toBe(24 * HOUR);
+    expect(new CronTicks(rule.spec, rule.timezone, hashSeedOf(rule.name)).next(Date.parse('2026-01-01T00:00:00Z'))).toBe(first.getTime());
+  });
+
   it('reads a cron expression in its time zone', () => {
-    const rule = { kind: 'cron' as const, spec: '0 9 * * *', timezone: 'Europe/Paris' };
+    const rule = { name: 'nine', kind: 'cron' as const, spec: '0 9 * * *', timezone: 'Europe/Paris' };
     expect(nextTick(rule, at('2026-01-01T00:00:00Z'))).toEqual(at('2026-01-01T08:00:00Z'));
     expect(nextTick(rule, at('2026-07-01T00:00:00Z'))).toEqual(at('2026-07-01T07:00:00Z'));
   });
@@ -402,9 +410,59 @@ describe('the maintenance process and the CLI', () => {
     await schedules.remove(name);
   });
 
+  it("the maintenance process gives each schedule's ticks its own queue's retry policy: QUEUE's, JOB_RETRY_POLICIES', else BullMQ's defaults", async () => {
+    const names = ['policy-main', 'policy-other', 'policy-bare'];
+    for (const name of names) {
+      await schedules.upsert({ name, every: MINUTE, queue: name });
+      await backdate(name, MINUTE, 1);
+    }
+    const config = loadEnvConfig({
+      DATABASE_URL: env.databaseUrl,
+      SCHEMA: env.schema,
+      REDIS_URL: env.redisUrl,
+      REDIS_PREFIX: env.redisPrefix,
+      QUEUE: 'policy-main',
+      JOB_ATTEMPTS: '5',
+      JOB_BACKOFF_MS: '1000',
+      JOB_BACKOFF_TYPE: 'exponential',
+      JOB_RETRY_POLICIES: 'policy-other=3:fixed:250',
+      JANITOR_ENABLED: 'false',
+      SWEEPER_ENABLED: 'false',
+      SCHEDULER_INTERVAL_MS: '100',
+      MIGRATE: 'false',
+      LOG_LEVEL: 'silent',
+    });
+    const maintenance = await startMaintenanceProcess({ config, handleSignals: false, logger: silent });
+    closers.push(() => maintenance.stop());
+    const optionsOf = async (name: string) => {
+      const [job] = await queue(name).getJobs(['waiting', 'delayed', 'active', 'completed', 'failed', 'prioritized']);
+      return job?.opts;
+    };
+    for (const name of names) await waitFor(`a tick of ${name}`, () => optionsOf(name));
+    expect(await optionsOf('policy-main')).toMatchObject({ attempts: 5, backoff: { type: 'exponential', delay: 1000 } });
+    expect(await optionsOf('policy-other')).toMatchObject({ attempts: 3, backoff: { type: 'fixed', delay: 250 } });
+    const bare = (await optionsOf('policy-bare'))!;
+    // BullMQ's default: one try (its opts say attempts 0).
+    expect([undefined, 0, 1]).toContain(bare.attempts);
+    expect(bare.backoff).toBeUndefined();
+    await maintenance.stop();
+    for (const name of names) await schedules.remove(name);
+  });
+
+  it('JOB_RETRY_POLICIES: a malformed entry, a queue named twice, or QUEUE itself is refused at start, naming what to write', () => {
+    const base = { DATABASE_URL: env.databaseUrl, QUEUE: 'payments' };
+    expect(() => loadEnvConfig({ ...base, JOB_RETRY_POLICIES: 'reports=0' })).toThrow(/JOB_RETRY_POLICIES: .*attempts at least 1/);
+    expect(() => loadEnvConfig({ ...base, JOB_RETRY_POLICIES: 'reports=3:linear:10' })).toThrow(/JOB_RETRY_POLICIES: must look like reports=5:exponential:1000,rates=3/);
+    expect(() => loadEnvConfig({ ...base, JOB_RETRY_POLICIES: 'reports=3,reports=4' })).toThrow(/each queue once/);
+    expect(() => loadEnvConfig({ ...base, JOB_RETRY_POLICIES: 'reports=3,payments=2' })).toThrow(/names QUEUE \(payments\).*JOB_ATTEMPTS/);
+    expect(loadEnvConfig({ ...base, JOB_RETRY_POLICIES: ' reports = 5:exponential:1000 , rates=3 ' }).JOB_RETRY_POLICIES).toBeDefined();
+  });
+
   it('schedules list prints each schedule with its spec, policy, queue, last and next tick (table and JSON); get shows one; remove removes one', { timeout: 180_000 }, async () => {
     await schedules.upsert({ name: 'cli-cron', cron: '0 2 * * *', timezone: 'Europe/Paris', queue: 'reports', missed: 'all', maxMissed: 7 });
     await schedules.upsert({ name: 'cli-every', every: MINUTE, queue: 'rates' });
+    // 02:00 on the last Sunday of March in Paris: the hour the clock skips every year.
+    await schedules.upsert({ name: 'cli-dst', cron: '0 2 * 3 0L', timezone: 'Europe/Paris', queue: 'reports' });
     const bin = fileURLToPath(new URL('../bin/idempotent-jobs.js', import.meta.url));
     const run = (args: string[]) =>
       new Promise<{ code: number; stdout: string; stderr: string }>((resolve) => {
@@ -419,10 +477,15 @@ describe('the maintenance process and the CLI', () => {
     expect(text.code).toBe(0);
     expect(text.stdout).toMatch(/^NAME\s+SPEC\s+MISSED\s+QUEUE\s+LAST TICK\s+NEXT TICK/m);
     expect(text.stdout).toMatch(/^cli-cron\s+0 2 \* \* \* \(Europe\/Paris\)\s+all \(max 7\)\s+reports\s+-\s+\d{4}-\d\d-\d\dT0[01]:00:00Z/m);
-    expect(text.stdout).toMatch(/^cli-every\s+every 1m\s+latest\s+rates\s+-\s+\S+:00Z/m);
+    expect(text.stdout).toMatch(/^cli-every\s+every 1m\s+latest\s+rates\s+-\s+\S+:00Z$/m);
+    // The next tick shown is the one that fires, its local time beside it: for a skipped time, the end of the gap.
+    expect(text.stdout).toMatch(/^cli-cron\s+.*\d\dT0[01]:00:00Z \(02:00\+0[12]:00 local\)$/m);
+    expect(text.stdout).toMatch(/^cli-dst\s+0 2 \* 3 0L \(Europe\/Paris\)\s+latest\s+reports\s+-\s+\d{4}-03-\d\dT01:00:00Z \(03:00\+02:00 local, for 02:00 skipped\)$/m);
     const asJson = await run(['schedules', 'list', '--json']);
     const parsed = JSON.parse(asJson.stdout) as Array<Record<string, unknown>>;
-    expect(parsed.map((s) => s.name)).toEqual(['cli-cron', 'cli-every']);
+    expect(parsed.map((s) => s.name)).toEqual(['cli-cron', 'cli-dst', 'cli-every']);
+    expect(parsed[1]).toMatchObject({ nextTickLocal: expect.stringMatching(/^\d{4}-03-\d\dT03:00:00\+02:00$/), nextTickSkippedLocalTime: expect.stringMatching(/^\d{4}-03-\d\dT02:00:00$/) });
+    expect((await run(['schedules', 'get', 'cli-dst'])).stdout).toMatch(/^next tick, local\s+\d{4}-03-\d\dT03:00:00\+02:00, for 02:00 skipped$/m);
     expect(parsed[0]).toMatchObject({ kind: 'cron', spec: '0 2 * * *', timezone: 'Europe/Paris', lastTick: null });
     const one = await run(['schedules', 'get', 'cli-cron']);
     expect(one.code).toBe(0);
@@ -442,6 +505,7 @@ describe('the maintenance process and the CLI', () => {
     expect(bad.code).toBe(2);
     expect(bad.stderr).toMatch(/name/i);
     await schedules.remove('cli-every');
+    await schedules.remove('cli-dst');
     expect((await run(['schedules', 'list'])).stdout).toMatch(/No schedules/);
   });
 });

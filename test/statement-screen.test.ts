@@ -41,6 +41,11 @@ describe('screenStatement', () => {
     'prepare fetch_one as select 1',
     'deallocate fetch_one',
     "load 'auto_explain'",
+    'select pg_advisory_lock(42)',
+    'select pg_try_advisory_lock_shared(1, 2)',
+    'select pg_catalog.pg_advisory_unlock_all()',
+    'create function pg_temp.helper() returns int language sql as $$ select 1 $$',
+    'create or replace view pg_temp.v as select 1',
   ])('%j leaves state behind', (text) => {
     expect(screenStatement(text).effect).toBe('leaves-state');
   });
@@ -63,8 +68,25 @@ describe('screenStatement', () => {
     'create table t (n int)',
     'with x as (select 1) select * from x for update',
     'lock table t in exclusive mode',
+    // A transaction-level advisory lock ends with the transaction: a group-mate that takes it gets it, as alone.
+    'select pg_advisory_xact_lock(42)',
+    'select * from pg_temp.scratch',
   ])('%j is plain', (text) => {
     expect(screenStatement(text).effect).toBe('plain');
+  });
+
+  it('reads savepoint commands and their names, as Postgres reads them', () => {
+    expect(screenStatement('SAVEPOINT Mine').savepoints).toEqual([{ op: 'open', name: 'mine' }]);
+    expect(screenStatement('savepoint "Mine ""1"""').savepoints).toEqual([{ op: 'open', name: 'Mine "1"' }]);
+    expect(screenStatement('release savepoint a').savepoints).toEqual([{ op: 'release', name: 'a' }]);
+    expect(screenStatement('release a').savepoints).toEqual([{ op: 'release', name: 'a' }]);
+    expect(screenStatement('rollback to savepoint a').savepoints).toEqual([{ op: 'rollback-to', name: 'a' }]);
+    expect(screenStatement('ROLLBACK TO "a"').savepoints).toEqual([{ op: 'rollback-to', name: 'a' }]);
+    expect(screenStatement('savepoint a; insert into t values (1); release a').savepoints).toEqual([
+      { op: 'open', name: 'a' },
+      { op: 'release', name: 'a' },
+    ]);
+    expect(screenStatement("select 'savepoint a'").savepoints).toEqual([]);
   });
 
   it('counts the statements of a text, empty ones left out', () => {
@@ -79,7 +101,7 @@ describe('screenStatement', () => {
       fc.property(fc.string(), (content) => {
         const literal = `'${content.replaceAll("'", "''")}'`;
         const screened = screenStatement(`select ${literal} as s`);
-        expect(screened).toEqual({ effect: 'plain', statements: 1 });
+        expect(screened).toEqual({ effect: 'plain', statements: 1, savepoints: [] });
       }),
     );
   });

@@ -38,6 +38,9 @@ const ENTRY_POINTS: Readonly<Record<string, string>> = {
   'idempotent-jobs/typeorm': 'src/typeorm/index.ts',
   'idempotent-jobs/knex': 'src/knex/index.ts',
   'idempotent-jobs/mikro-orm': 'src/mikro-orm/index.ts',
+  'idempotent-jobs/nestjs': 'src/nestjs/index.ts',
+  'idempotent-jobs/bull-board': 'src/bull-board/index.ts',
+  'idempotent-jobs/http-idempotency': 'src/http-idempotency/index.ts',
 };
 
 const GLOBALS = path.join(ROOT, 'tools/doc-examples/globals.d.ts');
@@ -54,6 +57,8 @@ interface Example {
 const compilerOptions: ts.CompilerOptions = {
   strict: true,
   noEmit: true,
+  // The NestJS examples are written as a Nest application's code is (its decorators).
+  experimentalDecorators: true,
   target: ts.ScriptTarget.ES2022,
   lib: ['lib.es2023.d.ts'],
   module: ts.ModuleKind.NodeNext,

@@ -1,7 +1,7 @@
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { connect, type ChannelModel, type ConfirmChannel, type ConsumeMessage, type Options } from 'amqplib';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import { positiveIntegerOption } from '../consumer/consumer-options.js';
 import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../consumer/worker-timing.js';
 import { KeyedJobRunner } from '../consumer/keyed-job-runner.js';
@@ -21,6 +21,8 @@ import type { DataLayer } from '../store/data-layer.js';
 import { checkDataLayersAtStart, dataLayersToCheck } from '../consumer/data-layer-check.js';
 import { amqpIdentityReader, type AmqpIdentityOptions } from './amqp-identity.js';
 import { amqpTopology, declareDelayQueue, declareTopology, type AmqpTopology } from './amqp-topology.js';
+import { defaultLogger } from '../default-logger.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Header counting a message's failed deliveries (handler errors that were retried). */
 export const ATTEMPTS_HEADER = 'x-idempotent-attempts';
@@ -85,7 +87,7 @@ export interface AmqpConsumerOptions<P = unknown, R = unknown> extends Omit<Work
   readonly storePayload?: boolean;
   /** First wait before reconnecting after the connection or channel closed; doubles up to 5 s. @defaultValue `100` */
   readonly reconnectMinMs?: number;
-  /** Structured logger. @defaultValue `pino()` at level info */
+  /** Structured logger. @defaultValue pino at `LOG_LEVEL`, else `warn` */
   readonly logger?: Logger;
   /** Chaos testing only. @defaultValue unset */
   readonly faultHook?: FaultHook;
@@ -98,6 +100,13 @@ interface Session {
   consumerTag: string;
   readonly declaredDelays: Set<string>;
 }
+
+const AMQP_CONSUMER_OPTION_NAMES = optionNames<AmqpConsumerOptions>()([
+  'url', 'queue', 'deadLetterQueue', 'delayQueuePrefix', 'keys', 'handler', 'dataLayers', 'concurrency', 'identity', 'identityOf',
+  'maxAttempts', 'retryDelayMs', 'errorDisposition', 'fastPath', 'listener', 'storePayload', 'reconnectMinMs', 'logger', 'faultHook',
+  'leaseMs', 'heartbeatMs', 'deferMaxMs', 'deferMinMs', 'deferJitterRatio', 'waitMs', 'shutdownTimeoutMs', 'storeRetryMinMs',
+  'storeRetryMaxMs', 'storeRetryWindowMs', 'concurrencyStarvationMs',
+]);
 
 /**
  * Consumes a RabbitMQ queue with the same guarantee as the BullMQ worker: each message's effect
@@ -179,12 +188,13 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
 
   constructor(options: AmqpConsumerOptions<P, R>) {
     super();
+    refuseUnknownOptions(options, AMQP_CONSUMER_OPTION_NAMES, 'createAmqpConsumer(options)');
     this.#options = Object.freeze({ ...options });
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
     this.#maxAttempts = positiveIntegerOption('maxAttempts', options.maxAttempts ?? 3);
     positiveIntegerOption('concurrency', options.concurrency ?? 1);
     positiveIntegerOption('retryDelayMs', options.retryDelayMs ?? 1_000);
-    this.#log = (options.logger ?? pino()).child({ queue: options.queue });
+    this.#log = (options.logger ?? defaultLogger()).child({ queue: options.queue });
     this.#topology = amqpTopology(options.queue, options);
     this.#runner = new KeyedJobRunner<P, R, ConsumeMessage>({
       keys: options.keys,

@@ -14,6 +14,11 @@ import { assertKeysFitConnection } from './redis-connection.js';
 import { openQueue, postgresQueueSchema, type AnyQueue, type QueueConnectionOptions } from './queue-connection.js';
 import { openTransactionQueue } from './transaction-queue.js';
 import { ValidationError } from '../errors.js';
+import { defaultLogger } from '../default-logger.js';
+import { redisAddress, watchRedisStart, type StartWatch } from './queue-start-wait.js';
+import { WorkerErrorLog } from './worker-error-log.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
+import { QUEUE_CONNECTION_OPTION_NAMES, assertQueueBackend } from './queue-connection.js';
 
 /** Options of {@link IdempotentProducer}. */
 export interface IdempotentProducerOptions extends QueueConnectionOptions {
@@ -35,6 +40,14 @@ export interface IdempotentProducerOptions extends QueueConnectionOptions {
   readonly fingerprint?: Fingerprinter;
   /** Options for every job (attempts, backoff, removeOnComplete…); a request's `opts` override them. @defaultValue none (BullMQ's defaults) */
   readonly defaultJobOptions?: Omit<JobsOptions, 'jobId'>;
+  /**
+   * How long the producer waits for Redis to answer at start (milliseconds). Past it, the
+   * producer closes itself and every enqueue rejects with a `ServiceUnreachableError` naming
+   * Redis and its address; meanwhile each failed try is one warning line. `Infinity`: wait for as
+   * long as it takes.
+   * @defaultValue `STARTUP_WAIT_MS` when set, else 60 000
+   */
+  readonly startupWaitMs?: number;
 }
 
 /** One job to enqueue. */
@@ -105,6 +118,12 @@ export interface EnqueueResult {
   readonly status: 'added' | 'duplicate' | 'outboxed';
 }
 
+const PRODUCER_OPTION_NAMES = optionNames<IdempotentProducerOptions>()([
+  ...QUEUE_CONNECTION_OPTION_NAMES,
+  'queue', 'defaultScope', 'schema', 'enqueueInTransaction', 'fingerprint', 'defaultJobOptions', 'startupWaitMs',
+]);
+const ENQUEUE_REQUEST_NAMES = optionNames<EnqueueRequest>()(['name', 'scope', 'key', 'data', 'opts', 'concurrency', 'coalesce', 'retention']);
+
 /**
  * Enqueues jobs carrying idempotency keys, under the wire contract. The job id is derived from
  * scope + key, so a duplicate add while the job exists is a no-op. With a different payload
@@ -140,8 +159,11 @@ export class IdempotentProducer {
   readonly #queue: AnyQueue;
   readonly #fingerprint: Fingerprinter;
   readonly #inTransaction: 'queue' | 'outbox';
+  readonly #start: StartWatch;
 
   constructor(options: IdempotentProducerOptions) {
+    refuseUnknownOptions(options, PRODUCER_OPTION_NAMES, 'new IdempotentProducer(options)');
+    assertQueueBackend(options, 'new IdempotentProducer(options)');
     this.#options = Object.freeze({ ...options });
     this.#inTransaction = options.enqueueInTransaction ?? (options.backend === 'postgres' ? 'queue' : 'outbox');
     if (this.#inTransaction === 'queue' && options.backend !== 'postgres') {
@@ -154,6 +176,12 @@ export class IdempotentProducer {
     this.#fingerprint = options.fingerprint ?? sha256Fingerprint;
     assertKeysFitConnection(options, options.queue);
     this.#queue = openQueue(options.queue, options);
+    // BullMQ prints each connection error of a queue nobody listens to, stack and all, on every
+    // reconnect; one warning line per try says the same.
+    const log = defaultLogger().child({ queue: options.queue, component: 'producer', ...((options.backend ?? 'redis') === 'redis' ? { redis: redisAddress(options) } : {}) });
+    const errors = new WorkerErrorLog(log);
+    this.#queue.on('error', (error: Error) => errors.report(error));
+    this.#start = watchRedisStart(this.#queue, options, log, () => this.#queue.close());
   }
 
   /** The underlying BullMQ queue. */
@@ -167,8 +195,9 @@ export class IdempotentProducer {
    * {@link OutboxRelay} adds it to the queue once the transaction commits).
    *
    * Throws {@link KeyReusedError} when the key's job is still waiting, delayed or running with
-   * another payload or job name, and a {@link ValidationError} for a key, scope or payload the
-   * workers would refuse.
+   * another payload or job name, a {@link ValidationError} for a key, scope or payload the
+   * workers would refuse, and a `ServiceUnreachableError` when Redis did not answer within
+   * {@link IdempotentProducerOptions.startupWaitMs} of the producer's creation.
    */
   async enqueue<P>(request: EnqueueRequest<P>, options: { tx?: Kysely<any> } = {}): Promise<EnqueueResult> {
     const [result] = await this.enqueueBulk([request], options);
@@ -200,6 +229,8 @@ export class IdempotentProducer {
         spans?.end();
         return jobs.map((job) => ({ jobId: job.jobId, scope: job.scope, key: job.key, status: 'outboxed' }));
       }
+      const failure = await this.#start.failure;
+      if (failure) throw failure;
       const toAdd = jobs.map((job, i) => ({ name: job.name, data: dataOf(job, i), opts: { ...job.opts, jobId: job.jobId }, fingerprint: job.fingerprint }));
       outcomes = options.tx ? await this.#addInTransaction(options.tx, toAdd) : await addOrReplaceFinished(this.#queue, toAdd, this.#fingerprint, { inIdOrder: this.#options.backend === 'postgres' });
     } catch (error) {
@@ -217,6 +248,7 @@ export class IdempotentProducer {
 
   /** Closes the queue's connection. */
   close(): Promise<void> {
+    this.#start.stop();
     return this.#queue.close();
   }
 
@@ -236,10 +268,14 @@ export class IdempotentProducer {
   }
 
   #toJob<P>(request: EnqueueRequest<P>) {
+    refuseUnknownOptions(request, ENQUEUE_REQUEST_NAMES, 'producer.enqueue(request)');
+    // A request without data carries null: the job stores it and the fingerprint covers it, so
+    // the job read back (whose JSON would have dropped an undefined payload) matches the request.
+    const payload = request.data === undefined ? null : request.data;
     const scope = request.scope ?? this.#options.defaultScope ?? DEFAULT_SCOPE;
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', request.key);
-    const wire = toWireJobData(scope, request.key, request.data, {
+    const wire = toWireJobData(scope, request.key, payload, {
       ...(request.concurrency ? { concurrency: request.concurrency } : {}),
       ...(request.retention ? { retention: request.retention } : {}),
     });
@@ -252,7 +288,7 @@ export class IdempotentProducer {
       jobId: request.coalesce ? `ijc_${randomBytes(16).toString('hex')}` : jobIdFor(scope, request.key),
       data,
       opts: { ...this.#options.defaultJobOptions, ...request.opts },
-      fingerprint: this.#fingerprint({ name: request.name, payload: request.data }),
+      fingerprint: this.#fingerprint({ name: request.name, payload }),
     };
   }
 }

@@ -1,15 +1,13 @@
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { DelayedError, Job, UnrecoverableError, WaitingError, isRedisInstance, type WorkerOptions } from 'bullmq';
-import type { Transaction } from 'kysely';
-import { pino, type Logger } from 'pino';
+import { DelayedError, UnrecoverableError, WaitingError, isRedisInstance, type Job, type WorkerOptions } from 'bullmq';
+import type { Logger } from 'pino';
+import { defaultLogger } from '../default-logger.js';
 import { resolveWorkerTiming, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../consumer/worker-timing.js';
 import { KeyedJobRunner } from '../consumer/keyed-job-runner.js';
-import type { KeyedJobContext, TransactionOptions } from '../consumer/job-context.js';
 import type { DataLayer } from '../store/data-layer.js';
 import { defaultErrorDisposition, type ErrorDisposition } from '../consumer/runner-options.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
-import { handlerForm, isDataLayerHandler, withDatabaseOnlyContext, type DataLayerHandler, type DatabaseOnlyContext, type DatabaseOnlyHandler } from '../consumer/database-only-handler.js';
 import { checkDataLayersAtStart, dataLayersToCheck } from '../consumer/data-layer-check.js';
 import type { FaultHook } from '../fault-hook.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
@@ -18,35 +16,23 @@ import { JobTracing } from '../telemetry/job-tracing.js';
 import { identityFromWireContract, type JobIdentity } from '../consumer/wire-contract.js';
 import { assertKeysFitConnection, warnOfClusterReadyCheck } from './redis-connection.js';
 import { openWorker, postgresQueueSchema, type AnyWorker, type QueueConnectionOptions } from './queue-connection.js';
-import { openTransactionQueue } from './transaction-queue.js';
-import { QueueLockLostError, isLockRefusal } from './queue-lock-lost-error.js';
+import { QueueLockLostError } from './queue-lock-lost-error.js';
+import { delayWithoutAttempt } from './delay-without-attempt.js';
+import { JobFinishInEffect } from './finish-in-effect.js';
+import { runnerHandler, type DataLayerJobHandler, type DatabaseOnlyJobHandler, type JobHandler } from './job-handler.js';
+import { ConcurrencyWaiterWakes } from './concurrency-waiter-wakes.js';
 import { DataLayerElsewhereError, ValidationError } from '../errors.js';
 import { WorkerErrorLog } from './worker-error-log.js';
+import { redisAddress, watchRedisStart, type StartWatch } from './queue-start-wait.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
+import { WORKER_TIMING_OPTION_NAMES } from '../consumer/worker-timing.js';
+import { QUEUE_CONNECTION_OPTION_NAMES, assertQueueBackend } from './queue-connection.js';
 
-/**
- * What a handler receives for one job whose key this worker holds: the broker-agnostic
- * context ({@link KeyedJobContext}, where `message` is the job too) and the BullMQ job.
- */
-export interface JobContext<P = unknown> extends KeyedJobContext<P, Job> {
-  /** The BullMQ job being run (the same object as `message`). */
-  readonly job: Job;
-}
 
 /** How long a forced close waits for BullMQ's worker to close (and then for its connections to disconnect). */
 const FORCED_CLOSE_WAIT_MS = 5_000;
 
-/** The user's job handler. Its return value is stored (when it never calls `ctx.transaction`). */
-export type JobHandler<P = unknown, R = unknown> = (ctx: JobContext<P>) => Promise<R>;
-
-/** What a database-only handler's transaction receives: {@link JobContext} without `transaction` and `step`. */
-export type DatabaseOnlyJobContext<P = unknown> = Omit<JobContext<P>, 'transaction' | 'step'>;
-
-/** A database-only handler for the BullMQ worker (see {@link DatabaseOnlyHandler}). */
-export type DatabaseOnlyJobHandler<P = unknown, R = unknown> = DatabaseOnlyHandler<P, R, DatabaseOnlyJobContext<P>>;
-
-/** A database-only handler written in a data layer of your own, for the BullMQ worker (see {@link DataLayerHandler}). */
-export type DataLayerJobHandler<P = unknown, R = unknown> = DataLayerHandler<P, R, DatabaseOnlyJobContext<P>, any>;
-
+export type { DataLayerJobHandler, DatabaseOnlyJobContext, DatabaseOnlyJobHandler, JobContext, JobHandler } from './job-handler.js';
 export type { ErrorDisposition } from '../consumer/runner-options.js';
 
 /** Options of {@link createIdempotentWorker}. */
@@ -78,7 +64,7 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
    * (`'retry'`). The last attempt's error is stored either way. Never consulted for a
    * `StoreUnavailableError` (a transient store fault, also when `ctx.transaction` throws it):
    * such a job is deferred without using an attempt.
-   * @defaultValue `'fail'` for `UnrecoverableError`, validation errors and unstorable results; else `'retry'`
+   * @defaultValue `'fail'` for BullMQ's `UnrecoverableError` (`import { UnrecoverableError } from 'bullmq'`), validation errors and unstorable results; else `'retry'`
    */
   readonly errorDisposition?: (error: unknown, job: Job) => ErrorDisposition;
   /**
@@ -104,8 +90,16 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
   readonly dataLayers?: readonly DataLayer<any>[];
   /** Keep each job's payload on its key so the sweeper can re-enqueue a lost job. @defaultValue `false` */
   readonly storePayload?: boolean;
-  /** Structured logger. @defaultValue `pino()` at level info */
+  /** Structured logger. @defaultValue pino at `LOG_LEVEL`, else `warn` (docs/configuration.md, "Start-up and logs") */
   readonly logger?: Logger;
+  /**
+   * How long the worker waits for Redis to answer at start (milliseconds). Past it, the worker
+   * closes itself and {@link IdempotentWorker.waitUntilReady} rejects with a
+   * `ServiceUnreachableError` naming Redis and its address; meanwhile each failed try is one
+   * warning line. `Infinity`: wait for as long as it takes (ioredis reconnects by itself).
+   * @defaultValue `STARTUP_WAIT_MS` when set, else 60 000
+   */
+  readonly startupWaitMs?: number;
   /** Chaos testing only: called at named protocol points. @defaultValue unset */
   readonly faultHook?: FaultHook;
   /** Further BullMQ worker options (not those set above). @defaultValue none */
@@ -113,6 +107,13 @@ export interface IdempotentWorkerOptions<P = unknown, R = unknown> extends Worke
 }
 
 export type { StepEventKind, WorkerEvent, WorkerEventKind } from '../consumer/worker-event.js';
+
+const WORKER_OPTION_NAMES = optionNames<IdempotentWorkerOptions>()([
+  ...QUEUE_CONNECTION_OPTION_NAMES,
+  ...WORKER_TIMING_OPTION_NAMES,
+  'queue', 'keys', 'handler', 'concurrency', 'fastPath', 'listener', 'keyOf', 'errorDisposition', 'finishJobInEffect', 'dataLayers',
+  'storePayload', 'logger', 'startupWaitMs', 'faultHook', 'workerOptions',
+]);
 
 /**
  * A BullMQ worker that makes each job's effect happen once per idempotency key. Jobs follow
@@ -194,24 +195,31 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
   readonly #tokens = new WeakMap<Job, string | undefined>();
   readonly #bull: AnyWorker;
   readonly #tracing: JobTracing;
-  /** Jobs whose move to completed ran in an effect transaction (it committed if the run completed). */
-  readonly #finishedInEffect = new WeakSet<Job>();
+  /** Finishes jobs in their effect's transaction (`finishJobInEffect`), or undefined when BullMQ finishes them after the commit. */
+  readonly #finishInEffect: JobFinishInEffect | undefined;
+  /** With a listener: wakes the jobs it deferred for a concurrency limit when a slot frees. */
+  readonly #wakes: ConcurrencyWaiterWakes | undefined;
   /** The start-up check of the data layers: resolves to the refusal that stopped the start, if any. */
   readonly #dataLayersChecked: Promise<DataLayerElsewhereError | undefined>;
   #closing: Promise<void> | undefined;
+  /** The first connection to Redis, watched until it comes or the start's wait runs out. */
+  readonly #start: StartWatch;
+  /** Whether a caller awaits {@link IdempotentWorker.waitUntilReady}, which then carries a failed start. */
+  #startAwaited = false;
 
   constructor(options: IdempotentWorkerOptions<P, R>) {
     super();
+    refuseUnknownOptions(options, WORKER_OPTION_NAMES, 'createIdempotentWorker(options)');
+    assertQueueBackend(options, 'createIdempotentWorker(options)');
     this.#options = Object.freeze({ ...options });
     const finishInEffect = options.finishJobInEffect ?? options.backend === 'postgres';
     if (finishInEffect && options.backend !== 'postgres') {
       throw new ValidationError('INVALID_OPTIONS', 'finishJobInEffect', "finishJobInEffect needs the queue in Postgres (backend: 'postgres'): on Redis the job's completion cannot join a Postgres transaction.");
     }
-    const finish = finishInEffect
-      ? <T>(tx: Transaction<any>, ctx: { message: Job; scope: string; key: string }, result: T) => this.#finishInTransaction(tx, ctx, result)
-      : undefined;
+    const inEffect = finishInEffect ? new JobFinishInEffect(options.queue, postgresQueueSchema(options), (job) => this.#tokens.get(job)) : undefined;
+    this.#finishInEffect = inEffect;
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
-    this.#log = (options.logger ?? pino()).child({ queue: options.queue });
+    this.#log = (options.logger ?? defaultLogger()).child({ queue: options.queue });
     assertKeysFitConnection(options, options.queue);
     warnOfClusterReadyCheck(options, this.#log);
     const identityOf = options.keyOf ?? (identityFromWireContract as (job: Job) => JobIdentity<P>);
@@ -226,32 +234,16 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
         }
       },
     );
-    const handler = options.handler;
+    this.#wakes = options.listener && new ConcurrencyWaiterWakes(options.listener, options.queue);
     this.#runner = new KeyedJobRunner<P, R, Job>({
       keys: options.keys,
       timing: this.#timing,
-      handler:
-        handlerForm(handler) === 'database-only'
-          ? isDataLayerHandler(handler)
-            ? // A data layer's transaction is the ORM's: the job is finished as BullMQ finishes it.
-              withDatabaseOnlyContext(handler as DataLayerJobHandler<P, R>, (ctx: DatabaseOnlyContext<P, Job>) => ({ ...ctx, job: ctx.message }))
-            : {
-                transaction: async (tx, ctx) => {
-                  const result = await (handler as DatabaseOnlyJobHandler<P, R>).transaction(tx, { ...ctx, job: ctx.message });
-                  await finish?.(tx, ctx, result);
-                  return result;
-                },
-              }
-          : (ctx) =>
-              (handler as JobHandler<P, R>)({
-                ...ctx,
-                job: ctx.message,
-                transaction: finish ? finishingTransaction(ctx, finish) : ctx.transaction,
-              }),
+      handler: runnerHandler(options.handler, inEffect),
       identityOf,
       errorDisposition: options.errorDisposition ?? bullmqErrorDisposition,
       fastPath: options.fastPath,
       listener: options.listener,
+      wakesConcurrencyWaiters: this.#wakes !== undefined,
       storePayload: options.storePayload,
       logger: this.#log,
       faultHook: options.faultHook,
@@ -268,8 +260,16 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
       stalledInterval: this.#timing.stalledIntervalMs,
       maxStalledCount: this.#timing.maxStalledCount,
     });
-    const errors = new WorkerErrorLog(this.#log);
+    const errors = new WorkerErrorLog((options.backend ?? 'redis') === 'redis' ? this.#log.child({ redis: redisAddress(options) }) : this.#log);
     this.#bull.on('error', (error) => errors.report(error));
+    // The wait's own lines would repeat the error log's: it says only how the start ended.
+    this.#start = watchRedisStart(this.#bull, options, this.#log.child({}, { level: 'silent' }), async (failure) => {
+      if (!this.#startAwaited) this.#log.error({ service: failure.service, address: failure.address }, failure.message);
+      // Never connected, so no job to put back. BullMQ's forced close ends the connections at
+      // once, though its promise may wait on a connection that never came: a second is enough.
+      this.#closing ??= Promise.race([this.#bull.close(true).then(() => {}, () => {}), sleep(1_000, undefined, { ref: false })]);
+      await this.#closing;
+    });
     this.#dataLayersChecked = layers.length === 0 ? Promise.resolve(undefined) : this.#checkDataLayersThenRun(layers);
   }
 
@@ -306,10 +306,15 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
    * Resolves when the worker is connected and taking jobs. Rejects with
    * {@link DataLayerElsewhereError} when a data layer it was given is on another database than
    * the keys (see {@link IdempotentWorkerOptions.dataLayers}): the worker then takes no job.
+   * Rejects with a `ServiceUnreachableError` when Redis did not answer within
+   * {@link IdempotentWorkerOptions.startupWaitMs}: the worker has then closed itself.
    */
   async waitUntilReady(): Promise<unknown> {
+    this.#startAwaited = true;
     const refused = await this.#dataLayersChecked;
     if (refused) throw refused;
+    const failure = await this.#start.failure;
+    if (failure) throw failure;
     return this.#bull.waitUntilReady();
   }
 
@@ -324,6 +329,8 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
    * @param options.force - skip the wait: abort and release active jobs at once
    */
   close(options: { force?: boolean } = {}): Promise<void> {
+    this.#wakes?.close();
+    this.#start.stop();
     if (options.force) return this.#forceClose();
     this.#closing ??= (async () => {
       this.#log.info({ active: this.#runner.activeCount }, 'closing: waiting for active jobs');
@@ -365,29 +372,6 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
     return backend?.disconnectBlocking?.(false) ?? Promise.resolve();
   }
 
-  /**
-   * Moves `job` to completed on the effect's transaction `tx` (the Postgres backend), with the
-   * token this worker holds it under: BullMQ's own move. Refused because the lock was lost, it
-   * throws a {@link QueueLockLostError}, which rolls the effect back and defers like a store
-   * fault (no attempt used, the key released) instead of failing the key.
-   */
-  async #finishInTransaction(tx: Transaction<any>, ctx: { message: Job; scope: string; key: string }, result: unknown): Promise<void> {
-    const job = ctx.message;
-    const queue = openTransactionQueue(this.#options.queue, tx, postgresQueueSchema(this.#options));
-    try {
-      const bound = Job.fromJSON(queue as never, job.asJSON(), job.id);
-      await bound.moveToCompleted(result, this.#tokens.get(job) ?? '', false);
-      job.returnvalue = result;
-      job.finishedOn = bound.finishedOn;
-    } catch (error) {
-      if (isLockRefusal(error)) throw new QueueLockLostError(ctx.scope, ctx.key, job.id, { cause: error });
-      throw error;
-    } finally {
-      await queue.close();
-    }
-    this.#finishedInEffect.add(job);
-  }
-
   /** See {@link delayWithoutAttempt}. */
   #delay(job: Job, token: string | undefined, delayMs: number): Promise<Error> {
     return delayWithoutAttempt(job, token, delayMs, this.#timing.lockDurationMs, this.#log);
@@ -395,6 +379,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
 
   async #process(job: Job, token: string | undefined, bullSignal?: AbortSignal): Promise<unknown> {
     this.#tokens.set(job, token);
+    this.#wakes?.running(job);
     const outcome = await this.#runner.run({
       message: job,
       id: job.id,
@@ -410,7 +395,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
     });
     switch (outcome.kind) {
       case 'completed':
-        if (this.#finishedInEffect.has(job)) {
+        if (this.#finishInEffect?.finished(job)) {
           // BullMQ's move to completed committed with the effect: tell BullMQ's worker the job
           // is no longer its to move (WaitingError: "moved by the processor"), and say what its
           // own completion would have said.
@@ -432,39 +417,21 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
         // The job is no longer this worker's (its lock was lost): nothing to move; its holder runs it.
         if (outcome.error instanceof QueueLockLostError) throw new WaitingError();
       // falls through
-      case 'deferred':
-        // Delayed without using an attempt.
-        throw await this.#delay(job, token, outcome.retryAfterMs);
-      case 'retry':
-      case 'abandoned':
-        throw outcome.error;
-    }
-  }
-}
-
-/**
- * What the processor throws to leave a job delayed without using an attempt. A move that the
- * queue's store does not answer (Redis, or the queue's Postgres, restarting) is tried again
- * for up to the lock's duration: thrown to BullMQ, its error would count as the job's failure,
- * and on the Postgres backend BullMQ could store it as failed once the server is back. If the
- * store still does not answer, the job is left to BullMQ's stall detection, which gives it
- * back (`WaitingError`: the processor has dealt with it; stalls never fail a job here, see
- * `maxStalledCount`): an infrastructure fault delays a job, it never fails it.
- */
-export async function delayWithoutAttempt(job: Job, token: string | undefined, delayMs: number, lockDurationMs: number, log: Logger): Promise<Error> {
-  const deadline = performance.now() + lockDurationMs;
-  for (let waitMs = 100; ; waitMs = Math.min(waitMs * 2, 2_000)) {
-    try {
-      await job.moveToDelayed(Date.now() + delayMs, token);
-      return new DelayedError();
-    } catch (error) {
-      // The job is no longer this worker's: its holder runs it.
-      if (isLockRefusal(error)) return new WaitingError();
-      if (performance.now() + waitMs > deadline) {
-        log.warn({ err: error, jobId: job.id }, "could not delay the job: the queue's store did not answer; BullMQ's stall detection gives it back");
-        return new WaitingError();
+      case 'deferred': {
+        // Delayed without using an attempt; one waiting for a concurrency slot is woken when one frees.
+        const moved = outcome.kind === 'deferred' && outcome.reason === 'concurrency-limit' ? this.#wakes?.deferring(job) : undefined;
+        const delayed = await this.#delay(job, token, outcome.retryAfterMs);
+        moved?.();
+        throw delayed;
       }
-      await sleep(waitMs);
+      case 'abandoned':
+        // Given back at the shutdown deadline (the key released): back to wait without using an
+        // attempt, not failed with the error the handler ended on when its signal aborted. The
+        // forced close moves it too; whichever move comes second finds the lock gone.
+        await job.moveToWait(token).catch(() => {});
+        throw new WaitingError();
+      case 'retry':
+        throw outcome.error;
     }
   }
 }
@@ -474,27 +441,3 @@ function bullmqErrorDisposition(error: unknown): ErrorDisposition {
   if (error instanceof UnrecoverableError) return 'fail';
   return defaultErrorDisposition(error);
 }
-
-/** How the worker finishes a job inside its effect's transaction (the Postgres backend's `finishJobInEffect`). */
-type FinishInEffect = <T>(tx: Transaction<any>, ctx: { message: Job; scope: string; key: string }, result: T) => Promise<void>;
-
-/**
- * `ctx.transaction` that also finishes the job in the effect's transaction: `ctx.transaction(fn)`
- * runs on the worker's Kysely transaction, where BullMQ's move to completed can join it;
- * `ctx.transaction(dataLayer, fn)` runs on the data layer's own, which BullMQ cannot reach, so
- * the job is then finished as BullMQ finishes any job, after the commit.
- */
-function finishingTransaction<P>(ctx: KeyedJobContext<P, Job>, finish: FinishInEffect): KeyedJobContext<P, Job>['transaction'] {
-  // `second` is the data layer's callback, or the options of `ctx.transaction(fn, options)`.
-  const transaction = (first: DataLayer<unknown> | ((tx: Transaction<any>) => Promise<unknown>), second?: unknown) => {
-    if (typeof first !== 'function') return ctx.transaction(first, second as (tx: unknown) => Promise<unknown>);
-    const finishing = async (tx: Transaction<any>) => {
-      const result = await first(tx);
-      await finish(tx, ctx, result);
-      return result;
-    };
-    return ctx.transaction(finishing, second as TransactionOptions | undefined);
-  };
-  return transaction as KeyedJobContext<P, Job>['transaction'];
-}
-

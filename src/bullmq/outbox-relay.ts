@@ -1,6 +1,6 @@
 import type { JobsOptions } from 'bullmq';
 import type { Kysely } from 'kysely';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import type { FaultHook } from '../fault-hook.js';
 import { sha256Fingerprint } from '../fingerprint.js';
 import { relayMetrics } from './relay-metrics.js';
@@ -12,6 +12,9 @@ import { fingerprintOfJob } from './job-fingerprint.js';
 import { QueuesByName } from './queues-by-name.js';
 import type { QueueConnectionOptions } from './queue-connection.js';
 import type { OutboxRow } from '../store/records.js';
+import { defaultLogger } from '../default-logger.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
+import { QUEUE_CONNECTION_OPTION_NAMES, assertQueueBackend } from './queue-connection.js';
 
 /** Options of {@link OutboxRelay}. */
 export interface OutboxRelayOptions extends QueueConnectionOptions {
@@ -28,11 +31,16 @@ export interface OutboxRelayOptions extends QueueConnectionOptions {
    * tried again (meanwhile the relay moves the rows behind it). @defaultValue `1_000`
    */
   readonly heldRowRetryMs?: number;
-  /** Structured logger (batch errors, held rows). @defaultValue `pino()` at level info */
+  /** Structured logger (batch errors, held rows). @defaultValue pino at `LOG_LEVEL`, else `warn` */
   readonly logger?: Logger;
   /** Chaos testing only. @defaultValue unset */
   readonly faultHook?: FaultHook;
 }
+
+const OUTBOX_RELAY_OPTION_NAMES = optionNames<OutboxRelayOptions>()([
+  ...QUEUE_CONNECTION_OPTION_NAMES,
+  'db', 'schema', 'batchSize', 'pollIntervalMs', 'heldRowRetryMs', 'logger', 'faultHook',
+]);
 
 /**
  * Moves committed outbox rows into BullMQ. Each batch: lock unsent rows (`SKIP LOCKED`, so
@@ -72,8 +80,10 @@ export class OutboxRelay {
   #wake: (() => void) | undefined;
 
   constructor(options: OutboxRelayOptions) {
+    refuseUnknownOptions(options, OUTBOX_RELAY_OPTION_NAMES, 'new OutboxRelay(options)');
+    assertQueueBackend(options, 'new OutboxRelay(options)');
     this.#options = Object.freeze({ ...options });
-    this.#log = (options.logger ?? pino()).child({ component: 'outbox-relay' });
+    this.#log = (options.logger ?? defaultLogger()).child({ component: 'outbox-relay' });
     this.#queues = new QueuesByName({
       ...options,
       onError: (error, queue) => this.#log.warn({ err: error, queue }, 'queue connection error; the relay retries its batch'),

@@ -12,6 +12,7 @@ import {
   type QueueOptions,
   type WorkerOptions,
 } from 'bullmq';
+import { optionNames, refuseUnknownValue } from '../config/unknown-options.js';
 
 /**
  * Where BullMQ keeps a queue: `redis` (BullMQ's default backend) or `postgres` (BullMQ 6's
@@ -44,6 +45,20 @@ export interface QueueConnectionOptions {
   readonly prefix?: string;
 }
 
+/** Every option name of {@link QueueConnectionOptions}, for the interfaces that extend it. */
+export const QUEUE_CONNECTION_OPTION_NAMES = optionNames<QueueConnectionOptions>()(['backend', 'connection', 'prefix']);
+
+/** The backends {@link QueueConnectionOptions.backend} may name. */
+const QUEUE_BACKENDS: readonly QueueBackendKind[] = ['redis', 'postgres'];
+
+/**
+ * Refuses a `backend` that names neither backend (`'postgress'`): unchecked, it would open a
+ * Redis queue with a Postgres connection's settings.
+ */
+export function assertQueueBackend(options: QueueConnectionOptions, where: string): void {
+  refuseUnknownValue(options.backend, QUEUE_BACKENDS, 'backend', where);
+}
+
 /** A BullMQ queue on either backend. */
 export type AnyQueue = Queue<any, any, string, any, any, string, IQueueBackend, any>;
 /** A BullMQ worker on either backend. */
@@ -55,6 +70,7 @@ export type AnyWorker = Worker<any, any, string, IQueueBackend, JobProgress, any
  * advisory lock, so many processes may start at once).
  */
 function bullmqConnection(options: QueueConnectionOptions): { connection: unknown; prefix?: string } {
+  assertQueueBackend(options, 'the queue connection');
   if ((options.backend ?? 'redis') === 'redis') return { connection: options.connection, prefix: options.prefix };
   const given = options.connection as PostgresQueueConnection;
   const config: PostgresPoolConfig = typeof given === 'string' ? { connectionString: given } : given;

@@ -3,6 +3,8 @@ import { KeyReusedError } from '../errors.js';
 import type { Fingerprinter } from '../fingerprint.js';
 import { IdempotentProducer } from './idempotent-producer.js';
 import type { QueueConnectionOptions } from './queue-connection.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
+import { QUEUE_CONNECTION_OPTION_NAMES, assertQueueBackend } from './queue-connection.js';
 
 /** The job of one schedule tick (the scheduler's `ScheduledTick` has these fields and more). */
 export interface TickJob {
@@ -22,8 +24,14 @@ export interface TickJob {
 export interface BullmqTickEnqueuerOptions extends QueueConnectionOptions {
   /** Must match the workers' fingerprinter. @defaultValue SHA-256 of canonical JSON */
   readonly fingerprint?: Fingerprinter;
-  /** BullMQ options of every tick's job (attempts, backoff, removeOnComplete…). @defaultValue none (BullMQ's defaults) */
+  /** BullMQ options of every tick's job (attempts, backoff, removeOnComplete…) in a queue without options of its own in {@link queueJobOptions}. @defaultValue none (BullMQ's defaults) */
   readonly defaultJobOptions?: Omit<JobsOptions, 'jobId'>;
+  /**
+   * BullMQ options of the tick jobs of each queue named, instead of {@link defaultJobOptions}:
+   * each schedule's ticks get the retry policy of its queue, `{ reports: { attempts: 5 } }`.
+   * @defaultValue `{}`
+   */
+  readonly queueJobOptions?: Readonly<Record<string, Omit<JobsOptions, 'jobId'>>>;
 }
 
 /**
@@ -36,7 +44,10 @@ export interface BullmqTickEnqueuerOptions extends QueueConnectionOptions {
  * ```ts
  * import { BullmqTickEnqueuer, Scheduler } from 'idempotent-jobs/process';
  *
- * const enqueuer = new BullmqTickEnqueuer({ connection: { url: 'redis://127.0.0.1:6379' }, defaultJobOptions: { attempts: 5 } });
+ * const enqueuer = new BullmqTickEnqueuer({
+ *   connection: { url: 'redis://127.0.0.1:6379' },
+ *   queueJobOptions: { reports: { attempts: 5, backoff: { type: 'exponential', delay: 1_000 } } },
+ * });
  * const report = await new Scheduler({ db, enqueuer }).runOnce();
  * console.log(`${report.enqueued} ticks enqueued`);
  * await enqueuer.close();
@@ -47,6 +58,12 @@ export class BullmqTickEnqueuer {
   readonly #producers = new Map<string, IdempotentProducer>();
 
   constructor(options: BullmqTickEnqueuerOptions) {
+    refuseUnknownOptions(
+      options,
+      optionNames<BullmqTickEnqueuerOptions>()([...QUEUE_CONNECTION_OPTION_NAMES, 'fingerprint', 'defaultJobOptions', 'queueJobOptions']),
+      'new BullmqTickEnqueuer(options)',
+    );
+    assertQueueBackend(options, 'new BullmqTickEnqueuer(options)');
     this.#options = Object.freeze({ ...options });
   }
 
@@ -75,8 +92,10 @@ export class BullmqTickEnqueuer {
   #producer(queue: string): IdempotentProducer {
     let producer = this.#producers.get(queue);
     if (!producer) {
-      const { fingerprint, defaultJobOptions, ...connection } = this.#options;
-      producer = new IdempotentProducer({ ...connection, queue, fingerprint, defaultJobOptions, enqueueInTransaction: 'outbox' });
+      const { fingerprint, defaultJobOptions, queueJobOptions, ...connection } = this.#options;
+      const jobOptions = queueJobOptions && Object.hasOwn(queueJobOptions, queue) ? queueJobOptions[queue] : defaultJobOptions;
+      // The scheduler runs for as long as its process: its producers outlast an outage at their start too.
+      producer = new IdempotentProducer({ ...connection, queue, fingerprint, defaultJobOptions: jobOptions, enqueueInTransaction: 'outbox', startupWaitMs: Infinity });
       this.#producers.set(queue, producer);
     }
     return producer;

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { directDatabaseUrl, loadEnvConfig } from '../runtime/env-config.js';
 import { explainDatabaseError } from '../runtime/database-problems.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
-import { migrate } from '../store/migrate.js';
+import { migrateSchema } from '../store/migrate.js';
 
 /**
  * `migrate`: creates or upgrades the tables in $SCHEMA, over $DATABASE_DIRECT_URL when set (the
@@ -19,7 +19,7 @@ export function registerMigrateCommand(program: Command): void {
       const url = directDatabaseUrl(config);
       const db = createPostgresDb({ connectionString: url, maxConnections: 1 });
       try {
-        const { results = [] } = await migrate(db, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS }).catch((error: unknown) => {
+        const { results = [] } = await migrateSchema(db, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS }).catch((error: unknown) => {
           throw explainDatabaseError(error, { variable: url === config.DATABASE_URL ? 'DATABASE_URL' : 'DATABASE_DIRECT_URL', url, schema: config.SCHEMA });
         });
         const applied = results.filter((r) => r.status === 'Success').map((r) => r.migrationName);

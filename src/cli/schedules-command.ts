@@ -28,7 +28,7 @@ export function registerSchedulesCommand(program: Command): void {
       console.log(
         formatTable(
           ['NAME', 'SPEC', 'MISSED', 'QUEUE', 'LAST TICK', 'NEXT TICK'],
-          list.map((s) => [s.name, describeSpec(s), s.missed === 'all' ? `all (max ${s.maxMissed})` : 'latest', s.queue, s.lastTick ? formatTime(s.lastTick) : '-', s.nextTick ? formatTime(s.nextTick) : 'none']),
+          list.map((s) => [s.name, describeSpec(s), s.missed === 'all' ? `all (max ${s.maxMissed})` : 'latest', s.queue, s.lastTick ? formatTime(s.lastTick) : '-', describeNextTick(s)]),
         ),
       );
     });
@@ -52,6 +52,7 @@ export function registerSchedulesCommand(program: Command): void {
         ['payload', JSON.stringify(schedule.data)],
         ['last tick', schedule.lastTick ? formatTime(schedule.lastTick) : '-'],
         ['next tick', schedule.nextTick ? formatTime(schedule.nextTick) : 'none'],
+        ...(showsLocalTime(schedule) && schedule.nextTickLocal ? [['next tick, local', localPart(schedule, 'date')] as [string, string]] : []),
       ];
       const width = Math.max(...rows.map(([field]) => field.length));
       console.log(rows.map(([field, value]) => `${field.padEnd(width)}  ${value}`).join('\n'));
@@ -70,6 +71,37 @@ function notFound(name: string, json: boolean | undefined): void {
   if (json) console.log(JSON.stringify({ found: false, name }));
   console.error(`No schedule "${name}" (see \`idempotent-jobs schedules list\`).`);
   process.exitCode = EXIT_NOT_FOUND;
+}
+
+/** Whether the schedule's ticks are read on a clock other than UTC's (a cron expression in another zone). */
+function showsLocalTime(schedule: ScheduleInfo): boolean {
+  return schedule.kind === 'cron' && schedule.timezone !== 'UTC';
+}
+
+/**
+ * The next tick as the scheduler will enqueue it, and for a cron expression in another zone its
+ * local time: `2026-03-29T01:00:00Z (03:00+02:00 local, for 02:00 skipped)` when it stands for a
+ * fixed time the clock skips (docs/guide.md#schedules, "Clock changes").
+ */
+function describeNextTick(schedule: ScheduleInfo): string {
+  if (!schedule.nextTick) return 'none';
+  return showsLocalTime(schedule) && schedule.nextTickLocal ? `${formatTime(schedule.nextTick)} (${localPart(schedule)})` : formatTime(schedule.nextTick);
+}
+
+/**
+ * `03:00+02:00 local` (with `'date'`: `2026-03-29T03:00:00+02:00`), then `, for 02:00 skipped`
+ * when the tick stands for a time the clock skips.
+ */
+function localPart(schedule: ScheduleInfo, withDate?: 'date'): string {
+  const local = schedule.nextTickLocal!;
+  const clock = withDate ? local : `${shortTime(local.slice(11, 19))}${local.slice(19)} local`;
+  const skipped = schedule.nextTickSkippedLocalTime;
+  return skipped ? `${clock}, for ${shortTime(skipped.slice(11, 19))} skipped` : clock;
+}
+
+/** `03:00:00` → `03:00`; `03:00:20` stays. */
+function shortTime(time: string): string {
+  return time.endsWith(':00') ? time.slice(0, 5) : time;
 }
 
 /** `0 2 * * * (Europe/Paris)` or `every 1m`. */

@@ -20,6 +20,10 @@ export class JobLogger {
     this.#bindings = bindings;
   }
 
+  debug(fields: object, message: string): void {
+    if (this.#parent.isLevelEnabled('debug')) this.#logger().debug(fields, message);
+  }
+
   info(fields: object, message: string): void {
     if (this.#parent.isLevelEnabled('info')) this.#logger().info(fields, message);
   }

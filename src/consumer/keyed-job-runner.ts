@@ -1,46 +1,41 @@
 import type { Logger } from 'pino';
-import { describeError } from '../describe-error.js';
 import { ClaimContendedError, StepsUnsupportedError, ValidationError } from '../errors.js';
 import type { FaultPoint } from '../fault-hook.js';
 import type { ClaimOptions } from '../protocol/effect-options.js';
-import type { ConcurrencySlot, IdempotencyKeys } from '../protocol/idempotency-keys.js';
-import { JobSteps, type StepReport } from '../protocol/job-steps.js';
+import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { JobSteps } from '../protocol/job-steps.js';
 import { boundRetention } from '../protocol/key-retention.js';
+import { kindOf } from '../protocol/store-calls.js';
+import type { GroupRefusal } from '../protocol/group-refusals.js';
 import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import type { HeldRecord } from '../store/one-trip-commit.js';
 import type { KeyRetention } from '../store/records.js';
 import type { DataLayer } from '../store/data-layer.js';
-import { sqlStateOf } from '../store/pg-errors.js';
-import { generationKey } from '../store/coalescing-keys.js';
+import { runCoalescing, type CoalescingRunDeps } from './coalescing-run.js';
+import { runInSlots, type SlotsRunDeps } from './concurrency-slots-run.js';
 import { handlerForm, isDataLayerHandler, runsInOneTransaction, type DatabaseOnlyContext, type DatabaseOnlyHandler } from './database-only-handler.js';
 import { jobContext, transactionOptionsOf, type Delivery, type KeyedJobContext, type TransactionOptions } from './job-context.js';
 import { JobLogger } from './job-logger.js';
 import { startLeaseHeartbeat } from './lease-heartbeat.js';
 import { RunFailures, WorkerClosingError } from './run-failures.js';
 import { describeFailure, passedTheStore, streakId, type Run, type RunOutcome, type RunResult } from './run-outcome.js';
+import { RunReporter } from './run-report.js';
 import type { KeyedJobRunnerOptions } from './runner-options.js';
 import { StoreFaultStreaks } from './store-fault-streaks.js';
-import { concurrencyLimitsOf, type ConcurrencyLimit, type JobIdentity } from './wire-contract.js';
-import type { WorkerEventKind } from './worker-event.js';
+import { concurrencyLimitsOf, type JobIdentity } from './wire-contract.js';
 import type { ResolvedWorkerTiming } from './worker-timing.js';
-
-/** What an event concerns: the claim, or else the identity read from the message; a duration, a step. */
-interface EventAbout<P> {
-  readonly claim?: Claim;
-  readonly identity?: JobIdentity<P>;
-  readonly durationMs?: number;
-  readonly step?: StepReport;
-  readonly cause?: string;
-  readonly retentionPart?: keyof KeyRetention;
-  /** On `concurrency-limited`: the concurrency key that was at its limit. */
-  readonly concurrencyKey?: string;
-}
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 interface ActiveRun<M> {
   readonly delivery: Delivery<M>;
   readonly claim: Claim | undefined;
   readonly controller: AbortController;
 }
+
+const KEYED_JOB_RUNNER_OPTION_NAMES = optionNames<KeyedJobRunnerOptions<unknown, unknown, unknown>>()([
+  'keys', 'timing', 'handler', 'identityOf', 'errorDisposition', 'fastPath', 'listener', 'storePayload', 'countAttemptsOnKey', 'logger',
+  'faultHook', 'events', 'tracing', 'wakesConcurrencyWaiters',
+]);
 
 /**
  * The claim protocol around one handler, for any broker: claim the message's key, replay or
@@ -49,9 +44,10 @@ interface ActiveRun<M> {
  * {@link RunOutcome}; the adapter acknowledges, delays or dead-letters the message accordingly.
  *
  * A run computes its result and reports it once ({@link KeyedJobRunner.run}'s one report: the
- * event, the log line, the trace), whichever way it ended. The pieces live beside it: the
- * lease's heartbeat (`lease-heartbeat.ts`), deferrals and failures (`run-failures.ts`), the
- * outcomes (`run-outcome.ts`), the handler's `ctx` (`job-context.ts`).
+ * event, the log line, the trace: `run-report.ts`), whichever way it ended. The pieces live
+ * beside it: the lease's heartbeat (`lease-heartbeat.ts`), deferrals and failures
+ * (`run-failures.ts`), the outcomes (`run-outcome.ts`), the handler's `ctx` (`job-context.ts`),
+ * coalescing (`coalescing-run.ts`) and concurrency limits (`concurrency-slots-run.ts`).
  *
  * @example
  * ```ts
@@ -100,8 +96,12 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   /** Bounds the deferrals of store faults that never pass (`storeRetryWindowMs`). */
   readonly #storeFaults: StoreFaultStreaks;
   readonly #failures: RunFailures<P, M>;
+  readonly #reporter: RunReporter<P, M>;
+  readonly #slotsRunDeps: SlotsRunDeps<P, M>;
+  readonly #coalescingRunDeps: CoalescingRunDeps<P, M>;
 
   constructor(options: KeyedJobRunnerOptions<P, R, M>) {
+    refuseUnknownOptions(options, KEYED_JOB_RUNNER_OPTION_NAMES, 'new KeyedJobRunner(options)');
     this.#options = Object.freeze({ ...options });
     this.#keys = options.keys;
     this.#timing = options.timing;
@@ -125,8 +125,19 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       storeFaults: this.#storeFaults,
       errorDisposition: options.errorDisposition,
       countAttemptsOnKey: options.countAttemptsOnKey ?? false,
-      emit: (kind, delivery, claim) => this.#emit(kind, delivery, { claim }),
+      emit: (kind, delivery, claim) => this.#reporter.emit(kind, delivery, { claim }),
     });
+    this.#reporter = new RunReporter(options);
+    this.#slotsRunDeps = { keys: this.#keys, timing: this.#timing, failures: this.#failures, wakesWaiters: options.wakesConcurrencyWaiters === true, runClaimed: (run) => this.#runClaimed(run) };
+    this.#coalescingRunDeps = {
+      keys: this.#keys,
+      timing: this.#timing,
+      failures: this.#failures,
+      storePayload: options.storePayload === true,
+      runPath: (run) => this.#runPath(run),
+      report: (run, identity, log, result) => this.#reporter.report(run.delivery, identity, log, result),
+      fault: (point, identity) => this.#fault(point, identity),
+    };
   }
 
   /** Deliveries being run now. */
@@ -147,7 +158,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
         active.controller.abort(new WorkerClosingError());
         if (active.claim) {
           const released = await this.#keys.release(active.claim, new WorkerClosingError()).catch(() => false);
-          if (released) this.#emit('released', active.delivery, { claim: active.claim });
+          if (released) this.#reporter.emit('released', active.delivery, { claim: active.claim });
         }
       }),
     );
@@ -169,7 +180,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     } catch (error) {
       const named = identity ? ` (scope "${identity.scope}", key "${identity.key}")` : '';
       const reason = `${delivery.label}${named} was not run: ${(error as Error).message}`;
-      return this.#report(delivery, identity, undefined, { outcome: { kind: 'invalid-message', reason, error } });
+      return this.#reporter.report(delivery, identity, undefined, { outcome: { kind: 'invalid-message', reason, error } });
     }
     const { scope, key } = identity;
     const log = new JobLogger(this.#log, { jobId: delivery.id, ...(delivery.deliveryCount === undefined ? {} : { delivery: delivery.deliveryCount }), scope, key });
@@ -183,8 +194,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       ...(retention ? { retention } : {}),
     };
     const run: Run<P, M> = { delivery, identity, log, fingerprint, claimOptions };
-    const result = identity.coalesce ? await this.#runCoalescing(run) : await this.#runPath(run);
-    const outcome = this.#report(delivery, identity, result.log ?? run.log, result);
+    const result = identity.coalesce ? await runCoalescing(run, this.#coalescingRunDeps) : await this.#runPath(run);
+    const outcome = this.#reporter.report(delivery, identity, result.log ?? run.log, result);
     if (passedTheStore(outcome)) this.#storeFaults.end(streakId(identity));
     return outcome;
   }
@@ -203,7 +214,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
         `the job asked for retention.${part} ${askedMs} ms, more than the bound ${option} of ${boundMs} ms: its key gets ${boundMs} ms. ` +
           `Ask for less, or raise ${option} on the workers.`,
       );
-      this.#emit('retention-clamped', delivery, { identity, retentionPart: part });
+      this.#reporter.emit('retention-clamped', delivery, { identity, retentionPart: part });
     }
     return retention;
   }
@@ -211,195 +222,11 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   /** One run of the job's key: in a slot of each concurrency key it names, if any. */
   #runPath(run: Run<P, M>): Promise<RunResult> {
     const limits = concurrencyLimitsOf(run.identity.concurrency);
-    return limits.length > 0 ? this.#runInSlots(run, limits) : this.#runClaimed(run);
+    return limits.length > 0 ? runInSlots(run, limits, this.#slotsRunDeps) : this.#runClaimed(run);
   }
 
   #runClaimed(run: Run<P, M>): Promise<RunResult> {
     return this.#fastPath ? this.#runFastPath(run) : this.#runLeasedPath(run);
-  }
-
-  /**
-   * Coalescing mode: the job either runs the key's next generation (each generation its own
-   * idempotency key, `<key>#<generation>`, so each run's effect commits once, and a redelivered
-   * job runs or replays its own generation) or is folded into the run in flight, its payload
-   * becoming the pending successor's. A job that ran a generation then runs the pending
-   * successor, if one arrived meanwhile, until none is pending; each run is reported as it ends,
-   * and the job's outcome is its last run's. A run that did not end (deferred, retried, store
-   * fault) ends the job there: its redelivery picks the same generation up again.
-   */
-  async #runCoalescing(run: Run<P, M>): Promise<RunResult> {
-    const { delivery, identity } = run;
-    const { scope, key } = identity;
-    if (delivery.id === undefined) {
-      const error = new ValidationError('INVALID_JOB_DATA', 'job.id', `A coalescing job needs a job (message) id of its own (scope "${scope}", key "${key}").`);
-      return { outcome: { kind: 'invalid-message', reason: describeFailure(identity, error), error } };
-    }
-    let next: { readonly generation: number; readonly payload: unknown } | undefined;
-    try {
-      const arrival = await this.#keys.coalesceArrive(scope, key, delivery.id, identity.payload, { staleMs: this.#timing.leaseMs * 10, sentAtMs: delivery.sentAtMs });
-      if (arrival.action === 'coalesced') return { outcome: { kind: 'replayed', result: null, coalesced: true } };
-      next = arrival;
-    } catch (error) {
-      return this.#failures.storeFault(run, error);
-    }
-    for (;;) {
-      const payload = next.payload as P;
-      const generation: JobIdentity<P> = { ...identity, key: generationKey(key, next.generation), payload, fingerprintOf: { name: delivery.name, payload }, coalesce: undefined };
-      const result = await this.#runPath({
-        ...run,
-        identity: generation,
-        fingerprint: this.#keys.fingerprint(generation.fingerprintOf),
-        claimOptions: { ...run.claimOptions, ...(this.#options.storePayload ? { payload } : {}) },
-        log: run.log.with({ generation: next.generation }),
-      });
-      const ended = ['completed', 'replayed', 'replayed-failure', 'failed-permanently', 'key-reused'].includes(result.outcome.kind);
-      if (!ended) return result;
-      let successor: typeof next | undefined;
-      try {
-        successor = await this.#keys.coalesceNext(scope, key, delivery.id, next.generation);
-      } catch {
-        // The successor stays pending: this job's redelivery, or the key's next arrival, runs it.
-        return result;
-      }
-      if (!successor) return result;
-      this.#report(delivery, generation, result.log ?? run.log, result);
-      next = successor;
-    }
-  }
-
-  /**
-   * A job with concurrency limits: takes a slot of each of its concurrency keys first (one
-   * statement each), runs in them and frees them, whatever the run came to; a key at its limit
-   * defers the job without using an attempt, as an in-progress duplicate is.
-   *
-   * *Why sorted, and why all or nothing:* every job takes its keys' slots in the same order (by
-   * key, {@link concurrencyLimitsOf}), and one refused frees the slots taken before it before the
-   * job is deferred. So no job holds a slot while it waits for another (no deadlock, and no slot
-   * held by a job that is not running), and two jobs never wait on each other in a cycle.
-   *
-   * A slot that cannot be freed (Postgres gone) frees itself when its time is up: never later
-   * than the run's lease.
-   */
-  async #runInSlots(run: Run<P, M>, limits: readonly ConcurrencyLimit[]): Promise<RunResult> {
-    const { scope, key } = run.identity;
-    const groups = limits.length > 1 ? limits.map((limit) => limit.key) : undefined;
-    const held: ConcurrencySlot[] = [];
-    try {
-      for (const limit of limits) {
-        let answer: Awaited<ReturnType<IdempotencyKeys['acquireConcurrencySlot']>>;
-        try {
-          answer = await this.#keys.acquireConcurrencySlot(scope, key, limit, {
-            leaseMs: this.#timing.leaseMs,
-            starvationMs: this.#timing.concurrencyStarvationMs,
-            ...(groups && { groups }),
-          });
-        } catch (error) {
-          return this.#failures.storeFault(run, error);
-        }
-        if (!answer.acquired) return this.#failures.defer(answer.retryAfterMs, 'concurrency-limit', limit.key);
-        held.push(answer);
-      }
-      return await this.#runClaimed(run);
-    } finally {
-      for (const slot of held) {
-        await this.#keys.releaseConcurrencySlot(scope, key, slot).catch((error: unknown) => {
-          run.log.warn({ err: error, concurrencyKey: slot.group }, 'could not free the concurrency slot; it frees itself when its time is up');
-        });
-      }
-    }
-  }
-
-  /**
-   * The one report of a run: the event (and its trace), the log line, the outcome returned. Every
-   * outcome is said here, and only here.
-   */
-  #report(delivery: Delivery<M>, identity: JobIdentity<P> | undefined, log: JobLogger | undefined, result: RunResult): RunOutcome {
-    const { outcome, claim, step } = result;
-    const confirmed = result.confirmed ?? true;
-    switch (outcome.kind) {
-      case 'completed':
-        if (result.thrownAfterCommit) {
-          log?.warn({ err: result.thrownAfterCommit.error }, 'handler threw after its transaction committed; the job completes with the stored result');
-        } else {
-          this.#emit('completed', delivery, { claim, durationMs: result.durationMs });
-          log?.info({ outcome: 'completed', durationMs: Math.round(result.durationMs ?? 0) }, 'effect committed');
-        }
-        break;
-      case 'replayed':
-      case 'replayed-failure':
-        if (outcome.kind === 'replayed' && outcome.coalesced) {
-          this.#emit('coalesced', delivery, { identity });
-          log?.info({ outcome: 'coalesced' }, 'a run of this key is in flight: its pending successor now carries this payload');
-        } else if (outcome.resultExpired) {
-          // Only the key's tombstone is left: the duplicate is acknowledged (or refused) as it was, never run.
-          this.#emit('result-expired', delivery, { identity });
-          log?.info(
-            { outcome: 'result-expired', finishedAt: outcome.resultExpired.finishedAt, tombstoneExpiresAt: outcome.resultExpired.tombstoneExpiresAt },
-            `key already ${outcome.kind === 'replayed' ? 'completed' : 'failed'}; its result has expired (tombstone): not running it again`,
-          );
-        } else if (outcome.kind === 'replayed') {
-          this.#emit('replayed', delivery, { identity });
-          log?.info({ outcome: 'replayed' }, 'key already completed: replaying its result');
-        } else {
-          this.#emit('replayed-failure', delivery, { identity });
-          log?.info({ outcome: 'replayed-failure' }, outcome.error.message);
-        }
-        break;
-      case 'key-reused':
-        this.#emit('key-reused', delivery, { identity });
-        log?.warn({ outcome: 'key-reused' }, outcome.error.message);
-        break;
-      case 'invalid-message':
-        this.#emit('invalid', delivery, { identity });
-        // A message whose key could be read logs on the job's logger, with the refusal.
-        if (log) log.warn({ outcome: 'invalid', err: outcome.error }, (outcome.error as Error).message);
-        else this.#log.warn({ jobId: delivery.id, outcome: 'invalid' }, outcome.reason);
-        break;
-      case 'deferred':
-        if (outcome.reason === 'concurrency-limit') {
-          const concurrencyKey = outcome.concurrencyKey ?? concurrencyLimitsOf(identity?.concurrency)[0]?.key;
-          this.#emit('concurrency-limited', delivery, { identity, ...(concurrencyKey !== undefined && { concurrencyKey }) });
-          log?.info(
-            { outcome: 'concurrency-limited', delayMs: outcome.retryAfterMs, concurrencyKey },
-            'concurrency key at its limit: deferring the job without using an attempt',
-          );
-          break;
-        }
-        this.#emit('deferred', delivery, { identity });
-        if (outcome.reason === 'data-layer-elsewhere') {
-          // A deployment's fault, which every job meets until it is fixed: loud, and never an attempt.
-          log?.error(
-            { outcome: 'deferred', reason: outcome.reason, delayMs: outcome.retryAfterMs, err: outcome.error },
-            `${outcome.error?.message ?? 'the data layer is on another database than the keys'} Deferring the job without using an attempt until then.`,
-          );
-          break;
-        }
-        log?.info({ outcome: 'deferred', delayMs: outcome.retryAfterMs }, 'key in progress elsewhere: deferring the job');
-        break;
-      case 'store-unavailable':
-        this.#emit('store-unavailable', delivery, { claim, identity, cause: storeFaultOf(outcome.error) });
-        log?.warn({ outcome: 'store-unavailable', delayMs: outcome.retryAfterMs, err: outcome.error }, 'Postgres unavailable: deferring the job without using an attempt');
-        break;
-      case 'failed-permanently':
-        if (confirmed) this.#emit('failed', delivery, { claim });
-        log?.warn({ outcome: 'failed', err: outcome.error, step: step?.name }, 'job failed permanently; error stored for replay');
-        break;
-      case 'retry':
-        if (confirmed) this.#emit('released', delivery, { claim, identity });
-        log?.info(
-          { outcome: 'released', err: outcome.error, step: step?.name },
-          claim ? 'retryable error: key released for the next attempt' : 'retryable error: transaction rolled back',
-        );
-        break;
-      case 'abandoned':
-        // Given back at the shutdown deadline: abandonActive() released the key and said so.
-        break;
-      default: {
-        const unreported: never = outcome;
-        return unreported;
-      }
-    }
-    return outcome;
   }
 
   async #runLeasedPath(run: Run<P, M>): Promise<RunResult> {
@@ -420,7 +247,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       return this.#failures.storeFault(run, error);
     }
     if (outcome.kind !== 'claimed' && outcome.kind !== 'taken-over') return this.#failures.notHeld(outcome);
-    this.#emit(outcome.kind, delivery, { claim: outcome });
+    this.#reporter.emit(outcome.kind, delivery, { claim: outcome });
     log.info({ fence: outcome.fence, outcome: outcome.kind }, 'key claimed');
     await this.#fault('after-claim', identity);
     const held = log.with({ fence: outcome.fence });
@@ -429,10 +256,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
 
   async #waitForOwner(outcome: ClaimOutcome & { kind: 'in-progress' }, fingerprint: string, claimOptions: ClaimOptions) {
     const { scope, key } = outcome;
-    const settled = await this.#options.listener!.waitForSettled(scope, key, this.#timing.waitMs, async () => {
-      const row = await this.#keys.get(scope, key);
-      return row !== undefined && row.status !== 'processing';
-    });
+    const isSettled = async () => ((await this.#keys.get(scope, key))?.status ?? 'processing') !== 'processing';
+    const settled = await this.#options.listener!.waitForSettled(scope, key, this.#timing.waitMs, isSettled);
     return settled ? this.#keys.claim(scope, key, fingerprint, claimOptions) : outcome;
   }
 
@@ -450,7 +275,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       heartbeatMs: this.#timing.heartbeatMs,
       controller,
       log,
-      onBeat: (kind) => this.#emit(kind, delivery, { claim }),
+      onBeat: (kind) => this.#reporter.emit(kind, delivery, { claim }),
     });
     const startedAt = performance.now();
     let committed: { result: unknown } | undefined;
@@ -467,6 +292,9 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
           heldRecord: held,
           databaseOnly: true,
           runsAlone: transactionOptions.runsAlone === true,
+          // Its queue and job name: once one is found leaving state in a group, the rest run alone.
+          kind: kindOf(run.claimOptions),
+          onGroupRefusal: groupRefusalLog(log),
         };
         return dataLayer ? this.#keys.commitEffectIn(claim, dataLayer, effect, options) : this.#keys.commitEffect(claim, effect, options);
       };
@@ -492,7 +320,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
           this.#keys,
           claim,
           controller.signal,
-          (report) => this.#emit(`step-${report.outcome}`, delivery, { claim, durationMs: report.durationMs, step: report }),
+          (report) => this.#reporter.emit(`step-${report.outcome}`, delivery, { claim, durationMs: report.durationMs, step: report }),
           { holdRecords: true },
         );
         return steps.run(name, body);
@@ -520,6 +348,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   async #runFastPath(run: Run<P, M>): Promise<RunResult> {
     const { delivery, identity, fingerprint, claimOptions } = run;
     const controller = new AbortController();
+    run.slotsLost?.addEventListener('abort', () => controller.abort(run.slotsLost!.reason), { once: true });
     const active: ActiveRun<M> = { delivery, claim: undefined, controller };
     this.#active.add(active);
     const startedAt = performance.now();
@@ -531,7 +360,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     try {
       const effect = async (tx: any, claim: Claim): Promise<unknown> => {
           if (announced?.owner !== claim.owner || announced.fence !== claim.fence) {
-            this.#emit(claim.attempts > 1 ? 'taken-over' : 'claimed', delivery, { claim });
+            this.#reporter.emit(claim.attempts > 1 ? 'taken-over' : 'claimed', delivery, { claim });
             announced = claim;
           }
           let transactionResult: { value: unknown } | undefined;
@@ -560,10 +389,12 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
             },
           );
           const returned = await this.#handler(ctx);
+          // Its concurrency slot lost (another run may be in it): roll back rather than commit outside the limit.
+          if (run.slotsLost?.aborted) throw run.slotsLost.reason;
           await this.#fault('before-commit', identity);
           return transactionResult ? transactionResult.value : returned;
       };
-      const options = { ...claimOptions, databaseOnly: this.#databaseOnly };
+      const options = { ...claimOptions, databaseOnly: this.#databaseOnly, onGroupRefusal: groupRefusalLog(run.log) };
       outcome = dataLayer
         ? await this.#keys.executeOnceIn(identity.scope, identity.key, fingerprint, dataLayer, effect, options)
         : await this.#keys.executeOnce(identity.scope, identity.key, fingerprint, effect, options);
@@ -574,42 +405,11 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     }
     if (outcome.kind !== 'executed') return this.#failures.notHeld(outcome);
     await this.#fault('after-commit', identity);
-    const { claim } = outcome;
-    return { outcome: { kind: 'completed', result: outcome.result ?? null }, claim, durationMs: performance.now() - startedAt, log: run.log.with({ fence: claim.fence }) };
+    return { outcome: { kind: 'completed', result: outcome.result ?? null }, claim: outcome.claim, durationMs: performance.now() - startedAt, log: run.log.with({ fence: outcome.claim.fence }) };
   }
 
   async #fault(point: FaultPoint, identity: JobIdentity<P>): Promise<void> {
     if (this.#options.faultHook) await this.#options.faultHook(point, { scope: identity.scope, key: identity.key });
-  }
-
-  /** Emits one event (and records it on the message's span): `about` names the claim, or else the identity, it concerns. */
-  #emit(kind: WorkerEventKind, delivery: Delivery<M>, about: EventAbout<P> = {}): void {
-    const { claim, identity, durationMs, step, cause, retentionPart, concurrencyKey } = about;
-    this.#options.tracing?.record(kind, delivery.message as object, claim, step);
-    const events = this.#options.events;
-    if (!events?.wanted()) return;
-    // A claim names its key; events without one name the identity read from the message, if any.
-    const named = claim ?? identity ?? this.#safeIdentity(delivery.message);
-    events.emit({
-      kind,
-      jobId: delivery.id,
-      scope: named?.scope,
-      key: named?.key,
-      fence: claim?.fence,
-      durationMs,
-      ...(step && { step: step.name, position: step.position }),
-      ...(cause !== undefined && { cause }),
-      ...(kind === 'concurrency-limited' && concurrencyKey !== undefined && { concurrencyKey }),
-      ...(retentionPart !== undefined && { retentionPart }),
-    });
-  }
-
-  #safeIdentity(message: M): JobIdentity<P> | undefined {
-    try {
-      return this.#options.identityOf(message);
-    } catch {
-      return undefined;
-    }
   }
 }
 
@@ -625,9 +425,8 @@ function fastPathDataLayerMismatch(dataLayer: DataLayer<unknown> | undefined, as
   );
 }
 
-/** The driver's error under a store fault, SQLSTATE first when it has one. */
-function storeFaultOf(error: unknown): string {
-  const driverError = error instanceof Error && error.cause !== undefined ? error.cause : error;
-  const state = sqlStateOf(driverError);
-  return `${state !== undefined ? `${state} ` : ''}${describeError(driverError)}`;
+/** Logs at debug why group commit sent the job out of its group (it runs alone, and its kind from then on). */
+function groupRefusalLog(log: JobLogger): (refusal: GroupRefusal) => void {
+  return ({ reason, error, kind }) =>
+    log.debug({ reason, detail: error.message, kindRunsAlone: kind !== undefined }, 'group commit refused the job: it runs alone, and so do later jobs of its kind');
 }

@@ -14,6 +14,7 @@ import type { Claim, ClaimOutcome, HeldClaim } from '../store/claim-outcome.js';
 import { isHeld } from '../store/claim-outcome.js';
 import type { Delivery } from './job-context.js';
 import { describeFailure, streakId, type DeferralReason, type Run, type RunResult } from './run-outcome.js';
+import { ReleaseRetries } from './release-retries.js';
 import { defaultErrorDisposition, type ErrorDisposition } from './runner-options.js';
 import type { StoreFaultStreaks } from './store-fault-streaks.js';
 import type { WorkerEventKind } from './worker-event.js';
@@ -48,9 +49,11 @@ export interface RunFailuresOptions<M> {
  */
 export class RunFailures<P, M> {
   readonly #options: RunFailuresOptions<M>;
+  readonly #releases: ReleaseRetries;
 
   constructor(options: RunFailuresOptions<M>) {
     this.#options = options;
+    this.#releases = new ReleaseRetries({ keys: options.keys, timing: options.timing });
   }
 
   /** Deferral without using an attempt, to replay once the owner finishes (or, `concurrencyKey` given, once that key has a free slot). */
@@ -81,10 +84,7 @@ export class RunFailures<P, M> {
    * (the data layer's connection pointed at the keys' database) instead of failing.
    */
   async dataLayerElsewhere(run: Run<P, M>, error: DataLayerElsewhereError, held?: Claim): Promise<RunResult> {
-    if (held) {
-      const released = await this.#options.keys.release(held, error).catch(() => false);
-      if (released) this.#options.emit('released', run.delivery, held);
-    }
+    if (held) await this.#giveBack(run, held, error);
     const retryAfterMs = storeRetryDelayMs(this.#options.timing, run.delivery.deferrals);
     return { outcome: { kind: 'deferred', retryAfterMs, reason: 'data-layer-elsewhere', error }, claim: held };
   }
@@ -119,18 +119,15 @@ export class RunFailures<P, M> {
   }
 
   /**
-   * A transient store fault (Postgres restarting, a dropped connection, …): gives the key back
-   * when this delivery holds it (best effort: the lease expires anyway), and defers without
-   * using an attempt. The delay backs off exponentially with the delivery's `deferrals`.
-   * Rethrows any other error.
+   * A transient store fault (Postgres restarting, a dropped connection, a full disk…): gives the
+   * key back when this delivery holds it (tried again in the background while the store refuses,
+   * see {@link ReleaseRetries}), and defers without using an attempt. The delay backs off
+   * exponentially with the delivery's `deferrals`. Rethrows any other error.
    */
   async deferStoreFault(run: Run<P, M>, error: unknown, held?: Claim): Promise<RunResult> {
     const fault = findStoreUnavailable(error);
     if (!fault) throw error;
-    if (held) {
-      const released = await this.#options.keys.release(held, fault).catch(() => false);
-      if (released) this.#options.emit('released', run.delivery, held);
-    }
+    if (held) await this.#giveBack(run, held, fault);
     const retryAfterMs = storeRetryDelayMs(this.#options.timing, run.delivery.deferrals);
     return { outcome: { kind: 'store-unavailable', retryAfterMs, error: fault }, claim: held };
   }
@@ -164,8 +161,7 @@ export class RunFailures<P, M> {
         // Refused for good: the job fails, and its key is given back rather than left processing
         // under a lease nobody will end (a later add of the key runs it again).
         run.log.error({ err: failError }, 'the failure could not be stored on the key: the key is released');
-        const released = await keys.release(claim, error, step).catch(() => false);
-        if (released) this.#options.emit('released', run.delivery, claim);
+        await this.#giveBack(run, claim, error, step);
         return { outcome: failed, claim, step, confirmed: false };
       }
       if (!stored) {
@@ -176,8 +172,21 @@ export class RunFailures<P, M> {
       }
       return { outcome: failed, claim, step, confirmed: true };
     }
-    const released = await keys.release(claim, error, step).catch(() => false);
+    const released = await this.#giveBack(run, claim, error, step, { emitNow: false });
     return { outcome: { kind: 'retry', error }, claim, step, confirmed: released };
+  }
+
+  /**
+   * Gives `claim`'s key back for the next claim, with `error` kept on it; true when it was
+   * released now. A release the store refused is tried again in the background, and its
+   * `released` event comes when it goes through; one released now is emitted here unless the
+   * caller's outcome reports it (`emitNow` false).
+   */
+  async #giveBack(run: Run<P, M>, claim: Claim, error: unknown, step?: FailedStep, { emitNow = true } = {}): Promise<boolean> {
+    const emit = () => this.#options.emit('released', run.delivery, claim);
+    const answer = await this.#releases.release(claim, { error, step, onReleasedLater: emit });
+    if (answer === 'released' && emitNow) emit();
+    return answer === 'released';
   }
 
   /** This run's claim was taken over: another consumer owns the key now and will finish it; this delivery becomes a duplicate. */

@@ -162,6 +162,12 @@ export interface Run<P, M> {
   readonly log: JobLogger;
   readonly fingerprint: string;
   readonly claimOptions: ClaimOptions;
+  /**
+   * Aborted, with a `ConcurrencySlotLostError`, when the run can no longer show it holds its
+   * concurrency slots (`concurrency-slot-heartbeat.ts`): a fast-path run then rolls back
+   * instead of committing outside its limit. Unset: the job names no concurrency key.
+   */
+  readonly slotsLost?: AbortSignal;
 }
 
 /** A key's scope and key as one string, naming its store-fault streak (neither can contain NUL). */

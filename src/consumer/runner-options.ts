@@ -32,6 +32,12 @@ export interface KeyedJobRunnerOptions<P, R, M> {
   readonly fastPath?: boolean;
   /** Needed for `timing.waitMs > 0`: wakes a waiting duplicate when the owner finishes. @defaultValue unset (no waiting) */
   readonly listener?: KeySettledListener;
+  /**
+   * The adapter wakes a job deferred by a concurrency limit when a slot frees (BullMQ's worker
+   * promotes the delayed job the freeing run's notification names): the job's waiter row keeps
+   * its delivery's id and queue for that notification. @defaultValue `false` (waiters ask again when their deferral ends)
+   */
+  readonly wakesConcurrencyWaiters?: boolean;
   /** Keep each payload on its key. @defaultValue `false` */
   readonly storePayload?: boolean;
   /**

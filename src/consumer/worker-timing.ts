@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { ValidationError } from '../errors.js';
+import { optionNames } from '../config/unknown-options.js';
 
 /**
  * How a worker's lease relates to BullMQ's stall detection. When a worker dies mid-job:
@@ -92,6 +93,12 @@ const timingSchema = z.object({
   storeRetryWindowMs: ms.default(3_600_000),
   concurrencyStarvationMs: ms.default(30_000),
 });
+
+/** Every option name of {@link WorkerTimingOptions}, for the interfaces that extend it. */
+export const WORKER_TIMING_OPTION_NAMES = optionNames<WorkerTimingOptions>()([
+  'leaseMs', 'heartbeatMs', 'lockDurationMs', 'stalledIntervalMs', 'maxStalledCount', 'deferMaxMs', 'deferMinMs', 'deferJitterRatio',
+  'waitMs', 'shutdownTimeoutMs', 'storeRetryMinMs', 'storeRetryMaxMs', 'storeRetryWindowMs', 'concurrencyStarvationMs',
+]);
 
 /** Applies defaults; throws a {@link ValidationError} when the options contradict each other. */
 export function resolveWorkerTiming(options: WorkerTimingOptions, defaultLeaseMs: number): ResolvedWorkerTiming {

@@ -2,6 +2,7 @@ import { Param, sql, type SQL } from 'drizzle-orm';
 import type { DataLayer, RunStatement } from '../store/data-layer.js';
 import { unwrapDriverError } from './driver-error.js';
 import { jsonAsText } from './statement-text.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** What the adapter needs of a Drizzle Postgres database (node-postgres or postgres.js driver). */
 export interface DrizzlePgDatabase<Tx> {
@@ -50,6 +51,7 @@ export interface DrizzleDataLayerOptions {
  * ```
  */
 export function drizzleDataLayer<D extends DrizzlePgDatabase<any>>(db: D, options: DrizzleDataLayerOptions = {}): DataLayer<DrizzleTransactionOf<D>> {
+  refuseUnknownOptions(options, optionNames<DrizzleDataLayerOptions>()(['name']), 'drizzleDataLayer(db, options)');
   listenOnCheckedOutClients((db as { $client?: unknown }).$client);
   return {
     name: options.name ?? 'Drizzle',

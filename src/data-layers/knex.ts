@@ -3,6 +3,7 @@ import type { DataLayer, RunStatement } from '../store/data-layer.js';
 import { AbortedTransactionError } from '../store/transaction-control.js';
 import { unwrapDriverError } from './driver-error.js';
 import { questionMarkPlaceholders } from './statement-text.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Options of {@link knexDataLayer}. */
 export interface KnexDataLayerOptions {
@@ -52,6 +53,7 @@ export const KNEX_QUERY_CONTEXT: KnexQueryContext = Object.freeze({ idempotentJo
  * ```
  */
 export function knexDataLayer(db: Knex, options: KnexDataLayerOptions = {}): DataLayer<Knex.Transaction> {
+  refuseUnknownOptions(options, optionNames<KnexDataLayerOptions>()(['name']), 'knexDataLayer(db, options)');
   return {
     name: options.name ?? 'Knex',
     async transaction(body) {

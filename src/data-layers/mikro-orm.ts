@@ -5,6 +5,7 @@ import type { DataLayer } from '../store/data-layer.js';
 import { AbortedTransactionError } from '../store/transaction-control.js';
 import { unwrapDriverError } from './driver-error.js';
 import { commitCommandOf, knexStatementsOn } from './knex.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Options of {@link mikroOrmDataLayer}. */
 export interface MikroOrmDataLayerOptions {
@@ -55,6 +56,7 @@ const TRANSACTION_OPTIONS: TransactionOptions = {
  * ```
  */
 export function mikroOrmDataLayer<E extends EntityManager>(em: E, options: MikroOrmDataLayerOptions = {}): DataLayer<E> {
+  refuseUnknownOptions(options, optionNames<MikroOrmDataLayerOptions>()(['name']), 'mikroOrmDataLayer(em, options)');
   const name = options.name ?? 'MikroORM';
   return {
     name,

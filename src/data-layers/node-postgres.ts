@@ -2,6 +2,7 @@ import type pg from 'pg';
 import type { DataLayer, RunStatement } from '../store/data-layer.js';
 import { AbortedTransactionError } from '../store/transaction-control.js';
 import { unwrapDriverError } from './driver-error.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Options of {@link pgDataLayer}. */
 export interface PgDataLayerOptions {
@@ -44,6 +45,7 @@ export interface PgDataLayerOptions {
  * ```
  */
 export function pgDataLayer(pool: pg.Pool, options: PgDataLayerOptions = {}): DataLayer<pg.PoolClient> {
+  refuseUnknownOptions(options, optionNames<PgDataLayerOptions>()(['name']), 'pgDataLayer(pool, options)');
   return {
     name: options.name ?? 'node-postgres',
     async transaction(body) {

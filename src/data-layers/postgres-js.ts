@@ -4,6 +4,7 @@ import { transientStoreFault } from '../store/pg-errors.js';
 import { AbortedTransactionError } from '../store/transaction-control.js';
 import { unwrapDriverError } from './driver-error.js';
 import { jsonAsText } from './statement-text.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Options of {@link postgresJsDataLayer}. */
 export interface PostgresJsDataLayerOptions {
@@ -42,6 +43,7 @@ export interface PostgresJsDataLayerOptions {
  * ```
  */
 export function postgresJsDataLayer(sql: Sql<any>, options: PostgresJsDataLayerOptions = {}): DataLayer<ReservedSql<any>> {
+  refuseUnknownOptions(options, optionNames<PostgresJsDataLayerOptions>()(['name']), 'postgresJsDataLayer(sql, options)');
   return {
     name: options.name ?? 'postgres.js',
     async transaction(body) {

@@ -1,5 +1,6 @@
 import type { DataLayer, RunStatement } from '../store/data-layer.js';
 import { unwrapDriverError } from './driver-error.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /**
  * What the adapter needs of a Prisma client: interactive transactions whose client runs raw
@@ -57,6 +58,7 @@ export interface PrismaDataLayerOptions {
  * ```
  */
 export function prismaDataLayer<C extends PrismaLikeClient<any>>(prisma: C, options: PrismaDataLayerOptions = {}): DataLayer<PrismaTransactionOf<C>> {
+  refuseUnknownOptions(options, optionNames<PrismaDataLayerOptions>()(['name', 'maxWaitMs', 'timeoutMs']), 'prismaDataLayer(prisma, options)');
   const transactionOptions = {
     isolationLevel: 'ReadCommitted',
     timeout: options.timeoutMs ?? 30_000,

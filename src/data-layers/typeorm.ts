@@ -1,6 +1,7 @@
 import type { DataSource, EntityManager } from 'typeorm';
 import type { DataLayer, RunStatement } from '../store/data-layer.js';
 import { unwrapDriverError } from './driver-error.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Options of {@link typeormDataLayer}. */
 export interface TypeormDataLayerOptions {
@@ -28,6 +29,7 @@ export interface TypeormDataLayerOptions {
  * ```
  */
 export function typeormDataLayer(dataSource: DataSource, options: TypeormDataLayerOptions = {}): DataLayer<EntityManager> {
+  refuseUnknownOptions(options, optionNames<TypeormDataLayerOptions>()(['name']), 'typeormDataLayer(dataSource, options)');
   return {
     name: options.name ?? 'TypeORM',
     transaction(body) {

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import swagger from '@fastify/swagger';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import { IdempotentProducer } from '../bullmq/idempotent-producer.js';
 import { OutboxRelay } from '../bullmq/outbox-relay.js';
 import { assertBindAllowed, resolveHttpApiOptions, type HttpApiOptions, type ResolvedHttpApiOptions } from './http-options.js';
@@ -16,6 +16,7 @@ import { scheduleRoutes } from './schedule-routes.js';
 import { jobRouteSchemas, openApiDocument } from './openapi.js';
 import { HttpProblem, sendProblem, toHttpProblem } from './problems.js';
 import { BearerAuthenticator, readIdempotencyKey, readPathKey, readPreferWait, readRetentionQuery } from './request-headers.js';
+import { defaultLogger } from '../default-logger.js';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -86,9 +87,19 @@ export class HttpApi {
   constructor(options: HttpApiOptions) {
     this.#options = resolveHttpApiOptions(options);
     const { keys, backend, connection, prefix, queues, jobOptions } = this.#options;
-    const logger: Logger = this.#options.logger ?? pino({ level: 'info' });
+    const logger: Logger = this.#options.logger ?? defaultLogger();
     for (const queue of queues) {
-      const producer = new IdempotentProducer({ queue, backend, connection, prefix, schema: keys.options.schema, fingerprint: keys.options.fingerprint, defaultJobOptions: jobOptions });
+      const producer = new IdempotentProducer({
+        queue,
+        backend,
+        connection,
+        prefix,
+        schema: keys.options.schema,
+        fingerprint: keys.options.fingerprint,
+        defaultJobOptions: jobOptions,
+        // A server outlives Redis's outages, at its start too: its producers wait as long as it takes.
+        startupWaitMs: Infinity,
+      });
       // Without a listener, ioredis prints connection errors to stderr; they belong in the log
       // (and show as a 503 from /readyz).
       producer.queue.on('error', (error) => logger.warn({ err: error, queue }, 'queue connection error'));

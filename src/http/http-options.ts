@@ -4,6 +4,7 @@ import type { IdempotentProducerOptions } from '../bullmq/idempotent-producer.js
 import { ConfigError, ValidationError } from '../errors.js';
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import type { KeySettledListener } from '../store/key-settled-listener.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** The tenant every request belongs to when no bearer tokens are configured (loopback only). */
 export const ANONYMOUS_TENANT = 'default';
@@ -69,7 +70,7 @@ export interface HttpApiOptions {
   readonly relay?: boolean;
   /** The in-process relay's poll interval when the outbox is empty. @defaultValue `200` */
   readonly relayPollIntervalMs?: number;
-  /** Structured logger; every request's lines carry its `reqId`. @defaultValue `pino()` at level info */
+  /** Structured logger; every request's lines carry its `reqId`. @defaultValue pino at `LOG_LEVEL`, else `warn` */
   readonly logger?: Logger;
 }
 
@@ -101,7 +102,7 @@ export interface ResolvedHttpApiOptions {
   readonly relay: boolean;
   /** See {@link HttpApiOptions.relayPollIntervalMs}. */
   readonly relayPollIntervalMs: number;
-  /** See {@link HttpApiOptions.logger}; undefined: `pino()` at level info. */
+  /** See {@link HttpApiOptions.logger}; undefined: pino at `LOG_LEVEL`, else `warn`. */
   readonly logger: Logger | undefined;
 }
 
@@ -115,8 +116,14 @@ const optionsSchema = z.object({
   relayPollIntervalMs: z.number().int().min(1).default(200),
 });
 
+const HTTP_API_OPTION_NAMES = optionNames<HttpApiOptions>()([
+  'keys', 'backend', 'connection', 'prefix', 'queues', 'tokens', 'adminTokens', 'listener', 'maxWaitSeconds', 'bodyLimitBytes',
+  'jobOptions', 'relay', 'relayPollIntervalMs', 'logger',
+]);
+
 /** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */
 export function resolveHttpApiOptions(options: HttpApiOptions): ResolvedHttpApiOptions {
+  refuseUnknownOptions(options, HTTP_API_OPTION_NAMES, 'createHttpApi(options)');
   if (!options?.keys) throw new ValidationError('INVALID_OPTIONS', 'keys', 'HttpApiOptions.keys is required: pass an IdempotencyKeys.');
   if (!options.connection) throw new ValidationError('INVALID_OPTIONS', 'connection', 'HttpApiOptions.connection is required: pass BullMQ connection options.');
   const parsed = optionsSchema.safeParse({

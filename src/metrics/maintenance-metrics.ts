@@ -69,6 +69,9 @@ export function instrumentMaintenance(
     m.janitorDeleted.inc({ schema, table: 'outbox' }, report.outboxRowsDeleted);
     m.janitorDeleted.inc({ schema, table: 'tombstones' }, report.tombstonesDeleted);
     m.janitorDeleted.inc({ schema, table: 'key_concurrency_limits' }, report.concurrencyRecordsDeleted);
+    m.janitorDeleted.inc({ schema, table: 'concurrency_slots' }, report.concurrencySlotsDeleted);
+    m.janitorDeleted.inc({ schema, table: 'coalescing_keys' }, report.coalescingKeysDeleted);
+    m.janitorDeleted.inc({ schema, table: 'coalescing_arrivals' }, report.coalescingArrivalsDeleted);
   };
   const onSweeper = (report: SweepReport) => {
     m.sweeperRuns.inc({ schema });
@@ -98,6 +101,8 @@ export function instrumentMaintenance(
   m.janitorDeleted.inc({ schema, table: 'outbox' }, 0);
   m.janitorDeleted.inc({ schema, table: 'tombstones' }, 0);
   m.janitorDeleted.inc({ schema, table: 'key_concurrency_limits' }, 0);
+  m.janitorDeleted.inc({ schema, table: 'coalescing_keys' }, 0);
+  m.janitorDeleted.inc({ schema, table: 'coalescing_arrivals' }, 0);
   m.janitorRuns.inc({ schema }, 0);
   m.sweeperRuns.inc({ schema }, 0);
   for (const task of MAINTENANCE_TASKS) m.maintenanceErrors.inc({ schema, task }, 0);

@@ -3,7 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { AckPolicy, jetstream, type ConsumerMessages, type JetStreamClient, type JsMsg } from '@nats-io/jetstream';
 import { connect, millis, type NatsConnection, type NodeConnectionOptions } from '@nats-io/transport-node';
 import type { Kysely } from 'kysely';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import { positiveIntegerOption } from '../consumer/consumer-options.js';
 import { resolveWorkerTiming, storeRetryDelayMs, type ResolvedWorkerTiming, type WorkerTimingOptions } from '../consumer/worker-timing.js';
 import { ValidationError } from '../errors.js';
@@ -21,6 +21,8 @@ import { handlerForm, withDatabaseOnlyContext, type DatabaseOnlyContext, type Da
 import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { publishDeadLetter, type DeadLetterReason } from './dead-letter.js';
 import { identityFromNatsMessage, type NatsKeySource } from './nats-message-identity.js';
+import { defaultLogger } from '../default-logger.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** What a handler receives: the BullMQ worker's context, with the JetStream message as `message`. */
 export type NatsJobContext<P = unknown> = KeyedJobContext<P, JsMsg>;
@@ -93,7 +95,7 @@ export interface IdempotentNatsConsumerOptions<P = unknown, R = unknown> extends
   readonly fastPath?: boolean;
   /** Keep each message's payload on its key. @defaultValue `false` */
   readonly storePayload?: boolean;
-  /** Structured logger. @defaultValue `pino()` at level info */
+  /** Structured logger. @defaultValue pino at `LOG_LEVEL`, else `warn` */
   readonly logger?: Logger;
   /** Chaos testing only: called at named protocol points. @defaultValue unset */
   readonly faultHook?: FaultHook;
@@ -133,6 +135,13 @@ function recordingAttempts<P, R>(handler: KeyedJobHandler<P, R, JsMsg>): KeyedJo
     return ctx;
   });
 }
+
+const NATS_CONSUMER_OPTION_NAMES = optionNames<IdempotentNatsConsumerOptions>()([
+  'servers', 'connectionOptions', 'stream', 'consumer', 'deadLetterSubject', 'keys', 'handler', 'dataLayers', 'keyFrom', 'scope', 'keyOf',
+  'concurrency', 'prefetch', 'maxAttempts', 'retryDelayMs', 'retryDelayMaxMs', 'errorDisposition', 'fastPath', 'storePayload', 'logger',
+  'faultHook', 'leaseMs', 'heartbeatMs', 'deferMaxMs', 'deferMinMs', 'deferJitterRatio', 'shutdownTimeoutMs', 'storeRetryMinMs',
+  'storeRetryMaxMs', 'storeRetryWindowMs', 'concurrencyStarvationMs',
+]);
 
 /**
  * A JetStream pull consumer that makes each message's effect happen once per idempotency key.
@@ -234,13 +243,14 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
 
   constructor(options: IdempotentNatsConsumerOptions<P, R>) {
     super();
+    refuseUnknownOptions(options, NATS_CONSUMER_OPTION_NAMES, 'createIdempotentNatsConsumer(options)');
     this.#options = Object.freeze({ ...options });
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
     this.#concurrency = positiveIntegerOption('concurrency', options.concurrency ?? 1);
     this.#maxAttempts = positiveIntegerOption('maxAttempts', options.maxAttempts ?? 5);
     this.#retryDelayMs = positiveIntegerOption('retryDelayMs', options.retryDelayMs ?? 1_000);
     this.#retryDelayMaxMs = positiveIntegerOption('retryDelayMaxMs', options.retryDelayMaxMs ?? 60_000);
-    this.#log = (options.logger ?? pino()).child({ stream: options.stream, consumer: options.consumer });
+    this.#log = (options.logger ?? defaultLogger()).child({ stream: options.stream, consumer: options.consumer });
     const keyFrom = options.keyFrom ?? 'wire-contract';
     const scope = options.scope;
     const identityOf = options.keyOf ?? ((message: JsMsg) => identityFromNatsMessage(message, keyFrom, scope) as JobIdentity<P>);

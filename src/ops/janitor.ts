@@ -1,5 +1,5 @@
 import type { Kysely } from 'kysely';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import {
   resolveJanitorOptions,
   retryHorizonMs,
@@ -7,6 +7,7 @@ import {
   type ResolvedJanitorOptions,
 } from './maintenance-options.js';
 import { PostgresOperatorStore, type OperatorStore } from '../store/operator-store.js';
+import { defaultLogger } from '../default-logger.js';
 
 /** What one janitor run did. */
 export interface JanitorReport {
@@ -18,6 +19,15 @@ export interface JanitorReport {
   readonly outboxRowsDeleted: number;
   /** Records of the concurrency key a key ran under, deleted once older than the retention with their key no longer processing. */
   readonly concurrencyRecordsDeleted: number;
+  /** Slot rows of concurrency keys that held nothing (a run that ended without freeing its slot: its worker died), deleted once their time was up for longer than the retention. */
+  readonly concurrencySlotsDeleted: number;
+  /**
+   * Coalescing keys' rows deleted: idle for longer than the retention, with no run in flight and
+   * no successor pending (see {@link Janitor.runOnce}).
+   */
+  readonly coalescingKeysDeleted: number;
+  /** Remembered send times of coalescing jobs (those without a trustworthy one) deleted, once older than the retention. */
+  readonly coalescingArrivalsDeleted: number;
   /** True when a table's deletion stopped at `maxBatchesPerRun` full batches: expired rows may remain for the next run. */
   readonly more: boolean;
 }
@@ -35,8 +45,9 @@ export interface RetentionWarning {
 }
 
 /**
- * Deletes completed and failed keys past their `expires_at`, and sent outbox rows older than
- * the retention, in small batches (`FOR UPDATE SKIP LOCKED`): any number of janitors may run
+ * Deletes completed and failed keys past their `expires_at`, sent outbox rows older than
+ * the retention, and coalescing keys' rows idle for longer than the retention (and their
+ * remembered send times older than it), in small batches (`FOR UPDATE SKIP LOCKED`): any number of janitors may run
  * at once, each row is deleted by exactly one of them, and live keys are never touched.
  * Usually run by `Maintenance` (one active at a time via an advisory lock), but safe without.
  * A hash-partitioned keys table is cleaned partition by partition (see `store/sql/delete-expired-keys.ts`).
@@ -63,7 +74,7 @@ export class Janitor {
 
   constructor(options: JanitorOptions) {
     this.#options = resolveJanitorOptions(options);
-    this.#log = (options.logger ?? pino()).child({ component: 'janitor', schema: this.#options.schema });
+    this.#log = (options.logger ?? defaultLogger()).child({ component: 'janitor', schema: this.#options.schema });
     const { tombstoneMs, retentionMs } = this.#options;
     if (tombstoneMs > 0 && tombstoneMs <= retentionMs) {
       // Counted from when a key finished, a window no longer than the retention has ended by the time the key is deleted.
@@ -179,10 +190,43 @@ export class Janitor {
       concurrencyRecordsDeleted += deleted;
       if (deleted < batchSize) break;
     }
-    if (keysDeleted > 0 || tombstonesDeleted > 0 || outboxRowsDeleted > 0 || concurrencyRecordsDeleted > 0) {
-      this.#log.info({ keysDeleted, tombstonesDeleted, outboxRowsDeleted, concurrencyRecordsDeleted, more }, 'janitor deleted expired rows');
-    }
-    return { keysDeleted, tombstonesDeleted, outboxRowsDeleted, concurrencyRecordsDeleted, more };
+    const coalescing = await this.#deleteCoalescingRows(store);
+    more ||= coalescing.more;
+    const { coalescingKeysDeleted, coalescingArrivalsDeleted, concurrencySlotsDeleted } = coalescing;
+    const deletedAny = keysDeleted > 0 || tombstonesDeleted > 0 || outboxRowsDeleted > 0 || concurrencyRecordsDeleted > 0 || concurrencySlotsDeleted > 0;
+    const counts = { keysDeleted, tombstonesDeleted, outboxRowsDeleted, concurrencyRecordsDeleted, concurrencySlotsDeleted, coalescingKeysDeleted, coalescingArrivalsDeleted };
+    if (deletedAny || coalescingKeysDeleted > 0 || coalescingArrivalsDeleted > 0) this.#log.info({ ...counts, more }, 'janitor deleted expired rows');
+    return { ...counts, more };
+  }
+
+  /**
+   * Coalescing keys' rows idle for longer than the retention, remembered send times older than
+   * it, and concurrency slot rows that hold nothing (see `store/sql/coalescing-janitor.ts`). The retention is the bound because what is
+   * deleted orders a key's payloads: when the newest payload was sent, and when a job without a
+   * trustworthy send time first arrived. A delivery held back past the bound and sent before the
+   * newest payload could run as the newest. The retention is what {@link Janitor.checkRetention}
+   * holds above every queue's retries.
+   */
+  async #deleteCoalescingRows(
+    store: OperatorStore,
+  ): Promise<{ coalescingKeysDeleted: number; coalescingArrivalsDeleted: number; concurrencySlotsDeleted: number; more: boolean }> {
+    const { batchSize, maxBatchesPerRun, retentionMs } = this.#options;
+    const inBatches = async (deleteBatch: () => Promise<number>): Promise<{ deleted: number; more: boolean }> => {
+      let deleted = 0;
+      for (let batch = 0; batch < maxBatchesPerRun; batch++) {
+        const count = await deleteBatch();
+        deleted += count;
+        if (count < batchSize) return { deleted, more: false };
+      }
+      return { deleted, more: true };
+    };
+    const rows = await inBatches(() => store.deleteIdleCoalescingKeys(retentionMs, batchSize));
+    const arrivals = await inBatches(() => store.deleteOldCoalescingArrivals(retentionMs, batchSize));
+    // Slot rows that hold nothing: any such row could go, the retention only keeps the janitor
+    // clear of a run renewing its slot right as its time runs out (see sql/concurrency-slot-wakes.ts).
+    const slots = await inBatches(() => store.deleteStaleConcurrencySlots(retentionMs, batchSize));
+    const more = rows.more || arrivals.more || slots.more;
+    return { coalescingKeysDeleted: rows.deleted, coalescingArrivalsDeleted: arrivals.deleted, concurrencySlotsDeleted: slots.deleted, more };
   }
 
   /** The keys table's partitions, or the table itself when it has none (read each run: cheap, and a conversion needs no restart). */

@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { ValidationError } from '../errors.js';
 import type { JobLookup } from './job-lookup.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /**
  * BullMQ retry settings of a queue's jobs (what producers pass as `attempts` and `backoff`).
@@ -50,7 +51,7 @@ export interface JanitorOptions {
    * @defaultValue `0`
    */
   readonly tombstoneMs?: number;
-  /** Structured logger (each run's counts, retention warnings). @defaultValue `pino()` */
+  /** Structured logger (each run's counts, retention warnings). @defaultValue pino at `LOG_LEVEL`, else `warn` */
   readonly logger?: Logger;
 }
 
@@ -70,7 +71,7 @@ export interface ResolvedJanitorOptions {
   readonly retryPolicies: Readonly<Record<string, RetryPolicy>>;
   /** See {@link JanitorOptions.tombstoneMs}. */
   readonly tombstoneMs: number;
-  /** See {@link JanitorOptions.logger}; undefined: `pino()`. */
+  /** See {@link JanitorOptions.logger}; undefined: pino at `LOG_LEVEL`, else `warn`. */
   readonly logger: Logger | undefined;
 }
 
@@ -116,7 +117,7 @@ export interface SweeperOptions {
   readonly batchSize?: number;
   /** Most keys examined in one run; the next run continues. @defaultValue `1_000` */
   readonly maxKeysPerRun?: number;
-  /** Structured logger (each recovery, each run's report). @defaultValue `pino()` */
+  /** Structured logger (each recovery, each run's report). @defaultValue pino at `LOG_LEVEL`, else `warn` */
   readonly logger?: Logger;
 }
 
@@ -144,7 +145,7 @@ export interface ResolvedSweeperOptions {
   readonly batchSize: number;
   /** See {@link SweeperOptions.maxKeysPerRun}. */
   readonly maxKeysPerRun: number;
-  /** See {@link SweeperOptions.logger}; undefined: `pino()`. */
+  /** See {@link SweeperOptions.logger}; undefined: pino at `LOG_LEVEL`, else `warn`. */
   readonly logger: Logger | undefined;
 }
 
@@ -182,6 +183,11 @@ const sweeperSchema = z.object({
 
 /** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */
 export function resolveJanitorOptions(options: JanitorOptions): ResolvedJanitorOptions {
+  refuseUnknownOptions(
+    options,
+    optionNames<JanitorOptions>()(['db', 'schema', 'batchSize', 'maxBatchesPerRun', 'retentionMs', 'retryPolicies', 'tombstoneMs', 'logger']),
+    'new Janitor(options)',
+  );
   if (!options?.db) throw new ValidationError('INVALID_OPTIONS', 'db', 'JanitorOptions.db is required: pass a Kysely<any> instance.');
   const parsed = parse('JanitorOptions', janitorSchema, {
     schema: options.schema,
@@ -194,8 +200,13 @@ export function resolveJanitorOptions(options: JanitorOptions): ResolvedJanitorO
   return Object.freeze({ ...parsed, db: options.db, logger: options.logger });
 }
 
+const SWEEPER_OPTION_NAMES = optionNames<SweeperOptions>()([
+  'db', 'schema', 'jobs', 'sweepAfterMs', 'action', 'queueActions', 'queues', 'retentionMs', 'retryPolicies', 'batchSize', 'maxKeysPerRun', 'logger',
+]);
+
 /** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */
 export function resolveSweeperOptions(options: SweeperOptions): ResolvedSweeperOptions {
+  refuseUnknownOptions(options, SWEEPER_OPTION_NAMES, 'new Sweeper(options)');
   if (!options?.db) throw new ValidationError('INVALID_OPTIONS', 'db', 'SweeperOptions.db is required: pass a Kysely<any> instance.');
   if (!options.jobs) throw new ValidationError('INVALID_OPTIONS', 'jobs', 'SweeperOptions.jobs is required: pass a BullmqJobLookup.');
   const parsed = parse('SweeperOptions', sweeperSchema, {
@@ -273,6 +284,30 @@ export function parseQueueActions(text: string | undefined): Record<string, Swee
     actions[queue] = value;
   }
   return actions;
+}
+
+/**
+ * Parses `JOB_RETRY_POLICIES`-style text, `reports=5:exponential:1000,rates=3`, into retry
+ * policies by queue: the attempts, then optionally the backoff type and its (first) delay in ms.
+ * Throws a {@link ValidationError} naming the bad entry.
+ */
+export function parseQueueRetryPolicies(text: string | undefined): Record<string, RetryPolicy> {
+  const policies: Record<string, RetryPolicy> = {};
+  if (!text) return policies;
+  for (const entry of text.split(',').map((e) => e.trim()).filter(Boolean)) {
+    const match = /^([^=\s]+)\s*=\s*(\d+)(?:\s*:\s*(fixed|exponential)\s*:\s*(\d+))?$/.exec(entry);
+    const attempts = Number(match?.[2]);
+    if (!match || !Number.isSafeInteger(attempts) || attempts < 1 || policies[match[1]!] !== undefined) {
+      throw new ValidationError(
+        'INVALID_OPTIONS',
+        'retryPolicies',
+        `Invalid queue retry policy "${entry}": expected <queue>=<attempts> or <queue>=<attempts>:fixed|exponential:<delay ms>, attempts at least 1, each queue once, separated by commas.`,
+      );
+    }
+    const [, queue, , type, delay] = match;
+    policies[queue!] = { attempts, ...(type ? { backoff: { type: type as 'fixed' | 'exponential', delayMs: Number(delay) } } : {}) };
+  }
+  return policies;
 }
 
 function parse<T extends z.ZodType>(what: string, schema: T, input: unknown): z.infer<T> {

@@ -1,6 +1,6 @@
 import { EventEmitter } from 'node:events';
 import type { Kysely } from 'kysely';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import { resolveMaintenanceIntervals } from './maintenance-options.js';
 import { withMaintenanceLock, type LockedRun, type MaintenanceTask } from '../store/maintenance-lock.js';
 import { PostgresOperatorStore } from '../store/operator-store.js';
@@ -8,6 +8,8 @@ import { isTransientStoreError } from '../store/pg-errors.js';
 import type { Janitor, JanitorReport } from './janitor.js';
 import type { SweepReport, Sweeper } from './sweeper.js';
 import type { KeyStats } from '../store/records.js';
+import { defaultLogger } from '../default-logger.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Options of {@link Maintenance}. */
 export interface MaintenanceOptions {
@@ -33,7 +35,7 @@ export interface MaintenanceOptions {
    * @defaultValue the sweeper's `sweepAfterMs`, else `900_000`
    */
   readonly sweepAfterMs?: number;
-  /** Structured logger (failed runs; the tasks log through their own). @defaultValue `pino()` */
+  /** Structured logger (failed runs; the tasks log through their own). @defaultValue pino at `LOG_LEVEL`, else `warn` */
   readonly logger?: Logger;
 }
 
@@ -89,13 +91,18 @@ export class Maintenance extends EventEmitter<MaintenanceEvents> {
 
   constructor(options: MaintenanceOptions) {
     super();
+    refuseUnknownOptions(
+      options,
+      optionNames<MaintenanceOptions>()(['db', 'schema', 'janitor', 'sweeper', 'janitorIntervalMs', 'sweeperIntervalMs', 'statsIntervalMs', 'sweepAfterMs', 'logger']),
+      'new Maintenance(options)',
+    );
     this.#db = options.db;
     this.#schema = options.schema ?? 'idempotent_jobs';
     this.#janitor = options.janitor;
     this.#sweeper = options.sweeper;
     this.#intervals = resolveMaintenanceIntervals(options);
     this.#sweepAfterMs = options.sweepAfterMs ?? options.sweeper?.options.sweepAfterMs;
-    this.#log = (options.logger ?? pino()).child({ component: 'maintenance', schema: this.#schema });
+    this.#log = (options.logger ?? defaultLogger()).child({ component: 'maintenance', schema: this.#schema });
     // An EventEmitter throws on an unheard 'error'; failures are logged, so listening is optional.
     this.on('error', () => {});
   }

@@ -1,7 +1,9 @@
-import { CronExpressionParser } from 'cron-parser';
 import { ValidationError } from '../errors.js';
 import { findJsonProblem, describeJsonProblem } from '../json-limits.js';
 import type { MissedTicksPolicy, ScheduleInput, ScheduleKind } from '../store/records.js';
+import { CronCalendar } from './cron-calendar.js';
+import { hashSeedOf } from './schedule-ticks.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** The shortest interval a schedule may have: the scheduler looks for due ticks about once a second. */
 export const MIN_SCHEDULE_INTERVAL_MS = 1_000;
@@ -45,11 +47,14 @@ export interface ScheduleOptions {
   readonly maxMissed?: number;
 }
 
+const SCHEDULE_OPTION_NAMES = optionNames<ScheduleOptions>()(['name', 'cron', 'every', 'timezone', 'queue', 'jobName', 'data', 'missed', 'maxMissed']);
+
 /** Checks a schedule's options and gives the row to store; throws `ValidationError` (`INVALID_OPTIONS`) saying what is wrong. */
 export function toScheduleInput(options: ScheduleOptions): ScheduleInput {
   if (options === null || typeof options !== 'object') throw invalid('schedule', 'A schedule must be an object with a name, a queue and a cron or every.');
   const name = assertScheduleName(options.name);
   const where = `schedule "${name}"`;
+  refuseUnknownOptions(options, SCHEDULE_OPTION_NAMES, where);
   const queue = nonEmptyText(options.queue, 'queue', where);
   const jobName = options.jobName === undefined ? name : nonEmptyText(options.jobName, 'jobName', where);
   const timezone = options.timezone ?? 'UTC';
@@ -63,7 +68,7 @@ export function toScheduleInput(options: ScheduleOptions): ScheduleInput {
   } else if (options.cron !== undefined) {
     kind = 'cron';
     spec = options.cron;
-    assertCron(spec, timezone, where);
+    assertCron(spec, name, where);
   } else if (options.every !== undefined) {
     kind = 'interval';
     const every = options.every;
@@ -96,75 +101,7 @@ export function assertScheduleName(name: unknown): string {
   return name;
 }
 
-/** What {@link dueTicks} and {@link nextTick} read of a schedule. */
-export interface TickRule {
-  readonly kind: ScheduleKind;
-  readonly spec: string;
-  readonly timezone: string;
-  readonly missed: MissedTicksPolicy;
-  readonly maxMissed: number;
-}
-
-/**
- * The ticks due: those after `cursor` and at or before `now` (both the database's), oldest
- * first; only the latest one with `missed: 'latest'`, the latest `maxMissed` with `'all'`.
- * A pure function of its inputs, so every scheduler computes the same ticks.
- */
-export function dueTicks(rule: TickRule, cursor: Date, now: Date): Date[] {
-  const limit = rule.missed === 'latest' ? 1 : rule.maxMissed;
-  const after = cursor.getTime();
-  const until = now.getTime();
-  if (until <= after) return [];
-  const ticks: number[] = [];
-  if (rule.kind === 'interval') {
-    const every = Number(rule.spec);
-    // Counted back from the latest multiple of the interval: a long downtime costs `limit` steps, not one per missed tick.
-    for (let tick = Math.floor(until / every) * every; tick > after && ticks.length < limit; tick -= every) ticks.push(tick);
-  } else {
-    // cron-parser's prev() is strictly before its start: start 1 ms after now, so a tick at now itself is due.
-    const expression = CronExpressionParser.parse(rule.spec, { currentDate: new Date(until + 1), tz: rule.timezone });
-    while (ticks.length < limit && expression.hasPrev()) {
-      const tick = expression.prev().getTime();
-      if (tick <= after) break;
-      ticks.push(tick);
-    }
-  }
-  return ticks.reverse().map((tick) => new Date(tick));
-}
-
-/** Most missed ticks {@link skippedTicks} counts in one call (a cron of every second after days of downtime would otherwise be counted one by one). */
-export const MAX_COUNTED_SKIPS = 10_000;
-
-/**
- * How many ticks after `cursor` and at or before `now` the missed-ticks policy leaves out: all
- * of them but the `due` ones {@link dueTicks} returns. Counted exactly for an interval, and up to
- * {@link MAX_COUNTED_SKIPS} for a cron expression.
- */
-export function skippedTicks(rule: Pick<TickRule, 'kind' | 'spec' | 'timezone'>, cursor: Date, now: Date, due: number): number {
-  const after = cursor.getTime();
-  const until = now.getTime();
-  if (until <= after) return 0;
-  if (rule.kind === 'interval') {
-    const every = Number(rule.spec);
-    return Math.max(0, Math.floor(until / every) - Math.floor(after / every) - due);
-  }
-  const expression = CronExpressionParser.parse(rule.spec, { currentDate: new Date(until + 1), tz: rule.timezone });
-  let all = 0;
-  while (all < MAX_COUNTED_SKIPS + due && expression.hasPrev() && expression.prev().getTime() > after) all += 1;
-  return Math.max(0, all - due);
-}
-
-/** The first tick after `after`, or null when the cron expression has no more. */
-export function nextTick(rule: Pick<TickRule, 'kind' | 'spec' | 'timezone'>, after: Date): Date | null {
-  if (rule.kind === 'interval') {
-    const every = Number(rule.spec);
-    return new Date((Math.floor(after.getTime() / every) + 1) * every);
-  }
-  const expression = CronExpressionParser.parse(rule.spec, { currentDate: after, tz: rule.timezone });
-  return expression.hasNext() ? expression.next().toDate() : null;
-}
-
-function assertCron(spec: unknown, timezone: string, where: string): void {
+function assertCron(spec: unknown, name: string, where: string): void {
   if (typeof spec !== 'string' || spec.trim() === '') throw invalid('cron', `${where}: cron must be a non-empty cron expression such as '0 * * * *'.`);
   const fields = spec.trim().split(/\s+/).length;
   // cron-parser fills in missing fields (an empty text is every second): require 5 or 6 so that a typo is refused, not read as another schedule.
@@ -172,7 +109,7 @@ function assertCron(spec: unknown, timezone: string, where: string): void {
     throw invalid('cron', `${where}: cron ${JSON.stringify(spec)} has ${fields} fields; give 5 (minute hour day month weekday) or 6 (second first).`);
   }
   try {
-    CronExpressionParser.parse(spec, { tz: timezone });
+    new CronCalendar(spec, hashSeedOf(name));
   } catch (error) {
     throw invalid('cron', `${where}: cron ${JSON.stringify(spec)} is not a valid expression: ${error instanceof Error ? error.message : String(error)}.`);
   }

@@ -1,10 +1,12 @@
 import { EventEmitter } from 'node:events';
 import type { Kysely } from 'kysely';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import { ScheduleStore } from '../store/schedule-store.js';
 import type { ScheduleRow } from '../store/records.js';
-import { dueTicks, nextTick, skippedTicks } from './schedule-spec.js';
+import { nextTick, ticksDue } from './schedule-ticks.js';
 import { scheduleScope, tickKey } from './schedules.js';
+import { defaultLogger } from '../default-logger.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** One tick's job, as the scheduler hands it to its {@link TickEnqueuer}. */
 export interface ScheduledTick {
@@ -83,7 +85,7 @@ export interface SchedulerOptions {
   readonly enqueuer: TickEnqueuer;
   /** The longest wait between rounds (the scheduler also wakes for the next tick it knows of, and notices new schedules within this). @defaultValue `1_000` */
   readonly intervalMs?: number;
-  /** Structured logger. @defaultValue `pino()` */
+  /** Structured logger. @defaultValue pino at `LOG_LEVEL`, else `warn` */
   readonly logger?: Logger;
 }
 
@@ -118,6 +120,7 @@ export class Scheduler extends EventEmitter<SchedulerEvents> {
 
   constructor(options: SchedulerOptions) {
     super();
+    refuseUnknownOptions(options, optionNames<SchedulerOptions>()(['db', 'schema', 'enqueuer', 'intervalMs', 'logger']), 'new Scheduler(options)');
     const schema = options.schema ?? 'idempotent_jobs';
     this.#store = new ScheduleStore(options.db, schema);
     this.#enqueuer = options.enqueuer;
@@ -125,7 +128,7 @@ export class Scheduler extends EventEmitter<SchedulerEvents> {
     if (!Number.isFinite(this.#intervalMs) || this.#intervalMs <= 0) {
       throw new RangeError(`Scheduler intervalMs must be a positive number of milliseconds; got ${this.#intervalMs}.`);
     }
-    this.#log = (options.logger ?? pino()).child({ component: 'scheduler', schema });
+    this.#log = (options.logger ?? defaultLogger()).child({ component: 'scheduler', schema });
   }
 
   /** Runs a round now, then again at the next tick or after `intervalMs`, whichever is sooner, until {@link stop}. */
@@ -179,7 +182,7 @@ export class Scheduler extends EventEmitter<SchedulerEvents> {
   }
 
   async #enqueueDue(row: ScheduleRow): Promise<ScheduleRoundReport> {
-    const ticks = dueTicks({ ...row, maxMissed: row.max_missed }, row.cursor, row.db_now);
+    const { ticks, skipped } = ticksDue({ ...row, maxMissed: row.max_missed }, row.cursor, row.db_now);
     let duplicates = 0;
     for (const tick of ticks) {
       const outcome = await this.#enqueuer.enqueue({
@@ -193,7 +196,6 @@ export class Scheduler extends EventEmitter<SchedulerEvents> {
       });
       if (outcome === 'duplicate') duplicates += 1;
     }
-    const skipped = skippedTicks(row, row.cursor, row.db_now, ticks.length);
     if (ticks.length > 0) this.#log.debug({ schedule: row.name, ticks: ticks.map(tickKey), duplicates, skipped }, 'ticks enqueued');
     if (skipped > 0) this.#log.info({ schedule: row.name, skipped, missed: row.missed }, 'missed ticks left out by the schedule\'s missed-ticks policy');
     const latestTick = ticks.at(-1) ?? null;

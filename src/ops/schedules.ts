@@ -1,7 +1,9 @@
 import type { Kysely } from 'kysely';
 import { ScheduleStore } from '../store/schedule-store.js';
 import type { MissedTicksPolicy, ScheduleKind, ScheduleRow } from '../store/records.js';
-import { assertScheduleName, nextTick, toScheduleInput, type ScheduleOptions } from './schedule-spec.js';
+import { assertScheduleName, toScheduleInput, type ScheduleOptions } from './schedule-spec.js';
+import { nextTickInZone } from './schedule-ticks.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** A stored schedule, as {@link Schedules.list} shows it. */
 export interface ScheduleInfo {
@@ -25,8 +27,20 @@ export interface ScheduleInfo {
   readonly maxMissed: number;
   /** The latest tick enqueued; null before the first. */
   readonly lastTick: Date | null;
-  /** The next tick to enqueue (after the later of the cursor and the database's now); null when a cron expression has no more. */
+  /**
+   * The next tick to enqueue (after the later of the cursor and the database's now); null when a
+   * cron expression has no more. The tick a round enqueues when it comes due: on the days the
+   * zone's clock changes too (docs/guide.md#schedules, "Clock changes").
+   */
   readonly nextTick: Date | null;
+  /** The next tick as the schedule's zone's clock reads it, `2026-03-29T03:00:00+02:00` (`+00:00` for an interval); null with no next tick. */
+  readonly nextTickLocal: string | null;
+  /**
+   * When the next tick stands for a local time the zone's clock skips (a fixed-time expression's
+   * time inside a spring-forward gap, fired at the first instant after it), that local time,
+   * `2026-03-29T02:00:00`; otherwise null.
+   */
+  readonly nextTickSkippedLocalTime: string | null;
 }
 
 /** The idempotency scope of a schedule's ticks: `schedule:<name>`. Each tick's key is its time in ISO 8601 (UTC, milliseconds). */
@@ -67,6 +81,7 @@ export class Schedules {
   readonly #store: ScheduleStore;
 
   constructor(options: SchedulesOptions) {
+    refuseUnknownOptions(options, optionNames<SchedulesOptions>()(['db', 'schema']), 'new Schedules(options)');
     this.#store = new ScheduleStore(options.db, options.schema ?? 'idempotent_jobs');
   }
 
@@ -100,6 +115,7 @@ export class Schedules {
 /** A stored row as the API shows it. */
 export function toScheduleInfo(row: ScheduleRow): ScheduleInfo {
   const after = row.cursor > row.db_now ? row.cursor : row.db_now;
+  const next = nextTickInZone(row, after);
   return {
     name: row.name,
     kind: row.kind,
@@ -111,6 +127,8 @@ export function toScheduleInfo(row: ScheduleRow): ScheduleInfo {
     missed: row.missed,
     maxMissed: row.max_missed,
     lastTick: row.last_tick,
-    nextTick: nextTick(row, after),
+    nextTick: next?.at ?? null,
+    nextTickLocal: next?.localTime ?? null,
+    nextTickSkippedLocalTime: next?.skippedLocalTime ?? null,
   };
 }

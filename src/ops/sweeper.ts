@@ -1,5 +1,5 @@
 import type { Kysely } from 'kysely';
-import { pino, type Logger } from 'pino';
+import type { Logger } from 'pino';
 import {
   resolveSweeperOptions,
   type ResolvedSweeperOptions,
@@ -11,6 +11,7 @@ import type { JobPresence } from './job-lookup.js';
 import { isBrokerQueueName } from '../consumer/broker-queue-names.js';
 import { PostgresOperatorStore, type OperatorStore } from '../store/operator-store.js';
 import type { LostKeyCandidate, LostKeyCursor } from '../store/records.js';
+import { defaultLogger } from '../default-logger.js';
 
 /** One lost job the sweeper dealt with. */
 export interface SweepRecovery {
@@ -73,7 +74,7 @@ export class Sweeper {
 
   constructor(options: SweeperOptions) {
     this.#options = resolveSweeperOptions(options);
-    this.#log = (options.logger ?? pino()).child({ component: 'sweeper', schema: this.#options.schema });
+    this.#log = (options.logger ?? defaultLogger()).child({ component: 'sweeper', schema: this.#options.schema });
   }
 
   /** The resolved options. */

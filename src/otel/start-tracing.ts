@@ -7,6 +7,7 @@
 import { ConfigError } from '../errors.js';
 import { configureTracing } from '../telemetry/trace-attributes.js';
 import { addExitHook } from '../runtime/shutdown-signals.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** A started (or not started) SDK, as {@link startTracingFromEnv} returns it. */
 export interface Tracing {
@@ -63,6 +64,7 @@ const NOT_STARTED: Tracing = { enabled: false, shutdown: async () => {} };
  * ```
  */
 export async function startTracingFromEnv(options: StartTracingOptions): Promise<Tracing> {
+  refuseUnknownOptions(options, optionNames<StartTracingOptions>()(['serviceName']), 'startTracingFromEnv(options)');
   const env = process.env;
   configureTracing({ recordKeys: env.TRACE_KEYS?.trim().toLowerCase() === 'true' });
   if (!tracingRequested(env)) return NOT_STARTED;

@@ -62,6 +62,7 @@ export class EffectBoundary {
     const settled = group.committer.run({
       identity: keyIdentity(claim),
       kind: options.kind,
+      ...(options.onGroupRefusal ? { onRefused: options.onGroupRefusal } : {}),
       run: async (tx) => {
         const result = await effect(tx);
         const json = serializeResult(claim.scope, claim.key, result, maxResultBytes);

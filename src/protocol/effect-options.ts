@@ -1,3 +1,4 @@
+import type { GroupRefusal } from './group-refusals.js';
 import type { Transaction } from 'kysely';
 import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
 import type { HeldRecord } from '../store/one-trip-commit.js';
@@ -58,6 +59,12 @@ export interface EffectOptions {
    * start. @defaultValue unset (the effect's own queue and job name, when it has them)
    */
   readonly kind?: string;
+  /**
+   * Told when group commit sends the effect out of its group to run alone, for what it did to
+   * the shared transaction (a statement that leaves state, state found after it); the workers
+   * log it at debug. @defaultValue unset
+   */
+  readonly onGroupRefusal?: (refusal: GroupRefusal) => void;
 }
 
 /** Options of {@link IdempotencyKeys.commitEffect}. */

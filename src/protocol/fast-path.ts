@@ -67,6 +67,7 @@ export class FastPath {
       return group.committer.run<ExecuteOnceOutcome<T>>({
         identity: keyIdentity(input),
         kind: options.kind ?? kindOf(options),
+        ...(options.onGroupRefusal ? { onRefused: options.onGroupRefusal } : {}),
         run: async (tx) => {
           const claim = withRetention(freshCompletingClaim(input), retention);
           const result = await effect(tx, claim);

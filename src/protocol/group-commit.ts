@@ -1,9 +1,8 @@
 import type { Kysely } from 'kysely';
-import { StatementLeavesState } from '../store/gathering-connection.js';
 import type { GroupStatements } from '../store/key-store.js';
 import { pipelines } from '../store/pipeline.js';
+import { groupRefusalsCounter, refusalReasonOf, type GroupRefusal } from './group-refusals.js';
 import { runGroupTransaction, type GroupMember, type GroupVerdict } from './group-transaction.js';
-import { TransactionControlError } from '../errors.js';
 
 /** Options of group commit ({@link IdempotencyOptions.groupCommit}). */
 export interface GroupCommitOptions {
@@ -12,10 +11,11 @@ export interface GroupCommitOptions {
   /** Groups open at once, each on its own connection. @defaultValue `2` */
   readonly maxGroups?: number;
   /**
-   * Custom settings (`app.tenant`) to watch besides those the library always watches and those
-   * declared for the database or role: a group whose job changed one (say, inside a function
-   * the handler calls) commits nothing, and its jobs run alone. Name here what your functions
-   * set with `set_config(…, true)` and no catalog declares. @defaultValue `[]`
+   * Custom settings (`app.tenant`) to watch besides those the library always watches, those
+   * declared for the database or role and those named by a literal in the database's functions
+   * and policies: a job that changed one (say, inside a function the handler calls) is found
+   * after its statements, its group rolls back, and it runs alone. Name here what your code sets
+   * under a name it computes (`set_config(v_name, …)`). @defaultValue `[]`
    */
   readonly watchSettings?: readonly string[];
   /**
@@ -53,6 +53,8 @@ export interface GroupJob<T> extends GroupMember<T> {
    * this job.
    */
   readonly kind?: string;
+  /** Told when group commit sends this job out of its group for what it did to the shared transaction (to log it). */
+  readonly onRefused?: (refusal: GroupRefusal) => void;
 }
 
 interface Waiting {
@@ -80,9 +82,12 @@ interface Waiting {
  * shared {@link MAX_GROUP_TRIES} failed groups runs alone too.
  *
  * Nothing crosses from one job to the next inside a group: a job's statement that would leave
- * state behind (a setting, a temporary table) is never sent in a group, and the group's end
- * compares the watched settings with their values at its BEGIN (`store/sql/group-settings.ts`).
- * One thing cannot be told apart: `now()` is the group's BEGIN time, for every job of it.
+ * state behind (a setting, a temporary table) is never sent in a group, and after each job's
+ * statements the transaction's state is compared with what the group's BEGIN kept
+ * (`store/sql/group-settings.ts`), before any group-mate's statement runs. A job found leaving
+ * state runs alone, and so do later jobs of its kind; each such refusal is counted
+ * (`idempotent_jobs_group_commit_refusals_total`) and told to the job (`onRefused`). One thing
+ * cannot be told apart: `now()` is the group's BEGIN time, for every job of it.
  *
  * A job that arrives while fewer than `maxGroups` groups are open starts a group; otherwise it
  * waits and joins the next open group that looks for work. A group takes the waiting jobs (up
@@ -109,6 +114,7 @@ export class GroupCommitter {
   readonly #waiting: Waiting[] = [];
   /** Kinds of jobs found sending a statement that cannot share a transaction: they run alone. */
   readonly #aloneKinds = new Set<string>();
+  readonly #refusals = groupRefusalsCounter();
   #open = 0;
   /**
    * Groups run their jobs at once, gathering their statements, until a job sends a statement
@@ -190,12 +196,13 @@ export class GroupCommitter {
         this.#waiting.unshift(...members);
         return;
       case 'culprits': {
+        for (const member of members) if (verdict.culprits.has(member.job)) this.#noteRefusal(member.job, verdict.errors.get(member.job));
         const again: Waiting[] = [];
         for (const member of members) {
-          if (verdict.culprits.has(member.job)) {
-            this.#rememberKind(member.job, verdict.errors.get(member.job));
-            this.#runAlone(member);
-          } else if (++member.tries >= MAX_GROUP_TRIES) this.#runAlone(member);
+          // A group-mate of a kind just found leaving state runs alone too, as later ones will.
+          const aloneKind = member.job.kind !== undefined && this.#aloneKinds.has(member.job.kind);
+          if (verdict.culprits.has(member.job) || aloneKind) this.#runAlone(member);
+          else if (++member.tries >= MAX_GROUP_TRIES) this.#runAlone(member);
           else again.push(member);
         }
         this.#waiting.unshift(...again);
@@ -211,9 +218,9 @@ export class GroupCommitter {
     }
   }
 
-  /** The store's watched settings and those of {@link GroupCommitOptions.watchSettings}; undefined when the store watches none. */
+  /** The store's watched settings and those of {@link GroupCommitOptions.watchSettings}; undefined when the store checks no state. */
   async #watchedSettings(): Promise<readonly string[] | undefined> {
-    const names = await this.#statements.settings?.names();
+    const names = await this.#statements.state?.names();
     if (names === undefined) return undefined;
     return this.#watchSettings.length === 0 ? names : [...new Set([...names, ...this.#watchSettings])];
   }
@@ -222,9 +229,16 @@ export class GroupCommitter {
     member.job.alone().then(member.resolve, member.reject);
   }
 
-  /** A job that sent a statement that cannot share a transaction: jobs of its kind run alone from now on. */
-  #rememberKind(job: GroupJob<unknown>, error: unknown): void {
-    if (job.kind !== undefined && (error instanceof StatementLeavesState || error instanceof TransactionControlError)) this.#aloneKinds.add(job.kind);
+  /**
+   * A job to blame: when what it did cannot share a transaction (a refusal, not a failure of
+   * its own), jobs of its kind run alone from now on, and the refusal is counted and told.
+   */
+  #noteRefusal(job: GroupJob<unknown>, error: unknown): void {
+    const reason = refusalReasonOf(error);
+    if (reason === undefined) return;
+    if (job.kind !== undefined) this.#aloneKinds.add(job.kind);
+    this.#refusals.inc({ reason });
+    job.onRefused?.({ reason, error: error as Error, kind: job.kind });
   }
 
   /**

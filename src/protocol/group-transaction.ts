@@ -1,5 +1,5 @@
 import type { CompiledQuery, ConnectionProvider, DatabaseConnection, Kysely, Transaction } from 'kysely';
-import { GatheringConnection, GroupAbortedError, InterleavedStatements } from '../store/gathering-connection.js';
+import { GatheringConnection, GroupAbortedError, InterleavedStatements, StateLeftBehind, stateLeftBehind } from '../store/gathering-connection.js';
 import type { GroupStatements } from '../store/key-store.js';
 import { transactionOn } from '../store/one-trip-commit.js';
 import { transientStoreFault } from '../store/pg-errors.js';
@@ -60,7 +60,7 @@ export interface GroupTransactionOptions {
   readonly gather: boolean;
   /** The connection answers pipeline queries (`pipelines(db)`); without it, each statement goes alone. */
   readonly pipelines: boolean;
-  /** The settings to watch ({@link GroupStatements.settings}); undefined: not watched. */
+  /** The settings to watch ({@link GroupStatements.state}); undefined: the state is not checked. */
   readonly watchedSettings: readonly string[] | undefined;
   /** How long the insert of the group's new keys may wait on a key another transaction holds. */
   readonly lockTimeoutMs: number;
@@ -81,9 +81,11 @@ export class HeldGroupTooLong extends Error {
 
 /**
  * Runs one group's transaction: BEGIN (riding with the first statements, with the keeping of the
- * watched settings); the jobs, in batches taken from `take` while it offers more; then one
- * pipeline of every job's closing statement, the settings check, one insert of every new key,
- * and the COMMIT. No savepoints: a group commits whole or not at all.
+ * transaction's state); the jobs, in batches taken from `take` while it offers more, the state
+ * checked after each job's statements (in the round trip of the next job's first statement);
+ * then one pipeline of the state check after the last job, every job's closing statement, one
+ * insert of every new key, and the COMMIT. No savepoints of the group's own: a group commits
+ * whole or not at all.
  *
  * Gathered (`gather`), the jobs of a batch run at once, and the statements they send in one turn
  * go out as one pipeline: a batch of jobs of one statement each costs one round trip. A job that
@@ -103,8 +105,10 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
   options: GroupTransactionOptions,
 ): Promise<GroupVerdict<M>> {
   const { statements } = options;
+  const watched = statements.state && options.watchedSettings;
+  const stateCheck = watched ? statements.state!.check(watched) : undefined;
   return db.getExecutor().provideConnection(async (inner): Promise<GroupVerdict<M>> => {
-    const connection = new GatheringConnection(inner, { gather: options.gather, pipelines: options.pipelines });
+    const connection = new GatheringConnection(inner, { gather: options.gather, pipelines: options.pipelines, ...(stateCheck ? { stateCheck } : {}) });
     const ends = new Map<M, GroupMemberEnd<unknown>>();
     // Jobs that threw an error of their own (not one the group's failure caused).
     const threw = new Map<M, unknown>();
@@ -114,13 +118,21 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       await connection.rollback(ROLLBACK);
       return abandoned.size > 0 && verdict.kind !== 'committed' ? { ...verdict, abandoned } : verdict;
     };
-    const watched = options.watchedSettings;
-    connection.defer(BEGIN_READ_COMMITTED, ...(watched && statements.settings ? [statements.settings.keep(watched)] : []));
+    connection.defer(BEGIN_READ_COMMITTED, ...(watched ? [statements.state!.keep(watched)] : []));
     for (let batch = take(); batch.length > 0; batch = take()) {
       const run = (member: M) => {
         const ran = member.run(transactionOn(db, sharedProvider(connection.forJob(member)))).then(
           (end) => {
-            if (!abandoned.has(member)) ends.set(member, end);
+            if (abandoned.has(member)) return;
+            const open = connection.openSavepoints(member);
+            if (open > 0) {
+              // Its group-mates would run inside its savepoint: it runs alone.
+              const error = new StateLeftBehind(`${open} savepoint${open === 1 ? '' : 's'} open`);
+              threw.set(member, error);
+              connection.fail({ kind: 'job', error, culprits: new Set([member]) });
+              return;
+            }
+            ends.set(member, end);
           },
           (error: unknown) => {
             if (abandoned.has(member)) return;
@@ -151,31 +163,32 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       connection.discard(); // another group took the jobs first: BEGIN never went out
       return { kind: 'committed', values: new Map() };
     }
-    return endGroup(connection, [...ends], options, stop);
+    return endGroup(connection, [...ends], { ...options, stateCheck }, stop);
   });
 }
 
-/** The group's end: every closing statement, the settings check, the new keys and the COMMIT in one pipeline; the verdict from Postgres's answer. */
+/** The group's end: the state check after the last job, every closing statement, the new keys and the COMMIT in one pipeline; the verdict from Postgres's answer. */
 async function endGroup<M>(
   connection: GatheringConnection,
   ends: ReadonlyArray<readonly [M, GroupMemberEnd<unknown>]>,
-  options: GroupTransactionOptions,
+  options: GroupTransactionOptions & { readonly stateCheck: CompiledQuery | undefined },
   stop: (verdict: GroupVerdict<M>) => Promise<GroupVerdict<M>>,
 ): Promise<GroupVerdict<M>> {
-  const { statements, watchedSettings } = options;
+  const { statements, stateCheck } = options;
   const sent: CompiledQuery[] = [];
   // What failing at each position of the pipeline means.
   const blame: Array<(error: unknown) => GroupVerdict<M>> = [];
   const culprit = (member: M) => (error: unknown): GroupVerdict<M> => ({ kind: 'culprits', culprits: new Set([member]), errors: new Map([[member, error]]) });
   const uncertain = (error: unknown): GroupVerdict<M> => ({ kind: 'uncertain', error });
+  const last = connection.lastSender as M | undefined;
+  if (stateCheck && last !== undefined) {
+    sent.push(stateCheck);
+    blame.push((error) => culprit(last)(stateLeftBehind(error)));
+  }
   for (const [member, end] of ends) {
     if (!end.closing) continue;
     sent.push(end.closing);
     blame.push(culprit(member));
-  }
-  if (watchedSettings && statements.settings) {
-    sent.push(statements.settings.check(watchedSettings));
-    blame.push(uncertain);
   }
   const newKeys = ends.filter(([, end]) => end.newKey !== undefined);
   if (newKeys.length > 0) {

@@ -60,7 +60,8 @@ import { GroupCommitter } from './group-commit.js';
 import { resolveIdempotencyOptions, type IdempotencyOptions, type ResolvedIdempotencyOptions } from './idempotency-options.js';
 import type { ProtocolParts } from './protocol-parts.js';
 import { StepCalls } from './step-calls.js';
-import { storeCall } from './store-calls.js';
+import { keyIdentity, storeCall } from './store-calls.js';
+import { UncertainClaims } from './uncertain-claims.js';
 import { assertValidKeyPart, serializePayload, serializeResult, toStoredError, type FailedStep } from './validate.js';
 import type { CoalesceAnswer, CoalesceSuccessor } from '../store/records.js';
 
@@ -124,6 +125,7 @@ export class IdempotencyKeys {
   readonly #fastPath: FastPath;
   readonly #dataLayers: DataLayerBoundary;
   readonly #steps: StepCalls;
+  readonly #uncertainClaims = new UncertainClaims();
 
   constructor(options: IdempotencyOptions, store?: KeyStore) {
     this.#options = resolveIdempotencyOptions(options);
@@ -176,9 +178,20 @@ export class IdempotencyKeys {
   async claim(scope: string, key: string, fingerprint: string, options: ClaimOptions = {}): Promise<ClaimOutcome> {
     assertValidKeyPart('scope', scope);
     assertValidKeyPart('key', key);
-    const input = claimInput(this.#parts, { scope, key, fingerprint, mode: 'lease' }, options);
+    const identity = keyIdentity({ scope, key });
+    const fresh = claimInput(this.#parts, { scope, key, fingerprint, mode: 'lease' }, options);
+    // A claim of this key whose outcome is unknown may hold it: asked under its token, it is this one.
+    const uncertainToken = this.#uncertainClaims.take(identity);
+    const input = uncertainToken === undefined ? fresh : { ...fresh, owner: uncertainToken };
     const retention = claimRetention(this.#parts, options);
-    const outcome = await traceClaim(scope, key, options.queue, () => storeCall(scope, key, 'claim', () => this.#store.claim(this.db, input)));
+    let outcome: ClaimOutcome;
+    try {
+      outcome = await traceClaim(scope, key, options.queue, () => storeCall(scope, key, 'claim', () => this.#store.claim(this.db, input)));
+    } catch (error) {
+      // Whatever the last fault was, an earlier ask may have committed; a token that never did is as good as a new one.
+      if (error instanceof StoreUnavailableError) this.#uncertainClaims.remember(identity, input.owner, input.leaseMs);
+      throw error;
+    }
     return withRetention(outcome, retention);
   }
 
@@ -354,14 +367,17 @@ export class IdempotencyKeys {
    * slot frees when its lease ends); free it with {@link releaseConcurrencySlot} when the run
    * ends. A job that has waited `starvationMs` goes before every job of the group that has
    * waited less. A job that names several groups takes a slot of each, sorted by group, and
-   * passes them all as `groups` (what the key's record keeps for the sweeper). Transient store
-   * faults throw {@link StoreUnavailableError}.
+   * passes them all as `groups` (what the key's record keeps for the sweeper). Refused, the job
+   * is recorded as a waiter under `jobId` and `queue` when given: a run that frees a slot of the
+   * group names the oldest waiter on a notification, for its worker to wake it. A run longer
+   * than `leaseMs` keeps its slots with {@link renewConcurrencySlots}. Transient store faults
+   * throw {@link StoreUnavailableError}.
    */
   async acquireConcurrencySlot(
     scope: string,
     key: string,
     group: { readonly key: string; readonly limit: number },
-    options: { readonly leaseMs?: number; readonly starvationMs: number; readonly groups?: readonly string[] },
+    options: { readonly leaseMs?: number; readonly starvationMs: number; readonly groups?: readonly string[]; readonly jobId?: string; readonly queue?: string },
   ): Promise<ConcurrencySlot | ConcurrencySlotRefused> {
     const acquire = this.#store.acquireSlot?.bind(this.#store);
     if (!acquire) throw new ValidationError('INVALID_OPTIONS', 'store', 'This key store has no concurrency slots (acquireSlot).');
@@ -376,6 +392,8 @@ export class IdempotencyKeys {
         leaseMs: options.leaseMs ?? this.#options.leaseMs,
         starvationMs: options.starvationMs,
         ...(options.groups && { groups: options.groups }),
+        ...(options.jobId !== undefined && { jobId: options.jobId }),
+        ...(options.queue !== undefined && { queue: options.queue }),
       }),
     );
     return answer.acquired ? { acquired: true, group: group.key, slot: answer.slot, owner } : answer;
@@ -385,8 +403,12 @@ export class IdempotencyKeys {
    * A job of a coalescing key arrives (explicit coalescing mode: one running job plus at most one
    * pending successor per key, the newest payload winning): `run` a generation (each one its own
    * idempotency key, `<key>#<generation>`, so each run's effect commits once) with the payload to
-   * run it with, or `coalesced` (a run is in flight; this payload is now its pending successor's,
-   * and the job is done). Transient store faults throw {@link StoreUnavailableError}.
+   * run it with, `coalesced` (a run is in flight and this payload is now its pending successor's,
+   * or the key already took a payload at least as new: the job is done), or `finished` (the job
+   * ran the key's last generation, which has ended, and nothing is pending: a redelivery with
+   * nothing left to run). `sentAtMs`: when the job was sent, if the broker says; one later than
+   * the database's clock, or none, counts as that clock at the job's first arrival. Transient
+   * store faults throw {@link StoreUnavailableError}.
    */
   coalesceArrive(scope: string, key: string, jobId: string, payload: unknown, options: { readonly staleMs?: number; readonly sentAtMs?: number } = {}): Promise<CoalesceAnswer> {
     assertValidKeyPart('scope', scope);
@@ -398,14 +420,30 @@ export class IdempotencyKeys {
     return storeCall(scope, key, 'coalescing arrival', () => arrive({ scope, key, jobId, payloadJson, staleMs: options.staleMs ?? this.#options.leaseMs * 10, sentAtMs }));
   }
 
-  /** After the running job's run of `generation` ended: the pending successor to run next in the same job, if any. */
+  /**
+   * After the running job's run of `generation` ended: the pending successor to run next in the
+   * same job, if any. A store fault here leaves the successor pending for the job's redelivery,
+   * whose {@link IdempotencyKeys.coalesceArrive} hands it over: defer the job, do not complete it.
+   */
   coalesceNext(scope: string, key: string, jobId: string, generation: number): Promise<CoalesceSuccessor | undefined> {
     return storeCall(scope, key, 'coalescing successor', () => this.#store.coalesceNext!({ scope, key, jobId, generation }));
   }
 
+  /**
+   * Renews slots a run still holds for `leaseMs` from now (the run's heartbeat); how many were
+   * still its own. Fewer than given: a slot's time ran out and another run took it, so this run
+   * is no longer inside its limit. Transient store faults throw {@link StoreUnavailableError}.
+   */
+  renewConcurrencySlots(scope: string, key: string, slots: readonly ConcurrencySlot[], leaseMs: number = this.#options.leaseMs): Promise<number> {
+    const renew = this.#store.renewSlots?.bind(this.#store);
+    if (!renew) return Promise.resolve(slots.length);
+    return storeCall(scope, key, 'concurrency slot renewal', () => renew(slots, leaseMs));
+  }
+
   /** Frees a slot taken by {@link acquireConcurrencySlot}; false when it was no longer held (its time was up). */
   releaseConcurrencySlot(scope: string, key: string, slot: ConcurrencySlot): Promise<boolean> {
-    return storeCall(scope, key, 'concurrency slot release', () => this.#store.releaseSlot!(slot.group, slot.slot, slot.owner));
+    // A waiter this frees the slot for is woken again by the next release if it has not come back within a lease.
+    return storeCall(scope, key, 'concurrency slot release', () => this.#store.releaseSlot!(slot.group, slot.slot, slot.owner, this.#options.leaseMs));
   }
 
   /**

@@ -5,6 +5,7 @@ import type { Fingerprinter } from '../fingerprint.js';
 import { sha256Fingerprint } from '../fingerprint.js';
 import { GROUP_COMMIT_DEFAULTS, type GroupCommitOptions } from './group-commit.js';
 import { DEFAULT_MAX_JOB_RETENTION_MS, DEFAULT_MAX_JOB_TOMBSTONE_MS, MAX_RETENTION_CEILING_MS } from './key-retention.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Options for {@link IdempotencyKeys}: where keys live and how long leases and results last. */
 export interface IdempotencyOptions {
@@ -163,11 +164,18 @@ const optionsSchema = z.object({
     .default({ ...GROUP_COMMIT_DEFAULTS, effects: 'database-only' }),
 });
 
+const IDEMPOTENCY_OPTION_NAMES = optionNames<IdempotencyOptions>()([
+  'db', 'schema', 'leaseMs', 'retentionMs', 'maxJobRetentionMs', 'maxJobTombstoneMs', 'maxResultBytes', 'claimLockTimeoutMs',
+  'claimSynchronousCommit', 'fingerprint', 'groupCommit',
+]);
+const GROUP_COMMIT_OPTION_NAMES = optionNames<IdempotencyGroupCommitOptions>()(['effects', 'maxJobs', 'maxGroups', 'watchSettings', 'slowJobMs']);
+
 /** Applies defaults and validates; throws a {@link ValidationError} naming the bad option. */
 export function resolveIdempotencyOptions(options: IdempotencyOptions): ResolvedIdempotencyOptions {
   if (!options || !options.db) {
     throw new ValidationError('INVALID_OPTIONS', 'db', 'IdempotencyOptions.db is required: pass a Kysely<any> instance.');
   }
+  refuseUnknownOptions(options, IDEMPOTENCY_OPTION_NAMES, 'new IdempotencyKeys(options)');
   if (typeof options.groupCommit === 'object' && options.groupCommit !== null && 'optimistic' in options.groupCommit) {
     throw new ValidationError(
       'INVALID_OPTIONS',
@@ -175,6 +183,7 @@ export function resolveIdempotencyOptions(options: IdempotencyOptions): Resolved
       'groupCommit.optimistic is gone: a group always rolls back whole when anything fails, and each job to blame runs alone; remove the option.',
     );
   }
+  refuseUnknownOptions(options.groupCommit, GROUP_COMMIT_OPTION_NAMES, 'new IdempotencyKeys(options), in groupCommit');
   const parsed = optionsSchema.safeParse({
     schema: options.schema,
     leaseMs: options.leaseMs,

@@ -8,6 +8,7 @@ import { assertValidStepName, type FailedStep } from './validate.js';
 import { traceStep } from '../telemetry/claim-tracing.js';
 import type { StepRecord, StepPlace } from '../store/records.js';
 import type { DataLayer } from '../store/data-layer.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** What a step's function receives. */
 export interface StepContext {
@@ -231,6 +232,7 @@ export class JobSteps {
 
   /** `onStep`, when given, hears how each call of a step with a valid name ended (the worker's step events). */
   constructor(keys: IdempotencyKeys, claim: Claim, signal: AbortSignal, onStep?: (report: StepReport) => void, options: JobStepsOptions = {}) {
+    refuseUnknownOptions(options, optionNames<JobStepsOptions>()(['holdRecords', 'flushSoon']), 'new JobSteps(..., options)');
     this.#keys = keys;
     this.#claim = claim;
     this.#signal = signal;

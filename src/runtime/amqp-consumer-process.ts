@@ -9,6 +9,7 @@ import { openKeyStoreFromEnv, runnerSettingsFromEnv } from './key-store-from-env
 import { onShutdownSignals } from './shutdown-signals.js';
 import { createAmqpConsumer, type AmqpConsumer, type AmqpConsumerOptions } from '../amqp/amqp-consumer.js';
 import type { AmqpIdentityOptions } from '../amqp/amqp-identity.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** What {@link startAmqpConsumerProcess} needs besides the environment. */
 export interface AmqpConsumerProcessOptions<P, R> {
@@ -56,6 +57,7 @@ export interface AmqpConsumerProcess<P, R> {
  * close within SHUTDOWN_TIMEOUT_MS).
  */
 export async function startAmqpConsumerProcess<P, R>(options: AmqpConsumerProcessOptions<P, R>): Promise<AmqpConsumerProcess<P, R>> {
+  refuseUnknownOptions(options, optionNames<AmqpConsumerProcessOptions<unknown, unknown>>()(['config', 'handler', 'url', 'queue', 'concurrency', 'identity', 'logger', 'faultHook', 'handleSignals']), 'startAmqpConsumerProcess(options)');
   const { config } = options;
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
   const queue = options.queue ?? config.QUEUE;

@@ -5,6 +5,7 @@ import { DEFAULT_MAX_JOB_RETENTION_MS, DEFAULT_MAX_JOB_TOMBSTONE_MS, MAX_RETENTI
 import type { IdempotencyGroupCommitOptions } from '../protocol/idempotency-options.js';
 import { assertClusterHashTag, parseClusterNodes } from '../bullmq/redis-cluster.js';
 import type { RedisConnectionSettings } from '../bullmq/redis-connection.js';
+import { parseQueueRetryPolicies } from '../ops/maintenance-options.js';
 
 const int = (min: number) => z.coerce.number().int().min(min);
 const bool = z
@@ -16,16 +17,28 @@ const bool = z
  * docs/configuration.md (test/configuration-doc.test.ts checks that every one is there, with
  * its default); names and defaults here are the source of truth.
  */
+/**
+ * A Postgres connection URL: `postgres://` or `postgresql://`. Another scheme (`mysql://`, a
+ * copied `DATABASE_URL` of another service) is refused at start instead of failing later as an
+ * unreachable or misread server.
+ */
+const postgresUrl = z
+  .string()
+  .url('must be a postgres:// URL')
+  .refine((url) => /^postgres(ql)?:\/\//i.test(url), {
+    message: 'must be a postgres:// (or postgresql://) URL: the keys are kept in Postgres only (MySQL and other databases are not supported)',
+  });
+
 const envSchema = z.object({
   /** Postgres (may be a transaction-mode pooler: see DATABASE_DIRECT_URL). @defaultValue `postgres://postgres@127.0.0.1:5432/postgres` */
-  DATABASE_URL: z.string().url('must be a postgres:// URL').default('postgres://postgres@127.0.0.1:5432/postgres'),
+  DATABASE_URL: postgresUrl.default('postgres://postgres@127.0.0.1:5432/postgres'),
   /**
    * Postgres itself, for what needs a session of its own: migrations' and maintenance's advisory
    * locks, the listener's LISTEN. Set it when DATABASE_URL is a transaction-mode pooler
    * (PgBouncer).
    * @defaultValue DATABASE_URL
    */
-  DATABASE_DIRECT_URL: z.string().url('must be a postgres:// URL').optional(),
+  DATABASE_DIRECT_URL: postgresUrl.optional(),
   /**
    * Where BullMQ keeps the queues: `redis` (REDIS_URL, REDIS_PREFIX) or `postgres` (BullMQ's
    * PostgreSQL backend, in QUEUE_SCHEMA of the database at DATABASE_DIRECT_URL, else
@@ -118,9 +131,10 @@ const envSchema = z.object({
   /** Group transactions open at once, each on its own connection. @defaultValue `2` */
   GROUP_COMMIT_GROUPS: int(1).max(64).default(GROUP_COMMIT_DEFAULTS.maxGroups),
   /**
-   * Custom settings a group watches besides the built-in ones and those declared for the
-   * database or role, comma-separated (`app.tenant,app.user_id`): name those your handlers'
-   * functions set with `set_config(…, true)`.
+   * Custom settings a group watches besides the built-in ones, those declared for the database
+   * or role and those the database's functions and policies name by a literal, comma-separated
+   * (`app.tenant,app.user_id`): name those your handlers' functions set under a name they
+   * compute (`set_config(v_name, …)`).
    * @defaultValue unset (none)
    */
   GROUP_COMMIT_WATCH_SETTINGS: z
@@ -195,6 +209,17 @@ const envSchema = z.object({
   JOB_BACKOFF_MS: int(0).default(0),
   /** Their backoff type, `fixed` or `exponential`. @defaultValue `fixed` */
   JOB_BACKOFF_TYPE: z.enum(['fixed', 'exponential']).default('fixed'),
+  /**
+   * The retry policies of other queues' jobs, by queue: `reports=5:exponential:1000,rates=3`
+   * (attempts, then optionally the backoff type and its delay in ms). The scheduler gives each
+   * schedule's ticks its queue's policy; the janitor checks each against RETENTION_MS; the
+   * sweeper's re-enqueued jobs get it. QUEUE's own is JOB_ATTEMPTS and JOB_BACKOFF_*.
+   * @defaultValue unset (other queues' jobs: BullMQ's defaults, one attempt)
+   */
+  JOB_RETRY_POLICIES: z
+    .string()
+    .regex(/^\s*[^=,\s]+\s*=\s*\d+(\s*:\s*(fixed|exponential)\s*:\s*\d+)?\s*(,\s*[^=,\s]+\s*=\s*\d+(\s*:\s*(fixed|exponential)\s*:\s*\d+)?\s*)*$/, 'must look like reports=5:exponential:1000,rates=3')
+    .optional(),
 });
 
 /** Variables that no longer mean anything, each with what to do instead: refused rather than ignored. */
@@ -202,6 +227,21 @@ const REMOVED_VARIABLES: Readonly<Record<string, string>> = {
   GROUP_COMMIT_OPTIMISTIC:
     'no longer used: a group of jobs now always rolls back whole when anything fails, and each job to blame runs alone (there are no savepoint groups); remove it',
 };
+
+/** `JOB_RETRY_POLICIES` parses, names each queue once, and leaves QUEUE's policy to `JOB_ATTEMPTS` and `JOB_BACKOFF_*` (one place for it). */
+function assertQueueRetryPolicies(config: Pick<EnvConfig, 'JOB_RETRY_POLICIES' | 'QUEUE'>): void {
+  let policies: Record<string, unknown>;
+  try {
+    policies = parseQueueRetryPolicies(config.JOB_RETRY_POLICIES);
+  } catch (error) {
+    throw new ConfigError(`Invalid configuration:\n  JOB_RETRY_POLICIES: ${(error as Error).message}`);
+  }
+  if (Object.hasOwn(policies, config.QUEUE)) {
+    throw new ConfigError(
+      `Invalid configuration:\n  JOB_RETRY_POLICIES: names QUEUE (${config.QUEUE}), whose retry policy is JOB_ATTEMPTS, JOB_BACKOFF_MS and JOB_BACKOFF_TYPE; remove "${config.QUEUE}" from JOB_RETRY_POLICIES.`,
+    );
+  }
+}
 
 /** The names of the variables {@link loadEnvConfig} reads, in the schema's order. */
 export const ENV_VARIABLES: readonly (keyof EnvConfig)[] = Object.freeze(Object.keys(envSchema.shape) as (keyof EnvConfig)[]);
@@ -286,6 +326,7 @@ export function loadEnvConfig(env: NodeJS.ProcessEnv = process.env): EnvConfig {
       parseClusterNodes(parsed.data.REDIS_CLUSTER_NODES);
       assertClusterHashTag(parsed.data.REDIS_PREFIX, parsed.data.QUEUE);
     }
+    assertQueueRetryPolicies(parsed.data);
     return parsed.data;
   }
   const problems = parsed.error.issues.map((issue) => {

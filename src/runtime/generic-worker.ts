@@ -1,10 +1,11 @@
+import { ConfigError } from '../errors.js';
 import { loadEnvConfig } from './env-config.js';
 import { loadHandlerModule } from './handler-module.js';
 import { startWorkerProcess } from './worker-process.js';
 
 /** What `idempotent-jobs worker` was given. */
 export interface GenericWorkerArgs {
-  /** BullMQ queue. @defaultValue `$QUEUE` or `'payments'` */
+  /** BullMQ queue; required, here or in `$QUEUE`. */
   readonly queue?: string;
   /** Path of the handler module; its default export is the handler. */
   readonly handler: string;
@@ -14,7 +15,7 @@ export interface GenericWorkerArgs {
 
 /**
  * Runs a user's handler module as an idempotent worker (`idempotent-jobs worker --queue <name>
- * --handler <module> [--concurrency N]`). The module's default export is the handler:
+ * --handler <module> [--concurrency N]`; the queue is required, by `--queue` or `QUEUE`). The module's default export is the handler:
  * `async (ctx) => result`, or a database-only handler `{ transaction: async (tx, ctx) => result }`
  * (fast path and group commit unless FAST_PATH or GROUP_COMMIT is false). Everything else comes
  * from the environment (see docs/configuration.md). `startTracing` runs once the handler is
@@ -22,6 +23,10 @@ export interface GenericWorkerArgs {
  * OpenTelemetry SDK's start, which lives above this room).
  */
 export async function runGenericWorker(args: GenericWorkerArgs, startTracing: (serviceName: string) => Promise<unknown>): Promise<void> {
+  // A worker on a queue nobody enqueues to waits for ever, silently: the queue is named, never guessed.
+  if (!args.queue && !process.env.QUEUE?.trim()) {
+    throw new ConfigError('worker: no queue named. Pass --queue <name> (or set QUEUE): the BullMQ queue your producers enqueue to, e.g. --queue payments.');
+  }
   const config = loadEnvConfig({
     ...process.env,
     ...(args.queue ? { QUEUE: args.queue } : {}),

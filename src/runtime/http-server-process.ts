@@ -7,9 +7,10 @@ import { onShutdownSignals } from './shutdown-signals.js';
 import { waitForWritableStore } from './writable-store.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
 import { KeySettledListener } from '../store/key-settled-listener.js';
-import { migrate, type MigrateOptions } from '../store/migrate.js';
+import { migrateSchema, type MigrateOptions } from '../store/migrate.js';
 import { queueConnectionFromEnv } from './queue-connection-from-env.js';
 import { createHttpApi, type HttpApi } from '../http/http-api.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** What {@link startHttpServerProcess} needs besides the environment. */
 export interface HttpServerProcessOptions {
@@ -40,6 +41,7 @@ export interface HttpServerProcess {
  * outbox relay) and signal handling.
  */
 export async function startHttpServerProcess(options: HttpServerProcessOptions): Promise<HttpServerProcess> {
+  refuseUnknownOptions(options, optionNames<HttpServerProcessOptions>()(['config', 'logger', 'handleSignals']), 'startHttpServerProcess(options)');
   const { config } = options;
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
   const db = createPostgresDb(
@@ -101,12 +103,12 @@ export async function startHttpServerProcess(options: HttpServerProcessOptions):
 /** Runs the migrations over `db`, or over a connection of its own to `connectionString`, closed after. */
 async function migrateOver(db: Kysely<any> | undefined, connectionString: string, options: MigrateOptions): Promise<void> {
   if (db) {
-    await migrate(db, options);
+    await migrateSchema(db, options);
     return;
   }
   const direct = createPostgresDb({ connectionString, maxConnections: 1, applicationName: 'idempotent-jobs:http' }, () => {});
   try {
-    await migrate(direct, options);
+    await migrateSchema(direct, options);
   } finally {
     await direct.destroy();
   }

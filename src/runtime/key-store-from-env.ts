@@ -4,7 +4,7 @@ import { directDatabaseUrl, groupCommitFromEnv, preparedStatementsOverDatabaseUr
 import { ReadOnlyStoreError } from '../errors.js';
 import { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
-import { migrate } from '../store/migrate.js';
+import { migrateSchema } from '../store/migrate.js';
 import { PostgresOperatorStore } from '../store/operator-store.js';
 import { CLOSE_AFTER_FAILED_START_MS, closeWithin } from './close-within.js';
 import { explainDatabaseError, notMigratedError } from './database-problems.js';
@@ -85,7 +85,7 @@ export async function openKeyStoreFromEnv(config: EnvConfig, options: KeyStoreFr
         // (a standby only at the deadline: during a failover the URL may reach the demoted primary).
         await checkWritableStore(db, { variable: 'DATABASE_URL', url: config.DATABASE_URL }, logger);
         if (sessionDb !== db) await checkWritableStore(sessionDb, { variable: 'DATABASE_DIRECT_URL', url: directUrl }, logger);
-        if (config.MIGRATE) await migrate(sessionDb, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
+        if (config.MIGRATE) await migrateSchema(sessionDb, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
       },
       {
         what: `Postgres (${config.MIGRATE ? 'migrations' : 'first connection'})`,

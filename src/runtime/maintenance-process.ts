@@ -3,20 +3,21 @@ import { pino, type Logger } from 'pino';
 import { BullmqJobLookup } from '../bullmq/job-lookup.js';
 import { queueConnectionFromEnv } from './queue-connection-from-env.js';
 import { directDatabaseUrl, type EnvConfig } from './env-config.js';
-import { parseQueueActions, type RetryPolicy } from '../ops/maintenance-options.js';
+import { parseQueueActions, parseQueueRetryPolicies, type RetryPolicy } from '../ops/maintenance-options.js';
 import { instrumentMaintenance } from '../metrics/maintenance-metrics.js';
 import { startMetricsServer, type HealthCheck, type MetricsServer } from '../metrics/metrics-server.js';
 import { onShutdownSignals } from './shutdown-signals.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
-import { migrate } from '../store/migrate.js';
+import { migrateSchema } from '../store/migrate.js';
 import { waitForWritableStore } from './writable-store.js';
 import { PostgresOperatorStore } from '../store/operator-store.js';
 import { Janitor } from '../ops/janitor.js';
 import { Maintenance } from '../ops/maintenance.js';
 import { Sweeper } from '../ops/sweeper.js';
-import { Scheduler } from '../ops/scheduler.js';
+import { Scheduler, type TickEnqueuer } from '../ops/scheduler.js';
 import { instrumentScheduler } from '../metrics/scheduler-metrics.js';
-import { BullmqTickEnqueuer } from '../bullmq/tick-enqueuer.js';
+import { BullmqTickEnqueuer, type BullmqTickEnqueuerOptions } from '../bullmq/tick-enqueuer.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Maintenance built from the environment, with what it opened. */
 export interface ConfiguredMaintenance {
@@ -27,12 +28,14 @@ export interface ConfiguredMaintenance {
 }
 
 /**
- * The retry policy of `QUEUE`'s jobs from `JOB_ATTEMPTS`, `JOB_BACKOFF_MS`, `JOB_BACKOFF_TYPE`.
- * Producers set attempts and backoff per job, so the worker cannot read them from BullMQ; the
- * environment states them once for the janitor's retention check and re-enqueued jobs.
+ * The retry policies of the queues' jobs, by queue: `QUEUE`'s from `JOB_ATTEMPTS`,
+ * `JOB_BACKOFF_MS`, `JOB_BACKOFF_TYPE`, the other queues' from `JOB_RETRY_POLICIES`. Producers
+ * set attempts and backoff per job, so the worker cannot read them from BullMQ; the environment
+ * states them once for the janitor's retention check, re-enqueued jobs and schedules' ticks.
  */
 export function retryPolicyFromConfig(config: EnvConfig): Record<string, RetryPolicy> {
   return {
+    ...parseQueueRetryPolicies(config.JOB_RETRY_POLICIES),
     [config.QUEUE]: {
       attempts: config.JOB_ATTEMPTS,
       ...(config.JOB_BACKOFF_MS > 0 ? { backoff: { type: config.JOB_BACKOFF_TYPE, delayMs: config.JOB_BACKOFF_MS } } : {}),
@@ -122,21 +125,28 @@ export interface ConfiguredScheduler {
 
 /**
  * Builds the scheduler as the environment says (`SCHEDULER_ENABLED`, `SCHEDULER_INTERVAL_MS`),
- * adding tick jobs to the queue backend of `REDIS_URL`/`REDIS_PREFIX` (or `QUEUE_BACKEND=postgres`)
- * with the retry policy of `JOB_ATTEMPTS` and `JOB_BACKOFF_*`. Undefined when turned off. Not started.
+ * adding tick jobs to the queue backend of `REDIS_URL`/`REDIS_PREFIX` (or `QUEUE_BACKEND=postgres`),
+ * each schedule's ticks with its queue's retry policy ({@link retryPolicyFromConfig}); a queue
+ * without one gets BullMQ's defaults, with a warning at its first tick. Undefined when turned
+ * off. Not started.
  */
 export function createSchedulerFromConfig(config: EnvConfig, db: Kysely<any>, logger: Logger): ConfiguredScheduler | undefined {
   if (!config.SCHEDULER_ENABLED) return undefined;
-  const policy = retryPolicyFromConfig(config)[config.QUEUE]!;
+  const policies = retryPolicyFromConfig(config);
   const queues = queueConnectionFromEnv(config);
   const enqueuer = new BullmqTickEnqueuer({
-    ...queues,
-    defaultJobOptions: {
-      attempts: policy.attempts,
-      ...(policy.backoff ? { backoff: { type: policy.backoff.type, delay: policy.backoff.delayMs } } : {}),
-    },
+    backend: queues.backend,
+    connection: queues.connection,
+    prefix: queues.prefix,
+    queueJobOptions: Object.fromEntries(Object.entries(policies).map(([queue, policy]) => [queue, jobOptionsOf(policy)])),
   });
-  const scheduler = new Scheduler({ db, schema: config.SCHEMA, enqueuer, intervalMs: config.SCHEDULER_INTERVAL_MS, logger });
+  const scheduler = new Scheduler({
+    db,
+    schema: config.SCHEMA,
+    enqueuer: warningOfQueuesWithoutPolicy(enqueuer, policies, logger),
+    intervalMs: config.SCHEDULER_INTERVAL_MS,
+    logger,
+  });
   const uninstrument = instrumentScheduler(scheduler, config.SCHEMA);
   return {
     scheduler,
@@ -145,6 +155,31 @@ export function createSchedulerFromConfig(config: EnvConfig, db: Kysely<any>, lo
       await scheduler.stop();
       await enqueuer.close();
       await queues.close();
+    },
+  };
+}
+
+/** BullMQ's `attempts` and `backoff` of a retry policy. */
+function jobOptionsOf(policy: RetryPolicy): NonNullable<BullmqTickEnqueuerOptions['defaultJobOptions']> {
+  return {
+    attempts: policy.attempts ?? 1,
+    ...(policy.backoff ? { backoff: { type: policy.backoff.type, delay: policy.backoff.delayMs } } : {}),
+  };
+}
+
+/** The enqueuer, saying once per queue that its ticks get BullMQ's defaults because no retry policy names it. */
+function warningOfQueuesWithoutPolicy(enqueuer: TickEnqueuer, policies: Readonly<Record<string, RetryPolicy>>, logger: Logger): TickEnqueuer {
+  const warned = new Set<string>();
+  return {
+    enqueue(tick) {
+      if (!Object.hasOwn(policies, tick.queue) && !warned.has(tick.queue)) {
+        warned.add(tick.queue);
+        logger.warn(
+          { queue: tick.queue, schedule: tick.schedule },
+          'no retry policy is configured for this queue (QUEUE with JOB_ATTEMPTS and JOB_BACKOFF_*, or JOB_RETRY_POLICIES): its schedules\' ticks get BullMQ\'s defaults, one attempt',
+        );
+      }
+      return enqueuer.enqueue(tick);
     },
   };
 }
@@ -182,6 +217,7 @@ export interface MaintenanceProcess {
  * Serves `/metrics` and `/healthz` on `METRICS_PORT` when set.
  */
 export async function startMaintenanceProcess(options: MaintenanceProcessOptions): Promise<MaintenanceProcess> {
+  refuseUnknownOptions(options, optionNames<MaintenanceProcessOptions>()(['config', 'logger', 'handleSignals']), 'startMaintenanceProcess(options)');
   const { config } = options;
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
   const db = createPostgresDb(
@@ -192,7 +228,7 @@ export async function startMaintenanceProcess(options: MaintenanceProcessOptions
     // The janitor deletes and the sweeper releases: on a standby neither could do anything.
     const variable = directDatabaseUrl(config) === config.DATABASE_URL ? 'DATABASE_URL' : 'DATABASE_DIRECT_URL';
     await waitForWritableStore(db, { variable, url: directDatabaseUrl(config) }, logger, Date.now() + config.STARTUP_WAIT_MS);
-    if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
+    if (config.MIGRATE) await migrateSchema(db, { schema: config.SCHEMA, keysPartitions: config.KEYS_PARTITIONS });
   } catch (error) {
     await db.destroy();
     throw error;

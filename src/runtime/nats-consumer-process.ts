@@ -10,6 +10,7 @@ import { onShutdownSignals } from './shutdown-signals.js';
 import { createIdempotentNatsConsumer, type IdempotentNatsConsumer, type IdempotentNatsConsumerOptions } from '../nats/idempotent-nats-consumer.js';
 import { ensureJetStreamConsumerAt } from '../nats/jetstream-setup.js';
 import type { NatsKeySource } from '../nats/nats-message-identity.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** What {@link startNatsConsumerProcess} needs besides the environment. */
 export interface NatsConsumerProcessOptions<P, R> {
@@ -67,6 +68,7 @@ export interface NatsConsumerProcess<P, R> {
  * SHUTDOWN_TIMEOUT_MS; second: force).
  */
 export async function startNatsConsumerProcess<P, R>(options: NatsConsumerProcessOptions<P, R>): Promise<NatsConsumerProcess<P, R>> {
+  refuseUnknownOptions(options, optionNames<NatsConsumerProcessOptions<unknown, unknown>>()(['config', 'handler', 'servers', 'stream', 'consumer', 'deadLetterSubject', 'concurrency', 'keyFrom', 'scope', 'logger', 'faultHook', 'handleSignals']), 'startNatsConsumerProcess(options)');
   const { config } = options;
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
   const servers = options.servers ?? process.env.NATS_URL ?? '127.0.0.1:4222';

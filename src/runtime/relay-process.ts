@@ -3,9 +3,10 @@ import { OutboxRelay } from '../bullmq/outbox-relay.js';
 import { queueConnectionFromEnv } from './queue-connection-from-env.js';
 import { preparedStatementsOverDatabaseUrl, type EnvConfig } from './env-config.js';
 import { createPostgresDb } from '../store/create-postgres-db.js';
-import { migrate } from '../store/migrate.js';
+import { migrateSchema } from '../store/migrate.js';
 import { waitForWritableStore } from './writable-store.js';
 import { onShutdownSignals } from './shutdown-signals.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** What {@link startOutboxRelayProcess} needs. */
 export interface OutboxRelayProcessOptions {
@@ -37,6 +38,7 @@ export interface OutboxRelayProcess {
  * next batch.
  */
 export async function startOutboxRelayProcess(options: OutboxRelayProcessOptions): Promise<OutboxRelayProcess> {
+  refuseUnknownOptions(options, optionNames<OutboxRelayProcessOptions>()(['config', 'logger', 'handleSignals']), 'startOutboxRelayProcess(options)');
   const { config } = options;
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
   const db = createPostgresDb(
@@ -46,7 +48,7 @@ export async function startOutboxRelayProcess(options: OutboxRelayProcessOptions
   try {
     // The relay deletes what it sent: on a standby it could move nothing.
     await waitForWritableStore(db, { variable: 'DATABASE_URL', url: config.DATABASE_URL }, logger, Date.now() + config.STARTUP_WAIT_MS);
-    if (config.MIGRATE) await migrate(db, { schema: config.SCHEMA });
+    if (config.MIGRATE) await migrateSchema(db, { schema: config.SCHEMA });
   } catch (error) {
     await db.destroy();
     throw error;

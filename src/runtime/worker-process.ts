@@ -19,6 +19,7 @@ import { StoreWriteHealth } from './store-write-health.js';
 import type { WorkerEvent } from '../consumer/worker-event.js';
 import { isTransientStoreError } from '../store/pg-errors.js';
 import type { DataLayer } from '../store/data-layer.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** What {@link startWorkerProcess} needs besides the environment. */
 export interface WorkerProcessOptions<P, R> {
@@ -67,6 +68,7 @@ export interface WorkerProcess<P, R> {
  * it opened. Other errors (a wrong password, a missing database) reject at once.
  */
 export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, R>): Promise<WorkerProcess<P, R>> {
+  refuseUnknownOptions(options, optionNames<WorkerProcessOptions<unknown, unknown>>()(['config', 'handler', 'dataLayers', 'fastPath', 'logger', 'faultHook', 'handleSignals']), 'startWorkerProcess(options)');
   const { config } = options;
   const logger = options.logger ?? pino({ level: config.LOG_LEVEL });
   const startupDeadline = Date.now() + config.STARTUP_WAIT_MS;
@@ -77,10 +79,9 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     startupDeadline,
   });
   const { keys, db, sessionDb } = store;
-  const listener =
-    config.WAIT_MS > 0
-      ? new KeySettledListener({ connectionString: store.directUrl, schema: config.SCHEMA, onError: (e) => logger.warn({ err: e }, 'listener error') })
-      : undefined;
+  // Wakes duplicates waiting for their key (WAIT_MS) and jobs waiting for a concurrency slot. It
+  // connects at its first use: a worker whose jobs neither wait nor meet a limit opens nothing.
+  const listener = new KeySettledListener({ connectionString: store.directUrl, schema: config.SCHEMA, onError: (e) => logger.warn({ err: e }, 'listener error') });
   // Janitor, sweeper, statistics; built before the worker so bad options stop the start early.
   // Key statistics feed only the gauges, so they are refreshed only where metrics are served.
   const maintenance = createMaintenanceFromConfig(config, sessionDb, logger, { stats: config.METRICS_PORT !== undefined });
@@ -101,13 +102,15 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     listener,
     logger,
     faultHook: options.faultHook,
+    // The process waits for its queue itself (waitForQueue, below), against the start's one deadline.
+    startupWaitMs: Infinity,
   });
   const uninstrument = instrumentWorker(worker, config.QUEUE);
   try {
     await waitForQueue(worker, queues.label, startupDeadline, logger);
   } catch (error) {
     uninstrument();
-    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }).then(() => queues.close()), listener?.close(), maintenance?.stop(), store.destroy());
+    await closeWithin(CLOSE_AFTER_FAILED_START_MS, worker.close({ force: true }).then(() => queues.close()), listener.close(), maintenance?.stop(), store.destroy());
     throw error;
   }
   maintenance?.maintenance.start();
@@ -138,7 +141,7 @@ export async function startWorkerProcess<P, R>(options: WorkerProcessOptions<P, 
     stopped ??= (async () => {
       await worker.close();
       await queues.close();
-      await listener?.close();
+      await listener.close();
       await maintenance?.stop();
       await metricsServer?.close();
       uninstrument();

@@ -2,6 +2,8 @@ import type { Kysely } from 'kysely';
 import pg from 'pg';
 import { kyselyOverPool } from './pipelining-pool.js';
 import { isReadOnlyServer } from './pg-errors.js';
+import { rememberAddress } from './postgres-start-wait.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Options for {@link createPostgresDb}. */
 export interface PostgresDbOptions {
@@ -25,6 +27,8 @@ export interface PostgresDbOptions {
    */
   readonly preparedStatements?: boolean;
 }
+
+const POSTGRES_DB_OPTION_NAMES = optionNames<PostgresDbOptions>()(['connectionString', 'maxConnections', 'applicationName', 'preparedStatements']);
 
 /**
  * A Kysely instance over a node-postgres pool whose sessions start at read committed (a
@@ -53,6 +57,7 @@ export interface PostgresDbOptions {
  * ```
  */
 export function createPostgresDb(options: PostgresDbOptions, onPoolError?: (error: Error) => void): Kysely<any> {
+  refuseUnknownOptions(options, POSTGRES_DB_OPTION_NAMES, 'createPostgresDb(options)');
   const pool = new PrimaryOnlyPool({
     ...pinnedToReadCommitted(options.connectionString),
     max: options.maxConnections ?? 10,
@@ -64,7 +69,9 @@ export function createPostgresDb(options: PostgresDbOptions, onPoolError?: (erro
   // the process. The error also fails the client's current or next statement, which the
   // caller sees, and the pool discards the broken client when it is released.
   pool.on('connect', (client) => client.on('error', () => {}));
-  return kyselyOverPool(pool, { preparedStatements: options.preparedStatements ?? true });
+  const db = kyselyOverPool(pool, { preparedStatements: options.preparedStatements ?? true });
+  rememberAddress(db, options.connectionString);
+  return db;
 }
 
 /**

@@ -2,7 +2,7 @@ import type { CompiledQuery, DatabaseConnection, QueryResult } from 'kysely';
 import { TransactionControlError } from '../errors.js';
 import { pipelineQuery, replyOf, type PipelineReply } from './pipeline.js';
 import { sqlStateOf } from './pg-errors.js';
-import { screenStatement } from './statement-screen.js';
+import { screenStatement, type SavepointCommand } from './statement-screen.js';
 
 /**
  * Why a group stopped, and whose fault it was:
@@ -46,6 +46,20 @@ export class StatementLeavesState extends Error {
 }
 
 /**
+ * A job of a group left state in the shared transaction, found by the check of the transaction's
+ * state that follows each job's statements (a setting changed inside a function, a temporary
+ * table, an open cursor, a prepared statement: see `sql/group-settings.ts`), or by its own
+ * savepoint commands (a savepoint it left open, or one of a group-mate's it named). Its
+ * group-mates would have run under it: the group rolls back, and the job runs alone.
+ */
+export class StateLeftBehind extends Error {
+  constructor(what: string, options?: { cause?: unknown }) {
+    super(`a job of a group left ${what} in the shared transaction; the job runs alone`, options);
+    this.name = 'StateLeftBehind';
+  }
+}
+
+/**
  * A statement of a job that was not sent, because its group had already failed (SQLSTATE 25P02,
  * as Postgres would answer in the aborted transaction). The job runs again, in another group or
  * alone; nothing of this run is kept.
@@ -64,6 +78,8 @@ interface Pending {
   readonly query: CompiledQuery;
   /** Cannot go in a pipeline: a parameterless text of several statements. */
   readonly alone: boolean;
+  /** The check of the transaction's state after `member`'s statements: its failure is {@link StateLeftBehind}. */
+  readonly stateCheck?: true;
   readonly resolve: (result: QueryResult<any>) => void;
   readonly reject: (error: unknown) => void;
 }
@@ -85,7 +101,12 @@ interface Pending {
  *
  * A job's statement that would end the transaction is refused (`TransactionControlError`); one
  * that leaves state for its group-mates is not sent ({@link StatementLeavesState}). Either fails
- * the group, with that job to blame.
+ * the group, with that job to blame. What a statement's text cannot show (a function that sets
+ * a setting or creates a temporary table) the state check shows (`stateCheck`): it goes after a
+ * job's statements, in the round trip of the next job's first statement, and its failure is that
+ * job's ({@link StateLeftBehind}); the group's end checks after the last job. Savepoint commands
+ * are followed per job: one naming a savepoint the job did not open fails it, and
+ * {@link openSavepoints} tells the group whether a job left one open.
  *
  * Any failure is the group's: every later statement fails at once ({@link GroupAbortedError}),
  * and {@link failure} says whose it was. Strings go out strictly in order, one after another.
@@ -102,17 +123,32 @@ export class GatheringConnection {
   /** The job whose statement was the last sent, and every job that sent any. */
   #lastSender: object | undefined;
   readonly #senders = new WeakSet<object>();
+  readonly #stateCheck: CompiledQuery | undefined;
+  /** Each job's savepoints still open, oldest first. */
+  readonly #savepoints = new WeakMap<object, string[]>();
   #failure: GroupFailure | undefined;
 
   /**
    * `gather`: jobs run at once and their statements are sent together (needs `pipelines`).
    * `pipelines`: the inner connection answers pipeline queries; without it, each statement goes
-   * on its own.
+   * on its own. `stateCheck`: the statement that fails when the transaction's state differs from
+   * the group's start; unset, only statements' texts are screened.
    */
-  constructor(inner: DatabaseConnection, options: { gather: boolean; pipelines: boolean }) {
+  constructor(inner: DatabaseConnection, options: { gather: boolean; pipelines: boolean; stateCheck?: CompiledQuery }) {
     this.#inner = inner;
     this.#pipelines = options.pipelines;
     this.#gather = options.gather && options.pipelines;
+    this.#stateCheck = options.stateCheck;
+  }
+
+  /** The job whose statement was the last sent (the state check at the group's end is its). */
+  get lastSender(): object | undefined {
+    return this.#lastSender;
+  }
+
+  /** How many savepoints `member` opened and left open. */
+  openSavepoints(member: object): number {
+    return this.#savepoints.get(member)?.length ?? 0;
   }
 
   /** What failed the group, if anything did. */
@@ -212,7 +248,7 @@ export class GatheringConnection {
    */
   #admit(member: object, query: CompiledQuery): boolean {
     if (this.#failure) throw new GroupAbortedError(this.#failure.error);
-    const { effect, statements } = screenStatement(query.sql);
+    const { effect, statements, savepoints } = screenStatement(query.sql);
     if (effect !== 'plain') {
       const error = effect === 'ends-transaction' ? new TransactionControlError(query.sql) : new StatementLeavesState(query.sql);
       this.fail({ kind: 'job', error, culprits: new Set([member]) });
@@ -223,9 +259,39 @@ export class GatheringConnection {
       this.fail({ kind: 'interleaved', error });
       throw error;
     }
+    this.#followSavepoints(member, savepoints);
+    const previous = this.#lastSender;
+    // The job before has sent its last statement: the state it leaves is checked before this one runs.
+    if (this.#stateCheck && previous !== undefined && previous !== member) {
+      this.#pending.push({ member: previous, query: this.#stateCheck, alone: false, stateCheck: true, resolve: () => {}, reject: () => {} });
+    }
     this.#senders.add(member);
     this.#lastSender = member;
     return !this.#pipelines || (query.parameters.length === 0 && statements > 1);
+  }
+
+  /**
+   * Keeps `member`'s open savepoints as its commands open and end them. A command naming a
+   * savepoint the job has not open (a group-mate's, or none) is refused: it would roll back or
+   * release a group-mate's work, where alone it fails as Postgres fails it.
+   */
+  #followSavepoints(member: object, commands: readonly SavepointCommand[]): void {
+    if (commands.length === 0) return;
+    const open = [...(this.#savepoints.get(member) ?? [])];
+    for (const command of commands) {
+      if (command.op === 'open') {
+        open.push(command.name);
+        continue;
+      }
+      const at = open.lastIndexOf(command.name);
+      if (at < 0) {
+        const error = new StateLeftBehind(`a savepoint command naming "${command.name}", a savepoint it had not opened,`);
+        this.fail({ kind: 'job', error, culprits: new Set([member]) });
+        throw error;
+      }
+      open.length = command.op === 'release' ? at : at + 1;
+    }
+    this.#savepoints.set(member, open);
   }
 
   /** Sends what is pending, after the round trips already on their way. */
@@ -271,7 +337,7 @@ export class GatheringConnection {
       }
       run.forEach((item, i) => {
         if (i < failedAt) item.resolve(reply.results[deferred.length + i]!);
-        else if (i === failedAt) this.#failWith(item.member, reply.failure!.error, item);
+        else if (i === failedAt) this.#failWith(item.member, item.stateCheck ? stateLeftBehind(reply.failure!.error) : reply.failure!.error, item);
         else item.reject(new GroupAbortedError(reply.failure!.error));
       });
     } catch (error) {
@@ -283,7 +349,8 @@ export class GatheringConnection {
 
   /** Fails the group for `member`'s statement (its own, when Postgres answered it), rejecting `item` with the error. */
   #failWith(member: object, error: unknown, item?: Pending): void {
-    if (sqlStateOf(error) !== undefined && !(error instanceof GroupAbortedError)) this.fail({ kind: 'job', error, culprits: new Set([member]) });
+    const answered = sqlStateOf(error) !== undefined || error instanceof StateLeftBehind;
+    if (answered && !(error instanceof GroupAbortedError)) this.fail({ kind: 'job', error, culprits: new Set([member]) });
     else this.fail({ kind: 'uncertain', error });
     item?.reject(error);
   }
@@ -317,4 +384,13 @@ export class GatheringConnection {
     this.#deferred = [];
     return deferred;
   }
+}
+
+/**
+ * The failure of a state check (see `sql/group-settings.ts`) as the job's: whatever Postgres
+ * answered, the state the job left made it fail (a role without the right to call it, say).
+ */
+export function stateLeftBehind(error: unknown): StateLeftBehind {
+  const detail = error instanceof Error ? error.message.replace(/^a job of this group left /, '').replace(/ in the shared transaction$/, '') : String(error);
+  return new StateLeftBehind(detail, { cause: error });
 }

@@ -1,8 +1,18 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
-import { keySettledChannel } from './channels.js';
+import { concurrencySlotFreedChannel, keySettledChannel } from './channels.js';
 
 type Waiter = () => void;
+
+/** A slot of a concurrency key was freed, and this is the oldest job waiting for one (see `sql/concurrency-slot-wakes.ts`). */
+export interface FreedSlot {
+  /** The concurrency key. */
+  readonly group: string;
+  /** The queue of the waiting job. */
+  readonly queue: string;
+  /** The broker's id of the waiting job. */
+  readonly jobId: string;
+}
 
 /** First and longest pause between two looks at a waited-for key that sent no notification. */
 const FIRST_LOOK_AFTER_MS = 50;
@@ -21,11 +31,16 @@ const MAX_LOOK_INTERVAL_MS = 250;
  * uncommitted; the row was locked; a reconnect dropped a notification) the waiter looks again
  * every 50 ms growing to 250 ms, setting the flag again each time, until the timeout.
  *
+ * The same connection hears freed concurrency slots ({@link KeySettledListener.watchFreedSlots}):
+ * a run that frees a slot of a concurrency key with waiters names the oldest one, and the BullMQ
+ * worker that deferred that job promotes it (`bullmq/concurrency-waiter-wakes.ts`).
+ *
  * It needs a session-level LISTEN, so point it at Postgres directly, not at a PgBouncer in
  * transaction mode (the worker and HTTP processes give it `DATABASE_DIRECT_URL` when set). Its
  * `has_waiters` updates are single statements and need no session, but they share its connection.
  *
- * It connects at the first wait; close it after the workers and servers that use it.
+ * It connects at the first wait (or the first job deferred by a concurrency limit); close it
+ * after the workers and servers that use it.
  *
  * @example
  * ```ts
@@ -53,6 +68,8 @@ const MAX_LOOK_INTERVAL_MS = 250;
 export class KeySettledListener {
   readonly #connectionString: string;
   readonly #channel: string;
+  readonly #slotChannel: string;
+  readonly #slotWatchers = new Set<(freed: FreedSlot) => void>();
   readonly #table: string;
   readonly #waiters = new Map<string, Set<Waiter>>();
   #client: pg.Client | undefined;
@@ -68,6 +85,7 @@ export class KeySettledListener {
   constructor(options: { connectionString: string; schema: string; onError?: (error: Error) => void }) {
     this.#connectionString = options.connectionString;
     this.#channel = keySettledChannel(options.schema);
+    this.#slotChannel = concurrencySlotFreedChannel(options.schema);
     this.#table = `${pg.escapeIdentifier(options.schema)}.idempotency_keys`;
     this.#onError = options.onError ?? (() => {});
   }
@@ -148,6 +166,29 @@ export class KeySettledListener {
       .catch(() => {});
   }
 
+  /**
+   * Calls `onFreed` whenever a run frees a concurrency slot that a job waits for, naming the
+   * oldest such job (BullMQ's worker promotes it if it deferred it); returns the unsubscribe.
+   * Connects if not connected: call it again after a connection error (a worker does at each
+   * deferral), notifications sent while disconnected are lost, and the waiters then ask again
+   * when their deferral ends.
+   */
+  watchFreedSlots(onFreed: (freed: FreedSlot) => void): () => void {
+    this.#slotWatchers.add(onFreed);
+    if (!this.#closed) this.#ensureConnected().catch((error: Error) => this.#onError(error));
+    return () => this.#slotWatchers.delete(onFreed);
+  }
+
+  /**
+   * Connects and LISTENs now, if not connected already (it otherwise connects at the first
+   * wait); rejects when Postgres cannot be reached. A health check calls it to learn whether
+   * the listener can wake waiters.
+   */
+  connect(): Promise<void> {
+    if (this.#closed) return Promise.reject(new Error('the listener is closed'));
+    return this.#ensureConnected();
+  }
+
   /** Stops listening and closes the connection. */
   async close(): Promise<void> {
     this.#closed = true;
@@ -164,19 +205,29 @@ export class KeySettledListener {
 
   async #connect(): Promise<void> {
     const client = new pg.Client({ connectionString: this.#connectionString, application_name: 'idempotent-jobs:listener' });
-    client.on('notification', (message) => this.#dispatch(message.payload));
+    client.on('notification', (message) => (message.channel === this.#slotChannel ? this.#dispatchFreedSlot(message.payload) : this.#dispatch(message.payload)));
     client.on('error', (error) => {
       this.#onError(error);
       if (this.#client === client) this.#client = undefined;
       client.end().catch(() => {});
     });
     await client.connect();
-    await client.query(`LISTEN ${pg.escapeIdentifier(this.#channel)}`);
+    await client.query(`LISTEN ${pg.escapeIdentifier(this.#channel)}; LISTEN ${pg.escapeIdentifier(this.#slotChannel)}`);
     if (this.#closed) {
       await client.end();
       return;
     }
     this.#client = client;
+  }
+
+  #dispatchFreedSlot(payload: string | undefined): void {
+    let freed: FreedSlot;
+    try {
+      freed = JSON.parse(payload ?? '');
+    } catch {
+      return;
+    }
+    for (const onFreed of this.#slotWatchers) onFreed(freed);
   }
 
   #dispatch(payload: string | undefined): void {

@@ -3,6 +3,7 @@ import type { Claim, ClaimOutcome } from './claim-outcome.js';
 import type { HeldRecord } from './one-trip-commit.js';
 import type { ClaimInput, CoalesceArrival, CompletedKeyRow, KeyRecord, LeaseExtension, StepPlace, StepRecord } from './records.js';
 import type { SlotAnswer, SlotRequest } from './sql/concurrency-slots.js';
+import type { HeldSlot } from './sql/concurrency-slot-wakes.js';
 import type { CoalesceAnswer, CoalesceSuccessor } from './records.js';
 
 /**
@@ -19,8 +20,13 @@ export interface KeyStore {
   readonly schema: string;
   /** Takes a slot of a concurrency group for a key about to run, or says when to ask again (see `sql/concurrency-slots.ts`). */
   acquireSlot?(request: SlotRequest): Promise<SlotAnswer>;
-  /** Frees a slot taken by {@link acquireSlot}; false when it was no longer held. */
-  releaseSlot?(group: string, slot: number, owner: string): Promise<boolean>;
+  /**
+   * Frees a slot taken by {@link acquireSlot}; false when it was no longer held. Wakes the
+   * group's oldest waiter not woken within `wakeAgainAfterMs` (see `sql/concurrency-slot-wakes.ts`).
+   */
+  releaseSlot?(group: string, slot: number, owner: string, wakeAgainAfterMs: number): Promise<boolean>;
+  /** Renews slots a run still holds, for `leaseMs` from now; how many were still its own (see `sql/concurrency-slot-wakes.ts`). */
+  renewSlots?(slots: readonly HeldSlot[], leaseMs: number): Promise<number>;
   /** A coalescing job arrives: run a generation, or fold into the run in flight (see `sql/coalescing.ts`). */
   coalesceArrive?(input: CoalesceArrival): Promise<CoalesceAnswer>;
   /** The running job's generation ended: the pending successor's generation and payload, if any. */
@@ -148,16 +154,17 @@ export interface GroupStatements {
     keysWithRows(error: unknown, rows: readonly CompletedKeyRow[]): CompletedKeyRow[] | undefined;
   };
   /**
-   * Optional: the statements that keep a group's watched settings at its start and check them
-   * before its COMMIT (see `sql/group-settings.ts`). Without them, a job that changes a setting
-   * inside a function goes unnoticed; one that does it in its own statement is still caught.
+   * Optional: the statements that keep the shared transaction's state at a group's start and
+   * compare it after each job (see `sql/group-settings.ts`). Without them, a job that leaves
+   * state inside a function goes unnoticed; one that does it in its own statement is still
+   * caught by the statement screen.
    */
-  readonly settings?: {
+  readonly state?: {
     /** Names of the settings to watch on this store's database (read once). */
     names(): Promise<readonly string[]>;
-    /** Keeps the settings' values with the group's BEGIN. */
+    /** Keeps the state (the settings' values among it) with the group's BEGIN. */
     keep(names: readonly string[]): CompiledQuery;
-    /** Fails (so the COMMIT after it never runs) when a setting differs from what `keep` kept. */
+    /** Fails (so no statement after it runs) when the state differs from what `keep` kept. */
     check(names: readonly string[]): CompiledQuery;
   };
 }

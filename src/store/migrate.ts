@@ -3,6 +3,8 @@ import { ConfigError } from '../errors.js';
 import { migrationsFor } from './migrations.js';
 import { sqlStateOf } from './pg-errors.js';
 import { keysTableLayout } from './sql/keys-table-layout.js';
+import { waitForPostgres } from './postgres-start-wait.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /** Options for {@link migrate}. */
 export interface MigrateOptions {
@@ -50,6 +52,10 @@ function isOtherSchemaVanishing(error: unknown, schema: string): boolean {
  * The lock is a session's, so `db` must reach Postgres itself, not a transaction-mode pooler
  * (the worker processes use `DATABASE_DIRECT_URL` for it).
  *
+ * Postgres refusing connections or starting up is waited for first, one warning line per try,
+ * for `STARTUP_WAIT_MS` (default 60 s); then it throws a `ServiceUnreachableError` naming
+ * Postgres and its address (without password).
+ *
  * Resolves to Kysely's result set (which migrations ran, none when up to date). Throws the
  * error of a migration that failed, and a {@link ConfigError} for a `keysPartitions` out of
  * range or different from an existing keys table's layout.
@@ -63,6 +69,16 @@ function isOtherSchemaVanishing(error: unknown, schema: string): boolean {
  * ```
  */
 export async function migrate(db: Kysely<any>, options: MigrateOptions = {}): Promise<MigrationResultSet> {
+  refuseUnknownOptions(options, optionNames<MigrateOptions>()(['schema', 'keysPartitions']), 'migrate(db, options)');
+  await waitForPostgres(db);
+  return migrateSchema(db, options);
+}
+
+/**
+ * {@link migrate} without its wait for Postgres: for the runnables, which wait for every
+ * server of their start against one deadline of their own.
+ */
+export async function migrateSchema(db: Kysely<any>, options: MigrateOptions = {}): Promise<MigrationResultSet> {
   const schema = options.schema ?? 'idempotent_jobs';
   const { keysPartitions } = options;
   if (keysPartitions !== undefined && !isValidPartitionCount(keysPartitions)) {

@@ -5,14 +5,15 @@ import { claimNewKeyFunctionDdl } from './sql/claim-new-key.js';
 import { claimNewKeysFunctionDdl } from './sql/claim-new-keys.js';
 import { completeKeyFunctionDdl, storeFastPathResultFunctionDdl } from './sql/complete-and-commit.js';
 import { extendLeaseFunctionDdl } from './sql/extend.js';
-import { groupSettingsFunctionsDdl } from './sql/group-settings.js';
+import { groupSettingsFunctionsDdl, groupStateFunctionsDdl } from './sql/group-settings.js';
 import { insertCompletedKeysFunctionDdl } from './sql/insert-completed-keys.js';
 import { recordStepFunctionDdl } from './sql/record-step.js';
 import { startStepFunctionDdl } from './sql/start-step.js';
 import { keysTableLayout } from './sql/keys-table-layout.js';
 import { perKeyRetentionDdl, tombstonesDdl } from './sql/tombstones.js';
 import { acquireConcurrencySlotFunctionDdl, concurrencyLimitSetsDdl, concurrencySlotsDdl, keyConcurrencyLimitsDdl } from './sql/concurrency-slots.js';
-import { coalescingDdl, coalescingSendOrderDdl } from './sql/coalescing.js';
+import { concurrencySlotWakesDdl } from './sql/concurrency-slot-wakes.js';
+import { coalescingDdl, coalescingEndsDdl, coalescingSendOrderDdl } from './sql/coalescing.js';
 import { schedulesDdl } from './sql/schedules.js';
 
 /** How a new schema's tables are laid out (see {@link migrationsFor}). */
@@ -266,6 +267,31 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
       // before a payload the key already took is superseded (see sql/coalescing.ts).
       async up(db: Kysely<any>) {
         for (const statement of coalescingSendOrderDdl(schema)) await statement.execute(db);
+      },
+    },
+    '026_group_state_check': {
+      // Group commit compares the shared transaction's whole state (settings, temporary objects,
+      // cursors, prepared statements) with its start after each job, not only its settings at its
+      // end (see sql/group-settings.ts); this function names what differs. check_group_settings
+      // stays for workers of earlier versions still running during a rolling upgrade.
+      async up(db: Kysely<any>) {
+        await groupStateFunctionsDdl(schema).execute(db);
+      },
+    },
+    '027_coalescing_ends': {
+      // A generation's end outlives its key (the key's deletion records it on the coalescing
+      // row), send times ahead of the database clock count as that clock, and idle coalescing
+      // rows can be deleted, a key's new row starting past its old generations (see sql/coalescing.ts).
+      async up(db: Kysely<any>) {
+        for (const statement of coalescingEndsDdl(schema)) await statement.execute(db);
+      },
+    },
+    '028_concurrency_slot_wakes': {
+      // A waiter of a concurrency key names its job and queue, so that a freed slot wakes the
+      // oldest one (a notification its worker promotes it on) instead of leaving it to its backoff
+      // (see sql/concurrency-slot-wakes.ts). Its old signature goes first, as in 024.
+      async up(db: Kysely<any>) {
+        for (const statement of concurrencySlotWakesDdl(schema)) await statement.execute(db);
       },
     },
   };

@@ -24,6 +24,7 @@ import { deleteSentOutboxRows } from './sql/delete-sent-outbox-rows.js';
 import { findLostKeyCandidates } from './sql/find-lost-keys.js';
 import { getKey } from './sql/get-key.js';
 import { keyAuditOf, recentKeyAudit } from './sql/key-audit.js';
+import { keysOfJobs, type KeyPairs } from './sql/keys-of-jobs.js';
 import { keyStats } from './sql/key-stats.js';
 import { keysTableLayout } from './sql/keys-table-layout.js';
 import { listKeys } from './sql/list-keys.js';
@@ -40,6 +41,8 @@ export type { ServerRole } from './sql/server-role.js';
 import { purgeKeys } from './sql/purge-keys.js';
 import { anyLiveTombstone, countTombstones, deleteExpiredTombstones, getTombstone } from './sql/tombstones.js';
 import { deleteStaleConcurrencyLimits } from './sql/concurrency-slots.js';
+import { deleteStaleConcurrencySlots } from './sql/concurrency-slot-wakes.js';
+import { deleteIdleCoalescingKeys, deleteOldCoalescingArrivals } from './sql/coalescing-janitor.js';
 import { databaseNow, recentKeys } from './sql/recent-keys.js';
 
 /** Which lost keys {@link OperatorStore.findLostKeys} lists. */
@@ -86,6 +89,8 @@ export interface OperatorStore {
   recentKeys(kind: RecentKeysKind, limit: number): Promise<KeyRecord[]>;
   /** A key's step records in position order. */
   loadSteps(scope: string, key: string): Promise<StepRecord[]>;
+  /** Many keys' rows, steps and live tombstones, and the database clock, in one snapshot (a dashboard's page of jobs). */
+  keysOfJobs(keys: KeyPairs): ReturnType<typeof keysOfJobs>;
   /** Counts by status, the oldest processing key and the outbox's backlog, in one snapshot. */
   keyStats(options?: KeyStatsOptions): Promise<KeyStats>;
   /** A key's operator actions, newest first. */
@@ -105,6 +110,12 @@ export interface OperatorStore {
   deleteExpiredTombstones(limit: number): Promise<number>;
   /** Deletes up to `limit` records of the concurrency key a key ran under, older than `olderThanMs`, whose key is not processing; how many (see `sql/concurrency-slots.ts`). */
   deleteStaleConcurrencyLimits(olderThanMs: number, limit: number): Promise<number>;
+  /** Deletes up to `limit` slot rows of concurrency keys that hold nothing, their time up more than `olderThanMs` ago; how many. */
+  deleteStaleConcurrencySlots(olderThanMs: number, limit: number): Promise<number>;
+  /** Deletes up to `limit` coalescing rows idle for longer than `idleMs`, with no run in flight and no successor pending; how many (see `sql/coalescing-janitor.ts`). */
+  deleteIdleCoalescingKeys(idleMs: number, limit: number): Promise<number>;
+  /** Deletes up to `limit` remembered coalescing arrivals older than `olderThanMs`; how many (see `sql/coalescing-janitor.ts`). */
+  deleteOldCoalescingArrivals(olderThanMs: number, limit: number): Promise<number>;
   /** The live tombstone of a key deleted after its retention, if any. */
   getTombstone(scope: string, key: string): Promise<TombstoneRecord | undefined>;
   /** How many live tombstones there are. */
@@ -175,6 +186,10 @@ export class PostgresOperatorStore implements OperatorStore {
     return loadSteps(this.#db, this.schema, scope, key);
   }
 
+  keysOfJobs(keys: KeyPairs): ReturnType<typeof keysOfJobs> {
+    return keysOfJobs(this.#db, this.schema, keys);
+  }
+
   keyStats(options?: KeyStatsOptions): Promise<KeyStats> {
     return keyStats(this.#db, this.schema, options);
   }
@@ -205,6 +220,18 @@ export class PostgresOperatorStore implements OperatorStore {
 
   deleteStaleConcurrencyLimits(olderThanMs: number, limit: number): Promise<number> {
     return deleteStaleConcurrencyLimits(this.#db, this.schema, olderThanMs, limit);
+  }
+
+  deleteStaleConcurrencySlots(olderThanMs: number, limit: number): Promise<number> {
+    return deleteStaleConcurrencySlots(this.#db, this.schema, olderThanMs, limit);
+  }
+
+  deleteIdleCoalescingKeys(idleMs: number, limit: number): Promise<number> {
+    return deleteIdleCoalescingKeys(this.#db, this.schema, idleMs, limit);
+  }
+
+  deleteOldCoalescingArrivals(olderThanMs: number, limit: number): Promise<number> {
+    return deleteOldCoalescingArrivals(this.#db, this.schema, olderThanMs, limit);
   }
 
   getTombstone(scope: string, key: string): Promise<TombstoneRecord | undefined> {

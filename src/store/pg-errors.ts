@@ -21,6 +21,12 @@ export const isLockTimeout = (error: unknown) => sqlStateOf(error) === '55P03';
  */
 export const isInFailedTransaction = (error: unknown) => sqlStateOf(error) === '25P02';
 
+/**
+ * 53100 disk_full: a file of the database could not grow ("could not extend file", "No space
+ * left on device"). Reads still work, and so does a write that fits in pages already there.
+ */
+export const isDiskFull = (error: unknown) => sqlStateOf(error) === '53100';
+
 /** 23505: a unique index refused a row. */
 export const isUniqueViolation = (error: unknown) => sqlStateOf(error) === '23505';
 
@@ -139,6 +145,20 @@ export const isDuplicatePreparedStatement = (error: unknown) => sqlStateOf(error
 export function endsSession(error: unknown): boolean {
   const severity = error && typeof error === 'object' && 'severity' in error ? (error as { severity: unknown }).severity : undefined;
   return typeof severity === 'string' && SESSION_ENDING.has(severity);
+}
+
+/**
+ * True when a statement that failed with `error` may nonetheless have committed: the connection
+ * broke before its reply arrived (a driver error without a SQLSTATE), or the server ended the
+ * session (FATAL, PANIC), which it may do after the commit. A {@link PreparedStatementLostError}
+ * never ran. An error the server answered with
+ * severity ERROR (25006, 40001, 53100…) says the statement failed and kept nothing.
+ */
+export function outcomeUnknown(error: unknown): boolean {
+  // A statement its connection no longer held as prepared never ran: known not to have committed.
+  if (error instanceof PreparedStatementLostError) return false;
+  if (transientStoreFault(error) !== 'connection') return false;
+  return sqlStateOf(error) === undefined || endsSession(error);
 }
 
 /** True when {@link transientStoreFault} classifies `error` as transient (any kind). */

@@ -147,10 +147,14 @@ class PipelinedStatements {
     // Corked, the messages leave in one write (as node-postgres does for one extended query).
     connection.stream.cork?.();
     if (this.#named) this.#prepared = preparedOn(connection);
+    // A name this pipeline parses already (a group's end sends one completion per job, the same
+    // text each): parsed once, as a second Parse of the name would fail ("already exists").
+    const parsedInThisPipeline = new Set<string>();
     try {
       for (const { text, values } of this.#statements) {
         const name = (this.#prepared && preparedNameOf(text)) || '';
-        const parsedHere = name === '' || !this.#prepared!.parsed.has(name);
+        const parsedHere = name === '' || (!this.#prepared!.parsed.has(name) && !parsedInThisPipeline.has(name));
+        if (name !== '' && parsedHere) parsedInThisPipeline.add(name);
         if (parsedHere) {
           // A Parse of this name that failed with its statement may have created it: close it first.
           if (name !== '' && this.#prepared!.uncertain.has(name)) connection.close({ type: 'S', name });

@@ -38,8 +38,10 @@ export function kyselyOverPool(pool: pg.Pool, options: PipeliningPoolOptions = {
  * The pool as Kysely sees it, except that a pipeline query is sent as a pipeline, and a string of
  * several statements resolves with the last statement's result (node-postgres resolves with an
  * array of them, which Kysely would read as no rows). A single statement's result is untouched.
+ * Exported for tests that put a pool of their own between Kysely and it (faults at a chosen
+ * statement, `test/support/statement-faults.ts`); {@link kyselyOverPool} is the way in otherwise.
  */
-function pipeliningPool(pool: pg.Pool, preparedStatements: boolean): PostgresPool {
+export function pipeliningPool(pool: pg.Pool, preparedStatements: boolean): PostgresPool {
   let named = preparedStatements;
   return {
     async connect(): Promise<PostgresPoolClient> {

@@ -11,18 +11,20 @@ import { claimNewKey } from './sql/claim-new-key.js';
 import { tombstoneOf } from './sql/tombstones.js';
 import { coalesceArrive, coalesceNext } from './sql/coalescing.js';
 import type { CoalesceAnswer, CoalesceArrival, CoalesceSuccessor } from './records.js';
-import { acquireConcurrencySlot, releaseConcurrencySlot, type SlotAnswer, type SlotRequest } from './sql/concurrency-slots.js';
+import { acquireConcurrencySlot, type SlotAnswer, type SlotRequest } from './sql/concurrency-slots.js';
+import { releaseConcurrencySlot, renewConcurrencySlots, type HeldSlot } from './sql/concurrency-slot-wakes.js';
 import { completeAndCommit, completeKey, completionStatement, storeFastPathResult, storeResultAndCommit } from './sql/complete-and-commit.js';
 import { extendLease } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
 import { insertCompletedKeysStatement, rowsThatHadKeys } from './sql/insert-completed-keys.js';
-import { WATCHED_SETTINGS, checkGroupSettingsStatement, customSettingNames, keepGroupSettingsStatement } from './sql/group-settings.js';
+import { WATCHED_SETTINGS, checkGroupStateStatement, customSettingNames, keepGroupStateStatement } from './sql/group-settings.js';
 import { loadSteps } from './sql/load-steps.js';
 import { recordStep, recordStepAndCommit, recordStepIn, recordStepStatement } from './sql/record-step.js';
 import { releaseKey } from './sql/release.js';
 import { startStep } from './sql/start-step.js';
 import type { ClaimInput, KeyRecord, SettledKeyRow, LeaseExtension } from './records.js';
+import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 
 /**
  * Options of {@link PostgresKeyStore}.
@@ -82,7 +84,7 @@ export class PostgresKeyStore implements KeyStore {
       insert: (rows, lockTimeoutMs) => insertCompletedKeysStatement(this.schema, rows, lockTimeoutMs),
       keysWithRows: (error, rows) => rowsThatHadKeys(error, rows),
     },
-    settings: {
+    state: {
       names: () =>
         (this.#watchedSettings ??= customSettingNames(this.#db).then(
           (custom) => [...WATCHED_SETTINGS, ...custom],
@@ -91,8 +93,8 @@ export class PostgresKeyStore implements KeyStore {
             throw error;
           },
         )),
-      keep: (names) => keepGroupSettingsStatement(this.schema, names),
-      check: (names) => checkGroupSettingsStatement(this.schema, names),
+      keep: (names) => keepGroupStateStatement(names),
+      check: (names) => checkGroupStateStatement(this.schema, names),
     },
   };
 
@@ -128,6 +130,7 @@ export class PostgresKeyStore implements KeyStore {
   readonly findSettled?: (scope: string, key: string, fingerprint: string) => Promise<ClaimOutcome | undefined>;
 
   constructor(db: Kysely<any>, schema: string, options: PostgresKeyStoreOptions = {}) {
+    refuseUnknownOptions(options, optionNames<PostgresKeyStoreOptions>()(['batchClaims', 'probeSettledKeys']), 'new PostgresKeyStore(db, schema, options)');
     this.#db = db;
     this.schema = schema;
     this.#batcher = (options.batchClaims ?? true) ? new ClaimBatcher(db, schema) : undefined;
@@ -169,8 +172,12 @@ export class PostgresKeyStore implements KeyStore {
     return acquireConcurrencySlot(this.#db, this.schema, request);
   }
 
-  releaseSlot(group: string, slot: number, owner: string): Promise<boolean> {
-    return releaseConcurrencySlot(this.#db, this.schema, group, slot, owner);
+  releaseSlot(group: string, slot: number, owner: string, wakeAgainAfterMs: number): Promise<boolean> {
+    return releaseConcurrencySlot(this.#db, this.schema, group, slot, owner, wakeAgainAfterMs);
+  }
+
+  renewSlots(slots: readonly HeldSlot[], leaseMs: number): Promise<number> {
+    return renewConcurrencySlots(this.#db, this.schema, slots, leaseMs);
   }
 
   /** See {@link KeyStore.claimNewKey}. */

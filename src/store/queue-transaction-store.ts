@@ -2,11 +2,16 @@ import type { Kysely } from 'kysely';
 import { ConfigError } from '../errors.js';
 import { sqlStateOf } from './pg-errors.js';
 import { runInSearchPath, type ForeignStatementResult } from './sql/in-search-path.js';
+import { runQualifiedCall } from './sql/queue-function-call.js';
 
 /**
  * Runs BullMQ's PostgreSQL statements on a caller's transaction, for a producer that enqueues in
- * that transaction (the job exists if and only if it commits). The statements are BullMQ's;
- * this store only places them: in BullMQ's schema, on the caller's connection.
+ * that transaction (the job exists if and only if it commits), and for a worker that moves its
+ * job to completed in its effect's transaction. The statements are BullMQ's; this store only
+ * places them: in BullMQ's schema, on the caller's connection. One call of one of BullMQ's
+ * functions (the move to completed, the add of a job) goes as one statement naming the function
+ * with its schema, which can share a group commit's transaction; any other statement runs with
+ * `search_path` switched for it (`sql/in-search-path.ts`), which a group refuses.
  */
 export class QueueTransactionStore {
   constructor(
@@ -21,7 +26,7 @@ export class QueueTransactionStore {
    */
   async query(tx: Kysely<any>, text: string, parameters: readonly unknown[] = []): Promise<ForeignStatementResult> {
     try {
-      return await runInSearchPath(tx, this.queueSchema, text, parameters);
+      return (await runQualifiedCall(tx, this.queueSchema, text, parameters)) ?? (await runInSearchPath(tx, this.queueSchema, text, parameters));
     } catch (error) {
       // undefined_function, undefined_table, invalid_schema_name: BullMQ's objects are not there.
       if (['42883', '42P01', '3F000'].includes(sqlStateOf(error) ?? '')) {

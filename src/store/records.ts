@@ -406,7 +406,11 @@ export interface CoalesceSuccessor {
   readonly payload: unknown;
 }
 
-/** What a coalescing job's arrival came to: run generation `generation` with `payload`, or folded into the run in flight. */
+/**
+ * What a coalescing job's arrival came to: run generation `generation` with `payload`, folded into
+ * the run in flight, or (the job that ran the key's last generation, delivered again) nothing
+ * left to run.
+ */
 export type CoalesceAnswer =
   | {
       /** Run now, as generation `generation`. */
@@ -419,6 +423,16 @@ export type CoalesceAnswer =
   | {
       /** Folded into the run in flight: its pending successor carries this payload now. */
       readonly action: 'coalesced';
+    }
+  | {
+      /**
+       * This job ran generation `generation`, which has ended (its key completed or failed, or
+       * deleted since), and no successor is pending: nothing runs (its key replays the result
+       * while it is kept).
+       */
+      readonly action: 'finished';
+      /** The generation this job ran last. */
+      readonly generation: number;
     };
 
 /** One key the janitor deleted. */
@@ -544,7 +558,8 @@ export interface CoalesceArrival {
   /**
    * When the producer sent the job (ms since the epoch: BullMQ's job timestamp, JetStream's
    * stored time), when the broker says: an arrival sent before a payload the key already took
-   * is superseded by it. Undefined: the arrival's order is the order it reaches Postgres.
+   * is superseded by it. Undefined, or later than the database's clock: the job counts as sent
+   * at its first arrival, by the database's clock (remembered for every later delivery).
    */
   readonly sentAtMs?: number;
 }

@@ -6,9 +6,10 @@
  *
  * The text is read by a small lexer that skips what is not code: quoted strings (with `''` and,
  * in `E'…'`, backslash escapes), quoted identifiers, dollar-quoted strings and comments (block
- * comments nest). It looks at each statement's first words and at calls of `set_config`; what a
- * function does inside is out of its sight (the group's end compares the settings that matter,
- * see `group-settings.ts`).
+ * comments nest). It looks at each statement's first words, at calls of `set_config` and of the
+ * session-level advisory lock functions, and at savepoint commands; what a function does inside
+ * is out of its sight (group commit compares the transaction's state after each job, see
+ * `sql/group-settings.ts`).
  */
 
 /**
@@ -16,9 +17,11 @@
  *   a savepoint), ABORT, PREPARE TRANSACTION, COMMIT/ROLLBACK PREPARED: would end (or try to
  *   begin) the transaction that must commit the effect with its key. Never allowed.
  * - `'leaves-state'`: SET and RESET of any kind (`SET LOCAL`, `SET ROLE`, `SET CONSTRAINTS`,
- *   `SET TRANSACTION`, …), `set_config(…)`, CREATE TEMP …, DISCARD, LISTEN, UNLISTEN, LOAD,
- *   PREPARE, DEALLOCATE: changes what later statements of the same transaction or session see.
- *   Allowed in a job's own transaction; a job that sends one runs alone, never in a group.
+ *   `SET TRANSACTION`, …), `set_config(…)`, CREATE TEMP …, CREATE … `pg_temp.`…, DISCARD,
+ *   LISTEN, UNLISTEN, LOAD, PREPARE, DEALLOCATE, a call of a session-level advisory lock function
+ *   (`pg_advisory_lock`, `pg_try_advisory_lock`, their `_shared` forms, `pg_advisory_unlock…`):
+ *   changes what later statements of the same transaction or session see. Allowed in a job's own
+ *   transaction; a job that sends one runs alone, never in a group.
  * - `'plain'`: anything else.
  */
 export type StatementEffect = 'ends-transaction' | 'leaves-state' | 'plain';
@@ -28,10 +31,33 @@ export interface ScreenedText {
   readonly effect: StatementEffect;
   /** Statements in the text (empty ones, such as a lone `;`, not counted). */
   readonly statements: number;
+  /** Its SAVEPOINT, RELEASE and ROLLBACK TO commands, in order (a group keeps each job's own apart). */
+  readonly savepoints: readonly SavepointCommand[];
+}
+
+/**
+ * A savepoint command: `open` (SAVEPOINT name), `release` (RELEASE [SAVEPOINT] name: that
+ * savepoint and those opened after it end), `rollback-to` (ROLLBACK TO [SAVEPOINT] name: those
+ * opened after it end, it stays). The name as Postgres reads it (unquoted: lower case).
+ */
+export interface SavepointCommand {
+  readonly op: 'open' | 'release' | 'rollback-to';
+  readonly name: string;
 }
 
 const ENDS_TRANSACTION = new Set(['begin', 'start', 'commit', 'end', 'abort']);
 const LEAVES_STATE = new Set(['set', 'reset', 'discard', 'listen', 'unlisten', 'load', 'deallocate']);
+/** Functions whose call changes the session for the statements after it. */
+const LEAVES_STATE_CALLS = new Set([
+  'set_config',
+  'pg_advisory_lock',
+  'pg_advisory_lock_shared',
+  'pg_try_advisory_lock',
+  'pg_try_advisory_lock_shared',
+  'pg_advisory_unlock',
+  'pg_advisory_unlock_shared',
+  'pg_advisory_unlock_all',
+]);
 
 /** Texts already read: a job's statements repeat (Kysely compiles the same text each time). */
 const screened = new Map<string, ScreenedText>();
@@ -51,29 +77,47 @@ export function screenStatement(text: string): ScreenedText {
 function readText(text: string): ScreenedText {
   let effect: StatementEffect = 'plain';
   let statements = 0;
+  const savepoints: SavepointCommand[] = [];
   for (const statement of lexStatements(text)) {
     statements++;
     const own = effectOf(statement);
     if (own === 'ends-transaction' || (own === 'leaves-state' && effect === 'plain')) effect = own;
+    const savepoint = savepointOf(statement.words);
+    if (savepoint) savepoints.push(savepoint);
   }
-  return { effect, statements };
+  return { effect, statements, savepoints };
 }
 
-/** One statement as the lexer saw it: its first words (lower case) and whether it calls `set_config`. */
+/**
+ * One statement as the lexer saw it: its first words (lower case; a quoted identifier as `"`
+ * and its text, so that it never reads as a keyword), whether it calls a function that leaves
+ * state, and whether it names the temporary schema (`pg_temp.`).
+ */
 interface LexedStatement {
   readonly words: readonly string[];
-  readonly callsSetConfig: boolean;
+  readonly callsStateFunction: boolean;
+  readonly namesTempSchema: boolean;
 }
 
-function effectOf({ words, callsSetConfig }: LexedStatement): StatementEffect {
+function savepointOf(words: readonly string[]): SavepointCommand | undefined {
+  const [first, second, third, fourth] = words;
+  const name = (word: string | undefined) => (word === undefined ? undefined : word.startsWith('"') ? word.slice(1) : word);
+  let command: { op: SavepointCommand['op']; name: string | undefined } | undefined;
+  if (first === 'savepoint') command = { op: 'open', name: name(second) };
+  else if (first === 'release') command = { op: 'release', name: name(second === 'savepoint' ? third : second) };
+  else if (first === 'rollback' && second === 'to') command = { op: 'rollback-to', name: name(third === 'savepoint' ? fourth : third) };
+  return command?.name === undefined ? undefined : { op: command.op, name: command.name };
+}
+
+function effectOf({ words, callsStateFunction, namesTempSchema }: LexedStatement): StatementEffect {
   const [first, second, third] = words;
   if (first === 'rollback') return second === 'to' ? 'plain' : 'ends-transaction';
   if (first === 'prepare') return second === 'transaction' ? 'ends-transaction' : 'leaves-state';
   if (first === 'commit' && second === 'prepared') return 'ends-transaction';
   if (first !== undefined && ENDS_TRANSACTION.has(first)) return 'ends-transaction';
   if (first !== undefined && LEAVES_STATE.has(first)) return 'leaves-state';
-  if (first === 'create' && (isTemp(second) || ((second === 'global' || second === 'local') && isTemp(third)))) return 'leaves-state';
-  return callsSetConfig ? 'leaves-state' : 'plain';
+  if (first === 'create' && (isTemp(second) || ((second === 'global' || second === 'local') && isTemp(third)) || namesTempSchema)) return 'leaves-state';
+  return callsStateFunction ? 'leaves-state' : 'plain';
 }
 
 function isTemp(word: string | undefined): boolean {
@@ -83,13 +127,15 @@ function isTemp(word: string | undefined): boolean {
 /** The statements of `text`, split at `;` outside strings, identifiers, dollar quotes and comments. */
 function* lexStatements(text: string): Generator<LexedStatement> {
   let words: string[] = [];
-  let callsSetConfig = false;
+  let callsStateFunction = false;
+  let namesTempSchema = false;
   let lastWord = '';
   let sawCode = false;
   const end = (): LexedStatement | undefined => {
-    const statement = sawCode ? { words, callsSetConfig } : undefined;
+    const statement = sawCode ? { words, callsStateFunction, namesTempSchema } : undefined;
     words = [];
-    callsSetConfig = false;
+    callsStateFunction = false;
+    namesTempSchema = false;
     lastWord = '';
     sawCode = false;
     return statement;
@@ -104,7 +150,9 @@ function* lexStatements(text: string): Generator<LexedStatement> {
     } else if (c === '"') {
       sawCode = true;
       lastWord = '';
+      const start = i;
       i = endOfQuoted(text, i, '"', false);
+      if (words.length < 4) words.push(`"${text.slice(start + 1, i - 1).replace(/""/g, '"')}`);
     } else if (c === '-' && text[i + 1] === '-') {
       const newline = text.indexOf('\n', i);
       i = newline < 0 ? text.length : newline + 1;
@@ -125,7 +173,8 @@ function* lexStatements(text: string): Generator<LexedStatement> {
       const start = i;
       while (i < text.length && (isIdentifierChar(text[i]) || text[i] === '$')) i++;
       const word = text.slice(start, i).toLowerCase();
-      if (words.length < 3) words.push(word);
+      if (words.length < 4) words.push(word);
+      if (word === 'pg_temp' && text[i] === '.') namesTempSchema = true;
       lastWord = word;
     } else if (c === ';') {
       const statement = end();
@@ -133,7 +182,7 @@ function* lexStatements(text: string): Generator<LexedStatement> {
       i++;
     } else if (c === '(') {
       sawCode = true;
-      if (lastWord === 'set_config') callsSetConfig = true;
+      if (LEAVES_STATE_CALLS.has(lastWord)) callsStateFunction = true;
       lastWord = '';
       i++;
     } else {

@@ -21,14 +21,28 @@ export type { Attributes, Context, Span } from '@opentelemetry/api';
  * (its ES and CommonJS builds are two copies, each with its own proxy provider).
  */
 function loadOtelApi(): typeof OtelApi | undefined {
-  let resolved: string;
+  const require = createRequire(import.meta.url);
+  const resolved = resolveOtelApi(require);
+  return resolved === undefined ? undefined : (require(resolved) as typeof OtelApi);
+}
+
+/**
+ * The API's file as this module's own kind of load would find it, or undefined when it is not
+ * installed. `import.meta.resolve` is absent where a TypeScript runner (tsx, ts-node) compiled
+ * the library to CommonJS for a CommonJS application: there the module is loaded by `require`,
+ * so `require.resolve` finds the copy the application's own `require` gets.
+ */
+function resolveOtelApi(require: NodeJS.Require): string | undefined {
+  const resolveAsImport = (import.meta as Partial<ImportMeta>).resolve;
   try {
-    resolved = import.meta.resolve('@opentelemetry/api');
+    if (typeof resolveAsImport !== 'function') return require.resolve('@opentelemetry/api');
+    const resolved = resolveAsImport('@opentelemetry/api');
+    return resolved.startsWith('file:') ? fileURLToPath(resolved) : resolved;
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'ERR_MODULE_NOT_FOUND') return undefined;
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND') return undefined;
     throw error;
   }
-  return createRequire(import.meta.url)(resolved.startsWith('file:') ? fileURLToPath(resolved) : resolved) as typeof OtelApi;
 }
 
 /** The API's module, loaded once when this module is first imported. */

@@ -56,6 +56,9 @@ export async function createChaosTables(db: Kysely<any>, schema: string): Promis
     fence bigint not null,
     worker_pid integer not null,
     at timestamptz not null default clock_timestamp(),
+    -- Made by a run on the fast path, whose fence is not a lease's: a rolled-back attempt
+    -- leaves no row, and the key's next claim gets the same fence.
+    fast_path boolean not null default false,
     -- The multi-step handler's calls: the step that made the call, and its start count then.
     step text,
     starts integer
@@ -100,13 +103,13 @@ export const CHAOS_STEPS = [
  * The chaos handler: an external call (its own statement, outside the transaction), some work,
  * then the effect in `ctx.transaction`. `db` resolves to the worker's pool once it is built.
  */
-export function chaosHandler(schema: string, db: Promise<Kysely<any>>, inDataLayer?: DataLayerEffect) {
+export function chaosHandler(schema: string, db: Promise<Kysely<any>>, inDataLayer?: DataLayerEffect, fastPath = false) {
   return async (ctx: JobContext<ChaosPayload>) => {
     const pool = await db;
     const callId = randomUUID();
     await untilDone(
-      () => sql`insert into ${sql.id(schema, 'external_calls')} (call_id, scope, key, fence, worker_pid)
-                values (${callId}, ${ctx.scope}, ${ctx.key}, ${ctx.fence}, ${process.pid})
+      () => sql`insert into ${sql.id(schema, 'external_calls')} (call_id, scope, key, fence, worker_pid, fast_path)
+                values (${callId}, ${ctx.scope}, ${ctx.key}, ${ctx.fence}, ${process.pid}, ${fastPath})
                 on conflict (call_id) do nothing`.execute(pool),
       ctx.signal,
     );

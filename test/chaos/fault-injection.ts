@@ -7,6 +7,7 @@
  * its steps) are reached by the handler itself, through the same {@link Crasher}.
  */
 import { writeSync } from 'node:fs';
+import { StoreUnavailableError } from '../../src/index.js';
 import type { FaultHook, FaultPoint } from '../../src/process/index.js';
 import { seededRandom } from './random.js';
 
@@ -100,5 +101,48 @@ export function crasher(rates: FaultRates, armed: ArmedFaults, seed: number): Cr
 export function crashingFaultHook(crash: Crasher): FaultHook {
   return (point, context) => {
     if ((PROTOCOL_CRASH_POINTS as readonly string[]).includes(point)) crash(point as CrashPoint, context);
+  };
+}
+
+/**
+ * The protocol's points where a chaos worker's store fails (`STORE_FAULT_POINTS`, the
+ * `--coalescing` profile): the hand-over of a coalescing job to its pending successor, before it
+ * is sent or after Postgres answered it. A store fault, not a crash: the job is deferred without
+ * using an attempt, and its redelivery goes on from what the hand-over left.
+ */
+export const STORE_FAULT_POINTS = ['before-hand-over', 'after-hand-over'] as const satisfies readonly FaultPoint[];
+/** One of {@link STORE_FAULT_POINTS}. */
+export type StoreFaultPoint = (typeof STORE_FAULT_POINTS)[number];
+
+/** The log line a worker writes when it makes the store fail; the checker counts these. */
+export const STORE_FAULT_LOG_MESSAGE = 'fault injected: store fault';
+
+/** Parses `STORE_FAULT_POINTS`, as `FAULT_POINTS` (`before-hand-over:0.2,after-hand-over:0.2`). */
+export function parseStoreFaultPoints(text: string | undefined): Partial<Record<StoreFaultPoint, number>> {
+  const rates: Partial<Record<StoreFaultPoint, number>> = {};
+  if (!text || text.trim() === '') return rates;
+  for (const part of text.split(',')) {
+    const [name, probability, ...rest] = part.trim().split(':');
+    const p = Number(probability);
+    if (!STORE_FAULT_POINTS.includes(name as StoreFaultPoint) || rest.length > 0 || probability === undefined || probability.trim() === '' || !Number.isFinite(p) || p < 0 || p > 1) {
+      throw new Error(`STORE_FAULT_POINTS: "${part}" is not <point>:<probability> with point one of ${STORE_FAULT_POINTS.join(', ')} and probability in [0, 1]`);
+    }
+    rates[name as StoreFaultPoint] = p;
+  }
+  return rates;
+}
+
+/**
+ * The library's fault hook that fails the store at `rates`' points: throws the store fault a
+ * serialization failure (40001) there would be, after writing a line the checker counts.
+ */
+export function storeFaultHook(rates: Partial<Record<StoreFaultPoint, number>>, seed: number): FaultHook {
+  const random = seededRandom(seed, process.pid + 1);
+  return (point, context) => {
+    const rate = rates[point as StoreFaultPoint] ?? 0;
+    if (!(rate > 0 && random.next() < rate)) return;
+    writeSync(1, `${JSON.stringify({ level: 40, time: Date.now(), pid: process.pid, msg: STORE_FAULT_LOG_MESSAGE, point, ...context })}\n`);
+    const cause = Object.assign(new Error(`could not serialize access due to concurrent update (injected at ${point})`), { code: '40001' });
+    throw new StoreUnavailableError(context.scope ?? '', context.key ?? '', `coalescing hand-over (${point})`, { cause });
   };
 }

@@ -247,6 +247,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
         workers: options.workers,
         jobs: options.jobs,
         spreadMs: options.durationMs * 0.85,
+        chaosMs: options.durationMs,
         log,
       });
     }
@@ -254,6 +255,7 @@ export async function runChaos(options: ChaosOptions, interrupt: AbortSignal): P
     fleet = new WorkerFleet({
       count: options.workers,
       clockSkewsMs: featureRun?.workerClockSkews() ?? [],
+      envPerSlot: featureRun?.workerEnvPerSlot() ?? [],
       env: {
         DATABASE_URL: bouncer ? bouncer.url() : postgresUrl,
         DATABASE_DIRECT_URL: postgresUrl,
@@ -596,9 +598,10 @@ function jobFaultsOf(load: LoadResult): Map<string, JobFault> {
 const EPOCH_MS = (column: string) => sql.raw(`extract(epoch from ${column}) * 1000`);
 
 async function readRows(db: Kysely<any>, schema: string, steps: boolean): Promise<Rows> {
-  const executions = async (table: string, withStep: boolean) => {
-    const { rows } = await sql<{ scope: string; key: string; fence: string; worker_pid: number; at: string; step: string | null }>`
-      select scope, key, fence, worker_pid, ${EPOCH_MS('at')} as at, ${withStep ? sql.ref('step') : sql`null::text`} as step
+  const executions = async (table: string, withStep: boolean, withFastPath = false) => {
+    const { rows } = await sql<{ scope: string; key: string; fence: string; worker_pid: number; at: string; step: string | null; fast_path: boolean }>`
+      select scope, key, fence, worker_pid, ${EPOCH_MS('at')} as at, ${withStep ? sql.ref('step') : sql`null::text`} as step,
+             ${withFastPath ? sql.ref('fast_path') : sql`false`} as fast_path
         from ${sql.id(schema, table)} order by id`.execute(db);
     return rows.map((r) => ({
       scope: r.scope,
@@ -607,6 +610,7 @@ async function readRows(db: Kysely<any>, schema: string, steps: boolean): Promis
       workerPid: r.worker_pid,
       at: Number(r.at),
       ...(r.step !== null ? { step: r.step } : {}),
+      ...(r.fast_path ? { fastPath: true } : {}),
     }));
   };
   // The database-only handler's rows: the transaction that committed each, and the settings it saw.
@@ -629,7 +633,7 @@ async function readRows(db: Kysely<any>, schema: string, steps: boolean): Promis
     select scope, key, status, fence, error from ${sql.id(schema, 'idempotency_keys')}`.execute(db);
   const rows: Rows = {
     effects,
-    externalCalls: await executions('external_calls', true),
+    externalCalls: await executions('external_calls', true, true),
     keys: keyRows.map((r) => ({ scope: r.scope, key: r.key, status: r.status, fence: Number(r.fence), ...(r.error !== null ? { error: r.error } : {}) })),
   };
   if (!steps) return rows;

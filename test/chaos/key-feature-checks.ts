@@ -1,6 +1,6 @@
 /**
  * The checker rules of the key-feature profiles (`--tombstones`, `--concurrency-limits`,
- * `--coalescing`, `--racing-schedulers`): one pure function per feature, over the rows and log
+ * `--coalescing` (in `coalescing-checks.ts`), `--racing-schedulers`; `--dst-schedulers` in `dst-schedule-checks.ts`): one pure function per feature, over the rows and log
  * lines a run left, added to the suite's checks (`checker.ts`). Each returns the numbers for the
  * report's table and the failing ids of each required rule; a rule that had nothing to judge
  * (no late duplicate sent, no job deferred by its limit, no arrival coalesced, no scheduler
@@ -9,8 +9,8 @@
 import { percentiles, type ExecutionRow, type FailedJob } from './checker.js';
 import type { WorkerLogLine } from './worker-fleet.js';
 
-/** The four profiles. */
-export const KEY_FEATURES = ['tombstones', 'concurrency-limits', 'coalescing', 'racing-schedulers'] as const;
+/** The five profiles (the rules of `dst-schedulers` are in `dst-schedule-checks.ts`). */
+export const KEY_FEATURES = ['tombstones', 'concurrency-limits', 'coalescing', 'racing-schedulers', 'dst-schedulers'] as const;
 export type KeyFeature = (typeof KEY_FEATURES)[number];
 
 /** What a key-feature rule set found. */
@@ -24,9 +24,11 @@ export interface KeyFeatureCheck {
   readonly rules: ReadonlyArray<{ readonly rule: string; readonly failing: readonly string[] }>;
 }
 
-const idOf = (row: { scope?: string; key?: string }) => `${row.scope}/${row.key}`;
+/** `scope/key` of a row or line. */
+export const idOf = (row: { scope?: string; key?: string }) => `${row.scope}/${row.key}`;
 
-function result(feature: KeyFeature, numbers: Array<readonly [string, string]>, rules: Array<{ rule: string; failing: string[] }>): KeyFeatureCheck {
+/** A rule set's verdict: ok when every required rule found nothing. */
+export function result(feature: KeyFeature, numbers: Array<readonly [string, string]>, rules: Array<{ rule: string; failing: string[] }>): KeyFeatureCheck {
   return { feature, ok: rules.every((r) => r.failing.length === 0), numbers, rules };
 }
 
@@ -119,6 +121,8 @@ export interface ConcurrencyHistory {
   readonly lines: readonly WorkerLogLine[];
   /** Slots still held after the drain and the workers' stop (`group/slot by scope/key`). */
   readonly liveSlots: readonly string[];
+  /** The workers' lease: a run longer than it holds its slots by their renewal alone (on the fast path, where its key is not `processing`). */
+  readonly leaseMs?: number;
   /**
    * Longest a concurrency key may go on deferring its jobs while fewer than its limit of its runs
    * are in flight, without starting one: a slot of a killed worker is held for a lease, a
@@ -191,15 +195,24 @@ export function checkConcurrencyLimits(history: ConcurrencyHistory): KeyFeatureC
   }
   const waited = percentiles(waits);
   const starved = starvedSpans(history, runs);
+  // Runs longer than the lease: a slot taken is held for a lease, and beyond it by its renewal
+  // (on the fast path nothing else holds it). The rule above holds them to the limit with every
+  // other run; these say that they were there to hold, and whether one was among too many.
+  const leaseMs = history.leaseMs ?? Infinity;
+  const longRuns = runs.filter((run) => run.end - run.start > leaseMs);
+  const longOverLimit = overLimit.filter((line) => longRuns.some((run) => line.includes(run.id)));
   return result(
     'concurrency-limits',
     [
       ['runs with a concurrency key (groups; most in flight at once in a group)', `${new Set(runs.map((r) => `${r.id}#${r.start}`)).size} (${new Set(runs.map((r) => r.group)).size}; ${maxInFlight})${withoutStart ? `, ${withoutStart} without a start` : ''}`],
       ['deferrals by the limit (jobs deferred)', `${deferrals} (${firstDeferral.size})`],
+      ['runs longer than the lease (jobs)', `${new Set(longRuns.map((r) => `${r.id}#${r.start}`)).size} (${new Set(longRuns.map((r) => r.id)).size})`],
       ['wait of a deferred job from its first deferral to its run p50 / p99 / max', `${seconds(waited.p50)} / ${seconds(waited.p99)} / ${seconds(waited.max)}`],
     ],
     [
       { rule: 'runs of a concurrency key in flight past its limit', failing: overLimit },
+      { rule: 'never more than the limit at once with a run longer than the lease among them', failing: longOverLimit },
+      { rule: 'no run longer than the lease (nothing tested)', failing: history.leaseMs !== undefined && longRuns.length === 0 ? ['0 long runs'] : [] },
       { rule: `keys starved: deferring with a free slot for longer than ${seconds(history.starvedBoundMs)} without a run`, failing: starved },
       { rule: 'slots left held after the drain', failing: [...history.liveSlots] },
       { rule: 'no job deferred by its limit (nothing tested)', failing: deferrals === 0 ? ['0 deferrals'] : [] },
@@ -251,98 +264,6 @@ function starvedSpans(history: ConcurrencyHistory, runs: ReadonlyArray<{ group: 
     }
   }
   return starved;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Coalescing under bursts
-
-/** One committed run of a coalescing key's generation. */
-export interface GenerationRun {
-  /** `scope/key` of the coalescing key (without the generation). */
-  readonly id: string;
-  readonly generation: number;
-  /** The payload's version (the producer numbers a key's adds 1, 2, … in the order it sends them). */
-  readonly version: number;
-  /** Its external call (the run's start) and its effect's insert (its end), database clock. */
-  readonly start: number | undefined;
-  readonly end: number;
-}
-
-/** What {@link checkCoalescing} reads. */
-export interface CoalescingHistory {
-  /** Per coalescing key (`scope/key`): the versions whose adds were acknowledged, in the order sent. */
-  readonly sent: ReadonlyMap<string, readonly number[]>;
-  /** Every committed generation run. */
-  readonly runs: readonly GenerationRun[];
-  /** Per coalescing key, the generations that have a key row (`<key>#<generation>`), any status. */
-  readonly generations: ReadonlyMap<string, readonly number[]>;
-  /** The version each job id carried (the producer's job ids). */
-  readonly versionOfJob: ReadonlyMap<string, number>;
-  readonly lines: readonly WorkerLogLine[];
-}
-
-/**
- * Coalescing under bursts: each generation of a key committed exactly once (generations 1 … n,
- * none without its effect, none twice); the runs of one key one after another; the version sent
- * last is the one that ran last; and at most one pending successor, the newest: a generation
- * never runs a payload when a newer one (sent later) had arrived before the previous generation
- * ended (arrivals from their `coalesced` log lines; only arrivals logged at least
- * `toleranceMs` before that end count, so clocks a few ms apart cannot fail the rule).
- */
-export function checkCoalescing(history: CoalescingHistory, toleranceMs = 50): KeyFeatureCheck {
-  const runsByKey = groupBy(history.runs, (run) => run.id);
-  const notOnce: string[] = [];
-  const lastNotLast: string[] = [];
-  const overlapping: string[] = [];
-  const superseded: string[] = [];
-  const arrivals = groupBy(
-    history.lines.filter((line) => line.outcome === 'coalesced' && line.jobId !== undefined && history.versionOfJob.has(line.jobId)),
-    idOf,
-  );
-  let generationsRun = 0;
-  for (const [id, versions] of history.sent) {
-    if (versions.length === 0) continue;
-    const runs = [...(runsByKey.get(id) ?? [])].sort((a, b) => a.generation - b.generation);
-    const byGeneration = groupBy(runs, (run) => String(run.generation));
-    const highest = Math.max(0, ...runs.map((r) => r.generation), ...(history.generations.get(id) ?? []));
-    generationsRun += byGeneration.size;
-    for (let generation = 1; generation <= highest; generation++) {
-      const count = byGeneration.get(String(generation))?.length ?? 0;
-      if (count !== 1) notOnce.push(`${id}#${generation}: ${count} effects`);
-    }
-    const last = runs.at(-1);
-    const lastSent = versions.at(-1)!;
-    if (!last || last.version !== lastSent) lastNotLast.push(`${id}: sent last ${lastSent}, ran last ${last?.version ?? 'nothing'}`);
-    const keyArrivals = (arrivals.get(id) ?? []).map((line) => ({ at: line.time, version: history.versionOfJob.get(line.jobId!)! })).sort((a, b) => a.at - b.at);
-    for (let i = 1; i < runs.length; i++) {
-      const previous = runs[i - 1]!;
-      const run = runs[i]!;
-      if (run.generation !== previous.generation + 1) continue;
-      if (run.start !== undefined && run.start < previous.end) overlapping.push(`${id}#${run.generation} started before #${previous.generation} ended`);
-      // Coalesced arrivals before the previous run ended: the newest sent of them (payloads are
-      // ordered by when they were sent; versions count the sends) is the pending one the next
-      // generation takes; a run of an older one means a queue of successors, or an older payload
-      // that replaced a newer one.
-      const before = keyArrivals.filter((a) => a.at < previous.end - toleranceMs);
-      const newest = Math.max(...before.map((a) => a.version));
-      if (before.some((a) => a.version === run.version) && newest > run.version) {
-        superseded.push(`${id}#${run.generation} ran version ${run.version}, replaced by ${newest} before #${previous.generation} ended`);
-      }
-    }
-  }
-  const adds = [...history.sent.values()].reduce((sum, v) => sum + v.length, 0);
-  const coalesced = [...arrivals.values()].reduce((sum, list) => sum + list.length, 0);
-  return result(
-    'coalescing',
-    [['coalescing keys: acknowledged adds / generations run / arrivals coalesced', `${history.sent.size}: ${adds} / ${generationsRun} / ${coalesced}`]],
-    [
-      { rule: 'generations not committed exactly once', failing: notOnce },
-      { rule: 'keys whose last version sent did not run last', failing: lastNotLast },
-      { rule: 'runs of one key overlapping', failing: overlapping },
-      { rule: 'generations that ran a replaced payload (more than one pending successor)', failing: superseded },
-      { rule: 'no arrival coalesced (nothing tested)', failing: coalesced === 0 ? ['0 coalesced'] : [] },
-    ],
-  );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -472,7 +393,8 @@ function signedSeconds(ms: number): string {
   return `${ms >= 0 ? '+' : '−'}${(Math.abs(ms) / 1000).toFixed(1)} s`;
 }
 
-function groupBy<T>(items: Iterable<T>, keyOf: (item: T) => string): Map<string, T[]> {
+/** `items` grouped by `keyOf`, in order. */
+export function groupBy<T>(items: Iterable<T>, keyOf: (item: T) => string): Map<string, T[]> {
   const groups = new Map<string, T[]>();
   for (const item of items) {
     const key = keyOf(item);

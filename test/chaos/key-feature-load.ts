@@ -2,7 +2,8 @@
  * The producers of the key-feature profiles, beside the suite's own (`producer-load.ts`):
  *
  * - {@link runCoalescingBursts} (`--coalescing`): bursts of adds of coalescing keys, each add
- *   with a higher version than the one before, sent while the key's first run is in flight;
+ *   with a higher version than the one before, sent while the key's first run is in flight, by
+ *   producers whose clocks are off by minutes, both ways;
  * - {@link runLateDuplicates} (`--tombstones`): duplicates of keys whose row the janitor has
  *   deleted (their tombstone live), with their own payload and with another one;
  * - {@link runTickDuplicates} (`--racing-schedulers`): duplicates of a schedule's ticks already
@@ -33,11 +34,11 @@ export interface QueueTarget {
   readonly redis: RedisConnectionSettings;
 }
 
-/** Adds one job, retrying until acknowledged; false when given up. */
-async function addUntilAcknowledged(queue: Queue, name: string, data: object, jobId: string, giveUp: AbortSignal): Promise<boolean> {
+/** Adds one job (stamped `timestamp`, by default the producer's clock), retrying until acknowledged; false when given up. */
+async function addUntilAcknowledged(queue: Queue, name: string, data: object, jobId: string, giveUp: AbortSignal, timestamp?: number): Promise<boolean> {
   for (;;) {
     try {
-      await queue.add(name, data, { jobId });
+      await queue.add(name, data, { jobId, ...(timestamp === undefined ? {} : { timestamp }) });
       return true;
     } catch {
       if (giveUp.aborted) return false;
@@ -52,13 +53,35 @@ export interface CoalescingLoad {
   readonly sent: Map<string, number[]>;
   /** The version of each job id. */
   readonly versionOfJob: Map<string, number>;
+  /** The send time each job id was stamped with (BullMQ's job timestamp): its producer's clock. */
+  readonly stampOfJob: Map<string, number>;
+  /** How far the clock that stamped each job id was off (ms; positive: ahead). */
+  readonly skewOfJob: Map<string, number>;
+  /** The coalescing key (`scope/key`) of each job id. */
+  readonly keyOfJob: Map<string, string>;
+}
+
+/**
+ * The clocks of a coalescing key's two producers, drawn from the seed: right, 2–10 minutes
+ * ahead, or 2–10 minutes behind, each a third of the time; each of the key's adds is stamped by
+ * one of the two at random. A clock ahead stamps jobs the database counts as sent when they first
+ * arrive; a clock behind, jobs that count as sent minutes earlier than they were.
+ */
+export function coalescingClocks(random: ReturnType<typeof seededRandom>): [number, number] {
+  const clock = () => {
+    const draw = random.next();
+    const minutes = random.int(2 * 60, 10 * 60) * 1_000;
+    return draw < 1 / 3 ? 0 : draw < 2 / 3 ? minutes : -minutes;
+  };
+  return [clock(), clock()];
 }
 
 /**
  * `keys` coalescing keys spread over `spreadMs`, at most 8 bursting at once. A burst: 3–7 adds
  * of one key, versions 1, 2, …, sent one after another 30–150 ms apart (each acknowledged before
  * the next is sent), then, 0.5–1.5 s later, the last version. Each run works 300–700 ms, so most
- * adds arrive while a run of their key is in flight.
+ * adds arrive while a run of their key is in flight. Each add is stamped by one of the key's two
+ * producer clocks ({@link coalescingClocks}).
  */
 export async function runCoalescingBursts(
   options: QueueTarget & { readonly seed: number; readonly keys: number; readonly spreadMs: number; readonly stop: AbortSignal; readonly giveUp: AbortSignal },
@@ -69,7 +92,10 @@ export async function runCoalescingBursts(
   queue.on('error', () => {});
   const sent = new Map<string, number[]>();
   const versionOfJob = new Map<string, number>();
-  const burst = async (k: number, size: number, workMs: number[], gapsMs: number[]) => {
+  const stampOfJob = new Map<string, number>();
+  const skewOfJob = new Map<string, number>();
+  const keyOfJob = new Map<string, string>();
+  const burst = async (k: number, size: number, workMs: number[], gapsMs: number[], skews: number[]) => {
     const key = `entity-${k}`;
     const acknowledged: number[] = [];
     sent.set(`${COALESCING_SCOPE}/${key}`, acknowledged);
@@ -78,8 +104,13 @@ export async function runCoalescingBursts(
       const payload: ChaosPayload = { n: k, workMs: workMs[version - 1]!, version };
       const jobId = `coalesce-${k}-${version}`;
       versionOfJob.set(jobId, version);
+      const skew = skews[version - 1]!;
+      const stamp = Date.now() + skew;
+      stampOfJob.set(jobId, stamp);
+      skewOfJob.set(jobId, skew);
+      keyOfJob.set(jobId, `${COALESCING_SCOPE}/${key}`);
       const data = { ...toWireJobData(COALESCING_SCOPE, key, payload), coalesce: true };
-      if (await addUntilAcknowledged(queue, 'sync', data, jobId, options.giveUp)) acknowledged.push(version);
+      if (await addUntilAcknowledged(queue, 'sync', data, jobId, options.giveUp, stamp)) acknowledged.push(version);
       else return;
     }
   };
@@ -95,7 +126,9 @@ export async function runCoalescingBursts(
       const size = random.int(3, 7);
       const workMs = Array.from({ length: size }, () => random.int(300, 700));
       const gapsMs = Array.from({ length: size - 1 }, (_, i) => (i === size - 2 ? random.int(500, 1_500) : random.int(30, 150)));
-      const task = burst(k, size, workMs, gapsMs);
+      const clocks = coalescingClocks(random);
+      const skews = Array.from({ length: size }, () => clocks[random.int(0, 1)]!);
+      const task = burst(k, size, workMs, gapsMs, skews);
       inFlight.add(task);
       void task.finally(() => inFlight.delete(task));
     }
@@ -104,7 +137,7 @@ export async function runCoalescingBursts(
     await queue.close().catch(() => {});
     await redis.close();
   }
-  return { sent, versionOfJob };
+  return { sent, versionOfJob, stampOfJob, skewOfJob, keyOfJob };
 }
 
 /**

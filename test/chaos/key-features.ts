@@ -8,11 +8,19 @@
  *   ({@link runLateDuplicates}).
  * - `concurrency-limits`: every job names one of 3 tenant keys, limit 2, and the in-all key
  *   `all`, limit 5, so that 5 slots serve 12 worker slots; `CONCURRENCY_STARVATION_MS` 5 s.
- * - `coalescing`: bursts of adds of coalescing keys beside the suite's load ({@link runCoalescingBursts}).
+ *   Every 20th key's run lasts 3 leases, and every other worker runs on the fast path
+ *   (`FAST_PATH`), whose key is not `processing` while it runs: its slots are held by their
+ *   renewal alone, through kills and pauses.
+ * - `coalescing`: bursts of adds of coalescing keys beside the suite's load, stamped by producer
+ *   clocks minutes off both ways ({@link runCoalescingBursts}); the workers' store fails at the
+ *   hand-over to a pending successor (`STORE_FAULT_POINTS`, {@link COALESCING_PROFILE}).
  * - `racing-schedulers`: a one-second schedule (`missed: 'all'`, `maxMissed` 1000) on the run's
  *   queue, ticked by 3 maintenance processes that are killed and restarted at seeded times,
  *   their wall clocks (and two workers') off by seeded offsets ({@link racingClockSkews});
  *   duplicates of ticks already enqueued or finished are sent beside them ({@link runTickDuplicates}).
+ * - `dst-schedulers`: cron schedules in zones whose clocks change, ticked by 3 maintenance
+ *   processes killed and restarted at seeded times, whose database clock runs through Europe's
+ *   fall-back of 2026 and spring-forward of 2027 ({@link DstSchedulesRun}).
  */
 import { createHash } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
@@ -20,20 +28,20 @@ import { Schedules, scheduleScope, tickKey, type ConcurrencyLimit } from '../../
 import type { RedisConnectionSettings } from '../../src/process/index.js';
 import type { ExecutionRow, FailedJob, KeyRow } from './checker.js';
 import {
-  checkCoalescing,
   checkConcurrencyLimits,
   checkRacingSchedulers,
   checkTombstones,
   firstSightOfTicks,
-  type GenerationRun,
   type KeyFeature,
   type KeyFeatureCheck,
   type LateDuplicate,
   type CursorSighting,
   type TickDuplicate,
 } from './key-feature-checks.js';
+import { checkCoalescing, type GenerationRun } from './coalescing-checks.js';
 import { COALESCING_SCOPE, runCoalescingBursts, runLateDuplicates, runTickDuplicates, type CoalescingLoad } from './key-feature-load.js';
 import { MaintenanceFleet } from './maintenance-fleet.js';
+import { DstSchedulesRun } from './dst-schedules.js';
 import type { LoadResult, ProducedKey } from './producer-load.js';
 import type { NemesisEvent } from './nemesis.js';
 import { seededRandom } from './random.js';
@@ -42,7 +50,9 @@ import type { WorkerLogLine } from './worker-fleet.js';
 /** The tombstone profile's retention of a finished key's row, and how often the janitor runs. */
 export const TOMBSTONE_PROFILE = { retentionMs: 4_000, tombstoneMs: 3_600_000, janitorIntervalMs: 1_000 } as const;
 /** The concurrency profile's keys: `tenant:0` … `tenant:<groups − 1>`, each with `limit`, and the in-all key every job names too. */
-export const CONCURRENCY_PROFILE = { groups: 3, limit: 2, inAll: { key: 'all', limit: 5 }, starvationMs: 5_000 } as const;
+export const CONCURRENCY_PROFILE = { groups: 3, limit: 2, inAll: { key: 'all', limit: 5 }, starvationMs: 5_000, longRunEvery: 20, longRunLeases: 3 } as const;
+/** The coalescing profile's store faults at the hand-over (before it reaches Postgres, and after, its answer lost). */
+export const COALESCING_PROFILE = { storeFaultPoints: 'before-hand-over:0.15,after-hand-over:0.15' } as const;
 /** The scheduler profile's schedule: a tick a second, every missed tick enqueued. */
 export const SCHEDULE_PROFILE = { name: 'chaos-tick', everyMs: 1_000, maxMissed: 1_000, schedulers: 3, payload: { n: -1, workMs: 20 } } as const;
 
@@ -93,6 +103,8 @@ export interface KeyFeatureRunOptions {
   readonly jobs: number;
   /** Over how long the producer spreads its requests. */
   readonly spreadMs: number;
+  /** The chaos phase's length (the DST profile's clock runs through its two windows in it). */
+  readonly chaosMs: number;
   readonly log: (line: string) => void;
 }
 
@@ -108,6 +120,8 @@ export class KeyFeatureRun {
   readonly #options: KeyFeatureRunOptions;
   readonly #keys = new Map<string, ProducedKey>();
   #maintenance: MaintenanceFleet | undefined;
+  #dst: DstSchedulesRun | undefined;
+  #giveUp: AbortSignal | undefined;
   #running: Promise<unknown> | undefined;
   #late: LateDuplicate[] = [];
   #tickDuplicates: TickDuplicate[] = [];
@@ -133,14 +147,22 @@ export class KeyFeatureRun {
         return { RETENTION_MS: String(TOMBSTONE_PROFILE.retentionMs), TOMBSTONE_MS: String(TOMBSTONE_PROFILE.tombstoneMs) };
       case 'concurrency-limits':
         return { CONCURRENCY_STARVATION_MS: String(CONCURRENCY_PROFILE.starvationMs) };
+      case 'coalescing':
+        return { STORE_FAULT_POINTS: COALESCING_PROFILE.storeFaultPoints };
       default:
         return {};
     }
   }
 
+  /** Per worker slot, environment of its own: the concurrency profile runs every other worker on the fast path. */
+  workerEnvPerSlot(): ReadonlyArray<Record<string, string>> {
+    if (this.feature !== 'concurrency-limits') return [];
+    return Array.from({ length: this.#options.workers }, (_, slot) => (slot % 2 === 1 ? { FAST_PATH: 'true' } : ({} as Record<string, string>)));
+  }
+
   /** Per worker slot, how far its wall clock is off (ms); empty when the profile skews none. */
   workerClockSkews(): readonly number[] {
-    return this.feature === 'racing-schedulers' ? this.#clockSkews().workers : [];
+    return this.feature === 'racing-schedulers' || this.feature === 'dst-schedulers' ? this.#clockSkews().workers : [];
   }
 
   #clockSkews(): ClockSkews {
@@ -148,8 +170,10 @@ export class KeyFeatureRun {
   }
 
   /** Added to the suite's producer's options. */
-  producerOptions(): { keys: Map<string, ProducedKey>; concurrencyFor?: (n: number) => readonly ConcurrencyLimit[] } {
-    return { keys: this.#keys, ...(this.feature === 'concurrency-limits' ? { concurrencyFor: concurrencyOf } : {}) };
+  producerOptions(): { keys: Map<string, ProducedKey>; concurrencyFor?: (n: number) => readonly ConcurrencyLimit[]; workMsFor?: (n: number) => number | undefined } {
+    if (this.feature !== 'concurrency-limits') return { keys: this.#keys };
+    const longMs = CONCURRENCY_PROFILE.longRunLeases * this.#options.leaseMs;
+    return { keys: this.#keys, concurrencyFor: concurrencyOf, workMsFor: (n) => (n % CONCURRENCY_PROFILE.longRunEvery === 0 ? longMs : undefined) };
   }
 
   /** Before the chaos phase: the schedule, and the maintenance processes. */
@@ -185,6 +209,20 @@ export class KeyFeatureRun {
         clockSkewsMs: skews.schedulers,
       });
     }
+    if (this.feature === 'dst-schedulers') {
+      const skews = this.#clockSkews();
+      this.#options.log(`dst-schedulers: wall clocks off by ${skews.schedulers.map((ms) => `${ms} ms`).join(', ')} (schedulers), ${skews.workers.map((ms) => `${ms} ms`).join(', ')} (workers)`);
+      this.#dst = new DstSchedulesRun({
+        db: this.#options.db,
+        schema: this.#options.schema,
+        queue: this.#options.queue,
+        env: { ...base, JANITOR_ENABLED: 'false' },
+        clockSkewsMs: skews.schedulers,
+      });
+      this.#maintenance = this.#dst.fleet;
+      await this.#dst.start();
+      return;
+    }
     this.#maintenance?.start();
     await this.#maintenance?.ready();
   }
@@ -193,6 +231,11 @@ export class KeyFeatureRun {
   runDuringChaos(stop: AbortSignal, giveUp: AbortSignal): void {
     const { seed, queue, prefix, redis } = this.#options;
     const tasks: Array<Promise<unknown>> = [];
+    if (this.feature === 'dst-schedulers') {
+      this.#giveUp = giveUp;
+      tasks.push(this.#dst!.runClock(this.#options.chaosMs, giveUp));
+      tasks.push(this.#maintenance!.chaos(seed, stop));
+    }
     if (this.feature === 'racing-schedulers') {
       tasks.push(this.#maintenance!.chaos(seed, stop));
       tasks.push(
@@ -235,6 +278,7 @@ export class KeyFeatureRun {
   /** At the end of the chaos phase: waits for its load; the schedulers stop (gracefully) so that the ticks to check end. */
   async endChaos(): Promise<void> {
     await this.#running;
+    if (this.feature === 'dst-schedulers') await this.#dst!.stop(this.#giveUp!);
     if (this.feature === 'racing-schedulers') {
       await this.#maintenance?.stop();
       this.#schedulersStoppedAt = Date.now();
@@ -248,7 +292,7 @@ export class KeyFeatureRun {
 
   /** Whether an effect row belongs to the profile's own check rather than to the suite's keys. */
   ownsEffect(row: ExecutionRow): boolean {
-    return row.scope === COALESCING_SCOPE || row.scope === scheduleScope(SCHEDULE_PROFILE.name);
+    return row.scope === COALESCING_SCOPE || row.scope === scheduleScope(SCHEDULE_PROFILE.name) || (this.#dst?.owns(row) ?? false);
   }
 
   /** Failed jobs that the profile expects (late duplicates with another payload: `KEY_REUSED`). */
@@ -298,6 +342,7 @@ export class KeyFeatureRun {
           externalCalls: rows.externalCalls,
           lines,
           liveSlots: live.map((slot) => `${slot.group_key}/${slot.slot} by ${slot.scope}/${slot.key}`),
+          leaseMs: this.#options.leaseMs,
           // A killed worker's slot is held for its lease; a free slot is kept for a starving waiter
           // until it comes back or has not been seen for the starvation bound, and the next
           // starving waiter may hold it the same way: two such holds, two leases and 2 s.
@@ -307,32 +352,10 @@ export class KeyFeatureRun {
             .map((fault) => ({ from: fault.at, to: Math.max(fault.endedAt, fault.at + (fault.pauseMs ?? 0) + (fault.downMs ?? 0)) + this.#options.leaseMs })),
         });
       }
-      case 'coalescing': {
-        const { rows: versions } = await sql<{ key: string; fence: string; version: number | null }>`
-          select key, fence, version from ${sql.id(schema, 'effects')} where scope = ${COALESCING_SCOPE}`.execute(db);
-        const versionOf = new Map(versions.map((row) => [`${row.key}#${row.fence}`, row.version ?? 0]));
-        const calls = rows.externalCalls.filter((row) => row.scope === COALESCING_SCOPE);
-        const runs: GenerationRun[] = rows.effects
-          .filter((row) => row.scope === COALESCING_SCOPE)
-          .map((row) => {
-            const [base, generation] = splitGeneration(row.key);
-            const starts = calls.filter((call) => call.key === row.key && call.fence === row.fence && call.at <= row.at).map((call) => call.at);
-            return {
-              id: `${COALESCING_SCOPE}/${base}`,
-              generation,
-              version: versionOf.get(`${row.key}#${row.fence}`) ?? 0,
-              start: starts.length > 0 ? Math.max(...starts) : undefined,
-              end: row.at,
-            };
-          });
-        const generations = new Map<string, number[]>();
-        for (const row of rows.keys.filter((k) => k.scope === COALESCING_SCOPE)) {
-          const [base, generation] = splitGeneration(row.key);
-          const id = `${COALESCING_SCOPE}/${base}`;
-          generations.set(id, [...(generations.get(id) ?? []), generation]);
-        }
-        return checkCoalescing({ sent: this.#coalescing?.sent ?? new Map(), runs, generations, versionOfJob: this.#coalescing?.versionOfJob ?? new Map(), lines });
-      }
+      case 'coalescing':
+        return this.#checkCoalescing(rows, lines);
+      case 'dst-schedulers':
+        return this.#dst!.check(rows.effects);
       case 'racing-schedulers': {
         const info = await new Schedules({ db, schema }).get(SCHEDULE_PROFILE.name);
         const { rows: created } = await sql<{ created_at: Date }>`
@@ -370,10 +393,75 @@ export class KeyFeatureRun {
     }
   }
 
+  /**
+   * The coalescing profile's rules: its generations' runs (from the effects, which record the
+   * payload's version, and the external calls, each run's start), the key rows of its generations,
+   * and when each version counts as sent: its producer's stamp, or, for a stamp that was ahead of
+   * the database's clock at its first arrival, the time that arrival was given (`coalescing_arrivals`).
+   */
+  async #checkCoalescing(rows: RunRows, lines: readonly WorkerLogLine[]): Promise<KeyFeatureCheck> {
+    const { db, schema } = this.#options;
+    const { rows: versions } = await sql<{ key: string; fence: string; version: number | null }>`
+      select key, fence, version from ${sql.id(schema, 'effects')} where scope = ${COALESCING_SCOPE}`.execute(db);
+    const versionOf = new Map(versions.map((row) => [`${row.key}#${row.fence}`, row.version ?? 0]));
+    const calls = rows.externalCalls.filter((row) => row.scope === COALESCING_SCOPE);
+    const runs: GenerationRun[] = rows.effects
+      .filter((row) => row.scope === COALESCING_SCOPE)
+      .map((row) => {
+        const [base, generation] = splitGeneration(row.key);
+        const starts = calls.filter((call) => call.key === row.key && call.fence === row.fence && call.at <= row.at).map((call) => call.at);
+        return {
+          id: `${COALESCING_SCOPE}/${base}`,
+          generation,
+          version: versionOf.get(`${row.key}#${row.fence}`) ?? 0,
+          start: starts.length > 0 ? Math.max(...starts) : undefined,
+          end: row.at,
+        };
+      });
+    const generations = new Map<string, number[]>();
+    for (const row of rows.keys.filter((k) => k.scope === COALESCING_SCOPE)) {
+      const [base, generation] = splitGeneration(row.key);
+      const id = `${COALESCING_SCOPE}/${base}`;
+      generations.set(id, [...(generations.get(id) ?? []), generation]);
+    }
+    const { rows: given } = await sql<{ job_id: string; sent_at: number }>`
+      select job_id, extract(epoch from sent_at)::float8 * 1000 as sent_at
+        from ${sql.id(schema, 'coalescing_arrivals')} where scope = ${COALESCING_SCOPE}`.execute(db);
+    const load = this.#coalescing;
+    const sentAt = coalescingSentAt(load, new Map(given.map((row) => [row.job_id, Number(row.sent_at)])));
+    return checkCoalescing({
+      sent: load?.sent ?? new Map(),
+      runs,
+      generations,
+      versionOfJob: load?.versionOfJob ?? new Map(),
+      lines,
+      sentAt,
+      skewOfJob: load?.skewOfJob ?? new Map(),
+    });
+  }
+
   /** Stops what the profile started (also after a failure). */
   async close(): Promise<void> {
     await this.#maintenance?.stop(2_000).catch(() => {});
   }
+}
+
+/**
+ * Per coalescing key, per version: when the database counts it as sent: the time its first
+ * arrival was given (`given`, by job id) when there is one, else its producer's stamp.
+ */
+export function coalescingSentAt(load: CoalescingLoad | undefined, given: ReadonlyMap<string, number>): Map<string, Map<number, number>> {
+  const sentAt = new Map<string, Map<number, number>>();
+  if (!load) return sentAt;
+  for (const [jobId, version] of load.versionOfJob) {
+    const stamp = load.stampOfJob.get(jobId);
+    const id = load.keyOfJob.get(jobId);
+    if (stamp === undefined || id === undefined) continue;
+    const versions = sentAt.get(id) ?? new Map<number, number>();
+    versions.set(version, given.get(jobId) ?? stamp);
+    sentAt.set(id, versions);
+  }
+  return sentAt;
 }
 
 /** `entity-3#2` → [`entity-3`, 2]. */

@@ -74,6 +74,8 @@ export interface LoadOptions {
    * @defaultValue none
    */
   readonly concurrencyFor?: (n: number) => ConcurrencyLimit | readonly ConcurrencyLimit[];
+  /** The simulated work of key number `n` where it is not random (the concurrency profile's long runs). @defaultValue none: random up to `maxWorkMs` */
+  readonly workMsFor?: (n: number) => number | undefined;
   /** The map the keys are recorded in, to read while the load runs (`--tombstones`). @defaultValue a new map */
   readonly keys?: Map<string, ProducedKey>;
   /** Stops sending new requests. */
@@ -147,10 +149,12 @@ export async function runProducerLoad(options: LoadOptions): Promise<LoadResult>
   const newKey = (): ProducedKey => {
     const n = order.length;
     const fault = options.jobFaults ? jobFaultFor(options.seed, n) : undefined;
+    // Drawn whatever the key's work: the seeded sequence stays the one of a run without long runs.
+    const drawnWorkMs = random.int(0, options.maxWorkMs);
     const produced: ProducedKey = {
       scope: n % 2 === 0 ? 'acme' : 'globex',
       key: `order-${n}`,
-      payload: { n, workMs: random.int(0, options.maxWorkMs), ...(fault ? { fault } : {}) },
+      payload: { n, workMs: options.workMsFor?.(n) ?? drawnWorkMs, ...(fault ? { fault } : {}) },
       acks: 0,
       ackedAt: [],
     };

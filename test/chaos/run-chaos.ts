@@ -16,8 +16,9 @@
  *   npm run chaos -- --broker nats                                 # NATS JetStream consumers (run-nats-chaos.ts)
  *   npm run chaos -- --tombstones                                  # duplicates of keys past retention, their tombstones live
  *   npm run chaos -- --concurrency-limits                          # per-key concurrency limits under kills and pauses
- *   npm run chaos -- --coalescing                                  # bursts of duplicates of coalescing keys
+ *   npm run chaos -- --coalescing                                  # bursts of coalescing keys, skewed clocks, store faults at the hand-over
  *   npm run chaos -- --racing-schedulers                           # schedulers with wrong clocks killed and restarted while ticking
+ *   npm run chaos -- --dst-schedulers                              # racing schedulers whose database clock goes through DST changes
  *
  * Exits 0 when nothing was lost, duplicated, unexpected, failed or left processing and no two
  * overlapping owners both committed; 1 when a check failed; 2 on bad flags or when the run
@@ -30,6 +31,7 @@ import { parseFaultPoints } from './fault-injection.js';
 import { formatTable, summarize, writeHistory, writeJsonReport } from './report.js';
 import { KEY_FEATURES, type KeyFeature, type KeyFeatureCheck } from './key-feature-checks.js';
 import { CONCURRENCY_PROFILE, SCHEDULE_PROFILE, TOMBSTONE_PROFILE } from './key-features.js';
+import { DST_PROFILE } from './dst-schedules.js';
 
 /** Defaults of each profile; any flag overrides its own. */
 const PROFILES = {
@@ -119,14 +121,23 @@ const USAGE = `Usage: npm run chaos -- [flags]
                          longer than twice the starvation bound + 2 leases + 2 s, no slot left held
                          after the drain
   --coalescing           key feature: bursts of adds of coalescing keys (versions 1, 2, …, the last
-                         one 0.5-1.5 s after the others) while a run is in flight; the checker adds:
-                         each generation committed once, runs of a key one after another, the
-                         version sent last ran last, never a replaced payload run
+                         one 0.5-1.5 s after the others) while a run is in flight, stamped by
+                         producer clocks minutes off both ways, with store faults at the hand-over;
+                         the checker adds: each generation committed once, no payload run twice,
+                         runs of a key one after another, the newest payload sent ran last, never
+                         a replaced payload run
   --racing-schedulers    key feature: a ${SCHEDULE_PROFILE.everyMs / 1000}-second schedule (missed: all) on the run's queue, ticked by
                          ${SCHEDULE_PROFILE.schedulers} maintenance processes killed and restarted at seeded times, their
                          wall clocks (and two workers') off by seeded offsets, duplicates of ticks sent;
                          the checker adds: each tick's effect once, no tick missed up to the cursor,
                          none seen by the database before its time
+  --dst-schedulers       key feature: ${DST_PROFILE.schedules.length} cron schedules in Paris, London and Helsinki (fixed times in
+                         the changed hour, daily, hourly, quarter-hourly, seconds), ticked by ${DST_PROFILE.schedulers}
+                         maintenance processes killed and restarted, whose database clock (a
+                         session now() of their own) runs through Europe's fall-back of 2026, then
+                         its spring-forward of 2027, each in half the chaos phase; the checker adds:
+                         every tick of the reference model committed once, none else, a daily
+                         fixed time once per local day, none seen before its time on that clock
                          (one key feature a run; with the default handler and the queue in Redis)
   --keep-data            keep the private Postgres cluster's directory for investigation
   --help
@@ -173,6 +184,7 @@ function parseOptions(argv: string[]): (ChaosOptions & { reportDir: string; prof
       'concurrency-limits': { type: 'boolean' },
       coalescing: { type: 'boolean' },
       'racing-schedulers': { type: 'boolean' },
+      'dst-schedulers': { type: 'boolean' },
       'queue-backend': { type: 'string' },
       help: { type: 'boolean' },
     },

@@ -14,7 +14,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { clockSkewArgs, clockSkewEnv } from './clock-skew.js';
 import type { CrashPoint } from './fault-injection.js';
-import { FAULT_LOG_MESSAGE } from './fault-injection.js';
+import { FAULT_LOG_MESSAGE, STORE_FAULT_LOG_MESSAGE } from './fault-injection.js';
 
 /** One worker log line, reduced to what the checker reads. */
 export interface WorkerLogLine {
@@ -62,6 +62,8 @@ export interface WorkerFleetOptions {
   readonly maxStartFailures?: number;
   /** Per slot, how far its worker's wall clock is off, in ms (positive: ahead); none by default. */
   readonly clockSkewsMs?: readonly number[];
+  /** Per slot, environment on top of `env` (the concurrency profile runs half its workers on the fast path); none by default. */
+  readonly envPerSlot?: ReadonlyArray<Record<string, string>>;
 }
 
 interface Slot {
@@ -73,7 +75,7 @@ interface Slot {
 }
 
 const ENTRY = fileURLToPath(new URL('./chaos-worker.ts', import.meta.url));
-const KEPT_MESSAGES = new Set(['worker ready', FAULT_LOG_MESSAGE]);
+const KEPT_MESSAGES = new Set(['worker ready', FAULT_LOG_MESSAGE, STORE_FAULT_LOG_MESSAGE]);
 
 /** The worker processes of one chaos run. */
 export class WorkerFleet {
@@ -173,7 +175,7 @@ export class WorkerFleet {
   #spawn(slot: number): void {
     const skew = this.#options.clockSkewsMs?.[slot] ?? 0;
     const child = spawn(process.execPath, [...(skew !== 0 ? clockSkewArgs() : ['--import', 'tsx']), ENTRY], {
-      env: { ...process.env, ...this.#options.env, ...clockSkewEnv(skew) },
+      env: { ...process.env, ...this.#options.env, ...this.#options.envPerSlot?.[slot], ...clockSkewEnv(skew) },
       stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
     });
     const s = this.#slots[slot]!;

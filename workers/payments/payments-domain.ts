@@ -13,8 +13,9 @@
  * The effect tables have no unique constraint on the key on purpose: a database effect that
  * ran twice would show up as a second row, which the demo's summary counts (it must be 0).
  * Each database step also logs its run in `step_calls`, outside its transaction, so a run that
- * rolled back (its worker died before the COMMIT) still shows as a call. Every row carries the
- * fence and the worker's pid, so the demo can tell which run did what.
+ * rolled back (its worker died before the COMMIT) still shows as a call; and each run starts by
+ * logging itself there (step `run`), so a worker killed before its first step is still known.
+ * Every row carries the fence and the worker's pid, so the demo can tell which run did what.
  */
 import { randomUUID } from 'node:crypto';
 import { sql, type Kysely } from 'kysely';
@@ -142,6 +143,8 @@ export function paymentHandler(db: Kysely<any>, provider: SimulatedPaymentProvid
         values (${ctx.scope}, ${ctx.key}, ${step.fence}, ${process.pid}, ${step.name})`.execute(db);
 
   return async (ctx: JobContext<ChargePayload>): Promise<ChargeResult> => {
+    await sql`insert into ${t('step_calls')} (scope, key, fence, worker_pid, step)
+              values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, ${process.pid}, 'run')`.execute(db);
     const { orderId, cents } = ctx.data;
     const caller = { scope: ctx.scope, key: ctx.key, fence: ctx.fence };
     const { reservationId } = await ctx.step('reserve', {

@@ -3,7 +3,7 @@ import pg from 'pg';
 import { ClaimContendedError } from '../../errors.js';
 import { keySettledChannel } from '../channels.js';
 import { lockWaitTimedOut, tombstoneOutcome, type ClaimOutcome } from '../claim-outcome.js';
-import { isLockTimeout } from '../pg-errors.js';
+import { isLockTimeout, outcomeUnknown } from '../pg-errors.js';
 import type { ClaimRow, ClaimStatementInput } from '../records.js';
 import { prepared } from '../named-statements.js';
 import { tombstoneOf } from './tombstones.js';
@@ -62,6 +62,7 @@ const MAX_STATEMENTS = 5;
  */
 export async function claimKey(db: Kysely<any>, input: ClaimStatementInput): Promise<ClaimOutcome> {
   const { scope, key } = input;
+  let askedAgain = false;
   for (let statement = 1; statement <= MAX_STATEMENTS; statement++) {
     let row: ClaimRow | undefined;
     try {
@@ -70,6 +71,15 @@ export async function claimKey(db: Kysely<any>, input: ClaimStatementInput): Pro
       if (isLockTimeout(error)) return lockWaitTimedOut(input);
       const tombstone = tombstoneOf(error);
       if (tombstone) return tombstoneOutcome(input, tombstone);
+      // The connection failed: the claim may have committed with its reply lost, leaving the key
+      // held by a claim nobody knows of until its lease ends. Asked once more with the same
+      // owner token (on another connection), the function finds such a row to be this claim's
+      // own and returns it, or claims the key if the first did not.
+      if (!askedAgain && outcomeUnknown(error)) {
+        askedAgain = true;
+        statement--;
+        continue;
+      }
       throw error;
     }
     const outcome = classifyClaimRow(input, row);

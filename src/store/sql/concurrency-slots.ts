@@ -37,6 +37,10 @@ export interface SlotRequest {
    * @defaultValue `[group]`
    */
   readonly groups?: readonly string[];
+  /** The broker's id of the job asking (kept on its waiter row, so a freed slot can wake it); unset: not woken, it asks again. */
+  readonly jobId?: string;
+  /** The queue of that job. */
+  readonly queue?: string;
 }
 
 /**
@@ -54,7 +58,7 @@ export interface SlotRequest {
  * held until `acquired_until` (now + `leaseMs`), or for as long as that key is `processing` under
  * a live lease, whichever is later. So a worker that dies mid-run frees its slot when its key's
  * lease ends (heartbeats keep it while the handler runs; a takeover keeps it until the new run
- * ends), and a run that ends frees it at once ({@link releaseConcurrencySlot}). A key taken over
+ * ends), and a run that ends frees it at once (`releaseConcurrencySlot`, `sql/concurrency-slot-wakes.ts`). A key taken over
  * by a worker that acquired a slot of its own counts twice until the old slot's time is up: the
  * limit errs on the strict side, never the loose one.
  *
@@ -71,17 +75,10 @@ export async function acquireConcurrencySlot(db: Kysely<any>, schema: string, re
   const { rows } = await sql<{ slot: number | null; retry_after_ms: string | null }>`
     select * from ${sql.id(schema, 'acquire_concurrency_slot')}(
       ${request.group}::text, ${request.limit}::int, ${request.scope}::text, ${request.key}::text, ${request.owner}::uuid,
-      ${request.leaseMs}::int, ${request.starvationMs}::int, ${request.groups ?? null}::text[])`.execute(db);
+      ${request.leaseMs}::int, ${request.starvationMs}::int, ${request.groups ?? null}::text[],
+      ${request.jobId ?? null}::text, ${request.queue ?? null}::text)`.execute(db);
   const row = rows[0]!;
   return row.slot !== null ? { acquired: true, slot: row.slot } : { acquired: false, retryAfterMs: Math.max(1, Number(row.retry_after_ms ?? 1)) };
-}
-
-/** Frees a slot when its run ended (completed, failed, released or deferred); false when it was no longer held. */
-export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, group: string, slot: number, owner: string): Promise<boolean> {
-  const result = await sql`
-    delete from ${sql.id(schema, 'concurrency_slots')}
-     where group_key = ${group} and slot = ${slot} and owner = ${owner}::uuid`.execute(db);
-  return Number(result.numAffectedRows ?? 0n) === 1;
 }
 
 /** How many jobs each group has running and waiting now (for `stats`, tests and the chaos checker). */
@@ -137,7 +134,9 @@ export function concurrencySlotsDdl(schema: string) {
  * DDL of `acquire_concurrency_slot` (see {@link acquireConcurrencySlot}): its current body,
  * installed by migrations `018_concurrency_slots`, `021_key_concurrency_limits`,
  * `022_concurrency_waiters_seen` (a starving waiter holds the free slots only while it keeps
- * coming back) and `024_concurrency_limit_sets` (a job may name several keys: `p_groups`).
+ * coming back), `024_concurrency_limit_sets` (a job may name several keys: `p_groups`) and
+ * `028_concurrency_slot_wakes` (a waiter's row names its job and queue, `p_job_id` and `p_queue`,
+ * so that a freed slot wakes it: `sql/concurrency-slot-wakes.ts`).
  * Besides taking the slot, it records the key's concurrency key and limit in
  * `key_concurrency_limits` ({@link keyConcurrencyLimitsDdl}), in the same statement, so no round
  * trip is added; the key's records of keys outside `p_groups` (all the keys its job names; null:
@@ -150,7 +149,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
   return sql`
       create or replace function ${sql.id(schema, 'acquire_concurrency_slot')}(
         p_group text, p_limit int, p_scope text, p_key text, p_owner uuid, p_lease_ms int, p_starvation_ms int,
-        p_groups text[] default null)
+        p_groups text[] default null, p_job_id text default null, p_queue text default null)
       returns table (slot int, retry_after_ms bigint)
       language plpgsql volatile as $slot$
       #variable_conflict use_column
@@ -206,8 +205,8 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
           return next;
           return;
         end if;
-        insert into ${waiters} as w (group_key, scope, key) values (p_group, p_scope, p_key)
-        on conflict (group_key, scope, key) do update set seen_at = now();
+        insert into ${waiters} as w (group_key, scope, key, job_id, queue) values (p_group, p_scope, p_key, p_job_id, p_queue)
+        on conflict (group_key, scope, key) do update set seen_at = now(), job_id = excluded.job_id, queue = excluded.queue, woken_at = null;
         -- Ask again about when the first slot's time is up; a slot held by a running key's lease
         -- frees when the run ends, so never later than the lease, and the caller caps it anyway.
         select greatest(1, least(coalesce(min(ceil(extract(epoch from (greatest(s.acquired_until, (

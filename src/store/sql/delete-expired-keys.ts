@@ -1,5 +1,6 @@
 import { sql, type Kysely } from 'kysely';
 import type { DeletedKey } from '../records.js';
+import { recordEndedGenerations } from './coalescing-janitor.js';
 
 /**
  * Deletes up to `limit` completed or failed keys whose retention has run out
@@ -22,6 +23,9 @@ import type { DeletedKey } from '../records.js';
  * earlier life of the key (expired but not yet deleted) is replaced. `key_window` records that
  * the window was the key's own, so that a janitor without a window can tell another janitor's
  * tombstones (a configuration to warn about) from the ones keys asked for.
+ *
+ * A deleted key that is a coalescing key's current generation records on its row that the
+ * generation ended, in the same statement (see `coalescing-janitor.ts`).
  *
  * `table` is the keys table, or one partition of a partitioned keys table: the delete's join
  * by (scope, key) cannot be pruned to one partition when planned on the parent, and Postgres
@@ -62,7 +66,8 @@ export async function deleteExpiredKeys(
       on conflict (scope, key_hash) do update
          set fingerprint_hash = excluded.fingerprint_hash, failed = excluded.failed,
              finished_at = excluded.finished_at, expires_at = excluded.expires_at, key_window = excluded.key_window
-    )
+    ),
+    generations_ended as (${recordEndedGenerations(schema, 'gone')})
     select scope, key from gone`.execute(db);
   return rows;
 }

@@ -1,4 +1,5 @@
 import { sql, type Kysely } from 'kysely';
+import { recordEndedGenerations } from './coalescing-janitor.js';
 
 /**
  * Deletes up to `limit` completed or failed keys that finished more than `olderThanMs` ago,
@@ -8,7 +9,8 @@ import { sql, type Kysely } from 'kysely';
  * (`FOR UPDATE SKIP LOCKED` select feeding a delete) so a purge can run beside janitors and
  * workers, holding row locks only for one short batch; the caller loops until a batch comes
  * back short. `completed_at` is set on every finished key (also by the sweeper's abandon).
- * `table` is the keys table or one of its partitions, as for the janitor's deleteExpiredKeys.
+ * `table` is the keys table or one of its partitions, as for the janitor's deleteExpiredKeys. A
+ * purged coalescing generation records its end on its coalescing row (see `coalescing-janitor.ts`).
  */
 export async function purgeKeys(db: Kysely<any>, schema: string, olderThanMs: number, limit: number, tableName = 'idempotency_keys'): Promise<number> {
   const table = sql.id(schema, tableName);
@@ -24,8 +26,9 @@ export async function purgeKeys(db: Kysely<any>, schema: string, olderThanMs: nu
     deleted as (
       delete from ${table} as k using doomed as d
        where k.scope = d.scope and k.key = d.key
-      returning 1
-    )
+      returning k.scope, k.key
+    ),
+    generations_ended as (${recordEndedGenerations(schema, 'deleted')})
     select count(*) as deleted from deleted`.execute(db);
   return Number(rows[0]?.deleted ?? 0);
 }

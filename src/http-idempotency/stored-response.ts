@@ -1,0 +1,123 @@
+import { isUtf8 } from 'node:buffer';
+
+/**
+ * What a handler answers: the status, the headers it chooses, and the body. A body is a JSON
+ * value (sent as `application/json; charset=utf-8`), a string (`text/plain; charset=utf-8`),
+ * bytes (`application/octet-stream`), or absent; a `content-type` header of the handler's own
+ * takes the place of these defaults.
+ */
+export interface IdempotentResponse {
+  /** HTTP status, 200–599. Below 500 the response is stored and replayed; 5xx releases the key. */
+  readonly status: number;
+  /** Response headers the handler chooses: stored and replayed with the response. @defaultValue none */
+  readonly headers?: Readonly<Record<string, string | number | readonly string[]>>;
+  /** The body: a JSON value, a string, bytes (`Uint8Array`), or undefined for none. @defaultValue none */
+  readonly body?: unknown;
+}
+
+/** A response ready to send: what every framework adapter writes out. */
+export interface RequestAnswer {
+  /** HTTP status. */
+  readonly status: number;
+  /** Headers, lower-case names. */
+  readonly headers: Readonly<Record<string, string | readonly string[]>>;
+  /** The body's bytes, or undefined for none. */
+  readonly body: Buffer | undefined;
+}
+
+/** A response as its key stores it (the key's result, `jsonb`): text when it can be, else base64. */
+export interface StoredResponse {
+  /** HTTP status. */
+  readonly status: number;
+  /** Header lines, lower-case names, in order. */
+  readonly headers: ReadonlyArray<readonly [string, string]>;
+  /** The body: UTF-8 text without NUL (`text`), other bytes (`base64`), or null for none. */
+  readonly body:
+    | {
+        /** The body as UTF-8 text (it has no NUL). */
+        readonly text: string;
+      }
+    | {
+        /** The body's bytes, base64-encoded (not UTF-8, or with NUL). */
+        readonly base64: string;
+      }
+    | null;
+}
+
+/** A handler's response the library cannot send or store (a bad status, header or body): answered 500, never stored. */
+export class UnsendableResponseError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'UnsendableResponseError';
+  }
+}
+
+/** Headers that describe one connection or one message, not the response: never stored nor replayed. */
+const PER_MESSAGE_HEADERS = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'upgrade', 'te', 'trailer', 'content-length', 'date', 'idempotent-replayed']);
+const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+/** Field values may hold visible characters, spaces and tabs, never CR, LF or NUL (RFC 9110 §5.5). */
+const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+
+/**
+ * Checks and encodes a handler's response for storage and sending. Throws
+ * {@link UnsendableResponseError} for a status outside 200–599, a malformed header, a body that
+ * is not JSON (a function, a cycle, a BigInt), or a body over `maxBodyBytes`.
+ */
+export function encodeResponse(response: IdempotentResponse, maxBodyBytes: number): { stored: StoredResponse; answer: RequestAnswer } {
+  if (response === null || typeof response !== 'object') throw new UnsendableResponseError(`A handler must answer { status, headers?, body? }, got ${response === null ? 'null' : typeof response}.`);
+  const { status } = response;
+  if (typeof status !== 'number' || !Number.isInteger(status) || status < 200 || status > 599) {
+    throw new UnsendableResponseError(`A handler's response status must be a whole number from 200 to 599, got ${String(status)}.`);
+  }
+  const headers: Array<[string, string]> = [];
+  for (const [rawName, rawValue] of Object.entries(response.headers ?? {})) {
+    const name = rawName.toLowerCase();
+    if (!HEADER_NAME.test(name)) throw new UnsendableResponseError(`Response header name ${JSON.stringify(rawName)} is not a valid field name.`);
+    if (PER_MESSAGE_HEADERS.has(name)) continue;
+    for (const value of Array.isArray(rawValue) ? rawValue : [rawValue]) {
+      const text = typeof value === 'number' ? String(value) : value;
+      if (typeof text !== 'string' || !HEADER_VALUE.test(text)) throw new UnsendableResponseError(`Response header "${name}" has a value that cannot be sent (not a string, or with CR, LF or NUL).`);
+      headers.push([name, text]);
+    }
+  }
+  const { bytes, contentType } = bodyBytes(response.body);
+  if (bytes && bytes.length > maxBodyBytes) {
+    throw new UnsendableResponseError(`The response body is ${bytes.length} bytes; at most ${maxBodyBytes} are stored (maxResponseBytes). Answer with less, or link to the rest.`);
+  }
+  if (bytes && contentType && !headers.some(([name]) => name === 'content-type')) headers.push(['content-type', contentType]);
+  const body = bytes === undefined ? null : isUtf8(bytes) && !bytes.includes(0) ? { text: bytes.toString('utf8') } : { base64: bytes.toString('base64') };
+  const stored: StoredResponse = { status, headers, body };
+  return { stored, answer: decodeResponse(stored) };
+}
+
+/** The answer of a stored response (a replay, or the first answer as it was stored). */
+export function decodeResponse(stored: StoredResponse): RequestAnswer {
+  const headers: Record<string, string | string[]> = {};
+  for (const [name, value] of stored.headers) {
+    const before = headers[name];
+    headers[name] = before === undefined ? value : Array.isArray(before) ? [...before, value] : [before, value];
+  }
+  const body = stored.body === null ? undefined : 'text' in stored.body ? Buffer.from(stored.body.text, 'utf8') : Buffer.from(stored.body.base64, 'base64');
+  return { status: stored.status, headers, body };
+}
+
+/** True for what {@link encodeResponse} stored (a key's result read back). */
+export function isStoredResponse(value: unknown): value is StoredResponse {
+  if (value === null || typeof value !== 'object') return false;
+  const record = value as Record<string, unknown>;
+  return typeof record.status === 'number' && Array.isArray(record.headers) && (record.body === null || (typeof record.body === 'object' && record.body !== null));
+}
+
+function bodyBytes(body: unknown): { bytes: Buffer | undefined; contentType: string | undefined } {
+  if (body === undefined) return { bytes: undefined, contentType: undefined };
+  if (typeof body === 'string') return { bytes: Buffer.from(body, 'utf8'), contentType: 'text/plain; charset=utf-8' };
+  if (body instanceof Uint8Array) return { bytes: Buffer.from(body.buffer, body.byteOffset, body.byteLength), contentType: 'application/octet-stream' };
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(body);
+  } catch (error) {
+    throw new UnsendableResponseError(`The response body cannot be written as JSON: ${(error as Error).message}`);
+  }
+  if (json === undefined) throw new UnsendableResponseError(`The response body cannot be written as JSON (a ${typeof body}).`);
+  return { bytes: Buffer.from(json, 'utf8'), contentType: 'application/json; charset=utf-8' };
+}

@@ -1,0 +1,115 @@
+import { sql, type Kysely } from 'kysely';
+import { concurrencySlotFreedChannel } from '../channels.js';
+import { acquireConcurrencySlotFunctionDdl } from './concurrency-slots.js';
+
+/**
+ * Frees a slot when its run ended (completed, failed, released or deferred); false when it was
+ * no longer held. In the same statement, when the freed slot's concurrency key has a waiter
+ * whose job is known, the oldest one (the first the starvation rule lets in) is named on
+ * `<schema>_slot_freed` ({@link concurrencySlotFreedChannel}), delivered at commit: the worker
+ * that deferred that job promotes it, so the slot is taken again as soon as it frees, instead of
+ * when a waiter's backoff happens to end.
+ *
+ * *Why only with a waiter:* NOTIFY takes a database-wide lock at commit (see
+ * `KeySettledListener`); a key running below its limit frees its slots without one. *Why one
+ * waiter:* one slot freed lets one job in; waking every waiter would have all but one deferred
+ * again. *Why the woken one is marked:* two slots freed at once must wake two waiters, not the
+ * oldest one twice (its row is there until it takes a slot), so a waiter woken within
+ * `wakeAgainAfterMs` (the lease: it comes back in moments, unless its worker is gone) is passed
+ * over. One that is woken and finds the slot taken (a newcomer got there first) is deferred as
+ * before, unmarked, and the next freed slot wakes the oldest waiter again.
+ */
+export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, group: string, slot: number, owner: string, wakeAgainAfterMs: number): Promise<boolean> {
+  const waiters = sql.id(schema, 'concurrency_waiters');
+  const { rows } = await sql<{ freed: number }>`
+    with freed as (
+      delete from ${sql.id(schema, 'concurrency_slots')}
+       where group_key = ${group} and slot = ${slot} and owner = ${owner}::uuid
+      returning group_key
+    ), woken as (
+      select w.scope, w.key, w.queue, w.job_id from ${waiters} as w
+       where w.group_key = ${group} and w.job_id is not null and exists (select 1 from freed)
+         and (w.woken_at is null or w.woken_at < now() - ${wakeAgainAfterMs}::int * interval '1 millisecond')
+       order by w.since
+       limit 1
+         for update skip locked
+    ), marked as (
+      update ${waiters} as w set woken_at = now()
+        from woken where w.group_key = ${group} and w.scope = woken.scope and w.key = woken.key
+    )
+    select (select count(*) from freed)::int as freed,
+           (select count(*) from (
+              select pg_notify(${concurrencySlotFreedChannel(schema)}, json_build_object('group', ${group}::text, 'queue', w.queue, 'jobId', w.job_id)::text)
+                from woken as w) as n)::int as woken`.execute(db);
+  return rows[0]?.freed === 1;
+}
+
+/** One held slot, as the run that holds it knows it. */
+export interface HeldSlot {
+  /** The concurrency key. */
+  readonly group: string;
+  /** Which of its slots (0 … limit − 1). */
+  readonly slot: number;
+  /** The owner token the run took it under. */
+  readonly owner: string;
+}
+
+/**
+ * Renews slots held by a run that is still going: each one's time is `leaseMs` from now again,
+ * if its owner still holds it; how many were renewed. A run's slot is otherwise held for
+ * `leaseMs` after it was taken, and beyond that only while its key is `processing` under a live
+ * lease, which a fast-path run (its key written only at its commit) never is: without renewal a
+ * run longer than the lease would let another job of the key in. A slot whose time ran out and
+ * that nobody took since is renewed too: no one ran in it meanwhile. One taken by another run
+ * (its owner changed) is not, and the count says so.
+ */
+export async function renewConcurrencySlots(db: Kysely<any>, schema: string, slots: readonly HeldSlot[], leaseMs: number): Promise<number> {
+  const result = await sql`
+    update ${sql.id(schema, 'concurrency_slots')} as s
+       set acquired_until = now() + ${leaseMs}::int * interval '1 millisecond'
+      from unnest(${slots.map((h) => h.group)}::text[], ${slots.map((h) => h.slot)}::int[], ${slots.map((h) => h.owner)}::uuid[]) as h(group_key, slot, owner)
+     where s.group_key = h.group_key and s.slot = h.slot and s.owner = h.owner`.execute(db);
+  return Number(result.numAffectedRows ?? 0n);
+}
+
+/**
+ * Deletes up to `limit` slot rows that hold nothing: their time ran out more than `olderThanMs`
+ * ago and their key is not `processing` under a live lease (the run ended without freeing it:
+ * its worker died). Such a row is overwritten by the next taker of its slot, but a concurrency key
+ * that is not used again (a tenant's, say) would keep its rows for good. `FOR UPDATE SKIP LOCKED`
+ * as in `deleteExpiredKeys`.
+ */
+export async function deleteStaleConcurrencySlots(db: Kysely<any>, schema: string, olderThanMs: number, limit: number): Promise<number> {
+  const slots = sql.id(schema, 'concurrency_slots');
+  const result = await sql`
+    with doomed as (
+      select s.group_key, s.slot
+        from ${slots} as s
+       where s.acquired_until < now() - ${olderThanMs}::bigint * interval '1 millisecond'
+         and not exists (
+           select 1 from ${sql.id(schema, 'idempotency_keys')} as k
+            where k.scope = s.scope and k.key = s.key and k.status = 'processing' and k.owner is not null and k.locked_until > now())
+       limit ${limit}
+         for update skip locked
+    )
+    delete from ${slots} as s
+     using doomed as d
+     where s.group_key = d.group_key and s.slot = d.slot
+       and s.acquired_until < now() - ${olderThanMs}::bigint * interval '1 millisecond'`.execute(db);
+  return Number(result.numAffectedRows ?? 0n);
+}
+
+/**
+ * DDL of migration `028_concurrency_slot_wakes`: a waiter's row names its job and queue, so that
+ * a freed slot wakes it ({@link releaseConcurrencySlot}), and when it was woken last, and `acquire_concurrency_slot` takes
+ * them (`p_job_id`, `p_queue`, both defaulting to null, so a worker of an earlier version calls
+ * it as it did). Its previous signature is dropped first, as in `024_concurrency_limit_sets`.
+ */
+export function concurrencySlotWakesDdl(schema: string) {
+  const waiters = sql.id(schema, 'concurrency_waiters');
+  return [
+    sql`alter table ${waiters} add column if not exists job_id text, add column if not exists queue text, add column if not exists woken_at timestamptz`,
+    sql`drop function if exists ${sql.id(schema, 'acquire_concurrency_slot')}(text, int, text, text, uuid, int, int, text[])`,
+    acquireConcurrencySlotFunctionDdl(schema),
+  ];
+}
