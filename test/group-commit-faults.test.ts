@@ -62,16 +62,16 @@ afterAll(async () => {
 });
 
 /**
- * The store, its group's keeping of the state (with its BEGIN) and its state check (after each
- * job) calling `fault_at` first: those two statements are the store's SQL, with no function of
- * the schema's to wrap.
+ * The store, its group's keeping of the state (with its BEGIN), its state check (after each
+ * job) and its prepared statements' check (at the group's end) calling `fault_at` first: those
+ * statements are the store's SQL, with no function of the schema's to wrap.
  */
 function faultingStore(): KeyStore {
   const store = new PostgresKeyStore(workerDb, env.schema);
   const state = store.groupStatements.state!;
   const faultFirst = (point: string, query: CompiledQuery) =>
     CompiledQuery.raw(`select ${env.schema}.fault_at('${point}', ${point === 'begin'}), (select count(*) from (${query.sql}) as statement)`, [...query.parameters]);
-  const groupStatements = { ...store.groupStatements, state: { ...state, keep: (names: readonly string[]) => faultFirst('begin', state.keep(names)), check: (names: readonly string[]) => faultFirst('check', state.check(names)) } };
+  const groupStatements = { ...store.groupStatements, state: { ...state, keep: (names: readonly string[]) => faultFirst('begin', state.keep(names)), check: (names: readonly string[], options: { readonly preparedStatements: boolean }) => faultFirst('check', state.check(names, options)), checkPreparedStatements: (names: readonly string[]) => faultFirst('check-prepared', state.checkPreparedStatements(names)) } };
   return new Proxy(store, {
     get: (target, name) => {
       if (name === 'groupStatements') return groupStatements;
@@ -98,8 +98,8 @@ const databaseOnlyHandler: DatabaseOnlyJobHandler<{ n: number }, { n: number }> 
 };
 
 const PATHS = [
-  { path: 'leased (a function handler, its ctx.transaction grouped)', handler: functionHandler, points: ['begin', 'effect', 'check', 'completion', 'commit'] },
-  { path: 'fast path (a database-only handler)', handler: databaseOnlyHandler, points: ['begin', 'effect', 'check', 'new-keys', 'commit'] },
+  { path: 'leased (a function handler, its ctx.transaction grouped)', handler: functionHandler, points: ['begin', 'effect', 'check', 'check-prepared', 'completion', 'commit'] },
+  { path: 'fast path (a database-only handler)', handler: databaseOnlyHandler, points: ['begin', 'effect', 'check', 'check-prepared', 'new-keys', 'commit'] },
 ] as const;
 
 describe.each(PATHS)('a store fault at each statement of a group: $path', ({ handler, points }) => {

@@ -26,7 +26,7 @@ beforeAll(async () => {
       'tenant', current_setting('app.tenant', true),
       'scratch', to_regclass('pg_temp.scratch') is not null,
       'cursor', exists (select from pg_cursors where name = 'left_open'),
-      'prepared', exists (select from pg_prepared_statements where name = 'left_prepared'))
+      'prepared', exists (select from pg_prepared_statements where name like 'left\\_prepared\\_%'))
   $$`.execute(env.db);
   // State made where the statement screen cannot see it: inside functions.
   await sql`create function ${t('set_tenant')}(p_value text) returns void language plpgsql as $$
@@ -35,10 +35,9 @@ beforeAll(async () => {
     begin create temp table if not exists scratch (n int) on commit drop; end $$`.execute(env.db);
   await sql`create function ${t('open_cursor')}() returns void language plpgsql as $$
     declare c refcursor := 'left_open'; begin open c for select 1; end $$`.execute(env.db);
+  // A new prepared statement at each call, so that every run of the job makes one.
   await sql`create function ${t('prepare_quietly')}() returns void language plpgsql as $$
-    begin
-      if not exists (select from pg_prepared_statements where name = 'left_prepared') then execute 'prepare left_prepared as select 1'; end if;
-    end $$`.execute(env.db);
+    begin execute format('prepare left_prepared_%s as select 1', replace(gen_random_uuid()::text, '-', '')); end $$`.execute(env.db);
 });
 afterAll(async () => {
   await env?.teardown();
@@ -111,18 +110,42 @@ describe('no state a job leaves reaches a group-mate, however it was made', () =
     }
   });
 
-  it('a prepared statement a function made is seen by no group-mate: the group rolls back, deallocating it, and that job runs alone', async () => {
+  it('a prepared statement a function made: the group rolls back at its end, deallocating it, and every job runs alone', async () => {
     const { keys, db } = ownPool();
     try {
       const { settled, rows } = await groupOfEight(keys, 'prepared-', { 3: call('prepare_quietly') });
       expect(settled.every((s) => s.status === 'fulfilled')).toBe(true);
       expect(rows).toHaveLength(8);
       const own = rows.find((row) => row.key === 'prepared-3')!;
+      expect(own.seen.prepared).toBe(true);
+      // No group committed with it: the job that made it shares its transaction with no job.
       expect(rows.filter((row) => row.txid === own.txid)).toHaveLength(1);
-      // A prepared statement outlives its transaction: alone, the job leaves it on its pooled
-      // connection, as it would without group commit; only a transaction that began after that
-      // one, on that connection, may meet it.
-      for (const row of rows.filter((row) => row.seen.prepared && row.key !== 'prepared-3')) expect(BigInt(row.txid)).toBeGreaterThan(BigInt(own.txid));
+    } finally {
+      await db.destroy();
+    }
+  });
+
+  it('once a group\'s end found a prepared statement, each job\'s check looks for them: the next job making one is found, and its kind runs alone', async () => {
+    const { keys, db } = ownPool();
+    const refusals = async () => Number((await register.getSingleMetricAsString('idempotent_jobs_group_commit_refusals_total')).match(/reason="state-left-behind"} (\d+)/)?.[1] ?? 0);
+    try {
+      const kindOf = (i: number) => (i === 3 ? 'preparing-job' : 'plain-job');
+      const change = { 3: call('prepare_quietly') };
+      const before = await refusals();
+      // Found at the group's end: nobody to blame yet, so every job ran alone.
+      await groupOfEight(keys, 'prepared-first-', change, kindOf);
+      expect(await refusals()).toBe(before);
+      // Found after its job: that job is to blame, and its group-mates share a transaction again.
+      const later = await groupOfEight(keys, 'prepared-later-', change, kindOf);
+      expect(await refusals()).toBe(before + 1);
+      const plain = later.rows.find((row) => row.key === 'prepared-later-0')!;
+      expect(later.rows.filter((row) => row.txid === plain.txid).length).toBeGreaterThan(2);
+      // Its kind runs alone from the start: no group rolls back for it.
+      const third = await groupOfEight(keys, 'prepared-third-', change, kindOf);
+      expect(await refusals()).toBe(before + 1);
+      const own = third.rows.find((row) => row.key === 'prepared-third-3')!;
+      expect(third.rows.filter((row) => row.txid === own.txid)).toHaveLength(1);
+      expect(third.settled.every((s) => s.status === 'fulfilled')).toBe(true);
     } finally {
       await db.destroy();
     }

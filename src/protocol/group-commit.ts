@@ -1,6 +1,7 @@
 import type { Kysely } from 'kysely';
 import type { GroupStatements } from '../store/key-store.js';
 import { pipelines } from '../store/pipeline.js';
+import { StateLeftBehind } from '../store/gathering-connection.js';
 import { groupRefusalsCounter, refusalReasonOf, type GroupRefusal } from './group-refusals.js';
 import { runGroupTransaction, type GroupMember, type GroupVerdict } from './group-transaction.js';
 
@@ -114,6 +115,8 @@ export class GroupCommitter {
   readonly #waiting: Waiting[] = [];
   /** Kinds of jobs found sending a statement that cannot share a transaction: they run alone. */
   readonly #aloneKinds = new Set<string>();
+  /** Set once a group's end found a prepared statement a job made (see `GroupTransactionOptions`). */
+  #preparedStatementsEachJob = false;
   readonly #refusals = groupRefusalsCounter();
   #open = 0;
   /**
@@ -160,6 +163,7 @@ export class GroupCommitter {
           gather: this.#gather,
           pipelines: pipelines(this.#db),
           watchedSettings,
+          preparedStatementsEachJob: this.#preparedStatementsEachJob,
           lockTimeoutMs: this.#lockTimeoutMs,
           slowJobMs: this.#slowJobMs,
         },
@@ -209,6 +213,10 @@ export class GroupCommitter {
         return;
       }
       case 'uncertain':
+        // A prepared statement made by one of the group's jobs, found at the group's end: from
+        // now on each job's check compares them too, so the next such job is found and its
+        // kind runs alone.
+        if (verdict.error instanceof StateLeftBehind) this.#preparedStatementsEachJob = true;
         for (const member of members) this.#runAlone(member);
         return;
       case 'unknown':

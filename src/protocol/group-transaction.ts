@@ -62,6 +62,11 @@ export interface GroupTransactionOptions {
   readonly pipelines: boolean;
   /** The settings to watch ({@link GroupStatements.state}); undefined: the state is not checked. */
   readonly watchedSettings: readonly string[] | undefined;
+  /**
+   * Compare the session's prepared statements after each job, not only at the group's end: set
+   * once a group's end found one a job made, so that the next one is found on its job.
+   */
+  readonly preparedStatementsEachJob: boolean;
   /** How long the insert of the group's new keys may wait on a key another transaction holds. */
   readonly lockTimeoutMs: number;
   /** Longest a job's callback may hold the group (`GroupCommitOptions.slowJobMs`). */
@@ -106,7 +111,8 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
 ): Promise<GroupVerdict<M>> {
   const { statements } = options;
   const watched = statements.state && options.watchedSettings;
-  const stateCheck = watched ? statements.state!.check(watched) : undefined;
+  const stateCheck = watched ? statements.state!.check(watched, { preparedStatements: options.preparedStatementsEachJob }) : undefined;
+  const preparedStatementsCheck = watched && !options.preparedStatementsEachJob ? statements.state!.checkPreparedStatements(watched) : undefined;
   return db.getExecutor().provideConnection(async (inner): Promise<GroupVerdict<M>> => {
     const connection = new GatheringConnection(inner, { gather: options.gather, pipelines: options.pipelines, ...(stateCheck ? { stateCheck } : {}) });
     const ends = new Map<M, GroupMemberEnd<unknown>>();
@@ -163,18 +169,22 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       connection.discard(); // another group took the jobs first: BEGIN never went out
       return { kind: 'committed', values: new Map() };
     }
-    return endGroup(connection, [...ends], { ...options, stateCheck }, stop);
+    return endGroup(connection, [...ends], { ...options, stateCheck, preparedStatementsCheck }, stop);
   });
 }
 
-/** The group's end: the state check after the last job, every closing statement, the new keys and the COMMIT in one pipeline; the verdict from Postgres's answer. */
+/**
+ * The group's end: the state check after the last job, the prepared statements' check, every
+ * closing statement, the new keys and the COMMIT in one pipeline; the verdict from Postgres's
+ * answer.
+ */
 async function endGroup<M>(
   connection: GatheringConnection,
   ends: ReadonlyArray<readonly [M, GroupMemberEnd<unknown>]>,
-  options: GroupTransactionOptions & { readonly stateCheck: CompiledQuery | undefined },
+  options: GroupTransactionOptions & { readonly stateCheck: CompiledQuery | undefined; readonly preparedStatementsCheck: CompiledQuery | undefined },
   stop: (verdict: GroupVerdict<M>) => Promise<GroupVerdict<M>>,
 ): Promise<GroupVerdict<M>> {
-  const { statements, stateCheck } = options;
+  const { statements, stateCheck, preparedStatementsCheck } = options;
   const sent: CompiledQuery[] = [];
   // What failing at each position of the pipeline means.
   const blame: Array<(error: unknown) => GroupVerdict<M>> = [];
@@ -184,6 +194,12 @@ async function endGroup<M>(
   if (stateCheck && last !== undefined) {
     sent.push(stateCheck);
     blame.push((error) => culprit(last)(stateLeftBehind(error)));
+  }
+  if (preparedStatementsCheck && last !== undefined) {
+    // Any job of the group may have made it: every job runs alone (see GroupCommit). A store
+    // fault here is no job's doing.
+    sent.push(preparedStatementsCheck);
+    blame.push((error) => uncertain(transientStoreFault(error) ? error : stateLeftBehind(error)));
   }
   for (const [member, end] of ends) {
     if (!end.closing) continue;
@@ -209,7 +225,7 @@ async function endGroup<M>(
   let reply;
   try {
     reply = await connection.flush(sent);
-  } catch (error) {
+    } catch (error) {
     // The connection failed: the COMMIT may have been applied.
     await connection.rollback(ROLLBACK);
     return { kind: 'unknown', error };

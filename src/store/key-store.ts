@@ -164,7 +164,12 @@ export interface GroupStatements {
     names(): Promise<readonly string[]>;
     /** Keeps the state (the settings' values among it) with the group's BEGIN. */
     keep(names: readonly string[]): CompiledQuery;
-    /** Fails (so no statement after it runs) when the state differs from what `keep` kept. */
-    check(names: readonly string[]): CompiledQuery;
+    /**
+     * Fails (so no statement after it runs) when the state differs from what `keep` kept;
+     * prepared statements compared only with `preparedStatements` (see `checkPreparedStatements`).
+     */
+    check(names: readonly string[], options: { readonly preparedStatements: boolean }): CompiledQuery;
+    /** Fails when the session's prepared statements made by SQL differ from what `keep` kept (once, at a group's end). */
+    checkPreparedStatements(names: readonly string[]): CompiledQuery;
   };
 }

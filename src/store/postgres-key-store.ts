@@ -18,7 +18,7 @@ import { extendLease } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
 import { insertCompletedKeysStatement, rowsThatHadKeys } from './sql/insert-completed-keys.js';
-import { WATCHED_SETTINGS, checkGroupStateStatement, customSettingNames, keepGroupStateStatement } from './sql/group-settings.js';
+import { WATCHED_SETTINGS, checkGroupStateStatement, checkPreparedStatementsStatement, customSettingNames, keepGroupStateStatement } from './sql/group-settings.js';
 import { loadSteps } from './sql/load-steps.js';
 import { recordStep, recordStepAndCommit, recordStepIn, recordStepStatement } from './sql/record-step.js';
 import { releaseKey } from './sql/release.js';
@@ -94,7 +94,8 @@ export class PostgresKeyStore implements KeyStore {
           },
         )),
       keep: (names) => keepGroupStateStatement(names),
-      check: (names) => checkGroupStateStatement(this.schema, names),
+      check: (names, options) => checkGroupStateStatement(this.schema, names, options),
+      checkPreparedStatements: (names) => checkPreparedStatementsStatement(this.schema, names),
     },
   };
 

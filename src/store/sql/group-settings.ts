@@ -97,11 +97,27 @@ export async function customSettingNames(db: Kysely<any>): Promise<string[]> {
  * half as much again as the calls themselves.
  */
 function stateNow(names: readonly string[]): string {
-  const settings = names.map((name) => `coalesce(pg_catalog.current_setting(${pg.escapeLiteral(name)}, true), '')`);
-  return `(select pg_catalog.count(*) from pg_catalog.pg_cursors where name <> '')::text
-  || ',' || (select pg_catalog.count(*) from pg_catalog.pg_prepared_statements where from_sql)::text
-  || '|' || array[${settings.join(', ') || ''}]::text[]::text`;
+  return `${CURSORS_NOW} || ',' || ${PREPARED_STATEMENTS_NOW} || '|' || ${settingsNow(names)}`;
 }
+
+/** The watched settings' values, as text (see {@link stateNow}). */
+function settingsNow(names: readonly string[]): string {
+  const settings = names.map((name) => `coalesce(pg_catalog.current_setting(${pg.escapeLiteral(name)}, true), '')`);
+  return `array[${settings.join(', ') || ''}]::text[]::text`;
+}
+
+const CURSORS_NOW = `(select pg_catalog.count(*) from pg_catalog.pg_cursors where name <> '')::text`;
+
+/**
+ * Reading `pg_prepared_statements` builds a row, with its text, for every statement the session
+ * prepared (the library's own named statements among them): about half of a full check's cost.
+ */
+const PREPARED_STATEMENTS_NOW = `(select pg_catalog.count(*) from pg_catalog.pg_prepared_statements where from_sql)::text`;
+
+/** What {@link stateNow} kept, its parts read back: the cursors, the prepared statements, `|` and the settings. */
+const KEPT = `pg_catalog.current_setting('${STARTING_STATE}', true)`;
+const KEPT_CURSORS_AND_SETTINGS = `pg_catalog.split_part(${KEPT}, ',', 1) || pg_catalog.substr(${KEPT}, pg_catalog.strpos(${KEPT}, '|'))`;
+const KEPT_PREPARED_STATEMENTS = `pg_catalog.split_part(pg_catalog.split_part(${KEPT}, '|', 1), ',', 2)`;
 
 /**
  * The marks temporary objects are compared from: the highest OIDs of `pg_class`, `pg_proc` and
@@ -145,13 +161,37 @@ export function keepGroupStateStatement(names: readonly string[]): CompiledQuery
  * nothing, since every job is compared with the group's start, not only the last. A job that
  * lowered `synchronous_commit` could otherwise make its group-mates' commit non-durable; one
  * that set `app.tenant` could run them under another tenant's policies.
+ *
+ * Prepared statements are compared only with `preparedStatements` (they are the costliest part
+ * to read): without it, {@link checkPreparedStatementsStatement} compares them once, at the
+ * group's end. A prepared statement changes no group-mate's statement; it outlives the
+ * transaction, so the group must not commit with one a job made, and it must be deallocated.
  */
-export function checkGroupStateStatement(schema: string, names: readonly string[]): CompiledQuery {
+export function checkGroupStateStatement(schema: string, names: readonly string[], options: { readonly preparedStatements: boolean }): CompiledQuery {
+  const differs = options.preparedStatements
+    ? `${stateNow(names)} is distinct from ${KEPT}`
+    : `${CURSORS_NOW} || '|' || ${settingsNow(names)} is distinct from ${KEPT_CURSORS_AND_SETTINGS}`;
   return prepared(
     CompiledQuery.raw(
       `select ${pg.escapeIdentifier(schema)}.group_state_differs($1::text[])
-        where ${stateNow(names)} is distinct from pg_catalog.current_setting('${STARTING_STATE}', true)
+        where ${differs}
            or ${NEW_TEMPORARY_OBJECT}`,
+      [names],
+    ),
+  );
+}
+
+/**
+ * Compares the number of prepared statements made by SQL with the group's start, once at the
+ * group's end (after the last job's {@link checkGroupStateStatement}): when it differs,
+ * `group_state_differs` deallocates those made since the group began and raises
+ * {@link SETTING_CHANGED_STATE}. Which job made it is not known; the group rolls back.
+ */
+export function checkPreparedStatementsStatement(schema: string, names: readonly string[]): CompiledQuery {
+  return prepared(
+    CompiledQuery.raw(
+      `select ${pg.escapeIdentifier(schema)}.group_state_differs($1::text[])
+        where ${PREPARED_STATEMENTS_NOW} is distinct from ${KEPT_PREPARED_STATEMENTS}`,
       [names],
     ),
   );
