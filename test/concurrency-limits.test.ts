@@ -5,7 +5,8 @@
  * lease; a job that has waited long enough goes before newcomers.
  */
 import { Queue } from 'bullmq';
-import { sql } from 'kysely';
+import { Kysely, PostgresDialect, sql } from 'kysely';
+import pg from 'pg';
 import { pino } from 'pino';
 import { register } from 'prom-client';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
@@ -59,6 +60,64 @@ describe('concurrency slots', () => {
     expect(await keys.releaseConcurrencySlot('s', 'job-x', acquired[0]!)).toBe(false);
     const waiter = answers.findIndex((a) => !a.acquired);
     expect(held(await keys.acquireConcurrencySlot('s', `job-${waiter}`, acme, slotOptions)).slot).toBe(acquired[0]!.slot);
+  });
+
+  it("acquisitions of one key take different slots at once: none waits on another's commit, and a slot being taken is never taken twice", async () => {
+    const group = { key: 'tenant:parallel', limit: 2 };
+    const call = (key: string, limit: number) =>
+      sql<{ slot: number | null }>`select * from ${sql.id(env.schema, 'acquire_concurrency_slot')}(
+        ${group.key}::text, ${limit}::int, 's'::text, ${key}::text, gen_random_uuid(), 30000, 60000, null, null, null)`;
+    // One acquisition whose commit has not come yet (a slow WAL flush, say): it holds slot 0.
+    const slow = env.openDb(1);
+    const other = env.openDb(1);
+    let commitSlow!: () => void;
+    const slowCommitted = new Promise<void>((resolve) => (commitSlow = resolve));
+    let tookSlot!: (slot: number | null) => void;
+    const slowTook = new Promise<number | null>((resolve) => (tookSlot = resolve));
+    const slowRun = slow.transaction().execute(async (tx) => {
+      tookSlot((await call('slow', group.limit).execute(tx)).rows[0]!.slot);
+      await slowCommitted;
+    });
+    expect(await slowTook).toBe(0);
+    try {
+      // Another acquisition of the key does not wait for that commit (a wait would end in a lock
+      // timeout): it takes the next slot; with a limit of 1, it is refused, not given slot 0.
+      await other.transaction().execute(async (tx) => {
+        await sql`set local lock_timeout = '2s'`.execute(tx);
+        expect((await call('quick', group.limit).execute(tx)).rows[0]!.slot).toBe(1);
+        expect((await call('refused', 1).execute(tx)).rows[0]!.slot).toBeNull();
+      });
+    } finally {
+      commitSlow();
+      await slowRun;
+    }
+    // Committed, slot 0 is the slow run's: a limit of 1 is still refused.
+    expect((await keys.acquireConcurrencySlot('s', 'after', { key: group.key, limit: 1 }, slotOptions)).acquired).toBe(false);
+  });
+
+  it("a release's commit does not wait for the WAL flush, and leaves its connection's synchronous_commit as it was", async () => {
+    // One connection, so the statement after the release runs in the release's session.
+    const statements: string[] = [];
+    const oneConnection = new Kysely<any>({
+      dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: env.databaseUrl, max: 1 }) }),
+      log: (event) => {
+        statements.push(event.query.sql);
+      },
+    });
+    try {
+      const slotKeys = new IdempotencyKeys({ db: oneConnection, schema: env.schema });
+      const slot = held(await slotKeys.acquireConcurrencySlot('s', 'async-release', { key: 'tenant:async', limit: 1 }, slotOptions));
+      expect(await slotKeys.releaseConcurrencySlot('s', 'async-release', slot)).toBe(true);
+      // Which commit waits for the flush cannot be seen from a client; the statement is what decides it.
+      const release = statements.find((text) => text.includes('concurrency_slots') && text.includes('delete from'));
+      expect(release).toMatch(/set_config\('synchronous_commit', 'off', true\)/);
+      const { rows } = await sql<{ synchronous_commit: string }>`select current_setting('synchronous_commit') as synchronous_commit`.execute(oneConnection);
+      expect(rows[0]!.synchronous_commit).toBe('on');
+      // The slot is free: a release lost to a crash would leave it held only until its time is up.
+      expect((await slotKeys.acquireConcurrencySlot('s', 'after-async-release', { key: 'tenant:async', limit: 1 }, slotOptions)).acquired).toBe(true);
+    } finally {
+      await oneConnection.destroy();
+    }
   });
 
   it("a crashed run's slot is held while its key's lease lives, and frees when the lease ends", async () => {

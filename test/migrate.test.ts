@@ -194,7 +194,11 @@ it('028 upgrades concurrency waiters: a waiter recorded before it stays, an eigh
     await sql`delete from ${t('idempotent_jobs_migration')} where name >= '028_concurrency_slot_wakes'`.execute(env.db);
 
     const result = await migrate(env.db, { schema: upgraded });
-    expect(result.results?.map((r) => [r.migrationName, r.status])).toEqual([['028_concurrency_slot_wakes', 'Success']]);
+    expect(result.results?.map((r) => [r.migrationName, r.status])).toEqual([
+      ['028_concurrency_slot_wakes', 'Success'],
+      ['029_concurrency_slot_locks', 'Success'],
+      ['030_concurrency_slot_walk', 'Success'],
+    ]);
     const uuid = '00000000-0000-4000-8000-000000000000';
     // An earlier worker's call: takes the one slot.
     const taken = await sql<{ slot: number }>`select * from ${t('acquire_concurrency_slot')}('tenant:acme', 1, 's', 'old', ${uuid}::uuid, 60000, 60000, null)`.execute(env.db);

@@ -294,6 +294,12 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
         for (const statement of concurrencySlotWakesDdl(schema)) await statement.execute(db);
       },
     },
+    // A slot is taken under a lock of its own, not one of its whole group, so a group's
+    // acquisitions no longer wait on each other's commits (see sql/concurrency-slots.ts).
+    '029_concurrency_slot_locks': installing(acquireConcurrencySlotFunctionDdl),
+    // The same acquisition in fewer statements, none planned as a join over every slot: the
+    // held slots are read once and walked (see sql/concurrency-slots.ts).
+    '030_concurrency_slot_walk': installing(acquireConcurrencySlotFunctionDdl),
   };
 
   /** A migration that only installs (the current body of) one function. */

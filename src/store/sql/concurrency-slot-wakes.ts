@@ -18,6 +18,13 @@ import { acquireConcurrencySlotFunctionDdl } from './concurrency-slots.js';
  * `wakeAgainAfterMs` (the lease: it comes back in moments, unless its worker is gone) is passed
  * over. One that is woken and finds the slot taken (a newcomer got there first) is deferred as
  * before, unmarked, and the next freed slot wakes the oldest waiter again.
+ *
+ * *Why its commit does not wait for the WAL flush* (`synchronous_commit = off` for this statement
+ * only): a release that a Postgres crash loses is a release that never happened, and a slot that
+ * is not freed frees itself when its time is up (never later than the run's lease), as when the
+ * release cannot reach Postgres at all. So durability buys the release nothing, and the flush was
+ * half of what a concurrency key added to a job's commits (the slot's acquisition, which a crash
+ * must not lose, stays synchronous).
  */
 export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, group: string, slot: number, owner: string, wakeAgainAfterMs: number): Promise<boolean> {
   const waiters = sql.id(schema, 'concurrency_waiters');
@@ -37,7 +44,8 @@ export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, gr
       update ${waiters} as w set woken_at = now()
         from woken where w.group_key = ${group} and w.scope = woken.scope and w.key = woken.key
     )
-    select (select count(*) from freed)::int as freed,
+    select set_config('synchronous_commit', 'off', true) as async_commit,
+           (select count(*) from freed)::int as freed,
            (select count(*) from (
               select pg_notify(${concurrencySlotFreedChannel(schema)}, json_build_object('group', ${group}::text, 'queue', w.queue, 'jobId', w.job_id)::text)
                 from woken as w) as n)::int as woken`.execute(db);

@@ -47,12 +47,16 @@ export interface SlotRequest {
  * Takes one of a concurrency group's `limit` slots for a key about to run, or says when to ask
  * again: one statement, a call of `acquire_concurrency_slot` ({@link concurrencySlotsDdl}).
  *
- * *Why an advisory lock per group:* two acquisitions that both see one free slot must not both
- * take it, and "how many of this group run" is a question about rows that may not exist yet, which
- * no row lock guards. The function first takes a transaction-scoped advisory lock on the group
- * (`pg_advisory_xact_lock`, held only for the statement: an autocommit call), so acquisitions of
- * one group run one after another, each seeing everything committed before it; groups never wait
- * on each other. It is one short statement, so the serialization costs a group little.
+ * *Why an advisory lock per slot:* two acquisitions that both see one free slot must not both
+ * take it, and a slot is a row that may not exist yet, which no row lock guards. So a slot is
+ * taken only under a transaction-scoped advisory lock of its own (`pg_try_advisory_xact_lock` of
+ * the group's hash and the slot's number, held to the statement's commit: an autocommit call),
+ * after a second look in a statement of its own, which sees every run that took the slot and
+ * committed before the lock was had. A slot whose lock another acquisition holds is being taken:
+ * the next free one is tried, never waited for. So acquisitions of one group take different slots
+ * at once instead of one after another (a lock on the whole group was held through each
+ * acquisition's commit, its WAL flush included, which capped a group at one acquisition per
+ * flush); groups never wait on each other, and no acquisition waits on a lock at all.
  *
  * *Why a slot is live while its key's lease is:* a slot row names the key that runs in it and is
  * held until `acquired_until` (now + `leaseMs`), or for as long as that key is `processing` under
@@ -93,9 +97,15 @@ export async function concurrencyGroupCounts(db: Kysely<any>, schema: string, gr
 
 /** The condition under which a row `s` of `concurrency_slots` holds its slot (see {@link acquireConcurrencySlot}). */
 function slotIsLive(schema: string) {
-  return sql`(s.acquired_until > now() or exists (
+  return slotIsLiveBody(schema, 's');
+}
+
+/** {@link slotIsLive} of the row named `row`. */
+function slotIsLiveBody(schema: string, row: 's' | 's2') {
+  const s = sql.raw(row);
+  return sql`(${s}.acquired_until > now() or exists (
       select 1 from ${sql.id(schema, 'idempotency_keys')} as k
-       where k.scope = s.scope and k.key = s.key and k.status = 'processing' and k.owner is not null and k.locked_until > now()))`;
+       where k.scope = ${s}.scope and k.key = ${s}.key and k.status = 'processing' and k.owner is not null and k.locked_until > now()))`;
 }
 
 /**
@@ -134,9 +144,11 @@ export function concurrencySlotsDdl(schema: string) {
  * DDL of `acquire_concurrency_slot` (see {@link acquireConcurrencySlot}): its current body,
  * installed by migrations `018_concurrency_slots`, `021_key_concurrency_limits`,
  * `022_concurrency_waiters_seen` (a starving waiter holds the free slots only while it keeps
- * coming back), `024_concurrency_limit_sets` (a job may name several keys: `p_groups`) and
+ * coming back), `024_concurrency_limit_sets` (a job may name several keys: `p_groups`),
  * `028_concurrency_slot_wakes` (a waiter's row names its job and queue, `p_job_id` and `p_queue`,
- * so that a freed slot wakes it: `sql/concurrency-slot-wakes.ts`).
+ * so that a freed slot wakes it: `sql/concurrency-slot-wakes.ts`), `029_concurrency_slot_locks`
+ * (a lock per slot instead of one per group) and `030_concurrency_slot_walk` (the held slots read
+ * in one statement and walked, and the slot and the key's records written in one).
  * Besides taking the slot, it records the key's concurrency key and limit in
  * `key_concurrency_limits` ({@link keyConcurrencyLimitsDdl}), in the same statement, so no round
  * trip is added; the key's records of keys outside `p_groups` (all the keys its job names; null:
@@ -155,48 +167,74 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
       #variable_conflict use_column
       declare
         v_slot int;
+        v_candidate int;
+        v_live int[];
+        v_next_live int := 1;
         v_since timestamptz;
         v_starving boolean;
+        v_group_lock int := hashtext('idempotent_jobs.concurrency:' || p_group);
       begin
-        perform pg_advisory_xact_lock(hashtextextended('idempotent_jobs.concurrency:' || p_group, 0));
-        -- Waiters that stopped coming back (their job finished elsewhere, or was removed) no longer count.
-        delete from ${waiters} as w
-         where w.group_key = p_group and w.seen_at < now() - 2 * p_starvation_ms * interval '1 millisecond';
-        select w.since into v_since from ${waiters} as w
-         where w.group_key = p_group and w.scope = p_scope and w.key = p_key;
-        select s.n into v_slot
-          from generate_series(0, p_limit - 1) as s(n)
-         where not exists (
-           select 1 from ${slots} as s2
-            where s2.group_key = p_group and s2.slot = s.n
-              and (s2.acquired_until > now() or exists (
-                    select 1 from ${sql.id(schema, 'idempotency_keys')} as k
-                     where k.scope = s2.scope and k.key = s2.key and k.status = 'processing'
-                       and k.owner is not null and k.locked_until > now())))
-         order by s.n
-         limit 1;
-        if v_slot is not null then
-          -- A starving waiter older than this one goes first, if it keeps coming back: one that
-          -- has not asked again within the bound would hold every slot for nobody.
-          select exists (
-            select 1 from ${waiters} as w
-             where w.group_key = p_group and not (w.scope = p_scope and w.key = p_key)
-               and w.since < now() - p_starvation_ms * interval '1 millisecond'
-               and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
-               and w.since < coalesce(v_since, now()))
-            into v_starving;
-          if v_starving then
-            v_slot := null;
-          end if;
+        -- Waiters that stopped coming back (their job finished elsewhere, or was removed) no
+        -- longer count, and are deleted. A starving waiter older than this one goes first, if it
+        -- keeps coming back: one that has not asked again within the bound would hold every slot
+        -- for nobody. Decided before any slot's lock is taken, so one that gives way holds none.
+        with stale as (
+          delete from ${waiters} as w
+           where w.group_key = p_group and w.seen_at < now() - 2 * p_starvation_ms * interval '1 millisecond'
+        ), mine as (
+          select w.since from ${waiters} as w
+           where w.group_key = p_group and w.scope = p_scope and w.key = p_key
+             and w.seen_at >= now() - 2 * p_starvation_ms * interval '1 millisecond'
+        )
+        select (select m.since from mine as m),
+               exists (
+                 select 1 from ${waiters} as w
+                  where w.group_key = p_group and not (w.scope = p_scope and w.key = p_key)
+                    and w.since < now() - p_starvation_ms * interval '1 millisecond'
+                    and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
+                    and w.since < coalesce((select m.since from mine as m), now()))
+          into v_since, v_starving;
+        if not v_starving then
+          -- The slots held as far as committed runs show, read once, in order; the others are
+          -- tried lowest first, each taken only under its own lock, held to this statement's
+          -- commit: of two takers of one slot the second finds it locked (and tries the next) or,
+          -- once the first has committed, taken. (One statement here and a walk in PL/pgSQL, not
+          -- an anti-join over generate_series: planned afresh at each call, that join cost more
+          -- than the rest of the acquisition.)
+          select coalesce(array_agg(s2.slot order by s2.slot), '{}') into v_live
+            from ${slots} as s2
+           where s2.group_key = p_group and s2.slot >= 0 and s2.slot < p_limit and ${slotIsLiveBody(schema, 's2')};
+          -- A null limit takes nothing (and records the waiter), as the old join over generate_series did.
+          for v_candidate in 0 .. coalesce(p_limit, 0) - 1 loop
+            if v_next_live <= cardinality(v_live) and v_live[v_next_live] = v_candidate then
+              v_next_live := v_next_live + 1;
+              continue;
+            end if;
+            continue when not pg_try_advisory_xact_lock(v_group_lock, v_candidate);
+            -- A statement of its own, so it sees what committed before the lock was had.
+            if not exists (
+              select 1 from ${slots} as s2
+               where s2.group_key = p_group and s2.slot = v_candidate and ${slotIsLiveBody(schema, 's2')}) then
+              v_slot := v_candidate;
+              exit;
+            end if;
+          end loop;
         end if;
         if v_slot is not null then
-          insert into ${slots} as s (group_key, slot, owner, scope, key, acquired_until)
-          values (p_group, v_slot, p_owner, p_scope, p_key, now() + p_lease_ms * interval '1 millisecond')
-          on conflict (group_key, slot) do update
-             set owner = excluded.owner, scope = excluded.scope, key = excluded.key, acquired_until = excluded.acquired_until;
-          delete from ${waiters} as w where w.group_key = p_group and w.scope = p_scope and w.key = p_key;
-          delete from ${limits} as r
-           where r.scope = p_scope and r.key = p_key and r.group_key <> all(coalesce(p_groups, array[p_group]));
+          -- One statement: the slot, the key no longer waiting, and its concurrency keys recorded.
+          with taken as (
+            insert into ${slots} as s (group_key, slot, owner, scope, key, acquired_until)
+            values (p_group, v_slot, p_owner, p_scope, p_key, now() + p_lease_ms * interval '1 millisecond')
+            on conflict (group_key, slot) do update
+               set owner = excluded.owner, scope = excluded.scope, key = excluded.key, acquired_until = excluded.acquired_until
+          ), no_longer_waiting as (
+            delete from ${waiters} as w where w.group_key = p_group and w.scope = p_scope and w.key = p_key
+          ), other_keys_dropped as (
+            -- Not the row upserted below, whose concurrency key is among p_groups (the worker
+            -- always passes the job's keys with p_group among them, or null).
+            delete from ${limits} as r
+             where r.scope = p_scope and r.key = p_key and r.group_key <> all(coalesce(p_groups, array[p_group]))
+          )
           insert into ${limits} as r (scope, key, group_key, concurrency_limit) values (p_scope, p_key, p_group, p_limit)
           on conflict (scope, key, group_key) do update
              set concurrency_limit = excluded.concurrency_limit, recorded_at = now();
