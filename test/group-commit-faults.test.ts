@@ -15,7 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyKeys, createIdempotentWorker, createPostgresDb, type DatabaseOnlyJobHandler, type JobContext, type WorkerEvent } from '../src/index.js';
 import type { KeyStore } from '../src/store/key-store.js';
 import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
-import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
+import { createEffectsTable, effectsOf, withGroupStatements } from './support/protocol-fixtures.js';
 import { waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -63,22 +63,28 @@ afterAll(async () => {
 
 /**
  * The store, its group's keeping of the state (with its BEGIN), its state check (after each
- * job) and its prepared statements' check (at the group's end) calling `fault_at` first: those
- * statements are the store's SQL, with no function of the schema's to wrap.
+ * job, or at the group's end only) and its prepared statements' check (at the group's end)
+ * calling `fault_at` first: those statements are the store's SQL, with no function of the
+ * schema's to wrap. `codeCanLeaveState` is what the store reports of the database's code
+ * (whether the state is checked after each job), fixed here: other test files' functions in the
+ * shared database would otherwise decide it.
  */
-function faultingStore(): KeyStore {
+function faultingStore(codeCanLeaveState: boolean): KeyStore {
   const store = new PostgresKeyStore(workerDb, env.schema);
   const state = store.groupStatements.state!;
   const faultFirst = (point: string, query: CompiledQuery) =>
     CompiledQuery.raw(`select ${env.schema}.fault_at('${point}', ${point === 'begin'}), (select count(*) from (${query.sql}) as statement)`, [...query.parameters]);
-  const groupStatements = { ...store.groupStatements, state: { ...state, keep: (names: readonly string[]) => faultFirst('begin', state.keep(names)), check: (names: readonly string[], options: { readonly preparedStatements: boolean }) => faultFirst('check', state.check(names, options)), checkPreparedStatements: (names: readonly string[]) => faultFirst('check-prepared', state.checkPreparedStatements(names)) } };
-  return new Proxy(store, {
-    get: (target, name) => {
-      if (name === 'groupStatements') return groupStatements;
-      const value = Reflect.get(target, name, target) as unknown;
-      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+  const groupStatements = {
+    ...store.groupStatements,
+    state: {
+      ...state,
+      watched: async () => ({ ...(await state.watched()), codeCanLeaveState }),
+      keep: (names: readonly string[]) => faultFirst('begin', state.keep(names)),
+      check: (names: readonly string[], options: { readonly preparedStatements: boolean }) => faultFirst('check', state.check(names, options)),
+      checkPreparedStatements: (names: readonly string[]) => faultFirst('check-prepared', state.checkPreparedStatements(names)),
     },
-  });
+  };
+  return withGroupStatements(store, groupStatements);
 }
 
 const write = (tx: Kysely<any>, ctx: { scope: string; key: string; fence: number }) =>
@@ -97,17 +103,21 @@ const databaseOnlyHandler: DatabaseOnlyJobHandler<{ n: number }, { n: number }> 
   },
 };
 
+// `check` is the state check after each job where the database's code can leave state, and the
+// one at the group's end where it cannot (which then compares the prepared statements too).
 const PATHS = [
-  { path: 'leased (a function handler, its ctx.transaction grouped)', handler: functionHandler, points: ['begin', 'effect', 'check', 'check-prepared', 'completion', 'commit'] },
-  { path: 'fast path (a database-only handler)', handler: databaseOnlyHandler, points: ['begin', 'effect', 'check', 'check-prepared', 'new-keys', 'commit'] },
+  { path: 'leased (a function handler, its ctx.transaction grouped)', codeCanLeaveState: true, handler: functionHandler, points: ['begin', 'effect', 'check', 'check-prepared', 'completion', 'commit'] },
+  { path: 'fast path (a database-only handler)', codeCanLeaveState: true, handler: databaseOnlyHandler, points: ['begin', 'effect', 'check', 'check-prepared', 'new-keys', 'commit'] },
+  { path: 'leased, no code that can leave state', codeCanLeaveState: false, handler: functionHandler, points: ['begin', 'check', 'completion'] },
+  { path: 'fast path, no code that can leave state', codeCanLeaveState: false, handler: databaseOnlyHandler, points: ['begin', 'check', 'new-keys'] },
 ] as const;
 
-describe.each(PATHS)('a store fault at each statement of a group: $path', ({ handler, points }) => {
+describe.each(PATHS)('a store fault at each statement of a group: $path', ({ handler, points, codeCanLeaveState }) => {
   it.each(points)('at %s: every job completes once, none fails, no key stays held', async (point) => {
     await sql`delete from ${t('fault_plan')}`.execute(env.db);
     await sql`insert into ${t('fault_plan')} (point) values (${point})`.execute(env.db);
     await sql`alter sequence ${t('fault_fired')} restart`.execute(env.db);
-    const keys = new IdempotencyKeys({ db: workerDb, schema: env.schema, leaseMs: 5_000, groupCommit: { maxGroups: 1 } }, faultingStore());
+    const keys = new IdempotencyKeys({ db: workerDb, schema: env.schema, leaseMs: 5_000, groupCommit: { maxGroups: 1 } }, faultingStore(codeCanLeaveState));
     const events: WorkerEvent[] = [];
     const worker = createIdempotentWorker<{ n: number }>({
       queue: QUEUE,

@@ -1,8 +1,9 @@
 /**
  * Group commit: no state a job leaves in the shared transaction reaches a group-mate, however it
- * was made. The state is checked after each job's statements (see `sql/group-settings.ts`), so a
- * function that changes it where the statement screen cannot look, and a later job that puts it
- * back (A-B-A), are found; a job found leaving state runs alone, and so does its kind.
+ * was made. The state is checked after each job's statements (see `sql/group-settings.ts`; this
+ * file's functions are code that can leave state, so every store here checks after each job), so
+ * a function that changes it where the statement screen cannot look, and a later job that puts
+ * it back (A-B-A), are found; a job found leaving state runs alone, and so does its kind.
  */
 import { sql, type Kysely } from 'kysely';
 import { register } from 'prom-client';

@@ -5,7 +5,7 @@ import { IdempotencyKeys, LeaseLostError, TransactionControlError, ValidationErr
 import { type KeyStore } from '../src/store/key-store.js';
 import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
-import { createGate, expireLease } from './support/protocol-fixtures.js';
+import { createGate, expireLease, withGroupStatements } from './support/protocol-fixtures.js';
 
 let env: TestEnv;
 let plain: IdempotencyKeys;
@@ -35,6 +35,19 @@ afterAll(async () => {
 function groupedKeys(db: Kysely<any> = env.db, groupCommit: { maxJobs?: number; watchSettings?: readonly string[]; slowJobMs?: number } = {}) {
   const store = new PostgresKeyStore(db, env.schema, { probeSettledKeys: false });
   return new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1, ...groupCommit } }, store);
+}
+
+/**
+ * {@link groupedKeys} over a store that reports no code in the database that can leave state
+ * (what `codeCanLeaveState` reads on a database without such code; this file's own
+ * `set_quietly` is such code, so the report is fixed here).
+ */
+function groupedKeysOfCleanDatabase() {
+  const store = new PostgresKeyStore(env.db, env.schema, { probeSettledKeys: false });
+  const state = store.groupStatements.state!;
+  const groupStatements = { ...store.groupStatements, state: { ...state, watched: async () => ({ ...(await state.watched()), codeCanLeaveState: false }) } };
+  const clean = withGroupStatements(store, groupStatements);
+  return new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1, watchSettings: [] } }, clean);
 }
 
 function held(outcome: ClaimOutcome): HeldClaim {
@@ -331,6 +344,51 @@ describe('what Postgres answers is what each job gets (pipelines)', () => {
       const owner = outcome.kind === 'executed' ? outcome.claim.owner : undefined;
       expect(await plain.get(scope, `lean-${i}`)).toMatchObject({ status: 'completed', result: i, fence: 1, attempts: 1, owner });
     }
+  });
+
+  it('6b. where no code stored in the database can leave state, the same group checks its state once, at its end; what that finds no job is blamed for: every job runs alone, and later groups check after each job', async () => {
+    const keys = groupedKeysOfCleanDatabase();
+    await keys.executeOnce(scope, 'clean-warm', fp('clean-warm'), async () => 'warm');
+    const { value: outcomes, statements: sent } = await recordStatements(() =>
+      Promise.all(Array.from({ length: 8 }, (_, i) => keys.executeOnce(scope, `clean-${i}`, fp(`clean-${i}`), async (tx) => (await insertEffect(tx, `clean-${i}`), i)))),
+    );
+    expect(outcomes.map((o) => o.kind)).toEqual(Array(8).fill('executed'));
+    expect(sent).toHaveLength(2);
+    expect(sent[0]!.match(/insert into/g)).toHaveLength(8);
+    expect(sent[0]).not.toMatch(/group_state_differs/);
+    // One check at the end, which compares the prepared statements too.
+    expect(sent[1]!.match(/group_state_differs/g)).toHaveLength(1);
+    expect(sent[1]).toMatch(/^select .*group_state_differs\(.*pg_prepared_statements.*\);\nselect .*insert_completed_keys\(.*\);\ncommit$/s);
+
+    // A function the read of the database's code did not report (as code made after the read, or
+    // written in C) changes a watched setting in the second job of a group: only the group's end
+    // finds it.
+    const { statements: found } = await recordStatements(() =>
+      Promise.all(
+        Array.from({ length: 3 }, (_, i) =>
+          keys.executeOnce(scope, `unseen-${i}`, fp(`unseen-${i}`), async (tx) => {
+            // One statement each (the jobs of a gathered group run at once): the second job sets
+            // the setting before its row records it; the others record what they run under.
+            const setting = i === 1 ? sql`(select ${sql.id(env.schema, 'set_quietly')}('statement_timeout', '9s')) as quietly` : sql`(select) as plain`;
+            await sql`insert into ${sql.id(env.schema, 'group_effects')} (key, seen)
+              select ${`unseen-${i}`}, current_setting('statement_timeout') from ${setting}`.execute(tx);
+            return i;
+          }),
+        ),
+      ),
+    );
+    expect(found.filter((text) => /^rollback$/.test(text))).toHaveLength(1);
+    // Each ran again alone, under its own setting only.
+    expect((await effects('unseen-')).map((row) => [row.key, row.seen])).toEqual([
+      ['unseen-0', '0'],
+      ['unseen-1', '9s'],
+      ['unseen-2', '0'],
+    ]);
+    // From then on, each job is checked after its statements.
+    const { statements: later } = await recordStatements(() =>
+      Promise.all(Array.from({ length: 4 }, (_, i) => keys.executeOnce(scope, `checked-${i}`, fp(`checked-${i}`), async (tx) => (await insertEffect(tx, `checked-${i}`), i)))),
+    );
+    expect(later[0]!.match(/group_state_differs/g)).toHaveLength(3);
   });
 
   it('7. a key that has a row fails the group at its end, naming that key: only its job runs alone (and replays); the others commit together', async () => {

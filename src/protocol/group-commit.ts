@@ -1,9 +1,9 @@
 import type { Kysely } from 'kysely';
-import type { GroupStatements } from '../store/key-store.js';
+import type { GroupStatements, WatchedState } from '../store/key-store.js';
 import { pipelines } from '../store/pipeline.js';
 import { StateLeftBehind } from '../store/gathering-connection.js';
 import { groupRefusalsCounter, refusalReasonOf, type GroupRefusal } from './group-refusals.js';
-import { runGroupTransaction, type GroupMember, type GroupVerdict } from './group-transaction.js';
+import { runGroupTransaction, type EachJobCheck, type GroupMember, type GroupVerdict } from './group-transaction.js';
 
 /** Options of group commit ({@link IdempotencyOptions.groupCommit}). */
 export interface GroupCommitOptions {
@@ -83,10 +83,12 @@ interface Waiting {
  * shared {@link MAX_GROUP_TRIES} failed groups runs alone too.
  *
  * Nothing crosses from one job to the next inside a group: a job's statement that would leave
- * state behind (a setting, a temporary table) is never sent in a group, and after each job's
- * statements the transaction's state is compared with what the group's BEGIN kept
- * (`store/sql/group-settings.ts`), before any group-mate's statement runs. A job found leaving
- * state runs alone, and so do later jobs of its kind; each such refusal is counted
+ * state behind (a setting, a temporary table) is never sent in a group, and, where code stored
+ * in the database could leave state too (`codeCanLeaveState`), after each job's statements the
+ * transaction's state is compared with what the group's BEGIN kept (`store/sql/group-settings.ts`),
+ * before any group-mate's statement runs; the group's end compares what those checks did not
+ * (see {@link EachJobCheck}). A job found leaving state runs alone, and so do later jobs of its
+ * kind; each such refusal is counted
  * (`idempotent_jobs_group_commit_refusals_total`) and told to the job (`onRefused`). One thing
  * cannot be told apart: `now()` is the group's BEGIN time, for every job of it.
  *
@@ -115,8 +117,10 @@ export class GroupCommitter {
   readonly #waiting: Waiting[] = [];
   /** Kinds of jobs found sending a statement that cannot share a transaction: they run alone. */
   readonly #aloneKinds = new Set<string>();
-  /** Set once a group's end found a prepared statement a job made (see `GroupTransactionOptions`). */
-  #preparedStatementsEachJob = false;
+  /** Set once a group's end found state a job left that the checks after each job did not compare (see {@link EachJobCheck}). */
+  #checkEverythingEachJob = false;
+  /** The store's last watched state, with {@link GroupCommitOptions.watchSettings} added. */
+  #merged: { readonly from: WatchedState; readonly state: WatchedState } | undefined;
   readonly #refusals = groupRefusalsCounter();
   #open = 0;
   /**
@@ -149,7 +153,7 @@ export class GroupCommitter {
     this.#open++;
     const members: Waiting[] = [];
     try {
-      const watchedSettings = await this.#watchedSettings();
+      const watched = await this.#watched();
       const identities = new Set<string>();
       const verdict = await runGroupTransaction(
         this.#db,
@@ -162,8 +166,8 @@ export class GroupCommitter {
           statements: this.#statements,
           gather: this.#gather,
           pipelines: pipelines(this.#db),
-          watchedSettings,
-          preparedStatementsEachJob: this.#preparedStatementsEachJob,
+          watchedSettings: watched?.names,
+          checkEachJob: this.#checkEachJob(watched),
           lockTimeoutMs: this.#lockTimeoutMs,
           slowJobMs: this.#slowJobMs,
         },
@@ -213,10 +217,10 @@ export class GroupCommitter {
         return;
       }
       case 'uncertain':
-        // A prepared statement made by one of the group's jobs, found at the group's end: from
-        // now on each job's check compares them too, so the next such job is found and its
-        // kind runs alone.
-        if (verdict.error instanceof StateLeftBehind) this.#preparedStatementsEachJob = true;
+        // State one of the group's jobs left, found at the group's end (a prepared statement,
+        // or anything when nothing is compared after each job): from now on each job's check
+        // compares everything, so the next such job is found and its kind runs alone.
+        if (verdict.error instanceof StateLeftBehind) this.#checkEverythingEachJob = true;
         for (const member of members) this.#runAlone(member);
         return;
       case 'unknown':
@@ -226,11 +230,25 @@ export class GroupCommitter {
     }
   }
 
-  /** The store's watched settings and those of {@link GroupCommitOptions.watchSettings}; undefined when the store checks no state. */
-  async #watchedSettings(): Promise<readonly string[] | undefined> {
-    const names = await this.#statements.state?.names();
-    if (names === undefined) return undefined;
-    return this.#watchSettings.length === 0 ? names : [...new Set([...names, ...this.#watchSettings])];
+  /**
+   * The store's watched state, with the settings of {@link GroupCommitOptions.watchSettings};
+   * undefined when the store checks no state. Settings named there are set by the application's
+   * code under names it computes, so that code can leave state: each job is checked.
+   */
+  async #watched(): Promise<WatchedState | undefined> {
+    const watched = await this.#statements.state?.watched();
+    if (watched === undefined || this.#watchSettings.length === 0) return watched;
+    // One merged list per read of the store's, so that the statements built from it are too.
+    if (this.#merged?.from !== watched) {
+      this.#merged = { from: watched, state: { names: [...new Set([...watched.names, ...this.#watchSettings])], codeCanLeaveState: true } };
+    }
+    return this.#merged.state;
+  }
+
+  /** What the check after each job compares: everything once a group's end found state it missed. */
+  #checkEachJob(watched: WatchedState | undefined): EachJobCheck {
+    if (this.#checkEverythingEachJob) return 'everything';
+    return watched?.codeCanLeaveState ? 'all-but-prepared-statements' : 'nothing';
   }
 
   #runAlone(member: Waiting): void {

@@ -49,6 +49,21 @@ export type GroupVerdict<M> =
       | { readonly kind: 'unknown'; readonly error: unknown }
     ) & { readonly abandoned?: ReadonlyMap<M, Promise<void>> });
 
+/**
+ * What the check of the shared transaction's state after each job compares; the group's end
+ * compares everything, whatever this is:
+ * - `'nothing'`: no check after each job. Nothing stored in the database can leave state where
+ *   the statement screen does not see it (`codeCanLeaveState`), so a job could leave state only
+ *   by a statement the screen refuses; the group's end still compares everything, and what it
+ *   finds no single job is blamed for (every job runs alone).
+ * - `'all-but-prepared-statements'`: settings, temporary objects and cursors after each job; the
+ *   session's prepared statements once, at the group's end (reading them costs as much as the
+ *   rest together).
+ * - `'everything'`: all of it after each job: once a group's end found state a job left that the
+ *   checks after each job did not compare, so that the next such job is found on its own.
+ */
+export type EachJobCheck = 'nothing' | 'all-but-prepared-statements' | 'everything';
+
 /** How a group runs its jobs. */
 export interface GroupTransactionOptions {
   /** The store's statements for the group's end. */
@@ -62,11 +77,8 @@ export interface GroupTransactionOptions {
   readonly pipelines: boolean;
   /** The settings to watch ({@link GroupStatements.state}); undefined: the state is not checked. */
   readonly watchedSettings: readonly string[] | undefined;
-  /**
-   * Compare the session's prepared statements after each job, not only at the group's end: set
-   * once a group's end found one a job made, so that the next one is found on its job.
-   */
-  readonly preparedStatementsEachJob: boolean;
+  /** What the state check after each job compares ({@link EachJobCheck}). */
+  readonly checkEachJob: EachJobCheck;
   /** How long the insert of the group's new keys may wait on a key another transaction holds. */
   readonly lockTimeoutMs: number;
   /** Longest a job's callback may hold the group (`GroupCommitOptions.slowJobMs`). */
@@ -111,8 +123,16 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
 ): Promise<GroupVerdict<M>> {
   const { statements } = options;
   const watched = statements.state && options.watchedSettings;
-  const stateCheck = watched ? statements.state!.check(watched, { preparedStatements: options.preparedStatementsEachJob }) : undefined;
-  const preparedStatementsCheck = watched && !options.preparedStatementsEachJob ? statements.state!.checkPreparedStatements(watched) : undefined;
+  const eachJob = options.checkEachJob;
+  const stateCheck = watched && eachJob !== 'nothing' ? statements.state!.check(watched, { preparedStatements: eachJob === 'everything' }) : undefined;
+  // At the group's end, what the checks after each job did not compare: any job may have left it.
+  const groupCheck = !watched
+    ? undefined
+    : eachJob === 'nothing'
+      ? statements.state!.check(watched, { preparedStatements: true })
+      : eachJob === 'all-but-prepared-statements'
+        ? statements.state!.checkPreparedStatements(watched)
+        : undefined;
   return db.getExecutor().provideConnection(async (inner): Promise<GroupVerdict<M>> => {
     const connection = new GatheringConnection(inner, { gather: options.gather, pipelines: options.pipelines, ...(stateCheck ? { stateCheck } : {}) });
     const ends = new Map<M, GroupMemberEnd<unknown>>();
@@ -169,22 +189,22 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       connection.discard(); // another group took the jobs first: BEGIN never went out
       return { kind: 'committed', values: new Map() };
     }
-    return endGroup(connection, [...ends], { ...options, stateCheck, preparedStatementsCheck }, stop);
+    return endGroup(connection, [...ends], { ...options, stateCheck, groupCheck }, stop);
   });
 }
 
 /**
- * The group's end: the state check after the last job, the prepared statements' check, every
- * closing statement, the new keys and the COMMIT in one pipeline; the verdict from Postgres's
- * answer.
+ * The group's end: the state check after the last job, the check of what those after each job
+ * did not compare, every closing statement, the new keys and the COMMIT in one pipeline; the
+ * verdict from Postgres's answer.
  */
 async function endGroup<M>(
   connection: GatheringConnection,
   ends: ReadonlyArray<readonly [M, GroupMemberEnd<unknown>]>,
-  options: GroupTransactionOptions & { readonly stateCheck: CompiledQuery | undefined; readonly preparedStatementsCheck: CompiledQuery | undefined },
+  options: GroupTransactionOptions & { readonly stateCheck: CompiledQuery | undefined; readonly groupCheck: CompiledQuery | undefined },
   stop: (verdict: GroupVerdict<M>) => Promise<GroupVerdict<M>>,
 ): Promise<GroupVerdict<M>> {
-  const { statements, stateCheck, preparedStatementsCheck } = options;
+  const { statements, stateCheck, groupCheck } = options;
   const sent: CompiledQuery[] = [];
   // What failing at each position of the pipeline means.
   const blame: Array<(error: unknown) => GroupVerdict<M>> = [];
@@ -195,10 +215,10 @@ async function endGroup<M>(
     sent.push(stateCheck);
     blame.push((error) => culprit(last)(stateLeftBehind(error)));
   }
-  if (preparedStatementsCheck && last !== undefined) {
-    // Any job of the group may have made it: every job runs alone (see GroupCommit). A store
+  if (groupCheck && last !== undefined) {
+    // Any job of the group may have left it: every job runs alone (see GroupCommitter). A store
     // fault here is no job's doing.
-    sent.push(preparedStatementsCheck);
+    sent.push(groupCheck);
     blame.push((error) => uncertain(transientStoreFault(error) ? error : stateLeftBehind(error)));
   }
   for (const [member, end] of ends) {

@@ -7,7 +7,7 @@
  * @packageDocumentation
  * @module idempotent-jobs/store
  */
-export type { KeyStore, GroupStatements, StepStore } from './key-store.js';
+export type { KeyStore, GroupStatements, StepStore, WatchedState } from './key-store.js';
 export type { ClaimInput, CompletedKeyRow, LeaseExtension, StepPlace, StepRecord } from './records.js';
 export type { HeldRecord, HeldRecordState } from './one-trip-commit.js';
 export type { PostgresKeyStoreOptions } from './postgres-key-store.js';

@@ -123,6 +123,18 @@ export interface StepStore {
   recordIn?(tx: Kysely<any>, claim: Claim, step: StepPlace, resultJson: string): Promise<boolean>;
 }
 
+/** What a store's database gives group commit to watch (see `sql/group-settings.ts`). */
+export interface WatchedState {
+  /** The settings whose values a group compares. */
+  readonly names: readonly string[];
+  /**
+   * Whether code stored in the database (a function, a trigger's, a view's) could leave state in
+   * a job's transaction where the statement screen cannot see it: if so, the state is compared
+   * after each job; if not, at the group's end only.
+   */
+  readonly codeCanLeaveState: boolean;
+}
+
 /**
  * The statements group commit needs from a store. Each goes in the pipeline of the group's
  * COMMIT, with its own parameters; the group reads from Postgres's answer which one failed.
@@ -155,13 +167,13 @@ export interface GroupStatements {
   };
   /**
    * Optional: the statements that keep the shared transaction's state at a group's start and
-   * compare it after each job (see `sql/group-settings.ts`). Without them, a job that leaves
-   * state inside a function goes unnoticed; one that does it in its own statement is still
-   * caught by the statement screen.
+   * compare it after each job or at the group's end (see `sql/group-settings.ts`). Without them,
+   * a job that leaves state inside a function goes unnoticed; one that does it in its own
+   * statement is still caught by the statement screen.
    */
   readonly state?: {
-    /** Names of the settings to watch on this store's database (read once). */
-    names(): Promise<readonly string[]>;
+    /** What to watch on this store's database (read once). */
+    watched(): Promise<WatchedState>;
     /** Keeps the state (the settings' values among it) with the group's BEGIN. */
     keep(names: readonly string[]): CompiledQuery;
     /**

@@ -1,7 +1,7 @@
-import type { Kysely } from 'kysely';
-import { ResultNotStorableError } from '../errors.js';
+import type { CompiledQuery, Kysely } from 'kysely';
+import { ResultNotStorableError, ValidationError } from '../errors.js';
 import { freshCompletingClaim, lockWaitTimedOut, tombstoneOutcome, type Claim, type ClaimOutcome } from './claim-outcome.js';
-import type { GroupStatements, KeyStore, StepStore } from './key-store.js';
+import type { GroupStatements, KeyStore, StepStore, WatchedState } from './key-store.js';
 import { isLockTimeout, isUnstorableJson } from './pg-errors.js';
 import { ClaimBatcher } from './claim-batcher.js';
 import { findSettledKeys } from './sql/find-settled-keys.js';
@@ -18,7 +18,7 @@ import { extendLease } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
 import { getKey } from './sql/get-key.js';
 import { insertCompletedKeysStatement, rowsThatHadKeys } from './sql/insert-completed-keys.js';
-import { WATCHED_SETTINGS, checkGroupStateStatement, checkPreparedStatementsStatement, customSettingNames, keepGroupStateStatement } from './sql/group-settings.js';
+import { WATCHED_SETTINGS, checkGroupStateStatement, checkPreparedStatementsStatement, codeCanLeaveState, customSettingNames, keepGroupStateStatement } from './sql/group-settings.js';
 import { loadSteps } from './sql/load-steps.js';
 import { recordStep, recordStepAndCommit, recordStepIn, recordStepStatement } from './sql/record-step.js';
 import { releaseKey } from './sql/release.js';
@@ -49,6 +49,13 @@ export interface PostgresKeyStoreOptions {
    * @defaultValue `true`
    */
   readonly probeSettledKeys?: boolean;
+  /**
+   * How long a read of what group commit watches on the database (the custom settings, and
+   * whether stored code could leave state: `sql/group-settings.ts`) serves before the next read
+   * starts, in the background: code a migration adds while workers run is known from then on.
+   * @defaultValue `60_000`
+   */
+  readonly watchedStateMaxAgeMs?: number;
 }
 
 /**
@@ -75,8 +82,11 @@ export class PostgresKeyStore implements KeyStore {
   readonly #batcher: ClaimBatcher | undefined;
   readonly schema: string;
 
-  /** The settings a group watches (see `sql/group-settings.ts`): read once, again after a failed read. */
-  #watchedSettings: Promise<readonly string[]> | undefined;
+  /** What a group watches (see `sql/group-settings.ts`), and when it was read. */
+  #watched: { readonly state: Promise<WatchedState>; readonly readAt: number } | undefined;
+  readonly #watchedStateMaxAgeMs: number;
+  /** The state statements of each list of watched names (one list per read): built once, not for every group. */
+  readonly #stateStatementsOf = new WeakMap<readonly string[], { keep: CompiledQuery; check: CompiledQuery; checkAll: CompiledQuery; checkPreparedStatements: CompiledQuery }>();
 
   readonly groupStatements: GroupStatements = {
     completion: (claim, resultJson, retentionMs) => completionStatement(this.schema, claim, resultJson, retentionMs),
@@ -85,20 +95,49 @@ export class PostgresKeyStore implements KeyStore {
       keysWithRows: (error, rows) => rowsThatHadKeys(error, rows),
     },
     state: {
-      names: () =>
-        (this.#watchedSettings ??= customSettingNames(this.#db).then(
-          (custom) => [...WATCHED_SETTINGS, ...custom],
-          (error: unknown) => {
-            this.#watchedSettings = undefined;
-            throw error;
-          },
-        )),
-      keep: (names) => keepGroupStateStatement(names),
-      check: (names, options) => checkGroupStateStatement(this.schema, names, options),
-      checkPreparedStatements: (names) => checkPreparedStatementsStatement(this.schema, names),
+      watched: () => this.#watchedState(),
+      keep: (names) => this.#stateStatements(names).keep,
+      check: (names, options) => (options.preparedStatements ? this.#stateStatements(names).checkAll : this.#stateStatements(names).check),
+      checkPreparedStatements: (names) => this.#stateStatements(names).checkPreparedStatements,
     },
   };
 
+
+  #stateStatements(names: readonly string[]) {
+    let statements = this.#stateStatementsOf.get(names);
+    if (statements === undefined) {
+      statements = {
+        keep: keepGroupStateStatement(names),
+        check: checkGroupStateStatement(this.schema, names, { preparedStatements: false }),
+        checkAll: checkGroupStateStatement(this.schema, names, { preparedStatements: true }),
+        checkPreparedStatements: checkPreparedStatementsStatement(this.schema, names),
+      };
+      this.#stateStatementsOf.set(names, statements);
+    }
+    return statements;
+  }
+
+  /**
+   * What a group watches: read once, again after a failed read, and again in the background
+   * once a read is `watchedStateMaxAgeMs` old (code created since, by a migration say, is then
+   * known; until the new read answers, groups go by the last one).
+   */
+  #watchedState(): Promise<WatchedState> {
+    const now = performance.now();
+    const current = this.#watched;
+    if (current && now - current.readAt < this.#watchedStateMaxAgeMs) return current.state;
+    const state = Promise.all([customSettingNames(this.#db), codeCanLeaveState(this.#db)]).then(([custom, codeLeavesState]) => ({
+      names: [...WATCHED_SETTINGS, ...custom],
+      codeCanLeaveState: codeLeavesState,
+    }));
+    const read = { state, readAt: now };
+    this.#watched = read;
+    state.catch(() => {
+      if (this.#watched === read) this.#watched = current;
+    });
+    // A read under way for the old one's age: the old answer serves until it ends.
+    return current ? current.state : state;
+  }
 
   readonly steps: StepStore = {
     load: (scope, key) => loadSteps(this.#db, this.schema, scope, key),
@@ -131,10 +170,13 @@ export class PostgresKeyStore implements KeyStore {
   readonly findSettled?: (scope: string, key: string, fingerprint: string) => Promise<ClaimOutcome | undefined>;
 
   constructor(db: Kysely<any>, schema: string, options: PostgresKeyStoreOptions = {}) {
-    refuseUnknownOptions(options, optionNames<PostgresKeyStoreOptions>()(['batchClaims', 'probeSettledKeys']), 'new PostgresKeyStore(db, schema, options)');
+    refuseUnknownOptions(options, optionNames<PostgresKeyStoreOptions>()(['batchClaims', 'probeSettledKeys', 'watchedStateMaxAgeMs']), 'new PostgresKeyStore(db, schema, options)');
     this.#db = db;
     this.schema = schema;
     this.#batcher = (options.batchClaims ?? true) ? new ClaimBatcher(db, schema) : undefined;
+    const maxAge = options.watchedStateMaxAgeMs ?? 60_000;
+    if (!(Number.isFinite(maxAge) && maxAge >= 0)) throw new ValidationError('INVALID_OPTIONS', 'watchedStateMaxAgeMs', `new PostgresKeyStore(db, schema, options): watchedStateMaxAgeMs must be a number of milliseconds, 0 or more (got ${String(maxAge)}).`);
+    this.#watchedStateMaxAgeMs = maxAge;
     if (options.probeSettledKeys ?? true) {
       const probe = new StatementBatcher(
         async (keys: Array<{ scope: string; key: string }>) => {

@@ -3,6 +3,8 @@
  * duplicate effect is visible as a second row), lease backdating, and a gate promise.
  */
 import { sql, type Kysely } from 'kysely';
+import type { GroupStatements, KeyStore } from '../../src/store/key-store.js';
+import type { PostgresKeyStore } from '../../src/store/postgres-key-store.js';
 
 /** Creates `<schema>.effects`: one row per committed effect; duplicates are allowed on purpose. */
 export async function createEffectsTable(db: Kysely<any>, schema: string): Promise<void> {
@@ -45,4 +47,18 @@ export function createGate() {
   let open!: () => void;
   const wait = new Promise<void>((resolve) => (open = resolve));
   return { wait, open };
+}
+
+/**
+ * `store` with its group statements replaced (a fault injected, what it reports of the
+ * database fixed): every other member is the store's own, bound to it.
+ */
+export function withGroupStatements(store: PostgresKeyStore, groupStatements: GroupStatements): KeyStore {
+  return new Proxy(store, {
+    get: (target, name) => {
+      if (name === 'groupStatements') return groupStatements;
+      const value = Reflect.get(target, name, target) as unknown;
+      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    },
+  });
 }

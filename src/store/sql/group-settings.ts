@@ -66,7 +66,7 @@ export async function customSettingNames(db: Kysely<any>): Promise<string[]> {
        where s.setdatabase in (0, (select oid from pg_database where datname = current_database()))
          and s.setrole in (0, (select oid from pg_roles where rolname = current_user))
     ), code as (
-      select p.prosrc as text
+      select ${FUNCTION_BODY} as text
         from pg_proc as p
         join pg_namespace as n on n.oid = p.pronamespace
        where n.nspname not in ('pg_catalog', 'information_schema')
@@ -84,6 +84,113 @@ export async function customSettingNames(db: Kysely<any>): Promise<string[]> {
     select distinct name from named where name like '%.%' order by 1`.execute(db);
   // The library's own (where a group keeps its start) are no job's.
   return rows.map((row) => row.name).filter((name) => !name.startsWith('idempotent_jobs.'));
+}
+
+/**
+ * The functions of the library's own schema (`migrate`), which {@link codeCanLeaveState} does not
+ * read: they run in the store's own statements, never inside a job's, and what they set is local
+ * to those. A migration that adds a function adds its name here (`test/group-commit-state.test.ts`
+ * compares this list with a migrated schema's functions).
+ */
+export const LIBRARY_FUNCTIONS: readonly string[] = [
+  'acquire_concurrency_slot',
+  'check_group_settings',
+  'claim_key',
+  'claim_keys',
+  'claim_new_key',
+  'claim_new_keys',
+  'coalesce_arrive',
+  'complete_key',
+  'extend_lease',
+  'group_settings',
+  'group_state_differs',
+  'insert_completed_keys',
+  'record_step',
+  'refuse_tombstoned_key',
+  'start_step',
+  'store_fast_path_result',
+];
+
+/**
+ * A function's body as text: `prosrc`, or, for a body in the SQL standard's form (`RETURN …`,
+ * `BEGIN ATOMIC … END`, Postgres 14 and later: `prosrc` is empty and the body is parsed into
+ * `prosqlbody`), the function's definition deparsed. Read through `to_jsonb`, so that the same
+ * statement runs where `prosqlbody` does not exist.
+ */
+const FUNCTION_BODY = sql`(case when pg_catalog.to_jsonb(p) ->> 'prosqlbody' is not null then pg_catalog.pg_get_functiondef(p.oid) else p.prosrc end)`;
+
+/**
+ * Words in the body of a SQL or PL/pgSQL function that can leave state in its caller's
+ * transaction: a setting (`set_config`, a `SET`, `RESET` or `DISCARD` statement, an update of
+ * `pg_settings`), a temporary object, an open cursor (`OPEN`, a `CURSOR` or `refcursor`), a
+ * prepared statement, or SQL run from a string (`EXECUTE`; `query_to_xml`, `ts_stat` and
+ * `ts_rewrite`, which run a query given as text), which can do any of these. Read as a regular
+ * expression of Postgres, without case, as whole words anywhere in the body: `SET` counts in an
+ * `UPDATE … SET` too, and a word in a comment or a name (a column `temp`) counts, which errs on
+ * the side of checking after each job; telling a `SET` statement from an `UPDATE`'s past comments
+ * and labels is what a parser does, not a pattern.
+ */
+const STATE_WORDS =
+  '\\m(set_config|set|reset|discard|pg_settings|pg_temp|temp|temporary|cursor|refcursor|open|prepare|deallocate|execute|' +
+  'query_to_xml|query_to_xmlschema|query_to_xml_and_xmlschema|ts_stat|ts_rewrite)\\M';
+
+/** What an expression stored outside a function (a view's, a rule's, a default, a check, a trigger's WHEN, a policy) must not call: {@link STATE_WORDS}' functions and `pg_settings` (its update rule calls `set_config`). */
+const STATE_CALLS = '\\m(set_config|pg_settings|query_to_xml|query_to_xmlschema|query_to_xml_and_xmlschema|ts_stat|ts_rewrite)\\M';
+
+/**
+ * Whether code stored in this database could leave state in a job's transaction behind the
+ * statement screen's back (see `statement-screen.ts`, which reads only the text a job sends):
+ * - a function or procedure outside the system's schemas written in a language whose code is
+ *   not read here (PL/Python, PL/v8, PL/Perl, … and `internal`, which names a built-in);
+ * - a SQL or PL/pgSQL body (triggers' included) with one of {@link STATE_WORDS};
+ * - a view, rule, column default, check constraint (a domain's included), trigger condition or
+ *   row-level security policy that calls one of {@link STATE_CALLS}.
+ *
+ * *Why it matters:* when nothing can, every change of state a job could make is in its own text,
+ * which the screen refuses before it runs, so group commit compares the transaction's state at
+ * the group's end only, not after each job, which costs a statement per job (see
+ * `GroupCommitter`). The read errs on the side of "can": any function that updates a table
+ * (`UPDATE … SET`) counts. The library's own functions are not read ({@link LIBRARY_FUNCTIONS});
+ * code written in C (an extension's) is trusted not to. What this read misses (C code that does,
+ * code created after it: the store reads it again every minute) is still found at the group's
+ * end: the group runs again, each job alone, and every later group is checked after each job.
+ */
+export async function codeCanLeaveState(db: Kysely<any>): Promise<boolean> {
+  const { rows } = await sql<{ found: boolean }>`
+    with library_schemas as (
+      select c.relnamespace as oid
+        from pg_catalog.pg_class as c
+       where c.relname = 'idempotency_keys' and c.relkind in ('r', 'p')
+         and exists (select from pg_catalog.pg_class as m where m.relnamespace = c.relnamespace and m.relname = 'idempotent_jobs_migration')
+    ), user_namespaces as (
+      select n.oid from pg_catalog.pg_namespace as n
+       where n.nspname not in ('pg_catalog', 'information_schema') and n.nspname not like 'pg\\_toast%'
+    ), user_functions as (
+      select l.lanname, case when l.lanname in ('sql', 'plpgsql') then ${FUNCTION_BODY} else '' end as body
+        from pg_catalog.pg_proc as p
+        join pg_catalog.pg_language as l on l.oid = p.prolang
+       where p.pronamespace in (select oid from user_namespaces)
+         and p.prokind in ('f', 'p')
+         and not (p.pronamespace in (select oid from library_schemas) and p.proname = any(${LIBRARY_FUNCTIONS}::text[]))
+    ), user_relations as (
+      select c.oid from pg_catalog.pg_class as c where c.relnamespace in (select oid from user_namespaces)
+    ), expressions as (
+      select pg_catalog.pg_get_ruledef(r.oid) as text from pg_catalog.pg_rewrite as r where r.ev_class in (select oid from user_relations)
+      union all
+      select pg_catalog.pg_get_expr(d.adbin, d.adrelid) from pg_catalog.pg_attrdef as d where d.adrelid in (select oid from user_relations)
+      union all
+      select pg_catalog.pg_get_constraintdef(k.oid) from pg_catalog.pg_constraint as k
+       where k.contype = 'c' and k.connamespace in (select oid from user_namespaces)
+      union all
+      select pg_catalog.pg_get_triggerdef(t.oid) from pg_catalog.pg_trigger as t
+       where not t.tgisinternal and t.tgqual is not null and t.tgrelid in (select oid from user_relations)
+      union all
+      select coalesce(pg_catalog.pg_get_expr(y.polqual, y.polrelid), '') || ' ' || coalesce(pg_catalog.pg_get_expr(y.polwithcheck, y.polrelid), '') from pg_catalog.pg_policy as y
+    )
+    select exists (select from user_functions where lanname not in ('sql', 'plpgsql', 'c'))
+        or exists (select from user_functions where lanname in ('sql', 'plpgsql') and body ~* ${STATE_WORDS})
+        or exists (select from expressions where text ~* ${STATE_CALLS}) as found`.execute(db);
+  return rows[0]!.found;
 }
 
 /**
