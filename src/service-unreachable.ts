@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import { describeError } from './describe-error.js';
-import { IdempotencyError } from './errors.js';
+import { IdempotencyError, ValidationError } from './errors.js';
 
 /** A server the library needs at start. */
 export type Service = 'Redis' | 'Postgres';
@@ -48,11 +48,36 @@ export class ServiceUnreachableError extends IdempotencyError {
   }
 }
 
-/** `STARTUP_WAIT_MS` when it is a whole number of milliseconds ≥ 0, else {@link DEFAULT_STARTUP_WAIT_MS}. */
+/**
+ * `STARTUP_WAIT_MS`, a whole number of milliseconds ≥ 0; {@link DEFAULT_STARTUP_WAIT_MS} when it
+ * is unset or empty. Any other value throws a {@link ValidationError} naming it: a wait the user
+ * set and the library ignored (60 s instead of `5s`) would look like a hang.
+ */
 export function startupWaitMs(env: NodeJS.ProcessEnv = process.env): number {
   const raw = env.STARTUP_WAIT_MS?.trim();
-  if (raw === undefined || !/^\d+$/.test(raw)) return DEFAULT_STARTUP_WAIT_MS;
+  if (raw === undefined || raw === '') return DEFAULT_STARTUP_WAIT_MS;
+  if (!/^\d+$/.test(raw)) {
+    throw new ValidationError(
+      'INVALID_OPTIONS',
+      'STARTUP_WAIT_MS',
+      `STARTUP_WAIT_MS=${JSON.stringify(env.STARTUP_WAIT_MS)} is not a whole number of milliseconds (≥ 0), e.g. STARTUP_WAIT_MS=5000; unset, the start waits ${DEFAULT_STARTUP_WAIT_MS} ms.`,
+    );
+  }
   return Number(raw);
+}
+
+/**
+ * Checks a `startupWaitMs` option: a whole number of milliseconds ≥ 0, or `Infinity` (wait for
+ * ever); a `ValidationError` naming `where` otherwise. A NaN or a string there made the wait's
+ * deadline NaN, which never passes: the start retried for ever.
+ */
+export function assertStartupWaitMs(value: unknown, where: string): void {
+  if (value === undefined || value === Infinity || (typeof value === 'number' && Number.isInteger(value) && value >= 0)) return;
+  throw new ValidationError(
+    'INVALID_OPTIONS',
+    'startupWaitMs',
+    `${where}: startupWaitMs must be a whole number of milliseconds (≥ 0) or Infinity, not ${typeof value === 'number' ? String(value) : JSON.stringify(value) ?? String(value)}.`,
+  );
 }
 
 /** A URL as it may be shown: the password replaced by `***`. */

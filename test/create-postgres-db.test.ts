@@ -99,3 +99,28 @@ describe('a transaction whose connection broke', () => {
     expect(rows[0]!.one).toBe(1);
   });
 });
+
+describe('option values', () => {
+  it('refuses a value of the wrong kind, naming the option (node-postgres left queries waiting for ever under a negative or fractional pool size, put no bound under a string, and took NaN or 0 for 10)', () => {
+    const connectionString = env.databaseUrl;
+    for (const maxConnections of [Number.NaN, 0, -1, 1.5, Infinity, '4']) {
+      expect(() => createPostgresDb({ connectionString, maxConnections: maxConnections as number }), String(maxConnections)).toThrow(
+        expect.objectContaining({ name: 'ValidationError', field: 'maxConnections' }),
+      );
+    }
+    for (const bad of [undefined, '', '  ', 42]) {
+      expect(() => createPostgresDb({ connectionString: bad as string }), String(bad)).toThrow(expect.objectContaining({ name: 'ValidationError', field: 'connectionString' }));
+    }
+    expect(() => createPostgresDb({ connectionString, applicationName: 7 as unknown as string })).toThrow(expect.objectContaining({ field: 'applicationName' }));
+    expect(() => createPostgresDb({ connectionString, preparedStatements: 'false' as unknown as boolean })).toThrow(expect.objectContaining({ field: 'preparedStatements' }));
+  });
+
+  it('takes every well-formed value', async () => {
+    const db = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 1, applicationName: 'options-test', preparedStatements: false });
+    try {
+      expect((await sql<{ one: number }>`select 1 as one`.execute(db)).rows).toEqual([{ one: 1 }]);
+    } finally {
+      await db.destroy();
+    }
+  });
+});

@@ -14,7 +14,8 @@ import { fileURLToPath } from 'node:url';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultLogger } from '../src/default-logger.js';
-import { ServiceUnreachableError } from '../src/index.js';
+import { IdempotencyKeys, IdempotentProducer, ServiceUnreachableError, ValidationError, createIdempotentWorker } from '../src/index.js';
+import { DEFAULT_STARTUP_WAIT_MS, startupWaitMs } from '../src/service-unreachable.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -77,6 +78,18 @@ function runExample(extraEnv: Record<string, string>): Promise<{ code: number | 
   );
 }
 
+/**
+ * The error names the service at `address` and how long the start waited: at least
+ * `STARTUP_WAIT_MS` (1.5 s, shown as 2 s), more on a loaded machine, where the tries' own time
+ * adds to the wait (a full suite once took it past 2.5 s, shown as 3 s).
+ */
+function expectUnreachableAfterTheWait(stderr: string, address: string): void {
+  const escaped = address.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  const waited = new RegExp(`ServiceUnreachableError: ${escaped} did not answer for (\\d+) s`).exec(stderr);
+  expect(waited, stderr).not.toBeNull();
+  expect(Number(waited![1])).toBeGreaterThanOrEqual(Math.round(STARTUP_WAIT_MS / 1000));
+}
+
 /** Lines of a stack trace. */
 const stackLines = (text: string) => text.split('\n').filter((line) => /^\s+at /.test(line));
 
@@ -87,7 +100,7 @@ describe("the README's example with a server down", () => {
     expect(run.code, run.stderr).toBe(1);
     // One error, printed once by the example's catch: its own stack and its cause's, nothing repeated.
     expect(run.stderr.match(/ServiceUnreachableError: /g)).toHaveLength(1);
-    expect(run.stderr).toContain(`ServiceUnreachableError: Redis at redis://:***@127.0.0.1:${port} did not answer for 2 s`);
+    expectUnreachableAfterTheWait(run.stderr, `Redis at redis://:***@127.0.0.1:${port}`);
     expect(run.stderr).toContain(`Start Redis there, or point REDIS_URL at one that runs; STARTUP_WAIT_MS sets how long to wait`);
     expect(run.stderr).toContain("code: 'SERVICE_UNREACHABLE'");
     expect(run.stderr.match(/ECONNREFUSED/g)!.length).toBeLessThanOrEqual(3); // the message, the cause's message and its code
@@ -110,7 +123,7 @@ describe("the README's example with a server down", () => {
     const run = await runExample({ DATABASE_URL: `postgres://postgres:s3cret@127.0.0.1:${port}/postgres`, REDIS_URL: 'redis://127.0.0.1:1' });
     expect(run.code, run.stderr).toBe(1);
     expect(run.stderr.match(/ServiceUnreachableError: /g)).toHaveLength(1);
-    expect(run.stderr).toContain(`ServiceUnreachableError: Postgres at postgres://postgres:***@127.0.0.1:${port}/postgres did not answer for 2 s`);
+    expectUnreachableAfterTheWait(run.stderr, `Postgres at postgres://postgres:***@127.0.0.1:${port}/postgres`);
     expect(run.stderr).toContain('point DATABASE_URL at one that runs');
     expect(`${run.stdout}${run.stderr}`).not.toContain('s3cret');
     const lines = run.stdout.split('\n').filter(Boolean);
@@ -143,6 +156,30 @@ describe("the library's default logger", () => {
 
   it('falls back to warn for a name that is no level', () => {
     expect(defaultLogger({ LOG_LEVEL: 'verbose' }).level).toBe('warn');
+  });
+});
+
+describe('the wait, as set', () => {
+  it('STARTUP_WAIT_MS: a whole number of milliseconds; unset or empty, the default; anything else refused, naming it', () => {
+    expect(startupWaitMs({ STARTUP_WAIT_MS: '1500' })).toBe(1500);
+    expect(startupWaitMs({ STARTUP_WAIT_MS: ' 0 ' })).toBe(0);
+    expect(startupWaitMs({})).toBe(DEFAULT_STARTUP_WAIT_MS);
+    expect(startupWaitMs({ STARTUP_WAIT_MS: '' })).toBe(DEFAULT_STARTUP_WAIT_MS);
+    for (const raw of ['5s', '-1', '1.5', 'NaN', 'Infinity']) {
+      expect(() => startupWaitMs({ STARTUP_WAIT_MS: raw }), raw).toThrow(ValidationError);
+      expect(() => startupWaitMs({ STARTUP_WAIT_MS: raw }), raw).toThrow(`STARTUP_WAIT_MS="${raw}" is not a whole number of milliseconds`);
+    }
+  });
+
+  it('startupWaitMs of a worker or producer: a whole number of milliseconds or Infinity; a NaN (whose deadline never passed: the start retried for ever), a negative number or a string refused', () => {
+    const connection = { host: '127.0.0.1', port: 1 };
+    const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
+    for (const bad of [Number.NaN, -1, 2.5, '5s']) {
+      expect(() => new IdempotentProducer({ queue: 'unreachable', connection, startupWaitMs: bad as number }), String(bad)).toThrow(ValidationError);
+      expect(() => createIdempotentWorker({ queue: 'unreachable', connection, keys, handler: async () => null, startupWaitMs: bad as number }), String(bad)).toThrow(
+        /createIdempotentWorker\(options\): startupWaitMs must be a whole number of milliseconds/,
+      );
+    }
   });
 });
 

@@ -16,6 +16,7 @@ import { openTransactionQueue } from './transaction-queue.js';
 import { ValidationError } from '../errors.js';
 import { defaultLogger } from '../default-logger.js';
 import { redisAddress, watchRedisStart, type StartWatch } from './queue-start-wait.js';
+import { assertStartupWaitMs } from '../service-unreachable.js';
 import { WorkerErrorLog } from './worker-error-log.js';
 import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 import { QUEUE_CONNECTION_OPTION_NAMES, assertQueueBackend } from './queue-connection.js';
@@ -164,6 +165,7 @@ export class IdempotentProducer {
   constructor(options: IdempotentProducerOptions) {
     refuseUnknownOptions(options, PRODUCER_OPTION_NAMES, 'new IdempotentProducer(options)');
     assertQueueBackend(options, 'new IdempotentProducer(options)');
+    assertStartupWaitMs(options.startupWaitMs, 'new IdempotentProducer(options)');
     this.#options = Object.freeze({ ...options });
     this.#inTransaction = options.enqueueInTransaction ?? (options.backend === 'postgres' ? 'queue' : 'outbox');
     if (this.#inTransaction === 'queue' && options.backend !== 'postgres') {

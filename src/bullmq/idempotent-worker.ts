@@ -24,6 +24,7 @@ import { ConcurrencyWaiterWakes } from './concurrency-waiter-wakes.js';
 import { DataLayerElsewhereError, ValidationError } from '../errors.js';
 import { WorkerErrorLog } from './worker-error-log.js';
 import { redisAddress, watchRedisStart, type StartWatch } from './queue-start-wait.js';
+import { assertStartupWaitMs } from '../service-unreachable.js';
 import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
 import { WORKER_TIMING_OPTION_NAMES } from '../consumer/worker-timing.js';
 import { QUEUE_CONNECTION_OPTION_NAMES, assertQueueBackend } from './queue-connection.js';
@@ -211,6 +212,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
     super();
     refuseUnknownOptions(options, WORKER_OPTION_NAMES, 'createIdempotentWorker(options)');
     assertQueueBackend(options, 'createIdempotentWorker(options)');
+    assertStartupWaitMs(options.startupWaitMs, 'createIdempotentWorker(options)');
     this.#options = Object.freeze({ ...options });
     const finishInEffect = options.finishJobInEffect ?? options.backend === 'postgres';
     if (finishInEffect && options.backend !== 'postgres') {

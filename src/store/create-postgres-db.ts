@@ -4,6 +4,7 @@ import { kyselyOverPool } from './pipelining-pool.js';
 import { isReadOnlyServer } from './pg-errors.js';
 import { rememberAddress } from './postgres-start-wait.js';
 import { optionNames, refuseUnknownOptions } from '../config/unknown-options.js';
+import { ValidationError } from '../errors.js';
 
 /** Options for {@link createPostgresDb}. */
 export interface PostgresDbOptions {
@@ -58,6 +59,7 @@ const POSTGRES_DB_OPTION_NAMES = optionNames<PostgresDbOptions>()(['connectionSt
  */
 export function createPostgresDb(options: PostgresDbOptions, onPoolError?: (error: Error) => void): Kysely<any> {
   refuseUnknownOptions(options, POSTGRES_DB_OPTION_NAMES, 'createPostgresDb(options)');
+  assertPostgresDbOptions(options);
   const pool = new PrimaryOnlyPool({
     ...pinnedToReadCommitted(options.connectionString),
     max: options.maxConnections ?? 10,
@@ -72,6 +74,25 @@ export function createPostgresDb(options: PostgresDbOptions, onPoolError?: (erro
   const db = kyselyOverPool(pool, { preparedStatements: options.preparedStatements ?? true });
   rememberAddress(db, options.connectionString);
   return db;
+}
+
+/**
+ * Refuses option values of the wrong kind with a {@link ValidationError} naming the option.
+ * node-postgres takes a `maxConnections` as given: a negative or fractional one leaves queries
+ * waiting for ever, a string is no bound at all (30 queries opened 30 connections), and NaN or 0
+ * silently became its default of 10.
+ */
+function assertPostgresDbOptions(options: PostgresDbOptions): void {
+  const refuse = (field: string, wanted: string, value: unknown) => {
+    throw new ValidationError('INVALID_OPTIONS', field, `createPostgresDb(options): ${field} must be ${wanted}, not ${typeof value === 'string' ? JSON.stringify(value) : String(value)}.`);
+  };
+  if (typeof options.connectionString !== 'string' || options.connectionString.trim() === '') {
+    refuse('connectionString', "a Postgres URL such as 'postgres://app@127.0.0.1:5432/app'", options.connectionString);
+  }
+  const { maxConnections, applicationName, preparedStatements } = options;
+  if (maxConnections !== undefined && !(Number.isInteger(maxConnections) && maxConnections >= 1)) refuse('maxConnections', 'a whole number ≥ 1', maxConnections);
+  if (applicationName !== undefined && typeof applicationName !== 'string') refuse('applicationName', 'a string', applicationName);
+  if (preparedStatements !== undefined && typeof preparedStatements !== 'boolean') refuse('preparedStatements', 'true or false', preparedStatements);
 }
 
 /**
