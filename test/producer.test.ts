@@ -1,6 +1,6 @@
 // @module-tag redis
 import { Queue } from 'bullmq';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { IdempotentProducer, KeyReusedError, jobIdFor } from '../src/index.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -61,6 +61,20 @@ describe('IdempotentProducer.enqueue without data', () => {
     const job = await foreign.getJob(jobIdFor('s', 'no-data'));
     expect(job?.data).toMatchObject({ payload: null });
     expect(Object.keys(job!.data as object)).toContain('payload');
+  });
+
+  it('a repeat within the same millisecond is a duplicate, not added again (its add had the first one\'s timestamp, by which an add is known to be ours)', async () => {
+    const now = Date.now();
+    const clock = vi.spyOn(Date, 'now').mockReturnValue(now);
+    try {
+      const request = { name: 'ping', scope: 's', key: 'same-millisecond', data: { n: 1 } };
+      expect((await producer.enqueue(request)).status).toBe('added');
+      expect((await producer.enqueue(request)).status).toBe('duplicate');
+      expect((await producer.enqueueBulk([request, request])).map((result) => result.status)).toEqual(['duplicate', 'duplicate']);
+    } finally {
+      clock.mockRestore();
+    }
+    expect((await foreign.getJob(jobIdFor('s', 'same-millisecond')))?.data).toMatchObject({ payload: { n: 1 } });
   });
 
   it('refuses an unknown request field, naming the closest one', async () => {

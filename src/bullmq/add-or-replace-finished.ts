@@ -1,5 +1,6 @@
 import type { JobsOptions } from 'bullmq';
 import type { Fingerprinter } from '../fingerprint.js';
+import { addTimestamp } from './add-timestamps.js';
 import { readStoredJob, removeFinishedJob, type StoredJob } from './finished-job-removal.js';
 import { fingerprintOfJob } from './job-fingerprint.js';
 import type { AnyQueue } from './queue-connection.js';
@@ -56,6 +57,7 @@ export async function addOrReplaceFinished(
   fingerprint: Fingerprinter,
   options: { readonly inIdOrder?: boolean; readonly inCallersTransaction?: boolean } = {},
 ): Promise<AddOutcome[]> {
+  jobs = jobs.map(timestamped);
   const added = options.inIdOrder ? await addBulkInIdOrder(queue, jobs, options.inCallersTransaction ? 0 : MAX_DEADLOCK_RETRIES) : await queue.addBulk(jobs.map((job) => ({ name: job.name, data: job.data, opts: job.opts })));
   const stored = await Promise.all(jobs.map((job) => readStoredJob(queue, job.opts.jobId)));
   const seen = new Set<string>();
@@ -67,6 +69,11 @@ export async function addOrReplaceFinished(
     outcomes.push(await outcomeOfAdd(queue, job, stored[i], ourAdd, fingerprint));
   }
   return outcomes;
+}
+
+/** `job` with the timestamp of its add (see `add-timestamps.ts`), unless its caller chose one. */
+function timestamped(job: JobToAdd): JobToAdd {
+  return job.opts.timestamp === undefined ? { ...job, opts: { ...job.opts, timestamp: addTimestamp(job.opts.jobId) } } : job;
 }
 
 /** How many times a batch that Postgres rolled back for a deadlock is sent again. */
@@ -122,7 +129,8 @@ async function outcomeOfAdd(
     }
     // The id is free: we removed the finished job, or the job that made BullMQ ignore our
     // add has gone since. Should a racer add first, the next round reads its job.
-    const ours = await queue.add(job.name, job.data, job.opts);
+    const again = timestamped({ ...job, opts: { ...job.opts, timestamp: undefined } });
+    const ours = await queue.add(again.name, again.data, again.opts);
     stored = await readStoredJob(queue, job.opts.jobId);
     addedByUs = !stored || stored.timestamp === String(ours.timestamp);
   }
