@@ -13,6 +13,8 @@
  * with contenders leased, fast-path, leased-group, fast-path-group, database-only (the `{ transaction }`
  * handler form, bench/support/deployed-database-only-handler.ts, with its defaults), and extra environment for
  * that drain, e.g. `"lean 64|old fast-path-group 64|now fast-path-group 64 GROUP_COMMIT_GROUPS=2"`.
+ * `QUEUE_BACKEND=postgres` puts that drain's queue in BullMQ's PostgreSQL backend (a schema of the
+ * bench's database); such a drain is divided by the first lean spec with the same setting.
  *
  * Only the worker binary (`bin/idempotent-jobs.js` and what it loads) comes from the other
  * checkout: the handler module (bench/support/deployed-handler.ts, which needs only `ctx` and
@@ -37,6 +39,8 @@ interface AbSpec {
   readonly contender: DeployedContender;
   readonly concurrency: number;
   readonly extraEnv: Record<string, string>;
+  /** Where the queue is: `QUEUE_BACKEND=postgres` in the spec puts it in BullMQ's PostgreSQL backend, the lean baseline's too. */
+  readonly queueBackend: 'redis' | 'postgres';
   /** How it is printed, e.g. `now fast-path-group c 64 GROUP_COMMIT_GROUPS=2`. */
   readonly label: string;
   /** The same without the tree, to pair old with now. */
@@ -59,6 +63,7 @@ try {
         callMs: args.callMs,
         workerCheckout: spec.tree === 'old' ? args.other : THIS_CHECKOUT,
         extraEnv: spec.extraEnv,
+        queueBackend: spec.queueBackend,
       });
       runs.push({ rep, spec, run });
       const cpu = cpuPerThousandJobs(run.cpu, run.n);
@@ -109,7 +114,7 @@ function summarizeBy(what: string, measure: (run: DeployedRun) => number): strin
   }
   // Each drain against the first lean spec of its concurrency in the list (another lean spec at
   // that concurrency, e.g. LEAN_PROTOCOL=keyed, is a contender like the others).
-  const referenceOf = (spec: AbSpec) => args.specs.find((s) => s.tree === 'lean' && s.concurrency === spec.concurrency);
+  const referenceOf = (spec: AbSpec) => args.specs.find((s) => s.tree === 'lean' && s.concurrency === spec.concurrency && s.queueBackend === spec.queueBackend);
   for (const spec of args.specs.filter((s) => referenceOf(s) !== s)) {
     const ratios = reps.map((rep) => {
       const mine = rate(rep, (s) => s === spec);
@@ -157,8 +162,12 @@ function parseSpec(text: string): AbSpec {
     if (!match) return fail(`"${word}" is not VAR=value`);
     extraEnv[match[1]!] = match[2]!;
   }
+  const queueBackend = extraEnv.QUEUE_BACKEND ?? 'redis';
+  if (queueBackend !== 'redis' && queueBackend !== 'postgres') return fail(`QUEUE_BACKEND=${queueBackend}: expected redis or postgres`);
+  // The drain sets the variable itself, with the queue's schema.
+  delete extraEnv.QUEUE_BACKEND;
   const variant = [contender, `c ${concurrency}`, ...words].join(' ');
-  return { tree, contender: contender as DeployedContender, concurrency, extraEnv, variant, label: tree === 'lean' ? variant : `${tree} ${variant}` };
+  return { tree, contender: contender as DeployedContender, concurrency, extraEnv, queueBackend, variant, label: tree === 'lean' ? variant : `${tree} ${variant}` };
 }
 
 function log(line: string): void {
