@@ -14,7 +14,7 @@ import { IdempotencyKeys, ValidationError, createIdempotentWorker, isHeld, type 
 import { identityFromWireContract, toWireJobData } from '../src/consumer/wire-contract.js';
 import { instrumentWorker } from '../src/process/index.js';
 import { concurrencyGroupCounts } from '../src/store/sql/concurrency-slots.js';
-import { createEffectsTable, effectsOf, expireLease } from './support/protocol-fixtures.js';
+import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
 import { waitFor, waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
@@ -120,18 +120,17 @@ describe('concurrency slots', () => {
     }
   });
 
-  it("a crashed run's slot is held while its key's lease lives, and frees when the lease ends", async () => {
+  it("a crashed run's slot is held until its time is up, and frees then though its key's lease lives", async () => {
     const slot = held(await keys.acquireConcurrencySlot('s', 'crashing', { key: 'tenant:solo', limit: 1 }, slotOptions));
     const claim = await keys.claim('s', 'crashing', keys.fingerprint(1));
     expect(isHeld(claim)).toBe(true);
-    // The worker dies: nothing frees the slot. Its own time is up, but the key's lease is live.
-    await sql`update ${sql.id(env.schema, 'concurrency_slots')} set acquired_until = now() - interval '1 second'`.execute(env.db);
+    // The worker dies: nothing frees or renews the slot. While its time lasts, it is held.
     expect((await keys.acquireConcurrencySlot('s', 'next', { key: 'tenant:solo', limit: 1 }, slotOptions)).acquired).toBe(false);
-    await expireLease(env.db, env.schema, 's', 'crashing');
+    await sql`update ${sql.id(env.schema, 'concurrency_slots')} set acquired_until = now() - interval '1 second' where key = 'crashing'`.execute(env.db);
     expect(held(await keys.acquireConcurrencySlot('s', 'next', { key: 'tenant:solo', limit: 1 }, slotOptions)).slot).toBe(slot.slot);
   });
 
-  it("a crashed run's slots of two keys are both held while its key's lease lives, both free when it ends, and the key records each", async () => {
+  it("a crashed run's slots of two keys are both held until their time is up, and the key records each", async () => {
     const tenant = { key: 'tenant:crashy', limit: 1 };
     const inAll = { key: 'all-crashy', limit: 1 };
     const groups = [inAll.key, tenant.key];
@@ -147,12 +146,23 @@ describe('concurrency slots', () => {
       { group_key: 'all-crashy', concurrency_limit: 1 },
       { group_key: 'tenant:crashy', concurrency_limit: 1 },
     ]);
-    // The worker dies: nothing frees the slots. Their own time is up, but the key's lease is live.
-    await sql`update ${sql.id(env.schema, 'concurrency_slots')} set acquired_until = now() - interval '1 second'`.execute(env.db);
     for (const limit of [inAll, tenant]) expect((await keys.acquireConcurrencySlot('s', `next-${limit.key}`, limit, slotOptions)).acquired).toBe(false);
-    await expireLease(env.db, env.schema, 's', 'crashing-2');
+    await sql`update ${sql.id(env.schema, 'concurrency_slots')} set acquired_until = now() - interval '1 second' where key = 'crashing-2'`.execute(env.db);
     expect(held(await keys.acquireConcurrencySlot('s', 'next-all-crashy', inAll, slotOptions)).slot).toBe(slots[0]!.slot);
     expect(held(await keys.acquireConcurrencySlot('s', 'next-tenant:crashy', tenant, slotOptions)).slot).toBe(slots[1]!.slot);
+  });
+
+  it("a slot an earlier attempt left behind (its release lost) is not held through the same key's next run", async () => {
+    const group = { key: 'tenant:left-behind', limit: 2 };
+    // The first attempt's slot, whose release was lost; the retry takes a slot of its own and claims the key.
+    const leftBehind = held(await keys.acquireConcurrencySlot('s', 'retried', group, slotOptions));
+    held(await keys.acquireConcurrencySlot('s', 'retried', group, slotOptions));
+    expect(isHeld(await keys.claim('s', 'retried', keys.fingerprint(1)))).toBe(true);
+    // The left-behind slot's time runs out while the retry goes on (its heartbeat renews only its own).
+    await sql`update ${sql.id(env.schema, 'concurrency_slots')} set acquired_until = now() - interval '1 second'
+               where group_key = ${group.key} and slot = ${leftBehind.slot}`.execute(env.db);
+    // One run of the group is going on, under a limit of 2: another job gets the freed slot.
+    expect(held(await keys.acquireConcurrencySlot('s', 'other', group, slotOptions)).slot).toBe(leftBehind.slot);
   });
 
   it('a key whose job now names other concurrency keys keeps records of those only', async () => {

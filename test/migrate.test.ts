@@ -198,6 +198,7 @@ it('028 upgrades concurrency waiters: a waiter recorded before it stays, an eigh
       ['028_concurrency_slot_wakes', 'Success'],
       ['029_concurrency_slot_locks', 'Success'],
       ['030_concurrency_slot_walk', 'Success'],
+      ['031_concurrency_slot_time', 'Success'],
     ]);
     const uuid = '00000000-0000-4000-8000-000000000000';
     // An earlier worker's call: takes the one slot.

@@ -38,10 +38,9 @@ export interface SlotHeartbeatOptions {
 
 /**
  * Keeps a run's concurrency slots for as long as it runs: every `heartbeatMs` their time is
- * renewed to `leaseMs` from now (`renewConcurrencySlots`). A slot is held `leaseMs` after it
- * is taken, and beyond that only while its key is `processing` under a live lease, which a
- * fast-path run's key never is (it is written only at the run's commit): without the renewal a
- * run longer than the lease let another job of its key in, and a limit of 1 ran 3 at once.
+ * renewed to `leaseMs` from now (`renewConcurrencySlots`). A slot is held by its time alone:
+ * without the renewal a run longer than the lease let another job of its key in, and a limit
+ * of 1 ran 3 at once.
  * A run shorter than `heartbeatMs` sends nothing more.
  *
  * *Bounded by its slot:* `signal` aborts, with a {@link ConcurrencySlotLostError}, when a

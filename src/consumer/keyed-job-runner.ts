@@ -266,6 +266,10 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     const controller = new AbortController();
     const brokerSignal = delivery.signal;
     brokerSignal?.addEventListener('abort', () => controller.abort(brokerSignal.reason), { once: true });
+    // Its concurrency slots lost (their time ran out; another run may be in them): before the
+    // commit, the commit is refused; after it, the handler's signal tells it to stop, since the
+    // slot bounds the whole run, not only its transaction.
+    forwardAbort(run.slotsLost, controller);
     const active: ActiveRun<M> = { delivery, claim, controller };
     this.#active.add(active);
     const stopHeartbeat = startLeaseHeartbeat({
@@ -348,7 +352,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   async #runFastPath(run: Run<P, M>): Promise<RunResult> {
     const { delivery, identity, fingerprint, claimOptions } = run;
     const controller = new AbortController();
-    run.slotsLost?.addEventListener('abort', () => controller.abort(run.slotsLost!.reason), { once: true });
+    forwardAbort(run.slotsLost, controller);
     const active: ActiveRun<M> = { delivery, claim: undefined, controller };
     this.#active.add(active);
     const startedAt = performance.now();
@@ -359,6 +363,9 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     const dataLayer = this.#dataLayer;
     try {
       const effect = async (tx: any, claim: Claim): Promise<unknown> => {
+          // Run again after its group rolled back, with its slot already lost: not started
+          // beside the run that may hold the slot now.
+          if (run.slotsLost?.aborted) throw run.slotsLost.reason;
           if (announced?.owner !== claim.owner || announced.fence !== claim.fence) {
             this.#reporter.emit(claim.attempts > 1 ? 'taken-over' : 'claimed', delivery, { claim });
             announced = claim;
@@ -411,6 +418,13 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   async #fault(point: FaultPoint, identity: JobIdentity<P>): Promise<void> {
     if (this.#options.faultHook) await this.#options.faultHook(point, { scope: identity.scope, key: identity.key });
   }
+}
+
+/** Aborts `controller` when `signal` aborts (at once if it already has), with its reason. */
+function forwardAbort(signal: AbortSignal | undefined, controller: AbortController): void {
+  if (!signal) return;
+  if (signal.aborted) controller.abort(signal.reason);
+  else signal.addEventListener('abort', () => controller.abort(signal.reason), { once: true });
 }
 
 /** A fast-path handler asked for another transaction than the one that claims its key. */

@@ -362,9 +362,9 @@ export class IdempotencyKeys {
   /**
    * Takes one of `limit` slots of concurrency group `group` for the key about to run, or says
    * when to ask again (the group is at its limit): one statement, serialized per group in
-   * Postgres, so the limit holds across every worker. A slot is held for `leaseMs`, and for as
-   * long as the key is `processing` under a live lease (heartbeats keep it; a crashed worker's
-   * slot frees when its lease ends); free it with {@link releaseConcurrencySlot} when the run
+   * Postgres, so the limit holds across every worker. A slot is held for `leaseMs`, renewed by
+   * {@link renewConcurrencySlots} while the run goes on (a crashed worker's slot frees when its
+   * time is up); free it with {@link releaseConcurrencySlot} when the run
    * ends. A job that has waited `starvationMs` goes before every job of the group that has
    * waited less. A job that names several groups takes a slot of each, sorted by group, and
    * passes them all as `groups` (what the key's record keeps for the sweeper). Refused, the job

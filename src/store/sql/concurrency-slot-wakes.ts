@@ -65,9 +65,8 @@ export interface HeldSlot {
 /**
  * Renews slots held by a run that is still going: each one's time is `leaseMs` from now again,
  * if its owner still holds it; how many were renewed. A run's slot is otherwise held for
- * `leaseMs` after it was taken, and beyond that only while its key is `processing` under a live
- * lease, which a fast-path run (its key written only at its commit) never is: without renewal a
- * run longer than the lease would let another job of the key in. A slot whose time ran out and
+ * `leaseMs` after it was taken: without renewal a run longer than the lease would let another
+ * job of the key in. A slot whose time ran out and
  * that nobody took since is renewed too: no one ran in it meanwhile. One taken by another run
  * (its owner changed) is not, and the count says so.
  */

@@ -58,13 +58,16 @@ export interface SlotRequest {
  * acquisition's commit, its WAL flush included, which capped a group at one acquisition per
  * flush); groups never wait on each other, and no acquisition waits on a lock at all.
  *
- * *Why a slot is live while its key's lease is:* a slot row names the key that runs in it and is
- * held until `acquired_until` (now + `leaseMs`), or for as long as that key is `processing` under
- * a live lease, whichever is later. So a worker that dies mid-run frees its slot when its key's
- * lease ends (heartbeats keep it while the handler runs; a takeover keeps it until the new run
- * ends), and a run that ends frees it at once (`releaseConcurrencySlot`, `sql/concurrency-slot-wakes.ts`). A key taken over
- * by a worker that acquired a slot of its own counts twice until the old slot's time is up: the
- * limit errs on the strict side, never the loose one.
+ * *Why a slot is held by its time alone:* a slot row is held until `acquired_until` (now +
+ * `leaseMs` when taken), which the run's slot heartbeat renews while the run goes on
+ * (`renewConcurrencySlots`), and a run that ends frees it at once (`releaseConcurrencySlot`,
+ * `sql/concurrency-slot-wakes.ts`). So a worker that dies mid-run frees its slot within a lease,
+ * as its key's lease ends. (A slot once also counted as held while its key was `processing` under
+ * a live lease. That kept a row the run had left behind, a lost release of an earlier attempt say,
+ * held for as long as the same key's next run lasted, in a slot of its own: the group ran below
+ * its limit for no bounded time.) A key taken over by a worker that acquired a slot of its own
+ * counts twice until the old slot's time is up: the limit errs on the strict side, never the
+ * loose one, and for at most a lease.
  *
  * *Starvation:* an acquisition that finds no free slot records the key as a waiter of the group
  * (since when it waits). A waiter that has waited longer than `starvationMs` goes first: while
@@ -89,23 +92,18 @@ export async function acquireConcurrencySlot(db: Kysely<any>, schema: string, re
 export async function concurrencyGroupCounts(db: Kysely<any>, schema: string, group: string): Promise<{ running: number; waiting: number }> {
   const { rows } = await sql<{ running: number; waiting: number }>`
     select (select count(*)::int from ${sql.id(schema, 'concurrency_slots')} as s
-             where s.group_key = ${group} and ${slotIsLive(schema)}) as running,
+             where s.group_key = ${group} and ${slotIsLive('s')}) as running,
            (select count(*)::int from ${sql.id(schema, 'concurrency_waiters')} as w
              where w.group_key = ${group}) as waiting`.execute(db);
   return rows[0]!;
 }
 
-/** The condition under which a row `s` of `concurrency_slots` holds its slot (see {@link acquireConcurrencySlot}). */
-function slotIsLive(schema: string) {
-  return slotIsLiveBody(schema, 's');
-}
-
-/** {@link slotIsLive} of the row named `row`. */
-function slotIsLiveBody(schema: string, row: 's' | 's2') {
-  const s = sql.raw(row);
-  return sql`(${s}.acquired_until > now() or exists (
-      select 1 from ${sql.id(schema, 'idempotency_keys')} as k
-       where k.scope = ${s}.scope and k.key = ${s}.key and k.status = 'processing' and k.owner is not null and k.locked_until > now()))`;
+/**
+ * The condition under which the row `row` of `concurrency_slots` holds its slot: its time has not
+ * run out (see {@link acquireConcurrencySlot}).
+ */
+function slotIsLive(row: 's' | 's2') {
+  return sql`(${sql.raw(row)}.acquired_until > now())`;
 }
 
 /**
@@ -147,8 +145,9 @@ export function concurrencySlotsDdl(schema: string) {
  * coming back), `024_concurrency_limit_sets` (a job may name several keys: `p_groups`),
  * `028_concurrency_slot_wakes` (a waiter's row names its job and queue, `p_job_id` and `p_queue`,
  * so that a freed slot wakes it: `sql/concurrency-slot-wakes.ts`), `029_concurrency_slot_locks`
- * (a lock per slot instead of one per group) and `030_concurrency_slot_walk` (the held slots read
- * in one statement and walked, and the slot and the key's records written in one).
+ * (a lock per slot instead of one per group), `030_concurrency_slot_walk` (the held slots read
+ * in one statement and walked, and the slot and the key's records written in one) and
+ * `031_concurrency_slot_time` (a slot held by its time alone, not also by its key's lease).
  * Besides taking the slot, it records the key's concurrency key and limit in
  * `key_concurrency_limits` ({@link keyConcurrencyLimitsDdl}), in the same statement, so no round
  * trip is added; the key's records of keys outside `p_groups` (all the keys its job names; null:
@@ -203,7 +202,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
           -- than the rest of the acquisition.)
           select coalesce(array_agg(s2.slot order by s2.slot), '{}') into v_live
             from ${slots} as s2
-           where s2.group_key = p_group and s2.slot >= 0 and s2.slot < p_limit and ${slotIsLiveBody(schema, 's2')};
+           where s2.group_key = p_group and s2.slot >= 0 and s2.slot < p_limit and ${slotIsLive('s2')};
           -- A null limit takes nothing (and records the waiter), as the old join over generate_series did.
           for v_candidate in 0 .. coalesce(p_limit, 0) - 1 loop
             if v_next_live <= cardinality(v_live) and v_live[v_next_live] = v_candidate then
@@ -214,7 +213,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
             -- A statement of its own, so it sees what committed before the lock was had.
             if not exists (
               select 1 from ${slots} as s2
-               where s2.group_key = p_group and s2.slot = v_candidate and ${slotIsLiveBody(schema, 's2')}) then
+               where s2.group_key = p_group and s2.slot = v_candidate and ${slotIsLive('s2')}) then
               v_slot := v_candidate;
               exit;
             end if;
@@ -245,11 +244,9 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         end if;
         insert into ${waiters} as w (group_key, scope, key, job_id, queue) values (p_group, p_scope, p_key, p_job_id, p_queue)
         on conflict (group_key, scope, key) do update set seen_at = now(), job_id = excluded.job_id, queue = excluded.queue, woken_at = null;
-        -- Ask again about when the first slot's time is up; a slot held by a running key's lease
-        -- frees when the run ends, so never later than the lease, and the caller caps it anyway.
-        select greatest(1, least(coalesce(min(ceil(extract(epoch from (greatest(s.acquired_until, (
-                 select k.locked_until from ${sql.id(schema, 'idempotency_keys')} as k
-                  where k.scope = s.scope and k.key = s.key and k.status = 'processing' and k.owner is not null)) - now())) * 1000)),
+        -- Ask again about when the first slot's time is up, never later than the lease (a run's
+        -- heartbeat renews its slot's time as it goes; the caller caps it anyway).
+        select greatest(1, least(coalesce(min(ceil(extract(epoch from (s.acquired_until - now())) * 1000)),
                  p_lease_ms), p_lease_ms))::bigint
           into retry_after_ms
           from ${slots} as s
