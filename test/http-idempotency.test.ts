@@ -10,7 +10,7 @@
 import { randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
 import { pino } from 'pino';
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import { request as httpRequest } from 'node:http';
 import { IdempotencyKeys, IdempotentProducer, jobIdFor } from '../src/index.js';
 import { Janitor } from '../src/process/index.js';
@@ -265,6 +265,25 @@ describe.each(FRAMEWORKS)('%s', (framework) => {
         expect(waited.text).toBe(firstAnswer.text);
         expect(waited.headers.get('idempotent-replayed')).toBe('true');
         expect(await ordersOf(key)).toBe(1);
+      });
+
+      it('Prefer: wait is timed by a monotonic clock: a wall clock that stops or steps back does not stretch it', async () => {
+        const key = randomUUID();
+        const held = holdHandler(key);
+        const mode = path === '/fast-orders' ? 'inside' : 'before';
+        const first = post(app, path, { key, body: { cents: 44, mode } });
+        await held.reached;
+        // The wall clock stands still (an NTP step back looks the same to a deadline) while the retry waits.
+        const stopped = vi.spyOn(Date, 'now').mockReturnValue(Date.now());
+        try {
+          const waiting = post(app, path, { key, body: { cents: 44, mode }, headers: { prefer: 'wait=1' } });
+          const answer = await Promise.race([waiting, new Promise<'still waiting'>((resolve) => setTimeout(() => resolve('still waiting'), 8_000))]);
+          expect(answer === 'still waiting' ? answer : answer.status).toBe(409);
+        } finally {
+          stopped.mockRestore();
+          held.open();
+        }
+        expect((await first).status).toBe(201);
       });
     });
   }

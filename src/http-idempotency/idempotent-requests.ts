@@ -167,7 +167,8 @@ export class IdempotentRequests {
 
   async #claimAndRun(request: IncomingRequest, input: RunInput, databaseOnly: boolean): Promise<HandledRequest> {
     const waitSeconds = Math.min(readPreferWait(request.prefer as string | string[] | undefined) ?? 0, this.#options.maxWaitSeconds);
-    const waitUntil = Date.now() + waitSeconds * 1000;
+    // A monotonic clock: a wall clock stepped back (NTP) would stretch the wait past what was asked.
+    const waitUntil = performance.now() + waitSeconds * 1000;
     for (let pause = 50; ; pause = Math.min(pause * 2, 250)) {
       let outcome: ClaimOutcome | Exclude<RunResult, { kind: 'answered' }> | undefined;
       if (databaseOnly) {
@@ -187,7 +188,7 @@ export class IdempotentRequests {
       }
       if (outcome === undefined) throw new Error('unreachable: a run answers or names what stopped it');
       if (outcome.kind !== 'in-progress' && outcome.kind !== 'lease-lost') return this.#fromKey(request, input, outcome);
-      const left = waitUntil - Date.now();
+      const left = waitUntil - performance.now();
       if (left <= 0) return refused(request, inProgressProblem(input.key, outcome.kind === 'in-progress' ? outcome.retryAfterMs : 1000));
       await this.#waitForKey(input, Math.min(left, outcome.kind === 'in-progress' ? Math.max(pause, outcome.retryAfterMs) : pause), pause, request.signal);
       if (request.signal?.aborted) return refused(request, inProgressProblem(input.key, 1000));

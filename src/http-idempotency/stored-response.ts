@@ -58,10 +58,14 @@ const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 /** Field values may hold visible characters, spaces and tabs, never CR, LF or NUL (RFC 9110 §5.5). */
 const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
 
+/** Statuses whose responses carry no body (RFC 9110: 204 and 304; 205 must send none). */
+const NO_BODY_STATUSES = new Set([204, 205, 304]);
+
 /**
  * Checks and encodes a handler's response for storage and sending. Throws
  * {@link UnsendableResponseError} for a status outside 200–599, a malformed header, a body that
- * is not JSON (a function, a cycle, a BigInt), or a body over `maxBodyBytes`.
+ * is not JSON (a function, a cycle, a BigInt), or a body over `maxBodyBytes`. A body given with
+ * 204, 205 or 304 is dropped.
  */
 export function encodeResponse(response: IdempotentResponse, maxBodyBytes: number): { stored: StoredResponse; answer: RequestAnswer } {
   if (response === null || typeof response !== 'object') throw new UnsendableResponseError(`A handler must answer { status, headers?, body? }, got ${response === null ? 'null' : typeof response}.`);
@@ -80,7 +84,10 @@ export function encodeResponse(response: IdempotentResponse, maxBodyBytes: numbe
       headers.push([name, text]);
     }
   }
-  const { bytes, contentType } = bodyBytes(response.body);
+  // HTTP gives these statuses no body; Express and Fastify drop one, and the Fetch API's
+  // Response (NestJS's path) throws on one after the handler's writes committed: dropped here, so
+  // every framework answers, stores and replays the same.
+  const { bytes, contentType } = NO_BODY_STATUSES.has(status) ? { bytes: undefined, contentType: undefined } : bodyBytes(response.body);
   if (bytes && bytes.length > maxBodyBytes) {
     throw new UnsendableResponseError(`The response body is ${bytes.length} bytes; at most ${maxBodyBytes} are stored (maxResponseBytes). Answer with less, or link to the rest.`);
   }

@@ -333,9 +333,7 @@ export class KeyFeatureRun {
         const groups = new Map([...load.keys].map(([id, produced]) => [id, concurrencyOf(produced.payload.n)]));
         const { rows: live } = await sql<{ group_key: string; slot: number; scope: string; key: string }>`
           select s.group_key, s.slot, s.scope, s.key from ${sql.id(schema, 'concurrency_slots')} as s
-           where s.acquired_until > now() or exists (
-             select 1 from ${sql.id(schema, 'idempotency_keys')} as k
-              where k.scope = s.scope and k.key = s.key and k.status = 'processing' and k.owner is not null and k.locked_until > now())`.execute(db);
+           where s.acquired_until > now()`.execute(db);
         return checkConcurrencyLimits({
           groups,
           effects: rows.effects,
