@@ -300,8 +300,8 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
     // The same acquisition in fewer statements, none planned as a join over every slot: the
     // held slots are read once and walked (see sql/concurrency-slots.ts).
     '030_concurrency_slot_walk': installing(acquireConcurrencySlotFunctionDdl),
-    // A slot is held by its time alone (the run's heartbeat renews it), no longer also by its
-    // key's lease, which kept a row an earlier attempt left behind held through the key's next run.
+    // A slot is held by its time alone (the run's heartbeat renews it), not also by its key's
+    // lease, which would keep a row an earlier attempt left behind held through the key's next run.
     '031_concurrency_slot_time': installing(acquireConcurrencySlotFunctionDdl),
   };
 

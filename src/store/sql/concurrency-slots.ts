@@ -62,10 +62,9 @@ export interface SlotRequest {
  * `leaseMs` when taken), which the run's slot heartbeat renews while the run goes on
  * (`renewConcurrencySlots`), and a run that ends frees it at once (`releaseConcurrencySlot`,
  * `sql/concurrency-slot-wakes.ts`). So a worker that dies mid-run frees its slot within a lease,
- * as its key's lease ends. (A slot once also counted as held while its key was `processing` under
- * a live lease. That kept a row the run had left behind, a lost release of an earlier attempt say,
- * held for as long as the same key's next run lasted, in a slot of its own: the group ran below
- * its limit for no bounded time.) A key taken over by a worker that acquired a slot of its own
+ * as its key's lease ends. Its key's lease does not hold it: a row an earlier attempt left
+ * behind (its release lost) would then be held for as long as the same key's next run lasts, in a
+ * slot of its own, and the group would run below its limit for no bounded time. A key taken over by a worker that acquired a slot of its own
  * counts twice until the old slot's time is up: the limit errs on the strict side, never the
  * loose one, and for at most a lease.
  *
