@@ -35,14 +35,19 @@ const MAX_ATTEMPTS = 5;
  * Kysely's Migrator looks for its tables by listing every table of the database; when another
  * schema is dropped at that moment (another application's, a test's), the listing fails for
  * that other schema: "schema … does not exist" (3F000), or "relation "<schema>.<table>" does
- * not exist" (42P01, from `pg_get_serial_sequence` on a table dropped under it). Nothing was
- * applied then: look again. An error naming our own schema is not this.
+ * not exist" (42P01, from `pg_get_serial_sequence` on a table dropped under it); and when
+ * another schema's table loses a column at that moment (its own migration), `column "…" of
+ * relation "…" does not exist` (42703), which names no schema. Nothing was applied then: look
+ * again. An error naming our own schema is not this; nor is one that a migration of ours threw
+ * (Kysely then reports which migrations ran, `results`).
  */
-function isOtherSchemaVanishing(error: unknown, schema: string): boolean {
+function isOtherSchemaChanging(resultSet: MigrationResultSet, schema: string): boolean {
+  const { error } = resultSet;
   const state = sqlStateOf(error);
   const message = String((error as Error).message);
   const namesOurs = message.includes(`"${schema}"`) || message.includes(`"${schema}.`);
-  return (state === '3F000' || state === '42P01') && !namesOurs;
+  if (namesOurs) return false;
+  return state === '3F000' || state === '42P01' || (state === '42703' && resultSet.results === undefined);
 }
 
 /**
@@ -99,7 +104,7 @@ export async function migrateSchema(db: Kysely<any>, options: MigrateOptions = {
       for (let attempt = 1; ; attempt++) {
         const resultSet = await migrator.migrateToLatest();
         if (!resultSet.error) return resultSet;
-        if (attempt >= MAX_ATTEMPTS || !isOtherSchemaVanishing(resultSet.error, schema)) throw resultSet.error;
+        if (attempt >= MAX_ATTEMPTS || !isOtherSchemaChanging(resultSet, schema)) throw resultSet.error;
       }
     } finally {
       await sql`select pg_advisory_unlock(${MIGRATION_LOCK_KEY}, hashtext(${schema}))`.execute(conn);
