@@ -44,6 +44,12 @@ function failingRenewals(store: KeyStore): KeyStore {
   });
 }
 
+/** The worker options every case shares: this file's Redis, and keys whose slot renewals fail. */
+function workerOn(queue: string) {
+  const keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: LEASE_MS }, failingRenewals(new PostgresKeyStore(env.db, env.schema)));
+  return { queue, connection: { url: env.redisUrl }, prefix: env.redisPrefix, keys, logger: pino({ level: 'silent' }) };
+}
+
 function queueNamed(name: string): Queue {
   const queue = new Queue(name, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
   queues.push(queue);
@@ -51,15 +57,10 @@ function queueNamed(name: string): Queue {
 }
 
 it('leased path: a slot lost after the commit aborts ctx.signal while the handler goes on', async () => {
-  const keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: LEASE_MS }, failingRenewals(new PostgresKeyStore(env.db, env.schema)));
   const seen: { aborted?: boolean; reason?: unknown } = {};
   workers.push(
     createIdempotentWorker<{ n: number }>({
-      queue: 'lost-after-commit',
-      connection: { url: env.redisUrl },
-      prefix: env.redisPrefix,
-      keys,
-      logger: pino({ level: 'silent' }),
+      ...workerOn('lost-after-commit'),
       handler: async (ctx) => {
         const result = await ctx.transaction(async () => ctx.data.n);
         // Work after the commit is still the run's: its slot bounds it.
@@ -77,17 +78,12 @@ it('leased path: a slot lost after the commit aborts ctx.signal while the handle
 });
 
 it('fast path with group commit: a run whose slot was lost is not started again when its group runs it alone', async () => {
-  const keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: LEASE_MS }, failingRenewals(new PostgresKeyStore(env.db, env.schema)));
   const starts: boolean[] = [];
   workers.push(
     createIdempotentWorker<{ ms: number }>({
-      queue: 'lost-fast-path',
-      connection: { url: env.redisUrl },
-      prefix: env.redisPrefix,
-      keys,
+      ...workerOn('lost-fast-path'),
       fastPath: true,
       concurrency: 4,
-      logger: pino({ level: 'silent' }),
       handler: {
         // Longer than the lease and than a group's slow-job bound: the slot is lost while it runs,
         // and its group runs it alone again (its other runs are not the subject here).
