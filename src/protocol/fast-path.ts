@@ -4,6 +4,7 @@ import { StoreUnavailableError, ValidationError } from '../errors.js';
 import { freshCompletingClaim, isHeld, type Claim } from '../store/claim-outcome.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
 import type { ClaimInput, KeyRetention } from '../store/records.js';
+import { windowStartToleranceMs } from '../store/retention-window.js';
 import { boundRetention, retentionProblem, withRetention } from './key-retention.js';
 import { traceCommit, traceExecuteOnce } from '../telemetry/claim-tracing.js';
 import type { ClaimOptions, ExecuteOnceOptions, ExecuteOnceOutcome } from './effect-options.js';
@@ -92,13 +93,18 @@ export class FastPath {
     const { store, options } = this.#parts;
     const { scope, key } = input;
     return runTransaction(options.db, async (tx) => {
+      const claimedAt = performance.now();
       const claimed = (await store.claimNewKey?.(tx, input)) ?? (await store.claim(tx, input));
       if (!isHeld(claimed)) return { value: claimed as ExecuteOnceOutcome<T>, end: endWithRollback };
       const outcome = withRetention(claimed, retention);
       const result = await effect(tx, outcome);
       const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
-      // No result and no tombstone window to keep: the claim wrote the row as it stays.
-      if (result === undefined && outcome.retention?.tombstoneMs === undefined) {
+      // No result, no tombstone window to keep, and a short transaction: the claim wrote the row
+      // as it stays. A long one sends the result statement too, which moves the key's retention
+      // window, started at the claim, to the commit (half the tolerance here: this clock started
+      // after the transaction's).
+      const short = performance.now() - claimedAt < windowStartToleranceMs(input.retentionMs) / 2;
+      if (result === undefined && outcome.retention?.tombstoneMs === undefined && short) {
         return { value, end: (t: Transaction<any>) => traceCommit(() => endWithCommit(t)) };
       }
       const json = result === undefined ? null : serializeResult(scope, key, result, options.maxResultBytes);

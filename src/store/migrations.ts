@@ -303,6 +303,15 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
     // A slot is held by its time alone (the run's heartbeat renews it), not also by its key's
     // lease, which would keep a row an earlier attempt left behind held through the key's next run.
     '031_concurrency_slot_time': installing(acquireConcurrencySlotFunctionDdl),
+    '032_retention_from_commit': {
+      // A key's retention window starts at its completion's commit, not at its transaction's
+      // start (`now()`): a transaction longer than the window committed a key already expired.
+      async up(db: Kysely<any>) {
+        await completeKeyFunctionDdl(schema).execute(db);
+        await storeFastPathResultFunctionDdl(schema).execute(db);
+        await insertCompletedKeysFunctionDdl(schema).execute(db);
+      },
+    },
   };
 
   /** A migration that only installs (the current body of) one function. */

@@ -88,6 +88,11 @@ export function completionStatement(schema: string, claim: Claim, resultJson: st
  * result if this claim still owns it, and notifies at commit only when a waiter asked
  * (`has_waiters`: NOTIFY serializes commits database-wide); otherwise raises {@link LEASE_LOST_STATE}.
  *
+ * The retention window starts at this statement, just before the COMMIT: `clock_timestamp()`,
+ * not `now()`, which is the transaction's start, so that a transaction longer than the window
+ * does not commit a key already expired (the next janitor pass would delete it, and a
+ * redelivery then run the effect again).
+ *
  * `tombstone_ms` is the key's own tombstone window (the job's `retention.tombstoneMs`), kept on
  * the row for the janitor; it defaults to null so that a worker of an earlier version, calling
  * with seven arguments during a rolling upgrade, still completes (migration 023 dropped the
@@ -107,9 +112,9 @@ export function completeKeyFunctionDdl(schema: string) {
          set status = 'completed',
              result = p_result,
              locked_until = null,
-             completed_at = now(),
-             updated_at = now(),
-             expires_at = now() + p_retention_ms * interval '1 millisecond',
+             completed_at = clock_timestamp(),
+             updated_at = clock_timestamp(),
+             expires_at = clock_timestamp() + p_retention_ms * interval '1 millisecond',
              tombstone_ms = p_tombstone_ms
        where k.scope = p_scope and k.key = p_key
          and k.owner = p_owner and k.fence = p_fence
@@ -155,13 +160,23 @@ export function fastPathResultStatement(schema: string, claim: Claim, resultJson
   );
 }
 
+/** `windowStartToleranceMs` (`../retention-window.ts`) in SQL, of the row `k` as its claim wrote it. */
+const lateWindowStart = sql.raw(`least(interval '1 second', (k.expires_at - k.completed_at) / 100)`);
+
 /**
  * DDL of `store_fast_path_result(scope, key, owner, result, tombstone_ms)`: stores the effect's
  * result (and the key's own tombstone window; null by default, for callers of an earlier
  * version) on a key the fast path claimed as `completed` in this same transaction. Its row is locked by the
  * transaction since the claim, so the UPDATE cannot miss; the owner condition only documents
- * whose row this is. Only `result` and `tombstone_ms` change, which no index covers, so with the table's spare
+ * whose row this is. Usually only `result` and `tombstone_ms` change, which no index covers, so with the table's spare
  * room per page (fillfactor, migration 007) this is a HOT update: no index entries.
+ *
+ * The claim started the key's retention window at the transaction's start (`now()`). When the
+ * transaction has run longer than `windowStartToleranceMs` (`../retention-window.ts`) since, the window is moved to
+ * start here, just before the COMMIT, its length kept: a transaction longer than the window
+ * would otherwise commit a key already expired, and a redelivery after the next janitor pass
+ * run the effect again. Only then does `expires_at`, which an index covers, change; moving it on
+ * every call would cost every fast-path job its HOT update.
  *
  * PL/pgSQL, not SQL: Postgres caches a PL/pgSQL function's plans for the session, while a
  * `language sql` function's body is parsed and planned again on every call (migration 007
@@ -174,8 +189,15 @@ export function storeFastPathResultFunctionDdl(schema: string) {
       p_scope text, p_key text, p_owner uuid, p_result jsonb, p_tombstone_ms bigint default null)
     returns void
     language plpgsql volatile as $store_result$
+    declare
+      v_now timestamptz := clock_timestamp();
     begin
-      update ${sql.id(schema, 'idempotency_keys')} as k set result = p_result, tombstone_ms = p_tombstone_ms
+      -- The SET expressions read the row as the claim wrote it.
+      update ${sql.id(schema, 'idempotency_keys')} as k
+         set result = p_result,
+             tombstone_ms = p_tombstone_ms,
+             completed_at = case when v_now - k.completed_at > ${lateWindowStart} then v_now else k.completed_at end,
+             expires_at = case when v_now - k.completed_at > ${lateWindowStart} then v_now + (k.expires_at - k.completed_at) else k.expires_at end
        where k.scope = p_scope and k.key = p_key and k.owner = p_owner;
     end;
     $store_result$`;

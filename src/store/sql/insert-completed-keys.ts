@@ -63,7 +63,9 @@ export function rowsThatHadKeys<R>(error: unknown, rows: readonly R[]): R[] | un
 /**
  * DDL of `insert_completed_keys` (see {@link insertCompletedKeysStatement}), for the migration that
  * installs it. `on conflict do nothing`, then the positions whose key was not inserted (it has a
- * row): raised, so nothing of the group commits. `lock_timeout` is set for the insert and put back
+ * row): raised, so nothing of the group commits. Each key's retention window starts here, at the
+ * group's end (`clock_timestamp()`), not at the group transaction's start (`now()`): a group
+ * that ran longer than a window would otherwise commit keys already expired. `lock_timeout` is set for the insert and put back
  * before it returns, as `claim_key` does. `p_tombstone_ms`, the keys' own tombstone windows,
  * defaults to null for callers of an earlier version: `unnest` pads a missing array with nulls.
  */
@@ -85,7 +87,7 @@ export function insertCompletedKeysFunctionDdl(schema: string) {
         insert into ${table} as k
           (scope, key, fingerprint, status, owner, fence, attempts, job_id, queue, job_name, payload, result, completed_at, expires_at, tombstone_ms)
         select u.scope, u.key, u.fingerprint, 'completed', u.owner, 1, 1, u.job_id, u.queue, u.job_name, u.payload, u.result,
-               now(), now() + u.retention_ms * interval '1 millisecond', u.tombstone_ms
+               clock_timestamp(), clock_timestamp() + u.retention_ms * interval '1 millisecond', u.tombstone_ms
           from unnest(p_scopes, p_keys, p_fingerprints, p_owners, p_retention_ms, p_job_ids, p_queues, p_job_names, p_payloads, p_results, p_tombstone_ms)
                with ordinality as u(scope, key, fingerprint, owner, retention_ms, job_id, queue, job_name, payload, result, tombstone_ms, position)
          order by u.position
