@@ -68,7 +68,8 @@ export interface WorkerTimingOptions {
   /**
    * The starvation bound of per-key concurrency limits: a job of a concurrency group deferred
    * this long (its group at its limit) goes before every job of the group that has waited less.
-   * @defaultValue `30_000`
+   * At least `deferMaxMs × (1 + deferJitterRatio)`, the longest a deferred job stays away.
+   * @defaultValue `30_000`, or that longest deferral when it is longer
    */
   readonly concurrencyStarvationMs?: number;
 }
@@ -110,12 +111,18 @@ export function resolveWorkerTiming(options: WorkerTimingOptions, defaultLeaseMs
   }
   const o = parsed.data;
   const lockDurationMs = o.lockDurationMs ?? o.leaseMs;
+  // A waiter counts for the starvation bound only while it was seen within the bound (it keeps
+  // coming back); one deferred longer than the bound is never seen within it, and the bound
+  // would silently hold nothing back. The default grows to the longest deferral; a bound set
+  // below it is refused (below).
+  const longestDeferralMs = Math.round(o.deferMaxMs * (1 + o.deferJitterRatio));
   const resolved: ResolvedWorkerTiming = {
     ...o,
     heartbeatMs: o.heartbeatMs ?? Math.max(1, Math.floor(o.leaseMs / 3)),
     lockDurationMs,
     // Half a lease, at least 1 s (each check is a Redis script on every worker), at most the lock.
     stalledIntervalMs: o.stalledIntervalMs ?? Math.min(lockDurationMs, Math.max(1_000, Math.floor(o.leaseMs / 2))),
+    concurrencyStarvationMs: options.concurrencyStarvationMs === undefined ? Math.max(o.concurrencyStarvationMs, longestDeferralMs) : o.concurrencyStarvationMs,
   };
   if (resolved.heartbeatMs * 2 > resolved.leaseMs) {
     throw new ValidationError(
@@ -135,6 +142,15 @@ export function resolveWorkerTiming(options: WorkerTimingOptions, defaultLeaseMs
   }
   if (resolved.deferMinMs > resolved.deferMaxMs) {
     throw new ValidationError('INVALID_OPTIONS', 'deferMinMs', `deferMinMs (${resolved.deferMinMs}) exceeds deferMaxMs (${resolved.deferMaxMs}).`);
+  }
+  if (resolved.concurrencyStarvationMs < longestDeferralMs) {
+    throw new ValidationError(
+      'INVALID_OPTIONS',
+      'concurrencyStarvationMs',
+      `concurrencyStarvationMs (${resolved.concurrencyStarvationMs}) must be at least the longest deferral, ` +
+        `deferMaxMs × (1 + deferJitterRatio) = ${longestDeferralMs}: a job deferred by its concurrency limit comes back ` +
+        'that long after, and a waiter not seen within the bound is not held to it. Raise concurrencyStarvationMs or lower deferMaxMs.',
+    );
   }
   if (resolved.storeRetryMinMs > resolved.storeRetryMaxMs) {
     throw new ValidationError(
