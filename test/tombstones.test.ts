@@ -148,6 +148,8 @@ describe('key tombstones', () => {
 
   it('refuses a claim that raced the janitor: the key deleted and its tombstone written while the claim waited', async () => {
     await completeOnce('t', 'order-7', { cents: 5 });
+    // Its retention (1 ms) counts from its completion: past it by the janitor's clock.
+    await new Promise((resolve) => setTimeout(resolve, 5));
     let claimStarted!: () => void;
     const started = new Promise<void>((resolve) => (claimStarted = resolve));
     let claim: Promise<unknown> | undefined;
