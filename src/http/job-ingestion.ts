@@ -123,6 +123,12 @@ interface Receipt {
  */
 export const requestScopeFor = (tenant: string): string => `http:${tenant}`;
 
+/**
+ * Claims one POST makes at most: each after the first follows a record deleted between its
+ * claim and the read of its answer, which needs the janitor to delete it again within a round trip.
+ */
+const CLAIMS_PER_SUBMIT = 3;
+
 /** Options of {@link JobIngestion}. */
 export interface JobIngestionOptions {
   /** The claim protocol: its database holds the request records, the jobs' keys and the outbox. */
@@ -165,11 +171,28 @@ export class JobIngestion {
   /**
    * Accepts a job once per (tenant, key); see {@link SubmitOutcome}. Throws a
    * {@link ValidationError} for a payload that cannot be stored (see `json-limits.ts`).
+   *
+   * The answer is read after the claim (the job's view). A record the janitor deleted in between
+   * (it expired right then) is claimed again when the claim found it (a retry), so the request is
+   * answered as its key stands now: `expired` while its tombstone lasts, else a new request; a
+   * record this request created is answered `created` from what it wrote. A record that keeps
+   * vanishing (a retention shorter than a round trip) is answered `in-progress`, for the client
+   * to retry.
    */
   async submit(request: SubmitRequest): Promise<SubmitOutcome> {
     const { keys } = this.#options;
+    assertStorablePayload(request.payload);
+    for (let claims = 1; claims <= CLAIMS_PER_SUBMIT; claims++) {
+      const answer = await this.#claimAndAnswer(request);
+      if (answer) return answer;
+    }
+    return { kind: 'in-progress', retryAfterMs: keys.options.claimLockTimeoutMs };
+  }
+
+  /** One claim of the request's record and its answer; undefined when the record was gone by the time the answer was read. */
+  async #claimAndAnswer(request: SubmitRequest): Promise<SubmitOutcome | undefined> {
+    const { keys } = this.#options;
     const { tenant, queue, key, name, payload, retention } = request;
-    assertStorablePayload(payload);
     const producer = this.#producer(queue);
     const receipt: Receipt = {
       queue,
@@ -198,13 +221,18 @@ export class JobIngestion {
     }
     switch (outcome.kind) {
       case 'executed': {
-        const view = await this.#viewOrThrow(tenant, queue, key);
         this.#options.onCreated?.();
+        // A record the janitor deleted right after its commit (a retention shorter than this
+        // round trip) is answered from the receipt: the job was created, and claiming again
+        // could enqueue it a second time.
+        const view = (await this.view(tenant, queue, key)) ?? (await this.#viewOfReceipt(receipt, key));
         return { kind: 'created', view };
       }
-      case 'completed':
+      case 'completed': {
         if (outcome.resultExpired) return { kind: 'expired', acceptedAt: outcome.resultExpired.finishedAt, refusedUntil: outcome.resultExpired.tombstoneExpiresAt };
-        return { kind: 'replayed', view: await this.#viewOrThrow(tenant, queue, key) };
+        const view = await this.view(tenant, queue, key);
+        return view && { kind: 'replayed', view };
+      }
       case 'key-reused':
         return { kind: 'key-reused' };
       case 'in-progress':
@@ -263,10 +291,10 @@ export class JobIngestion {
     return this.view(tenant, queue, key);
   }
 
-  async #viewOrThrow(tenant: string, queue: string, key: string): Promise<JobView> {
-    const view = await this.view(tenant, queue, key);
-    if (!view) throw new Error(`The request record of key "${key}" for tenant "${tenant}" vanished right after it was read (expired?).`);
-    return view;
+  /** The view of a job just created, from its receipt alone (its request record already gone). */
+  async #viewOfReceipt(receipt: Receipt, key: string): Promise<JobView> {
+    const base = { queue: receipt.queue, key, name: receipt.name, jobId: receipt.jobId, acceptedAt: new Date().toISOString() };
+    return { ...base, ...(await this.#fromQueue(receipt.queue, receipt, undefined)), steps: [] };
   }
 
   /** The job's state from BullMQ, for a job whose key no worker holds (yet, or any more). */
