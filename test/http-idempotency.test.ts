@@ -7,7 +7,7 @@
  * stored and which release the key, `Prefer: wait`, a lost lease, response size, scopes per
  * client, retention and tombstones.
  */
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
@@ -63,8 +63,11 @@ const orderHandler: OrderHandler = async (ctx: RequestContext, body: any): Promi
     }
     await sql`insert into ${sql.id(env.schema, 'orders')} (client, id, attempt, cents) values (${ctx.client}, ${ctx.key}, ${ctx.attempt}, ${body.cents})`.execute(tx);
     await producer.enqueue({ name: 'pay', scope: ctx.client!, key: `order-${ctx.key}`, data: { cents: body.cents } }, { tx });
+    const headers = { location: `/orders/${ctx.key}`, 'x-order-attempt': String(ctx.attempt), ...(typeof body.headerBytes === 'number' ? { 'x-padding': 'x'.repeat(body.headerBytes) } : {}) };
+    // Text of control characters: each byte takes six as JSON text (`\u0001`).
+    if (typeof body.controlText === 'number') return { status: 201, headers, body: '\u0001'.repeat(body.controlText) };
     const size = typeof body.padding === 'number' ? body.padding : 0;
-    return { status: 201, headers: { location: `/orders/${ctx.key}`, 'x-order-attempt': String(ctx.attempt) }, body: { id: ctx.key, cents: body.cents, padding: 'x'.repeat(size) } };
+    return { status: 201, headers, body: { id: ctx.key, cents: body.cents, padding: 'x'.repeat(size) } };
   });
 };
 
@@ -113,6 +116,21 @@ const count = async (table: 'orders' | 'outbox', where = sql`true`) =>
   Number((await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, table)} where ${where}`.execute(env.db)).rows[0]!.n);
 const ordersOf = (key: string, client = 'acme') => count('orders', sql`client = ${client} and id = ${key}`);
 const jobsOf = (key: string, client = 'acme') => count('outbox', sql`job_id = ${jobIdFor(client, `order-${key}`)}`);
+
+/** A request key's row as the store has it, with how long until it expires (null: no expiry), or undefined when there is none. */
+async function requestKeyRow(namespace: string, key: string, client = 'acme') {
+  const { rows } = await sql<{ status: string; owner: string | null; expires_in_ms: number | null }>`
+    select status, owner, (extract(epoch from expires_at - now()) * 1000)::float8 as expires_in_ms
+      from ${sql.id(env.schema, 'idempotency_keys')} where scope = ${`request:${namespace}:${client}`} and key = ${key}`.execute(env.db);
+  return rows[0];
+}
+const tombstonesOf = async (namespace: string, key: string, client = 'acme') =>
+  Number(
+    (
+      await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, 'key_tombstones')}
+        where scope = ${`request:${namespace}:${client}`} and key_hash = sha256(convert_to(${key}::text, 'UTF8'))`.execute(env.db)
+    ).rows[0]!.n,
+  );
 
 /** A leased handler runs once per request; a database-only one may run again up to its transaction, which then finds the stored response and rolls back. */
 const expectRuns = (path: string, key: string, leased: number) => {
@@ -229,6 +247,48 @@ describe.each(FRAMEWORKS)('%s', (framework) => {
         expect(await ordersOf(key)).toBe(0);
       });
 
+      it('a key a 5xx or a thrown handler left released expires after the retention: the janitor deletes it, without a tombstone, and a corrected request under it runs', async () => {
+        const DAY = 86_400_000;
+        const janitor = new Janitor({ db: env.db, schema: env.schema, tombstoneMs: 2 * DAY, logger: pino({ level: 'silent' }) });
+        for (const mode of ['unavailable', 'throw']) {
+          const key = randomUUID();
+          expect((await post(app, path, { key, body: { cents: 5, mode } })).status).toBeGreaterThanOrEqual(500);
+          if (path === '/orders') {
+            // Released by the leased run: no owner, and an expiry the keys' retention (24 h) away.
+            const released = await requestKeyRow('orders', key);
+            expect(released).toMatchObject({ status: 'processing', owner: null });
+            expect(released!.expires_in_ms).toBeGreaterThan(DAY - 60_000);
+            expect(released!.expires_in_ms).toBeLessThanOrEqual(DAY);
+            // Until then the key keeps its request: another body is refused, the same one may retry.
+            expect((await post(app, path, { key, body: { cents: 6 } })).status).toBe(422);
+            await sql`update ${sql.id(env.schema, 'idempotency_keys')} set expires_at = now() - interval '1 second' where key = ${key}`.execute(env.db);
+          } else {
+            // Database-only: the claim rolled back with the handler's transaction; nothing is left.
+            expect(await requestKeyRow('orders', key)).toBeUndefined();
+          }
+          await janitor.runOnce();
+          expect(await requestKeyRow('orders', key)).toBeUndefined();
+          expect(await tombstonesOf('orders', key)).toBe(0);
+          const corrected = await post(app, path, { key, body: { cents: 6 } });
+          expect(corrected.status, mode).toBe(201);
+          expect(await ordersOf(key)).toBe(1);
+        }
+      });
+
+      it('a response within maxResponseBytes is stored whatever its bytes: text of control characters, six times its size as JSON text, is replayed', async () => {
+        const key = randomUUID();
+        // 200 000 bytes, under maxResponseBytes (256 KiB); 1.2 MB as JSON text, over the keys' maxResultBytes (1 MiB).
+        const first = await post(app, path, { key, body: { cents: 5, controlText: 200_000 } });
+        expect(first.status).toBe(201);
+        expect(first.text).toBe('\u0001'.repeat(200_000));
+        const again = await post(app, path, { key, body: { cents: 5, controlText: 200_000 } });
+        expect(again.status).toBe(201);
+        expect(again.headers.get('idempotent-replayed')).toBe('true');
+        expect(again.text).toBe(first.text);
+        expectRuns(path, key, 1);
+        expect(await ordersOf(key)).toBe(1);
+      });
+
       it('a concurrent retry while the first is in flight is 409 with Retry-After; after it, the first response replays', async () => {
         const key = randomUUID();
         const held = holdHandler(key);
@@ -331,6 +391,67 @@ describe('semantics apart from the framework (Fastify)', () => {
     const fits = await post(app, '/orders', { key, body: { cents: 9, padding: 2_000 } });
     expect(fits.status).toBe(500);
     expect(runs.get(key)).toBe(2);
+  });
+
+  it("maxResponseBytes must fit the keys' maxResultBytes once stored: refused at construction, naming both; unset, it is lowered to what fits, and a response of that size stores", async () => {
+    expect(() => new IdempotentRequests({ keys, maxResponseBytes: 1_000_000 })).toThrow(/maxResponseBytes.*1000000.*maxResultBytes.*1048576/s);
+    const small = new IdempotencyKeys({ db: env.db, schema: env.schema, maxResultBytes: 65_536 });
+    const lowered = new IdempotentRequests({ keys: small, namespace: 'lowered' });
+    const limit = lowered.options.maxResponseBytes;
+    expect(limit).toBeLessThan(65_536);
+    expect(new IdempotentRequests({ keys: small, maxResponseBytes: limit }).options.maxResponseBytes).toBe(limit);
+    expect(() => new IdempotentRequests({ keys: small, maxResponseBytes: limit + 1 })).toThrow(/maxResponseBytes.*maxResultBytes.*65536/s);
+    // The bodies that grow most once stored: bytes that are not UTF-8 (base64), text that JSON escapes.
+    for (const body of [randomBytes(limit), '\u0001'.repeat(limit), '"'.repeat(limit)]) {
+      const request = { method: 'POST', target: '/orders', idempotencyKey: randomUUID(), body: { cents: 1 }, client: 'acme' };
+      const respond = async (ctx: RequestContext) => ctx.transaction(async () => ({ status: 201, headers: { location: '/orders/1', etag: '"v1"' }, body }));
+      const first = await lowered.handle(request, respond);
+      expect(first.outcome).toBe('created');
+      const again = await lowered.handle(request, respond);
+      expect(again.outcome).toBe('replayed');
+      expect(again.body).toEqual(first.body);
+    }
+    const tiny = new IdempotencyKeys({ db: env.db, schema: env.schema, maxResultBytes: 1_000 });
+    expect(() => new IdempotentRequests({ keys: tiny })).toThrow(/maxResultBytes.*1000/s);
+  });
+
+  it('a response whose headers make it too large to store is a 500 before anything commits, naming the limit; the key is released for the retry', async () => {
+    const logged: string[] = [];
+    const logger = { info() {}, warn() {}, error: (object: object, message: string) => logged.push(`${message} ${String((object as { err?: Error }).err?.message)}`) };
+    const small = new IdempotencyKeys({ db: env.db, schema: env.schema, maxResultBytes: 32_768 });
+    const strict = new IdempotentRequests({ keys: small, namespace: 'strict', maxResponseBytes: 16_000, logger });
+    const strictApp = await startApp('fastify', strict, orderHandler);
+    try {
+      const key = randomUUID();
+      const tooLarge = await post(strictApp, '/orders', { key, body: { cents: 9, headerBytes: 40_000 } });
+      expect(tooLarge.status).toBe(500);
+      expect(tooLarge.json().type).toBe('urn:idempotent-jobs:problem:internal-error');
+      expect(logged.join('\n')).toMatch(/maxResultBytes/);
+      expect(await ordersOf(key)).toBe(0);
+      expect(await jobsOf(key)).toBe(0);
+      expect(await requestKeyRow('strict', key)).toMatchObject({ status: 'processing', owner: null });
+      // The same request runs again, and is refused again: nothing of it ever commits.
+      expect((await post(strictApp, '/orders', { key, body: { cents: 9, headerBytes: 40_000 } })).status).toBe(500);
+      expect(runs.get(key)).toBe(2);
+      expect(await ordersOf(key)).toBe(0);
+    } finally {
+      await strictApp.close();
+    }
+  });
+
+  it("a retention above the keys' bounds is refused, naming the option, the value, the bound and how to raise it; raised, it is kept as asked", async () => {
+    const DAY = 86_400_000;
+    expect(() => new IdempotentRequests({ keys, retention: { resultMs: 40 * DAY } })).toThrow(/retention\.resultMs.*3456000000.*maxJobRetentionMs.*2592000000.*IdempotencyKeys/s);
+    expect(() => new IdempotentRequests({ keys, retention: { tombstoneMs: 400 * DAY } })).toThrow(/retention\.tombstoneMs.*34560000000.*maxJobTombstoneMs.*31536000000/s);
+    const roomy = new IdempotencyKeys({ db: env.db, schema: env.schema, maxJobRetentionMs: 40 * DAY });
+    const kept = new IdempotentRequests({ keys: roomy, namespace: 'kept', retention: { resultMs: 40 * DAY } });
+    const key = randomUUID();
+    const answer = await kept.handle({ method: 'POST', target: '/orders', idempotencyKey: key, body: { cents: 1 }, client: 'acme' }, async (ctx) =>
+      ctx.transaction(async () => ({ status: 201 })),
+    );
+    expect(answer.outcome).toBe('created');
+    const { rows } = await sql<{ days: number }>`select (extract(epoch from expires_at - now()) / 86400)::float8 as days from ${sql.id(env.schema, 'idempotency_keys')} where key = ${key}`.execute(env.db);
+    expect(rows[0]!.days).toBeGreaterThan(39.9);
   });
 
   it('methods other than POST and PATCH run without a key', async () => {

@@ -1,5 +1,6 @@
 // @module-tag redis
 import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { createServer, connect, type Server, type Socket } from 'node:net';
 import { createInterface } from 'node:readline';
@@ -102,6 +103,30 @@ describe('Janitor', () => {
     expect([...remaining].sort()).toEqual(live.sort());
     const { rows: steps } = await sql<{ key: string }>`select key from ${sql.id(env.schema, 'job_steps')} order by key`.execute(env.db);
     expect(steps.map((s) => s.key)).toEqual(['live-completed-1', 'live-processing-1']);
+  });
+
+  it('deletes a released key whose expiry passed (a request key nobody retried), leaving no tombstone; never a key with an owner, whatever its lease and expiry', async () => {
+    const row = (key: string, owner: 'none' | 'some', lockedIn: string, expiresIn: string | null) =>
+      sql`insert into ${keysTable()} (scope, key, fingerprint, status, owner, locked_until, expires_at)
+          values ('request:orders:acme', ${key}, 'fp', 'processing', ${owner === 'some' ? sql`gen_random_uuid()` : sql`null`},
+                  now() + ${lockedIn}::interval, ${expiresIn === null ? sql`null` : sql`now() + ${expiresIn}::interval`})`.execute(env.db);
+    await row('released-expired', 'none', '-1 hour', '-1 minute');
+    await row('released-on-full-disk-expired', 'none', '1 minute', '-1 minute');
+    await row('released-not-yet-expired', 'none', '-1 hour', '1 hour');
+    // A job's released key has no expiry: its queue retries it.
+    await row('released-without-expiry', 'none', '-1 hour', null);
+    // Held by its claim's token, live lease or not (a stalled owner may still complete it): never deleted.
+    await row('held-expired', 'some', '1 minute', '-1 minute');
+    await row('lease-ended-expired', 'some', '-1 hour', '-1 minute');
+    await insertKeys('expired-completed', 1, { status: 'completed', expiresIn: '-1 minute' });
+    const report = await new Janitor({ db: env.db, schema: env.schema, tombstoneMs: 3 * 86_400_000, batchSize: 2, logger: silent }).runOnce();
+    expect(report.keysDeleted).toBe(3);
+    expect([...(await remainingKeys())].sort()).toEqual(['held-expired', 'lease-ended-expired', 'released-not-yet-expired', 'released-without-expiry']);
+    // Only the finished key leaves a tombstone: a released one never answered, so nothing of it is to be refused.
+    const { rows } = await sql<{ scope: string; key_hash: Buffer }>`
+      select scope, key_hash from ${sql.id(env.schema, 'key_tombstones')} where scope in ('janitor', 'request:orders:acme')`.execute(env.db);
+    expect(rows.map((r) => [r.scope, r.key_hash.toString('hex')])).toEqual([['janitor', createHash('sha256').update('expired-completed-1').digest('hex')]]);
+    await sql`delete from ${sql.id(env.schema, 'key_tombstones')} where scope = 'janitor'`.execute(env.db);
   });
 
   it('bounds one run by maxBatchesPerRun and reports that more is left', async () => {

@@ -179,6 +179,10 @@ export class IdempotentRequests {
         const claimed = await this.#options.keys.claim(input.scope, input.key, input.fingerprint, {
           leaseMs: this.#options.leaseMs,
           ...(this.#options.retention ? { retention: this.#options.retention } : {}),
+          // Only its client retries a request, maybe never, or with a corrected body: released
+          // (a 5xx, a thrown handler), the key expires after the retention instead of refusing
+          // that body for ever.
+          expireWhenReleased: true,
         });
         if (isHeld(claimed)) {
           const result = await runLeased(input, claimed);

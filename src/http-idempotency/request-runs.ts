@@ -62,7 +62,7 @@ export interface RunInput {
  * or a 5xx releases the key; a lost lease rolls the transaction back.
  */
 export async function runLeased(input: RunInput, claim: Claim): Promise<RunResult> {
-  const { keys, leaseMs, maxResponseBytes, logger } = input.options;
+  const { keys, leaseMs, maxResponseBytes, maxStoredResponseBytes, logger } = input.options;
   const lease = new AbortController();
   const stopLease = keepRequestLease(keys, claim, leaseMs, lease, logger);
   let committed: { stored: StoredResponse; answer: RequestAnswer; response: IdempotentResponse } | undefined;
@@ -73,7 +73,7 @@ export async function runLeased(input: RunInput, claim: Claim): Promise<RunResul
     const effect = async (tx: unknown) => {
       response = await fn(tx);
       if (isServerError(response)) throw new NotStored(response);
-      encoded = encodeResponse(response, maxResponseBytes);
+      encoded = encodeResponse(response, maxResponseBytes, maxStoredResponseBytes);
       return encoded.stored;
     };
     if (layer) await keys.commitEffectIn(claim, layer, effect);
@@ -122,7 +122,7 @@ export async function runLeased(input: RunInput, claim: Claim): Promise<RunResul
  * stored the same way, alone.
  */
 export async function runDatabaseOnly(input: RunInput): Promise<RunResult> {
-  const { keys, maxResponseBytes, retention } = input.options;
+  const { keys, maxResponseBytes, maxStoredResponseBytes, retention } = input.options;
   let committed: { answer: RequestAnswer; response: IdempotentResponse } | undefined;
   let began = false;
   const commit = async <Tx>(layer: DataLayer<Tx> | undefined, fn: (tx: any) => Promise<IdempotentResponse>) => {
@@ -131,7 +131,7 @@ export async function runDatabaseOnly(input: RunInput): Promise<RunResult> {
     const effect = async (tx: unknown) => {
       response = await fn(tx);
       if (isServerError(response)) throw new NotStored(response);
-      encoded = encodeResponse(response, maxResponseBytes);
+      encoded = encodeResponse(response, maxResponseBytes, maxStoredResponseBytes);
       return encoded.stored;
     };
     const options = retention ? { retention } : {};

@@ -25,7 +25,11 @@ export interface RequestAnswer {
   readonly body: Buffer | undefined;
 }
 
-/** A response as its key stores it (the key's result, `jsonb`): text when it can be, else base64. */
+/**
+ * A response as its key stores it (the key's result, `jsonb`): the body as text when it is UTF-8
+ * and no longer so than as base64, else base64, so that a body takes at most 4/3 of its size
+ * once stored, whatever its bytes (text of control characters would take six times as JSON).
+ */
 export interface StoredResponse {
   /** HTTP status. */
   readonly status: number;
@@ -38,7 +42,7 @@ export interface StoredResponse {
         readonly text: string;
       }
     | {
-        /** The body's bytes, base64-encoded (not UTF-8, or with NUL). */
+        /** The body's bytes, base64-encoded (not UTF-8, with NUL, or longer as JSON text than so). */
         readonly base64: string;
       }
     | null;
@@ -62,12 +66,45 @@ const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
 const NO_BODY_STATUSES = new Set([204, 205, 304]);
 
 /**
+ * How much of a stored response {@link storedResponseBytesBound} leaves to its header lines (as
+ * JSON), well above what responses carry (a location, an etag, a content type). A response whose
+ * headers take more may not fit its key; it is then refused before its key completes.
+ */
+export const STORED_HEADERS_ALLOWANCE_BYTES = 8_192;
+/** The stored form's JSON besides its header lines and body (a status has three digits): `{"status":200,"headers":[],"body":null}`. */
+const ENVELOPE_BYTES = JSON.stringify({ status: 200, headers: [], body: null }).length;
+/** What `{"text":""}` and `{"base64":""}` add around a body's characters, in place of `null`. */
+const TEXT_WRAPPING_BYTES = '{"text":""}'.length - 'null'.length;
+const BASE64_WRAPPING_BYTES = '{"base64":""}'.length - 'null'.length;
+
+/**
+ * The most a response whose body has up to `maxBodyBytes` bytes takes once stored, as the JSON
+ * its key's result is measured in (`maxResultBytes`), its headers within
+ * {@link STORED_HEADERS_ALLOWANCE_BYTES}: its body base64-encoded, the longest form it is stored in.
+ */
+export function storedResponseBytesBound(maxBodyBytes: number): number {
+  return ENVELOPE_BYTES + STORED_HEADERS_ALLOWANCE_BYTES + BASE64_WRAPPING_BYTES + base64Bytes(maxBodyBytes);
+}
+
+/** The largest `maxBodyBytes` whose responses fit in `maxStoredBytes` once stored (see {@link storedResponseBytesBound}); 0 when none does. */
+export function largestStorableBodyBytes(maxStoredBytes: number): number {
+  const base64Room = maxStoredBytes - (ENVELOPE_BYTES + STORED_HEADERS_ALLOWANCE_BYTES + BASE64_WRAPPING_BYTES);
+  return Math.max(0, Math.floor(base64Room / 4) * 3);
+}
+
+/**
  * Checks and encodes a handler's response for storage and sending. Throws
  * {@link UnsendableResponseError} for a status outside 200–599, a malformed header, a body that
- * is not JSON (a function, a cycle, a BigInt), or a body over `maxBodyBytes`. A body given with
- * 204, 205 or 304 is dropped.
+ * is not JSON (a function, a cycle, a BigInt), a body over `maxBodyBytes`, or a response over
+ * `maxStoredBytes` once stored (as JSON, as the key's `maxResultBytes` measures it): refused
+ * here, inside the handler's transaction and before the key's completion, it commits nothing.
+ * A body given with 204, 205 or 304 is dropped.
  */
-export function encodeResponse(response: IdempotentResponse, maxBodyBytes: number): { stored: StoredResponse; answer: RequestAnswer } {
+export function encodeResponse(
+  response: IdempotentResponse,
+  maxBodyBytes: number,
+  maxStoredBytes = Number.POSITIVE_INFINITY,
+): { stored: StoredResponse; answer: RequestAnswer } {
   if (response === null || typeof response !== 'object') throw new UnsendableResponseError(`A handler must answer { status, headers?, body? }, got ${response === null ? 'null' : typeof response}.`);
   const { status } = response;
   if (typeof status !== 'number' || !Number.isInteger(status) || status < 200 || status > 599) {
@@ -92,8 +129,20 @@ export function encodeResponse(response: IdempotentResponse, maxBodyBytes: numbe
     throw new UnsendableResponseError(`The response body is ${bytes.length} bytes; at most ${maxBodyBytes} are stored (maxResponseBytes). Answer with less, or link to the rest.`);
   }
   if (bytes && contentType && !headers.some(([name]) => name === 'content-type')) headers.push(['content-type', contentType]);
-  const body = bytes === undefined ? null : isUtf8(bytes) && !bytes.includes(0) ? { text: bytes.toString('utf8') } : { base64: bytes.toString('base64') };
+  const textBytes = bytes !== undefined && isUtf8(bytes) && !bytes.includes(0) ? jsonTextBytes(bytes) : Number.POSITIVE_INFINITY;
+  const body = bytes === undefined ? null : textBytes <= base64Bytes(bytes.length) ? { text: bytes.toString('utf8') } : { base64: bytes.toString('base64') };
   const stored: StoredResponse = { status, headers, body };
+  // Measured as the key's maxResultBytes measures it (the JSON text's bytes), without writing the body out twice.
+  const headerBytes = Buffer.byteLength(JSON.stringify(headers)) - '[]'.length;
+  const bodyStoredBytes = body === null ? 0 : 'text' in body ? TEXT_WRAPPING_BYTES + textBytes : BASE64_WRAPPING_BYTES + body.base64.length;
+  const storedBytes = ENVELOPE_BYTES + headerBytes + bodyStoredBytes;
+  if (storedBytes > maxStoredBytes) {
+    throw new UnsendableResponseError(
+      `The response takes ${storedBytes} bytes once stored, ${headerBytes} of them its headers, more than the ${maxStoredBytes} its key can store ` +
+        `(maxResultBytes of the IdempotencyKeys; a body within maxResponseBytes always fits with up to ${STORED_HEADERS_ALLOWANCE_BYTES} bytes of headers). ` +
+        'Answer with fewer or shorter headers, or raise maxResultBytes.',
+    );
+  }
   return { stored, answer: decodeResponse(stored) };
 }
 
@@ -113,6 +162,27 @@ export function isStoredResponse(value: unknown): value is StoredResponse {
   if (value === null || typeof value !== 'object') return false;
   const record = value as Record<string, unknown>;
   return typeof record.status === 'number' && Array.isArray(record.headers) && (record.body === null || (typeof record.body === 'object' && record.body !== null));
+}
+
+/** Length of base64 of `n` bytes. */
+function base64Bytes(n: number): number {
+  return Math.ceil(n / 3) * 4;
+}
+
+/**
+ * Bytes of UTF-8 text (without NUL) inside a JSON string, quotes left out: what `JSON.stringify`
+ * writes for it. A quote and a backslash take two; of the control characters, backspace, tab,
+ * line feed, form feed and carriage return two (`\n`), the others six (`\u0001`); every other
+ * byte one (non-ASCII is written as it is).
+ */
+function jsonTextBytes(bytes: Buffer): number {
+  let length = 0;
+  for (const byte of bytes) {
+    if (byte === 0x22 || byte === 0x5c) length += 2;
+    else if (byte >= 0x20) length += 1;
+    else length += byte === 0x08 || byte === 0x09 || byte === 0x0a || byte === 0x0c || byte === 0x0d ? 2 : 6;
+  }
+  return length;
 }
 
 function bodyBytes(body: unknown): { bytes: Buffer | undefined; contentType: string | undefined } {

@@ -29,7 +29,7 @@ function maintenanceMetrics() {
       'Processing keys whose lease ended more than the sweep horizon (SWEEP_AFTER_MS) ago: no retry or takeover picked them up, and the sweeper has not recovered them.',
       ['schema'],
     ),
-    expiredKeys: gauge('expired_keys', 'Completed or failed keys past expires_at, waiting for the janitor.', ['schema']),
+    expiredKeys: gauge('expired_keys', 'Completed or failed keys past expires_at (and released HTTP request keys past theirs), waiting for the janitor.', ['schema']),
     tombstones: gauge('key_tombstones', 'Live tombstones: keys deleted after their retention whose duplicates are still refused (TOMBSTONE_MS).', ['schema']),
     oldestProcessingAge: gauge('oldest_processing_key_age_seconds', 'Age of the oldest processing key (0 when none).', ['schema']),
     outboxUnsent: gauge('outbox_unsent_rows', 'Outbox rows not yet relayed to BullMQ.', ['schema']),

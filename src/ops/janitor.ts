@@ -11,7 +11,7 @@ import { defaultLogger } from '../default-logger.js';
 
 /** What one janitor run did. */
 export interface JanitorReport {
-  /** Completed and failed keys deleted because their retention ran out. */
+  /** Completed and failed keys deleted because their retention ran out, and released keys whose expiry passed (HTTP request keys nobody retried). */
   readonly keysDeleted: number;
   /** Tombstones deleted because their window ran out (see {@link JanitorOptions.tombstoneMs}). */
   readonly tombstonesDeleted: number;
@@ -45,8 +45,9 @@ export interface RetentionWarning {
 }
 
 /**
- * Deletes completed and failed keys past their `expires_at`, sent outbox rows older than
- * the retention, and coalescing keys' rows idle for longer than the retention (and their
+ * Deletes completed and failed keys past their `expires_at` (and released keys past theirs:
+ * HTTP request keys nobody retried, see `store/sql/delete-expired-keys.ts`), sent outbox rows
+ * older than the retention, and coalescing keys' rows idle for longer than the retention (and their
  * remembered send times older than it), in small batches (`FOR UPDATE SKIP LOCKED`): any number of janitors may run
  * at once, each row is deleted by exactly one of them, and live keys are never touched.
  * Usually run by `Maintenance` (one active at a time via an advisory lock), but safe without.
@@ -140,6 +141,7 @@ export class Janitor {
     const { schema, batchSize, maxBatchesPerRun, retentionMs, tombstoneMs } = this.#options;
     const store = new PostgresOperatorStore(executor, schema);
     let keysDeleted = 0;
+    let finishedKeysDeleted = 0;
     let more = false;
     let batches = 0;
     const tables = await this.#keysTables(store);
@@ -152,12 +154,14 @@ export class Janitor {
           break;
         }
         batches++;
-        const deleted = (await store.deleteExpiredKeys(batchSize, table, tombstoneMs)).length;
-        keysDeleted += deleted;
-        if (deleted < batchSize) break;
+        const deletedKeys = await store.deleteExpiredKeys(batchSize, table, tombstoneMs);
+        keysDeleted += deletedKeys.length;
+        finishedKeysDeleted += deletedKeys.filter((key) => key.finished).length;
+        if (deletedKeys.length < batchSize) break;
       }
     }
-    if (keysDeleted > 0 && tombstoneMs === 0) await this.#warnOfTombstonesElsewhere(store, keysDeleted);
+    // Released keys never leave a tombstone, whatever the window: only finished ones count here.
+    if (finishedKeysDeleted > 0 && tombstoneMs === 0) await this.#warnOfTombstonesElsewhere(store, finishedKeysDeleted);
     // Deleted whatever tombstoneMs is now: a window shortened (or turned off) ends the old tombstones on time.
     let tombstonesDeleted = 0;
     for (let batch = 0; ; batch++) {

@@ -32,6 +32,17 @@ export interface ClaimOptions {
    * @defaultValue unset (the instance's `retentionMs`, the janitor's `tombstoneMs`)
    */
   readonly retention?: KeyRetention;
+  /**
+   * A release of this claim gives the key an expiry, its retention (as a finished key's) from
+   * the release: unless a claim takes it over first, the janitor then deletes it, leaving no
+   * tombstone. For a key whose only retry is one that may never come, an HTTP request's (its
+   * client's), so that a key nobody retries does not refuse another payload (`key-reused`) for
+   * ever. A job's key leaves it unset: its queue retries it, and the key must outlast that. A key
+   * left held (its process died before releasing it) gets no expiry: its claim may still
+   * complete it, until another takes it over.
+   * @defaultValue `false` (a released key is kept until a claim takes it over)
+   */
+  readonly expireWhenReleased?: boolean;
 }
 
 /** How an effect may be run: options of {@link IdempotencyKeys.commitEffect}, `runEffect` and `executeOnce`. */

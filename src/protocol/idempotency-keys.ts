@@ -192,7 +192,8 @@ export class IdempotencyKeys {
       if (error instanceof StoreUnavailableError) this.#uncertainClaims.remember(identity, input.owner, input.leaseMs);
       throw error;
     }
-    return withRetention(outcome, retention);
+    const held = withRetention(outcome, retention);
+    return options.expireWhenReleased === true && isHeld(held) ? { ...held, expireWhenReleased: true } : held;
   }
 
   /**
@@ -458,11 +459,13 @@ export class IdempotencyKeys {
   /**
    * Retryable failure: the key becomes claimable at once; attempts and `error` are kept.
    * `step` names the step of a multi-step job that threw it. Returns false when this claim no
-   * longer owned the key.
+   * longer owned the key. A claim made with `expireWhenReleased` also gives the key its
+   * retention from now, after which the janitor deletes it unless a claim took it over.
    */
   release(claim: Claim, error?: unknown, step?: FailedStep): Promise<boolean> {
     const errorJson = error === undefined ? null : JSON.stringify(toStoredError(error, step));
-    return traceReleaseOrFail('release', claim, () => storeCall(claim.scope, claim.key, 'release', () => this.#store.release(claim, errorJson)));
+    const expiresInMs = claim.expireWhenReleased === true ? resultRetentionMs(claim, this.#options.retentionMs) : null;
+    return traceReleaseOrFail('release', claim, () => storeCall(claim.scope, claim.key, 'release', () => this.#store.release(claim, errorJson, expiresInMs)));
   }
 
   /**

@@ -16,6 +16,8 @@ export interface Claim {
   readonly lockedUntil: Date | null;
   /** What the run asked to keep of its key; the completion and the failure write it. @defaultValue unset (the configured retention and tombstone window) */
   readonly retention?: KeyRetention;
+  /** Its release gives the key an expiry, its retention from the release (see `ClaimOptions.expireWhenReleased`). @defaultValue unset (no expiry) */
+  readonly expireWhenReleased?: boolean;
 }
 
 /**

@@ -72,8 +72,12 @@ export interface KeyStore {
    * than `lockTimeoutMs` throws (not known yet: try again later).
    */
   extend(claim: Claim, leaseMs: number, lockTimeoutMs: number): Promise<LeaseExtension>;
-  /** Releases the key for an immediate retry; false when the claim no longer owns it. */
-  release(claim: Claim, errorJson: string | null): Promise<boolean>;
+  /**
+   * Releases the key for an immediate retry; false when the claim no longer owns it. With
+   * `expiresInMs`, the released key expires that long from now (the janitor deletes it unless a
+   * claim takes it over first).
+   */
+  release(claim: Claim, errorJson: string | null, expiresInMs?: number | null): Promise<boolean>;
   /** Fails the key permanently; false when the claim no longer owns it. */
   fail(claim: Claim, errorJson: string, retentionMs: number): Promise<boolean>;
   /** Reads one key. */

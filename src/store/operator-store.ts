@@ -102,8 +102,9 @@ export interface OperatorStore {
   /** Deletes one batch of keys finished longer ago than `olderThanMs`; how many. `table`: the keys table or one of its partitions. */
   purgeKeys(olderThanMs: number, limit: number, table?: string): Promise<number>;
   /**
-   * Deletes one batch of keys whose retention ran out. `table`: the keys table or one of its
-   * partitions. `tombstoneMs` > 0: each leaves a tombstone until that long after it finished.
+   * Deletes one batch of keys whose retention ran out (finished ones, and released ones given an
+   * expiry). `table`: the keys table or one of its partitions. `tombstoneMs` > 0: each finished
+   * one leaves a tombstone until that long after it finished.
    */
   deleteExpiredKeys(limit: number, table?: string, tombstoneMs?: number): Promise<DeletedKey[]>;
   /** Deletes one batch of tombstones whose window ran out; how many. */

@@ -272,8 +272,8 @@ export class PostgresKeyStore implements KeyStore {
     return extendLease(this.#db, this.schema, claim, leaseMs, lockTimeoutMs);
   }
 
-  release(claim: Claim, errorJson: string | null): Promise<boolean> {
-    return releaseKey(this.#db, this.schema, claim, errorJson);
+  release(claim: Claim, errorJson: string | null, expiresInMs: number | null = null): Promise<boolean> {
+    return releaseKey(this.#db, this.schema, claim, errorJson, expiresInMs);
   }
 
   fail(claim: Claim, errorJson: string, retentionMs: number): Promise<boolean> {

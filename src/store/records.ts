@@ -324,7 +324,7 @@ export interface KeyStats {
    * long means their jobs are not running and the sweeper is not recovering them.
    */
   readonly pastSweepHorizon: number;
-  /** Completed or failed keys past `expires_at`, waiting for the janitor. */
+  /** Completed or failed keys past `expires_at` (and released HTTP request keys past theirs), waiting for the janitor. */
   readonly expiredKeys: number;
   /** Live tombstones: keys deleted after their retention whose duplicates are still refused. */
   readonly tombstones: number;
@@ -439,6 +439,8 @@ export type CoalesceAnswer =
 export interface DeletedKey {
   readonly scope: string;
   readonly key: string;
+  /** True for a completed or failed key; false for a released one whose expiry passed (see `sql/delete-expired-keys.ts`). */
+  readonly finished: boolean;
 }
 
 /** A `processing` key whose lease ended long ago: a candidate for the sweeper. */
