@@ -338,7 +338,7 @@ describe('AMQP database-only handler', () => {
     expect(String(dead!.properties.headers?.[ERROR_HEADER])).toContain('refused for good');
     expect(contexts).toEqual(new Set(['attempt data fence key message scope signal']));
     const { rows } = await sql<{ key: string; xid: string; claimed_with_effect: boolean; result: unknown }>`
-      select l.key, l.xmin::text as xid, k.created_at = k.completed_at as claimed_with_effect, k.result
+      select l.key, l.xmin::text as xid, k.created_at = k.updated_at as claimed_with_effect, k.result
         from ${sql.table(`${env.schema}.ledger`)} l
         join ${sql.table(`${env.schema}.idempotency_keys`)} k on k.scope = 'amqp' and k.key = l.key
        where l.key like 'k-db-%' order by l.key`.execute(env.db);

@@ -5,8 +5,9 @@
  * FAST_PATH=false / GROUP_COMMIT=false); function handlers keep theirs.
  *
  * What the tests observe, on the rows themselves: the fast path claims, runs and completes a key
- * in one transaction, so its row's `created_at` equals its `completed_at` (`now()` is the
- * transaction's start), where a leased claim commits before the effect; group commit puts
+ * in one transaction, so its row's `created_at` equals its `updated_at` (`now()` is the
+ * transaction's start), where a leased claim commits before the effect and its completion
+ * updates the row later; group commit puts
  * several jobs' effects in one transaction, so their rows share a `txid_current()`.
  */
 import { Queue, UnrecoverableError } from 'bullmq';
@@ -103,12 +104,16 @@ async function runJobs(queue: Queue, tag: string, count = JOBS, fail: (i: number
   return Promise.all(jobs.map((job) => waitForJobState(queue, job.id!, ['completed', 'failed'])));
 }
 
-/** How the keys of `tag` were run: one row per key and effect, with its transaction and whether the key was claimed in it. */
+/**
+ * How the keys of `tag` were run: one row per key and effect, with its transaction and whether
+ * the key was claimed in it (a fast-path key is written in its effect's transaction alone, so its
+ * `updated_at` is its `created_at`; a leased key's completion updates it later).
+ */
 async function observe(tag: string) {
   const { rows: effects } = await sql<{ key: string; txid: string }>`
     select key, txid from ${sql.id(env.schema, 'ledger')} where key like ${`${tag}-%`} order by key`.execute(env.db);
   const { rows: keys } = await sql<{ key: string; status: string; result: unknown; claimed_in_effect_transaction: boolean }>`
-    select key, status, result, created_at = completed_at as claimed_in_effect_transaction
+    select key, status, result, created_at = updated_at as claimed_in_effect_transaction
       from ${sql.id(env.schema, 'idempotency_keys')} where scope = 'dbonly' and key like ${`${tag}-%`} order by key`.execute(env.db);
   return {
     effectsPerKey: countBy(effects.map((row) => row.key)),

@@ -63,10 +63,12 @@ describe('idempotent-jobs worker --handler', () => {
     const done = await Promise.all(enqueued.map(({ jobId }) => waitForJobState(ledgerProducer.queue, jobId, ['completed'])));
     expect(done.map(({ job }) => job.returnvalue)).toEqual([1, 2, 3].map((n) => ({ booked: n * 10, key: `l${n}` })));
     const { rows } = await sql<{ key: string; claimed_with_effect: boolean }>`
-      select l.key, k.created_at = k.completed_at as claimed_with_effect
+      select l.key, k.created_at = k.updated_at as claimed_with_effect
         from ${sql.id(env.schema, 'ledger')} l join ${sql.id(env.schema, 'idempotency_keys')} k on k.scope = 's' and k.key = l.key
        order by l.key`.execute(env.db);
-    // One row per key; each key claimed in its effect's transaction (the fast path, no lease).
+    // One row per key; each key claimed in its effect's transaction (the fast path, no lease):
+    // written in that transaction alone, so never updated after it was created, as a leased
+    // key's completion updates it.
     expect(rows).toEqual([1, 2, 3].map((n) => ({ key: `l${n}`, claimed_with_effect: true })));
     child.kill('SIGTERM');
     expect((await exited).code).toBe(0);
