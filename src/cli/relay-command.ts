@@ -1,7 +1,5 @@
 import type { Command } from 'commander';
 import { loadEnvConfig } from '../runtime/env-config.js';
-import { startTracingFromEnv } from '../otel/start-tracing.js';
-import { startOutboxRelayProcess } from '../runtime/relay-process.js';
 
 /** `relay`: the outbox relay, moving committed outbox rows into BullMQ until SIGTERM/SIGINT. */
 export function registerRelayCommand(program: Command): void {
@@ -10,6 +8,8 @@ export function registerRelayCommand(program: Command): void {
     .description('run the outbox relay: move committed outbox rows (producer.enqueue(job, { tx })) into BullMQ')
     .action(async () => {
       const config = loadEnvConfig();
+      // Loaded when the command runs, as the worker's: the other commands start without BullMQ.
+      const [{ startOutboxRelayProcess }, { startTracingFromEnv }] = await Promise.all([import('../runtime/relay-process.js'), import('../otel/start-tracing.js')]);
       await startTracingFromEnv({ serviceName: 'idempotent-jobs-relay' });
       await startOutboxRelayProcess({ config });
     });
