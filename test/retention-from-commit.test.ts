@@ -89,6 +89,21 @@ describe('a transaction longer than its key\'s retention window', () => {
     await expectWindowFromCommit(key, effectEnd);
   });
 
+  it('the fast path, its window moved across a daylight-saving change in the session\'s time zone: the same length', async () => {
+    // Berlin's changes (the last Sundays of March and of October) are at most 218 days apart:
+    // 220 days from any day cross one.
+    const windowMs = 220 * 86_400_000;
+    const berlin = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000, retentionMs: windowMs, maxJobRetentionMs: windowMs, groupCommit: false });
+    const key = 'fast-across-dst';
+    const outcome = await berlin.executeOnce(scope, key, fp(key), async (tx, claim) => {
+      await sql`set local timezone = 'Europe/Berlin'`.execute(tx);
+      await slowEffect(tx, key, claim.fence);
+      return 'done';
+    });
+    expect(outcome.kind).toBe('executed');
+    expect((await windowOf(key)).lengthMs).toBe(windowMs);
+  });
+
   it('the leased path: the fenced completion starts the window at the commit', async () => {
     const key = 'leased';
     const claim = await keys.claim(scope, key, fp(key));

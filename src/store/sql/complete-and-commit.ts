@@ -160,6 +160,13 @@ export function fastPathResultStatement(schema: string, claim: Claim, resultJson
   );
 }
 
+/**
+ * The length of the row `k`'s retention window as elapsed time. Not `expires_at - completed_at`
+ * itself: that interval counts whole days, and a day added to a timestamp follows the session's
+ * time zone, so a window moved across a daylight-saving change would come out an hour short.
+ */
+const windowLength = sql.raw(`extract(epoch from k.expires_at - k.completed_at) * interval '1 second'`);
+
 /** `windowStartToleranceMs` (`../retention-window.ts`) in SQL, of the row `k` as its claim wrote it. */
 const lateWindowStart = sql.raw(`least(interval '1 second', (k.expires_at - k.completed_at) / 100)`);
 
@@ -197,7 +204,7 @@ export function storeFastPathResultFunctionDdl(schema: string) {
          set result = p_result,
              tombstone_ms = p_tombstone_ms,
              completed_at = case when v_now - k.completed_at > ${lateWindowStart} then v_now else k.completed_at end,
-             expires_at = case when v_now - k.completed_at > ${lateWindowStart} then v_now + (k.expires_at - k.completed_at) else k.expires_at end
+             expires_at = case when v_now - k.completed_at > ${lateWindowStart} then v_now + ${windowLength} else k.expires_at end
        where k.scope = p_scope and k.key = p_key and k.owner = p_owner;
     end;
     $store_result$`;
