@@ -349,9 +349,9 @@ describe('a custom KeyStore with only the required methods', () => {
       schema: env.schema,
       claim: (executor, input) => full.claim(executor, input),
       complete: (tx, claim, json, retentionMs) => full.complete(tx, claim, json, retentionMs),
-      storeFastPathResult: (tx, claim, json) => full.storeFastPathResult(tx, claim, json),
+      storeFastPathResult: (tx, claim, json, windowLate) => full.storeFastPathResult(tx, claim, json, windowLate),
       extend: (claim, leaseMs, lockTimeoutMs) => full.extend(claim, leaseMs, lockTimeoutMs),
-      release: (claim, json) => full.release(claim, json),
+      release: (claim, json, expiresInMs) => full.release(claim, json, expiresInMs),
       fail: (claim, json, retentionMs) => full.fail(claim, json, retentionMs),
       get: (s, k) => full.get(s, k),
     };

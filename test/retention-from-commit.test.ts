@@ -7,9 +7,11 @@
  * replay after a janitor pass, and the row's window must start no earlier than the effect's end.
  */
 import { sql, type Kysely } from 'kysely';
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
 import { IdempotencyKeys, isHeld } from '../src/index.js';
+import { pgDataLayer } from '../src/pg/index.js';
 import { Janitor } from '../src/process/index.js';
 import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
 import { createEffectsTable, effectsOf, insertEffect } from './support/protocol-fixtures.js';
@@ -102,6 +104,24 @@ describe('a transaction longer than its key\'s retention window', () => {
     });
     expect(outcome.kind).toBe('executed');
     expect((await windowOf(key)).lengthMs).toBe(windowMs);
+  });
+
+  it('the fast path in a data layer\'s transaction (node-postgres): the window starts at the commit', async () => {
+    const pool = new pg.Pool({ connectionString: env.databaseUrl, max: 2 });
+    try {
+      const key = 'data-layer';
+      let effectEnd!: Date;
+      const outcome = await keys.executeOnceIn(scope, key, fp(key), pgDataLayer(pool), async (client, claim) => {
+        await client.query(`insert into ${pg.escapeIdentifier(env.schema)}.effects (scope, key, fence, worker) values ($1, $2, $3, 'w')`, [scope, key, claim.fence]);
+        await new Promise((resolve) => setTimeout(resolve, EFFECT_MS));
+        effectEnd = (await client.query<{ at: Date }>('select clock_timestamp() as at')).rows[0]!.at;
+        return 'done';
+      });
+      expect(outcome.kind).toBe('executed');
+      await expectWindowFromCommit(key, effectEnd);
+    } finally {
+      await pool.end();
+    }
   });
 
   it('the leased path: the fenced completion starts the window at the commit', async () => {

@@ -6,6 +6,7 @@ import { sendHeldRecord, type HeldRecord } from '../store/one-trip-commit.js';
 import type { StepStore } from '../store/key-store.js';
 import type { StepPlace } from '../store/records.js';
 import { isInFailedTransaction } from '../store/pg-errors.js';
+import { windowMayBeLate } from '../store/retention-window.js';
 import { traceEffectTransaction, traceExecuteOnce } from '../telemetry/claim-tracing.js';
 import type { CommitEffectOptions, ExecuteOnceOptions, ExecuteOnceOutcome } from './effect-options.js';
 import { claimInput, claimRetention } from './fast-path.js';
@@ -130,6 +131,7 @@ export class DataLayerBoundary {
       let notHeld: ExecuteOnceOutcome<T> | undefined;
       try {
         return await runInDataLayer(settings.db, settings.schema, layer, async (bridge, tx) => {
+          const claimedAt = performance.now();
           const claimed = (await store.claimNewKey?.(bridge, input)) ?? (await store.claim(bridge, input));
           if (!isHeld(claimed)) {
             // Not this run's key: roll back (the transaction may be aborted by the claim's lock wait).
@@ -141,7 +143,9 @@ export class DataLayerBoundary {
           const result = await run.effect(() => effect(tx, outcome));
           // Stored even when undefined (as null): the last statement proves the transaction was not aborted.
           const json = serializeResult(scope, key, result ?? null, settings.maxResultBytes);
-          await run.store(() => store.storeFastPathResult(bridge, outcome, json));
+          // A transaction that ran long also moves the key's retention window to its commit.
+          const windowLate = windowMayBeLate(performance.now() - claimedAt, input.retentionMs);
+          await run.store(() => store.storeFastPathResult(bridge, outcome, json, windowLate));
           return { kind: 'executed', result, claim: outcome };
         });
       } catch (error) {

@@ -4,7 +4,7 @@ import { StoreUnavailableError, ValidationError } from '../errors.js';
 import { freshCompletingClaim, isHeld, type Claim } from '../store/claim-outcome.js';
 import { endWithCommit, endWithRollback, runTransaction } from '../store/one-trip-commit.js';
 import type { ClaimInput, KeyRetention } from '../store/records.js';
-import { windowStartToleranceMs } from '../store/retention-window.js';
+import { windowMayBeLate } from '../store/retention-window.js';
 import { boundRetention, retentionProblem, withRetention } from './key-retention.js';
 import { traceCommit, traceExecuteOnce } from '../telemetry/claim-tracing.js';
 import type { ClaimOptions, ExecuteOnceOptions, ExecuteOnceOutcome } from './effect-options.js';
@@ -99,24 +99,23 @@ export class FastPath {
       const outcome = withRetention(claimed, retention);
       const result = await effect(tx, outcome);
       const value: ExecuteOnceOutcome<T> = { kind: 'executed', result, claim: outcome };
-      // No result, no tombstone window to keep, and a short transaction: the claim wrote the row
-      // as it stays. A long one sends the result statement too, which moves the key's retention
-      // window, started at the claim, to the commit (half the tolerance here: this clock started
-      // after the transaction's).
-      const short = performance.now() - claimedAt < windowStartToleranceMs(input.retentionMs) / 2;
-      if (result === undefined && outcome.retention?.tombstoneMs === undefined && short) {
+      // A transaction that ran long moves the key's retention window, which the claim started
+      // at its start, to its commit.
+      const windowLate = windowMayBeLate(performance.now() - claimedAt, input.retentionMs);
+      // No result, no tombstone window to keep, no window to move: the claim wrote the row as it stays.
+      if (result === undefined && outcome.retention?.tombstoneMs === undefined && !windowLate) {
         return { value, end: (t: Transaction<any>) => traceCommit(() => endWithCommit(t)) };
       }
       const json = result === undefined ? null : serializeResult(scope, key, result, options.maxResultBytes);
-      return { value, end: (t: Transaction<any>) => traceCommit(() => this.#storeResultAndCommit(t, outcome, json)) };
+      return { value, end: (t: Transaction<any>) => traceCommit(() => this.#storeResultAndCommit(t, outcome, json, windowLate)) };
     });
   }
 
   /** Ends a fast-path transaction with the effect's result and the COMMIT (one round trip when the store can). */
-  async #storeResultAndCommit(tx: Transaction<any>, claim: Claim, json: string | null): Promise<void> {
+  async #storeResultAndCommit(tx: Transaction<any>, claim: Claim, json: string | null, windowLate: boolean): Promise<void> {
     const { store } = this.#parts;
-    if (store.storeFastPathResultAndCommit) return store.storeFastPathResultAndCommit(tx, claim, json);
-    await store.storeFastPathResult(tx, claim, json);
+    if (store.storeFastPathResultAndCommit) return store.storeFastPathResultAndCommit(tx, claim, json, windowLate);
+    await store.storeFastPathResult(tx, claim, json, windowLate);
     await endWithCommit(tx);
   }
 }

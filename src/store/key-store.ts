@@ -43,8 +43,14 @@ export interface KeyStore {
   claimNewKey?(tx: Kysely<any>, input: ClaimInput): Promise<ClaimOutcome | undefined>;
   /** Fenced completion inside `tx`; false when the claim no longer owns the key. */
   complete(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean>;
-  /** Stores a fast-path result (`null`: none) and the claim's own tombstone window on a key claimed as completed in `tx`. */
-  storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string | null): Promise<void>;
+  /**
+   * Stores a fast-path result (`null`: none) and the claim's own tombstone window on a key
+   * claimed as completed in `tx`. `windowLate`: `tx` has run long since the claim (longer than
+   * half of `windowStartToleranceMs` of `retention-window.ts`), so the key's retention window,
+   * which the claim started at the transaction's start, is moved to start now if it is late by
+   * more than that tolerance.
+   */
+  storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string | null, windowLate?: boolean): Promise<void>;
   /**
    * Optional, for fewer round trips: {@link KeyStore.complete} and the COMMIT of `tx` at once
    * (`tx` is a transaction the store's `runTransaction` began). False when the claim no longer
@@ -53,7 +59,7 @@ export interface KeyStore {
    */
   completeAndCommit?(tx: Kysely<any>, claim: Claim, resultJson: string, retentionMs: number): Promise<boolean>;
   /** Optional, like {@link KeyStore.completeAndCommit}: {@link KeyStore.storeFastPathResult} and the COMMIT at once. */
-  storeFastPathResultAndCommit?(tx: Kysely<any>, claim: Claim, resultJson: string | null): Promise<void>;
+  storeFastPathResultAndCommit?(tx: Kysely<any>, claim: Claim, resultJson: string | null, windowLate?: boolean): Promise<void>;
   /**
    * Optional, needed for group commit: the statements that end a job's part of a shared
    * transaction (see `protocol/group-commit.ts`).

@@ -306,9 +306,9 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
     '032_retention_from_commit': {
       // A key's retention window starts at its completion's commit, not at its transaction's
       // start (`now()`): a transaction longer than the window committed a key already expired.
+      // (A fast-path key's window is moved by a statement of its own: sql/complete-and-commit.ts.)
       async up(db: Kysely<any>) {
         await completeKeyFunctionDdl(schema).execute(db);
-        await storeFastPathResultFunctionDdl(schema).execute(db);
         await insertCompletedKeysFunctionDdl(schema).execute(db);
       },
     },

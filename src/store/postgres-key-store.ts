@@ -244,9 +244,9 @@ export class PostgresKeyStore implements KeyStore {
     }
   }
 
-  async storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string | null): Promise<void> {
+  async storeFastPathResult(tx: Kysely<any>, claim: Claim, resultJson: string | null, windowLate = false): Promise<void> {
     try {
-      await storeFastPathResult(tx, this.schema, claim, resultJson);
+      await storeFastPathResult(tx, this.schema, claim, resultJson, windowLate);
     } catch (error) {
       throw this.#mapResultError(error, claim);
     }
@@ -260,9 +260,9 @@ export class PostgresKeyStore implements KeyStore {
     }
   }
 
-  async storeFastPathResultAndCommit(tx: Kysely<any>, claim: Claim, resultJson: string | null): Promise<void> {
+  async storeFastPathResultAndCommit(tx: Kysely<any>, claim: Claim, resultJson: string | null, windowLate = false): Promise<void> {
     try {
-      await storeResultAndCommit(tx, this.schema, claim, resultJson);
+      await storeResultAndCommit(tx, this.schema, claim, resultJson, windowLate);
     } catch (error) {
       throw this.#mapResultError(error, claim);
     }

@@ -131,14 +131,22 @@ export function completeKeyFunctionDdl(schema: string) {
     $complete_key$`;
 }
 
-/** The fast path's result and the COMMIT in one round trip (as {@link completeAndCommit}). */
-export async function storeResultAndCommit(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string | null): Promise<void> {
-  endsWell(await sendStatements(tx, [fastPathResultStatement(schema, claim, resultJson), COMMIT]));
+/**
+ * The fast path's result and the COMMIT in one round trip (as {@link completeAndCommit}); with
+ * `windowLate`, the move of the key's retention window to the commit first
+ * ({@link moveWindowToCommitStatement}), in the same round trip.
+ */
+export async function storeResultAndCommit(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string | null, windowLate = false): Promise<void> {
+  endsWell(await sendStatements(tx, [...windowMove(schema, claim, windowLate), fastPathResultStatement(schema, claim, resultJson), COMMIT]));
 }
 
-/** Stores the effect's result on a key the fast path already claimed as `completed` in this same transaction. */
-export async function storeFastPathResult(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string | null): Promise<void> {
-  endsWell(await sendStatements(tx, [fastPathResultStatement(schema, claim, resultJson)]));
+/** Stores the effect's result on a key the fast path already claimed as `completed` in this same transaction (and, `windowLate`, moves its window as {@link storeResultAndCommit} does). */
+export async function storeFastPathResult(tx: Kysely<any>, schema: string, claim: Claim, resultJson: string | null, windowLate = false): Promise<void> {
+  endsWell(await sendStatements(tx, [...windowMove(schema, claim, windowLate), fastPathResultStatement(schema, claim, resultJson)]));
+}
+
+function windowMove(schema: string, claim: Claim, windowLate: boolean): CompiledQuery[] {
+  return windowLate ? [moveWindowToCommitStatement(schema, claim)] : [];
 }
 
 /**
@@ -161,29 +169,38 @@ export function fastPathResultStatement(schema: string, claim: Claim, resultJson
 }
 
 /**
- * The length of the row `k`'s retention window as elapsed time. Not `expires_at - completed_at`
- * itself: that interval counts whole days, and a day added to a timestamp follows the session's
- * time zone, so a window moved across a daylight-saving change would come out an hour short.
+ * Moves a fast-path key's retention window to start now, just before its transaction's COMMIT,
+ * its length kept, when the transaction has run longer than `windowStartToleranceMs`
+ * (`../retention-window.ts`) since the claim started the window (`now()`, the transaction's
+ * start); a shorter one leaves the row as it is. Without it, a transaction longer than the
+ * window would commit a key already expired, and a redelivery after the next janitor pass would
+ * run the effect again. Sent only for a transaction the caller saw run long: it changes
+ * `expires_at`, which an index covers, so it is not a HOT update, and the common short
+ * transaction does not pay for the check.
+ *
+ * The length is taken as elapsed time: `expires_at - completed_at` itself counts whole days, and
+ * a day added to a timestamp follows the session's time zone, so a window moved across a
+ * daylight-saving change would come out an hour short. Plain SQL, planned on each use: it is rare.
  */
-const windowLength = sql.raw(`extract(epoch from k.expires_at - k.completed_at) * interval '1 second'`);
-
-/** `windowStartToleranceMs` (`../retention-window.ts`) in SQL, of the row `k` as its claim wrote it. */
-const lateWindowStart = sql.raw(`least(interval '1 second', (k.expires_at - k.completed_at) / 100)`);
+export function moveWindowToCommitStatement(schema: string, claim: Claim): CompiledQuery {
+  return CompiledQuery.raw(
+    `update ${pg.escapeIdentifier(schema)}.idempotency_keys as k
+        set completed_at = c.at, expires_at = c.at + extract(epoch from k.expires_at - k.completed_at) * interval '1 second'
+       from (select clock_timestamp() as at) as c
+      where k.scope = $1 and k.key = $2 and k.owner = $3::uuid
+        and c.at - k.completed_at > least(interval '1 second', (k.expires_at - k.completed_at) / 100)`,
+    [claim.scope, claim.key, claim.owner],
+  );
+}
 
 /**
  * DDL of `store_fast_path_result(scope, key, owner, result, tombstone_ms)`: stores the effect's
  * result (and the key's own tombstone window; null by default, for callers of an earlier
  * version) on a key the fast path claimed as `completed` in this same transaction. Its row is locked by the
  * transaction since the claim, so the UPDATE cannot miss; the owner condition only documents
- * whose row this is. Usually only `result` and `tombstone_ms` change, which no index covers, so with the table's spare
- * room per page (fillfactor, migration 007) this is a HOT update: no index entries.
- *
- * The claim started the key's retention window at the transaction's start (`now()`). When the
- * transaction has run longer than `windowStartToleranceMs` (`../retention-window.ts`) since, the window is moved to
- * start here, just before the COMMIT, its length kept: a transaction longer than the window
- * would otherwise commit a key already expired, and a redelivery after the next janitor pass
- * run the effect again. Only then does `expires_at`, which an index covers, change; moving it on
- * every call would cost every fast-path job its HOT update.
+ * whose row this is. Only `result` and `tombstone_ms` change, which no index covers, so with the table's spare
+ * room per page (fillfactor, migration 007) this is a HOT update: no index entries. (A
+ * transaction that ran long also moves the key's retention window: {@link moveWindowToCommitStatement}.)
  *
  * PL/pgSQL, not SQL: Postgres caches a PL/pgSQL function's plans for the session, while a
  * `language sql` function's body is parsed and planned again on every call (migration 007
@@ -196,15 +213,8 @@ export function storeFastPathResultFunctionDdl(schema: string) {
       p_scope text, p_key text, p_owner uuid, p_result jsonb, p_tombstone_ms bigint default null)
     returns void
     language plpgsql volatile as $store_result$
-    declare
-      v_now timestamptz := clock_timestamp();
     begin
-      -- The SET expressions read the row as the claim wrote it.
-      update ${sql.id(schema, 'idempotency_keys')} as k
-         set result = p_result,
-             tombstone_ms = p_tombstone_ms,
-             completed_at = case when v_now - k.completed_at > ${lateWindowStart} then v_now else k.completed_at end,
-             expires_at = case when v_now - k.completed_at > ${lateWindowStart} then v_now + ${windowLength} else k.expires_at end
+      update ${sql.id(schema, 'idempotency_keys')} as k set result = p_result, tombstone_ms = p_tombstone_ms
        where k.scope = p_scope and k.key = p_key and k.owner = p_owner;
     end;
     $store_result$`;
