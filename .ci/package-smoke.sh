@@ -190,9 +190,10 @@ front_door "$cjs" npx --no -- tsx front-door.ts
 front_door "$cjs" node --import tsx front-door.ts
 front_door "$cjs" npx --no -- ts-node front-door.ts
 front_door "$cjs" npx --no -- ts-node front-door.cts
-# tsx runs a .cts file through Node's module hooks; Node 20's require() of any ES module with
-# imports of its own fails there ("request for './x.js' is not in cache", a Node 20 defect: a
-# two-file ES module package fails alike), so the .cts case runs on Node 22 and 24.
+# tsx runs a .cts file through Node's module hooks, where Node 20 fails to require() an ES
+# module with imports of its own ("request for './x.js' is not in cache") and a CommonJS package
+# that requires another (`import { pino } from 'pino'` alone fails so, in a project with nothing
+# else): a tsx-on-Node-20 defect no package can avoid, so the .cts case runs on Node 22 and 24.
 for bin in "$node22" "$node24"; do
   front_door "$cjs" env PATH="$bin:$PATH" npx --no -- tsx front-door.cts
   front_door "$esm" env PATH="$bin:$PATH" npx --no -- tsx front-door.cts
