@@ -289,6 +289,46 @@ describe('coalescing runs (runner)', () => {
     ]);
   });
 
+  it('a database-only generation running longer than the stale bound (ten leases) is in flight: an arrival meanwhile is folded into its successor, never run beside it', { timeout: 30_000 }, async () => {
+    // The fast path's key is an insert not yet committed while its transaction runs: seen by
+    // nobody, so an arrival past the stale bound took the generation for a lost one.
+    const briefLeases = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 300 });
+    const started = createGate();
+    let inFlight = 0;
+    let mostInFlight = 0;
+    const jobs = new KeyedJobRunner<{ v: number }, unknown, Message>({
+      keys: briefLeases,
+      timing: resolveWorkerTiming({ heartbeatMs: 100 }, briefLeases.options.leaseMs),
+      identityOf: (message) => identityFromWireContract({ id: message.id, name: 'sync', data: message.data }) as JobIdentity<{ v: number }>,
+      handler: {
+        transaction: async (tx, ctx) => {
+          mostInFlight = Math.max(mostInFlight, ++inFlight);
+          try {
+            if (ctx.data.v === 1) {
+              started.open();
+              await sleep(4_500);
+            }
+            await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, ${`v${ctx.data.v}`})`.execute(tx);
+            return ctx.data.v;
+          } finally {
+            inFlight--;
+          }
+        },
+      },
+      logger: pino({ level: 'silent' }),
+    });
+    const first = jobs.run(deliver('long-1', 'long-generation', 1));
+    await started.wait;
+    await sleep(3_500);
+    expect(await jobs.run(deliver('long-2', 'long-generation', 2))).toMatchObject({ kind: 'replayed', coalesced: true });
+    expect(await first).toEqual({ kind: 'completed', result: 2 });
+    expect(mostInFlight).toBe(1);
+    expect(await runs('long-generation')).toEqual([
+      { key: 'long-generation#1', worker: 'v1' },
+      { key: 'long-generation#2', worker: 'v2' },
+    ]);
+  });
+
   it('a job kept 1 s whose generation key the janitor deleted: the next arrival runs', async () => {
     const jobs = runner(keys);
     expect(await jobs.run(deliver('r1', 'kept-briefly', 1, { retention: { resultMs: 1_000 } }))).toEqual({ kind: 'completed', result: 1 });

@@ -63,6 +63,9 @@ export async function runCoalescing<P, M>(run: Run<P, M>, deps: CoalescingRunDep
     const log = run.log.with({ generation: next.generation });
     const result = await deps.runPath({
       ...run,
+      // In flight for every arrival and janitor to see (see Run.leased): a run they could not
+      // see, past the stale bound, would be taken for a lost one and its generation run again.
+      leased: true,
       identity: generation,
       fingerprint: keys.fingerprint(generation.fingerprintOf),
       claimOptions: { ...run.claimOptions, ...(deps.storePayload ? { payload } : {}) },

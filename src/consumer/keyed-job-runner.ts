@@ -226,7 +226,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   }
 
   #runClaimed(run: Run<P, M>): Promise<RunResult> {
-    return this.#fastPath ? this.#runFastPath(run) : this.#runLeasedPath(run);
+    return this.#fastPath && run.leased !== true ? this.#runFastPath(run) : this.#runLeasedPath(run);
   }
 
   async #runLeasedPath(run: Run<P, M>): Promise<RunResult> {

@@ -168,6 +168,13 @@ export interface Run<P, M> {
    * instead of committing outside its limit. Unset: the job names no concurrency key.
    */
   readonly slotsLost?: AbortSignal;
+  /**
+   * Run on the leased path even where the worker runs the fast path: a coalescing generation,
+   * whose run others must see in flight (its key committed as `processing`, its lease renewed),
+   * which a fast-path key, an insert not committed until the run ends, does not show.
+   * @defaultValue unset (the worker's path)
+   */
+  readonly leased?: boolean;
 }
 
 /** A key's scope and key as one string, naming its store-fault streak (neither can contain NUL). */
