@@ -11,6 +11,7 @@ import {
   IdempotencyKeys,
   IdempotentProducer,
   KeyedJobRunner,
+  OutboxRelay,
   StoreUnavailableError,
   createIdempotentWorker,
   identityFromWireContract,
@@ -355,6 +356,66 @@ describe('coalescing producers', () => {
       queues.push(queue);
       expect((await queue.getJob(second.jobId))?.data).toMatchObject({ idempotencyKey: 'account-7', coalesce: true, payload: { v: 2 } });
     } finally {
+      await producer.close();
+    }
+  });
+});
+
+describe('coalescing through the outbox', () => {
+  it('a row added again after its relay failed to mark it sent, its first job run and removed, is folded by its enqueue time: it never runs after newer payloads', { timeout: 60_000 }, async () => {
+    const queueName = 'coalesce-outbox';
+    const queue = new Queue(queueName, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    queues.push(queue);
+    const producer = new IdempotentProducer({ queue: queueName, connection: { url: env.redisUrl }, prefix: env.redisPrefix, schema: env.schema });
+    let crashes = 0;
+    const relay = new OutboxRelay({
+      db: env.db,
+      schema: env.schema,
+      connection: { url: env.redisUrl },
+      prefix: env.redisPrefix,
+      logger: pino({ level: 'silent' }),
+      faultHook: (point) => {
+        if (point === 'relay-after-add' && crashes++ === 0) throw new Error('relay crashed after its add');
+      },
+    });
+    try {
+      const events: WorkerEvent[] = [];
+      const worker = createIdempotentWorker<{ v: number }>({
+        queue: queueName,
+        connection: { url: env.redisUrl },
+        prefix: env.redisPrefix,
+        keys,
+        logger: pino({ level: 'silent' }),
+        workerOptions: { removeOnComplete: { count: 0 } },
+        handler: async (ctx) =>
+          ctx.transaction(async (tx) => {
+            await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, ${`v${ctx.data.v}`})`.execute(tx);
+            return ctx.data.v;
+          }),
+      });
+      worker.on('event', (event: WorkerEvent) => events.push(event));
+      workers.push(worker);
+      const settled = () => events.filter((event) => event.kind === 'completed' || event.kind === 'coalesced').length;
+      await env.db.transaction().execute(async (tx) => {
+        await producer.enqueue({ name: 'sync', scope: 'c', key: 'outbox-account', data: { v: 1 }, coalesce: true }, { tx });
+      });
+      // Added to BullMQ, but the relay crashed before it marked the row sent.
+      await expect(relay.relayOnce()).rejects.toThrow('relay crashed');
+      await waitFor('the first run', async () => (settled() === 1 ? true : undefined));
+      for (const v of [2, 3]) {
+        await producer.enqueue({ name: 'sync', scope: 'c', key: 'outbox-account', data: { v }, coalesce: true });
+        await waitFor(`the run of v${v}`, async () => (settled() === v ? true : undefined));
+      }
+      // The unsent row goes again: its first job is gone, so BullMQ adds it anew.
+      expect(await relay.relayOnce()).toBe(1);
+      await waitFor('the row added again to settle', async () => (settled() === 4 ? true : undefined));
+      expect(await runs('outbox-account')).toEqual([
+        { key: 'outbox-account#1', worker: 'v1' },
+        { key: 'outbox-account#2', worker: 'v2' },
+        { key: 'outbox-account#3', worker: 'v3' },
+      ]);
+    } finally {
+      await relay.stop();
       await producer.close();
     }
   });

@@ -183,6 +183,20 @@ export class OutboxRelay {
 }
 
 /**
+ * A coalescing job's timestamp, which its worker takes for when it was sent (newer payloads win):
+ * when its row was written, not when the relay adds it. Added late (a relay held up, a batch
+ * failed) or added again (the relay's mark of the row as sent lost after its add, the first job
+ * run and removed since), it is still older than what was enqueued after it, and is folded
+ * instead of running after it. Other jobs keep the add's own timestamp, which tells the relay
+ * whether the job an id holds is its add (`add-timestamps.ts`): two rows of one transaction may
+ * share a job id, never a coalescing job's, which is each arrival's own.
+ */
+function sendTime(row: OutboxRow): { timestamp?: number } {
+  const coalescing = (row.data as { coalesce?: unknown } | null)?.coalesce === true;
+  return coalescing ? { timestamp: row.createdAtMs } : {};
+}
+
+/**
  * The job a row stands for (with `data`: the row's data carrying the relay's trace context);
  * its fingerprint is compared with whatever job its id holds.
  */
@@ -190,7 +204,7 @@ function jobOfRow(row: OutboxRow, data: unknown): JobToAdd {
   const job = { name: row.jobName, data };
   return {
     ...job,
-    opts: { ...(row.opts as JobsOptions), jobId: row.jobId },
+    opts: { ...(row.opts as JobsOptions), jobId: row.jobId, ...sendTime(row) },
     // Rows are written by the producer under the wire contract; should one not be, it is
     // still told apart from any job whose data is.
     fingerprint: fingerprintOfJob(job, sha256Fingerprint) ?? sha256Fingerprint({ notWireContract: job }),

@@ -499,10 +499,12 @@ export interface OutboxRow {
   readonly jobId: string;
   readonly data: unknown;
   readonly opts: Record<string, unknown>;
+  /** When the producer wrote the row (the database clock, milliseconds since the epoch): when its job was sent. */
+  readonly createdAtMs: number;
 }
 
 /** What the producer writes into the outbox. */
-export type OutboxEntry = Omit<OutboxRow, 'id'>;
+export type OutboxEntry = Omit<OutboxRow, 'id' | 'createdAtMs'>;
 
 
 /** How a schedule's ticks are given: a cron expression, or a fixed interval in milliseconds. */

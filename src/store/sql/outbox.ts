@@ -27,15 +27,15 @@ export async function lockUnsentOutboxRows(
   limit: number,
   excludedIds: readonly string[] = [],
 ): Promise<OutboxRow[]> {
-  const { rows } = await sql<{ id: string; queue: string; job_name: string; job_id: string; data: unknown; opts: Record<string, unknown> }>`
-    select id, queue, job_name, job_id, data, opts
+  const { rows } = await sql<{ id: string; queue: string; job_name: string; job_id: string; data: unknown; opts: Record<string, unknown>; created_at: Date }>`
+    select id, queue, job_name, job_id, data, opts, created_at
       from ${sql.id(schema, 'outbox')}
      where sent_at is null
        and id <> all(${excludedIds}::bigint[])
      order by id
      limit ${limit}
        for update skip locked`.execute(tx);
-  return rows.map((r) => ({ id: String(r.id), queue: r.queue, jobName: r.job_name, jobId: r.job_id, data: r.data, opts: r.opts }));
+  return rows.map((r) => ({ id: String(r.id), queue: r.queue, jobName: r.job_name, jobId: r.job_id, data: r.data, opts: r.opts, createdAtMs: r.created_at.getTime() }));
 }
 
 /** Marks rows delivered to BullMQ. */
