@@ -355,6 +355,19 @@ describe('Sweeper', () => {
     expect((await keys.get('brokers', 'from-jetstream'))!.status).toBe('processing');
   });
 
+  it('a key whose recorded queue is no BullMQ queue name (a colon) is unverifiable and does not stop the sweep of the keys after it', async () => {
+    // Recorded by a claim of the protocol's own, whose queue is free text; its lease ended first.
+    await keys.claim('elsewhere', 'odd-queue', keys.fingerprint({}), { jobId: 'job-odd', queue: 'my:queue', jobName: 'charge', payload: { cents: 1 } });
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '2 hours'
+               where scope = 'elsewhere'`.execute(env.db);
+    const lost = await loseJob('after-the-odd-one');
+    const report = await sweeper({ queues: '*', action: 'reenqueue' }).runOnce();
+    expect(report).toMatchObject({ examined: 2, unverifiable: 1, changed: 0 });
+    expect(report.recoveries).toEqual([expect.objectContaining({ key: 'after-the-odd-one', action: 'reenqueued' })]);
+    expect(await queue.getJob(lost.jobId)).toBeDefined();
+    expect((await keys.get('elsewhere', 'odd-queue'))!.status).toBe('processing');
+  });
+
   it('runs one sweep at a time per queue list under the advisory lock; other queue lists are not blocked', async () => {
     await loseJob('order-12', { storePayload: false });
     const mine = sweeper({ queues: [QUEUE] });

@@ -148,10 +148,16 @@ export class Sweeper {
   ): Promise<SweepRecovery | 'alive' | 'unverifiable' | 'changed'> {
     const { scope, key, fence, queue, jobId } = candidate;
     const log = this.#log.child({ scope, key, fence, jobId, queue });
-    if (!queue || !jobId || isBrokerQueueName(queue)) {
+    if (!queue || !jobId || queue.includes(':')) {
       // A broker consumer's key (RabbitMQ, JetStream) has no BullMQ job: its broker redelivers
-      // the message, and BullMQ could not even be asked (it refuses the name's colon).
-      const recorded = queue && isBrokerQueueName(queue) ? `came from the broker consumer "${queue}", not from BullMQ` : 'has no BullMQ job recorded';
+      // the message. Neither has a key whose recorded queue is another name with a colon (the
+      // protocol's own callers name any queue), and BullMQ could not even be asked: it refuses
+      // the name, and the sweep would stop at that key every time.
+      const recorded = !queue || !jobId
+        ? 'has no BullMQ job recorded'
+        : isBrokerQueueName(queue)
+          ? `came from the broker consumer "${queue}", not from BullMQ`
+          : `records the queue "${queue}", which is no BullMQ queue name (BullMQ refuses its colon)`;
       log.warn(
         { lockedUntil: candidate.lockedUntil },
         `Key "${key}" in scope "${scope}" has been processing with an ended lease since ${candidate.lockedUntil.toISOString()} ` +
