@@ -2,6 +2,7 @@ import { userInfo } from 'node:os';
 import { InvalidArgumentError, type Command } from 'commander';
 import { ValidationError } from '../errors.js';
 import { stepResultBytes, summarizeStep, type StepSummary } from '../protocol/job-steps.js';
+import { MAX_RETENTION_CEILING_MS } from '../protocol/key-retention.js';
 import { assertValidKeyPart } from '../protocol/validate.js';
 import type { KeyRecord, KeyStatus, StepRecord, TombstoneRecord } from '../store/records.js';
 import { EXIT_CONFLICT, EXIT_NOT_FOUND } from '../runtime/exit-codes.js';
@@ -14,14 +15,16 @@ const PURGE_BATCH = 1_000;
 const DURATION_UNITS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
 
 /**
- * Parses a duration such as `30m`, `24h`, `7d` (units ms, s, m, h, d, w) into milliseconds.
- * Throws commander's `InvalidArgumentError` (exit code 2) on anything else.
+ * Parses a duration such as `30m`, `24h`, `7d` (units ms, s, m, h, d, w) into milliseconds, at
+ * most a hundred years (the longest retention a key can have; a longer one reached back before
+ * the dates Postgres keeps). Throws commander's `InvalidArgumentError` (exit code 2) on anything else.
  */
 export function parseDuration(text: string): number {
   const match = /^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$/.exec(text);
   if (!match) throw new InvalidArgumentError(`"${text}" is not a duration; use a number and a unit: 90s, 30m, 24h, 7d, 2w.`);
   const ms = Number(match[1]) * DURATION_UNITS[match[2]!]!;
   if (!Number.isSafeInteger(ms) || ms <= 0) throw new InvalidArgumentError(`"${text}" must be a positive duration.`);
+  if (ms > MAX_RETENTION_CEILING_MS) throw new InvalidArgumentError(`"${text}" is longer than any key is kept: at most ${MAX_RETENTION_CEILING_MS / 604_800_000 | 0}w (a hundred years).`);
   return ms;
 }
 
