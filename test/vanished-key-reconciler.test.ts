@@ -102,6 +102,31 @@ describe('VanishedKeyReconciler', () => {
     expect(second.reenqueued).toBe(0);
   }, 60_000);
 
+  it('leaves alone a job whose own retention ended: its key was deleted by design, not lost', async () => {
+    const { jobId } = await producer.enqueue({ name: 'book', key: 'kept-briefly', data: {}, retention: { resultMs: 1_000 } });
+    expect((await waitForJobState(queue, jobId, ['completed', 'failed'])).state).toBe('completed');
+    await new Promise((resolve) => setTimeout(resolve, 1_100));
+    // The janitor's deletion, as it makes it: the key goes, its effect stays.
+    await sql`delete from ${sql.id(env.schema, 'idempotency_keys')} where key = 'kept-briefly'`.execute(env.db);
+    const each = reconciler();
+    const report = await each.run().finally(() => each.close());
+    expect(report.vanished.map((v) => v.key)).not.toContain('kept-briefly');
+    expect(await ledgerRows('kept-briefly')).toBe(1);
+  });
+
+  it('leaves coalescing jobs alone: their keys are their generations, which their data does not name', async () => {
+    for (const v of [1, 2]) {
+      const { jobId } = await producer.enqueue({ name: 'book', key: 'coalesced-account', data: { v }, coalesce: true });
+      expect((await waitForJobState(queue, jobId, ['completed', 'failed'])).state).toBe('completed');
+    }
+    const each = reconciler();
+    const report = await each.run().finally(() => each.close());
+    expect(report.vanished.map((v) => v.key)).not.toContain('coalesced-account');
+    expect(report.reenqueued).toBe(0);
+    expect(await ledgerRows('coalesced-account#1')).toBe(1);
+    expect(await ledgerRows('coalesced-account#2')).toBe(1);
+  });
+
   it('leaves alone a job completed before its window', async () => {
     await completed('old');
     await sql`delete from ${sql.id(env.schema, 'idempotency_keys')} where key = 'old'`.execute(env.db);

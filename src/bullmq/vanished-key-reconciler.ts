@@ -67,7 +67,10 @@ export interface ReconcileReport {
  * Run it after a failover of an asynchronously replicated keys database, with a window that
  * covers the failover; it needs completed jobs kept at least that long (BullMQ's
  * `removeOnComplete`). A key deleted on purpose inside the window (`keys purge`) would make its
- * job run again: keep the window short of such deletions, and inside the keys' retention.
+ * job run again: keep the window short of such deletions, and inside the keys' retention. A job
+ * that asked for a retention of its own (`retention.resultMs`) that may have ended since it
+ * finished (a minute allowed for clocks apart) is not checked, nor is a coalescing job (its runs
+ * are keys of their own, `<key>#<generation>`): neither could be told from a loss.
  *
  * @example
  * ```ts
@@ -113,7 +116,7 @@ export class VanishedKeyReconciler {
       pages.push(
         inWindow.flatMap((job) => {
           const identity = keyOf(job);
-          return identity ? [{ ...identity, job }] : [];
+          return identity && !ownRetentionMayHaveEnded(job) ? [{ ...identity, job }] : [];
         }),
       );
       if (page.length < pageSize || inWindow.length < page.length) break;
@@ -155,9 +158,28 @@ export class VanishedKeyReconciler {
   }
 }
 
-/** The scope and key of a job that follows the wire contract, else undefined (a job of another kind on the queue). */
+/**
+ * The scope and key of a job that follows the wire contract, else undefined: a job of another
+ * kind on the queue, or a coalescing job, whose runs are keys of their own (`<key>#<generation>`,
+ * which its data does not name): its key would always look missing, and sent again it would run
+ * its payload as a new generation, after newer ones.
+ */
 function keyOf(job: Job): { scope: string; key: string } | undefined {
-  const data = job.data as { idempotencyKey?: unknown; scope?: unknown } | null;
-  if (!data || typeof data.idempotencyKey !== 'string') return undefined;
+  const data = job.data as { idempotencyKey?: unknown; scope?: unknown; coalesce?: unknown } | null;
+  if (!data || typeof data.idempotencyKey !== 'string' || data.coalesce === true) return undefined;
   return { scope: typeof data.scope === 'string' ? data.scope : 'default', key: data.idempotencyKey };
+}
+
+/** How far the workers' clocks (which stamp `finishedOn`) may be from the database's, which ends a key's retention. */
+const CLOCKS_APART_MS = 60_000;
+
+/**
+ * Whether the job asked for a retention of its own (`retention.resultMs`) that may have ended
+ * since it finished: its key was then deleted by the janitor, by design, and sent again the job
+ * would run a second time. Such a job is not checked (nothing can tell that deletion from a loss).
+ */
+function ownRetentionMayHaveEnded(job: Job): boolean {
+  const resultMs = (job.data as { retention?: { resultMs?: unknown } } | null)?.retention?.resultMs;
+  if (typeof resultMs !== 'number') return false;
+  return (job.finishedOn ?? 0) + resultMs - CLOCKS_APART_MS <= Date.now();
 }
