@@ -7,7 +7,7 @@
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { pino } from 'pino';
-import { IdempotencyKeys, IdempotentProducer, OutboxRelay, createHttpApi, createIdempotentWorker, jobIdFor, toWireJobData, type IdempotentWorker, type JobHandler } from '../src/index.js';
+import { IdempotencyKeys, IdempotentProducer, OutboxRelay, createHttpApi, createIdempotentWorker, jobIdFor, toWireJobData, type IdempotentWorker, type IdempotentWorkerOptions, type JobHandler } from '../src/index.js';
 import { httpClient } from './support/http-client.js';
 import { BullmqJobLookup } from '../src/process/index.js';
 import { pingBullWorker } from '../src/bullmq/job-lookup.js';
@@ -229,7 +229,7 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
   const ledger = () => `${env.schema}.ledger`;
 
   /** A producer and a worker of `queue` on the Postgres backend; the handler is made with the producer at hand. */
-  function workerOnQueue<P, R>(queue: string, handlerWith: (jobs: IdempotentProducer) => JobHandler<P, R>) {
+  function workerOnQueue<P, R>(queue: string, handlerWith: (jobs: IdempotentProducer) => JobHandler<P, R>, workerOptions?: IdempotentWorkerOptions<P, R>['workerOptions']) {
     const keys = new IdempotencyKeys({ db: env.db, schema: env.schema });
     const jobs = new IdempotentProducer({ queue, backend: 'postgres', connection: env.databaseDirectUrl, prefix: queueSchema });
     const worker = createIdempotentWorker<P, R>({
@@ -240,6 +240,7 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
       keys,
       logger: pino({ level: 'silent' }),
       handler: handlerWith(jobs),
+      ...(workerOptions ? { workerOptions } : {}),
     });
     const close = async () => {
       await worker.close();
@@ -333,6 +334,76 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
       const rows = await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, 'ledger')} where key = 'f-4'`.execute(env.db);
       expect(Number(rows.rows[0]!.n)).toBe(1);
       expect((await keys.get('s', 'f-4'))?.status).toBe('completed');
+    } finally {
+      await close();
+    }
+  });
+
+  it('a job removed while its effect ran (its lock lost first) is not failed: the effect rolls back, the key is released, no attempt is stored as a failure', async () => {
+    let runs = 0;
+    const { keys, jobs, close } = workerOnQueue<{ cents: number }, { booked: number }>('pg-finish-removed', (producer) => async (ctx) => {
+      runs++;
+      // The lock goes away (the job back to waiting), then an operator removes the job.
+      const outside = await producer.queue.getJob(ctx.job.id!);
+      await outside!.moveToWait();
+      await producer.queue.remove(ctx.job.id!);
+      return ctx.transaction(async (tx) => {
+        await tx.insertInto(ledger()).values({ key: ctx.key, cents: ctx.data.cents }).execute();
+        return { booked: ctx.data.cents };
+      });
+    });
+    try {
+      const { jobId } = await jobs.enqueue({ name: 'book', scope: 's', key: 'f-removed', data: { cents: 7 }, opts: { attempts: 1 } });
+      await waitFor('the run to end', async () => (runs === 1 && (await keys.get('s', 'f-removed'))?.owner === null ? true : undefined));
+      expect(await jobs.queue.getJob(jobId)).toBeUndefined();
+      expect(await keys.get('s', 'f-removed')).toMatchObject({ status: 'processing', owner: null });
+      const rows = await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, 'ledger')} where key = 'f-removed'`.execute(env.db);
+      expect(Number(rows.rows[0]!.n)).toBe(0);
+    } finally {
+      await close();
+    }
+  });
+
+  it('a result Postgres cannot store fails the job once, as RESULT_NOT_STORABLE, before BullMQ\'s move could use up its attempts', async () => {
+    let runs = 0;
+    const { keys, jobs, close } = workerOnQueue<{ cents: number }, unknown>('pg-finish-unstorable', () => async (ctx) =>
+      ctx.transaction(async (tx) => {
+        runs++;
+        await tx.insertInto(ledger()).values({ key: ctx.key, cents: ctx.data.cents }).execute();
+        return { note: 'a\u0000b' };
+      }),
+    );
+    try {
+      const { jobId } = await jobs.enqueue({ name: 'book', scope: 's', key: 'f-unstorable', data: { cents: 8 }, opts: { attempts: 3 } });
+      const { state, job } = await waitForJobState(jobs.queue, jobId, ['failed', 'completed']);
+      expect(state).toBe('failed');
+      expect(job.attemptsMade).toBe(1);
+      expect(job.failedReason).toMatch(/NUL character/);
+      // In its group, then alone (a group's failure runs its culprit alone): never again after.
+      expect(runs).toBeLessThanOrEqual(2);
+      expect(await keys.get('s', 'f-unstorable')).toMatchObject({ status: 'failed', error: { code: 'RESULT_NOT_STORABLE' } });
+    } finally {
+      await close();
+    }
+  });
+
+  it('honours the worker\'s removeOnComplete for a job finished in its effect', async () => {
+    const { jobs, close } = workerOnQueue<{ cents: number }, { booked: number }>(
+      'pg-finish-remove-on-complete',
+      () => async (ctx) =>
+        ctx.transaction(async (tx) => {
+          await tx.insertInto(ledger()).values({ key: ctx.key, cents: ctx.data.cents }).execute();
+          return { booked: ctx.data.cents };
+        }),
+      { removeOnComplete: { count: 0 } },
+    );
+    try {
+      const { jobId } = await jobs.enqueue({ name: 'book', scope: 's', key: 'f-removed-on-complete', data: { cents: 9 } });
+      await waitFor('the effect to commit', async () => {
+        const rows = await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, 'ledger')} where key = 'f-removed-on-complete'`.execute(env.db);
+        return Number(rows.rows[0]!.n) === 1 || undefined;
+      });
+      await waitFor('the completed job to be removed', async () => ((await jobs.queue.getJob(jobId)) === undefined ? true : undefined));
     } finally {
       await close();
     }

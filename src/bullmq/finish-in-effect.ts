@@ -1,8 +1,9 @@
-import { Job } from 'bullmq';
+import { Job, type WorkerOptions } from 'bullmq';
 import type { Transaction } from 'kysely';
 import type { KeyedJobContext, TransactionOptions } from '../consumer/job-context.js';
+import { serializeResult } from '../protocol/validate.js';
 import type { DataLayer } from '../store/data-layer.js';
-import { openTransactionQueue } from './transaction-queue.js';
+import { openTransactionQueue, type FinishedJobOptions } from './transaction-queue.js';
 import { QueueLockLostError, isLockRefusal } from './queue-lock-lost-error.js';
 
 /** What finishing a job in its effect's transaction needs to know of the run. */
@@ -21,13 +22,24 @@ export class JobFinishInEffect {
   readonly #queue: string;
   readonly #schema: string;
   readonly #tokenOf: (job: Job) => string | undefined;
+  readonly #maxResultBytes: number;
+  readonly #finishedJobs: FinishedJobOptions;
   /** Jobs whose move to completed ran in an effect transaction (it committed if the run completed). */
   readonly #finished = new WeakSet<Job>();
 
-  constructor(queue: string, schema: string, tokenOf: (job: Job) => string | undefined) {
+  /**
+   * `maxResultBytes`: the keys' bound on a stored result. `worker`: the worker's options, whose
+   * `removeOnComplete` and `metrics` BullMQ's move applies as the worker's own move would.
+   */
+  constructor(queue: string, schema: string, tokenOf: (job: Job) => string | undefined, maxResultBytes: number, worker: Pick<WorkerOptions, 'removeOnComplete' | 'metrics'> = {}) {
     this.#queue = queue;
     this.#schema = schema;
     this.#tokenOf = tokenOf;
+    this.#maxResultBytes = maxResultBytes;
+    this.#finishedJobs = {
+      ...(worker.removeOnComplete !== undefined ? { removeOnComplete: worker.removeOnComplete } : {}),
+      ...(worker.metrics !== undefined ? { metrics: worker.metrics } : {}),
+    };
   }
 
   /**
@@ -37,8 +49,13 @@ export class JobFinishInEffect {
    * the key.
    */
   async finish(tx: Transaction<any>, run: EffectRun, result: unknown): Promise<void> {
+    // The key stores the result too, once the move is done: a result it cannot store (not JSON,
+    // a NUL, too big) is refused first, as the key's own error, which fails the job once. Left to
+    // BullMQ's move, it failed in the middle of the transaction as any error, and each attempt
+    // ran the effect again to fail the same way.
+    serializeResult(run.scope, run.key, result, this.#maxResultBytes);
     const job = run.message;
-    const queue = openTransactionQueue(this.#queue, tx, this.#schema);
+    const queue = openTransactionQueue(this.#queue, tx, this.#schema, this.#finishedJobs);
     try {
       const bound = Job.fromJSON(queue as never, job.asJSON(), job.id);
       await bound.moveToCompleted(result, this.#tokenOf(job) ?? '', false);

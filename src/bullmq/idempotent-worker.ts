@@ -218,7 +218,9 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
     if (finishInEffect && options.backend !== 'postgres') {
       throw new ValidationError('INVALID_OPTIONS', 'finishJobInEffect', "finishJobInEffect needs the queue in Postgres (backend: 'postgres'): on Redis the job's completion cannot join a Postgres transaction.");
     }
-    const inEffect = finishInEffect ? new JobFinishInEffect(options.queue, postgresQueueSchema(options), (job) => this.#tokens.get(job)) : undefined;
+    const inEffect = finishInEffect
+      ? new JobFinishInEffect(options.queue, postgresQueueSchema(options), (job) => this.#tokens.get(job), options.keys.options.maxResultBytes, options.workerOptions)
+      : undefined;
     this.#finishInEffect = inEffect;
     this.#timing = resolveWorkerTiming(options, options.keys.options.leaseMs);
     this.#log = (options.logger ?? defaultLogger()).child({ queue: options.queue });

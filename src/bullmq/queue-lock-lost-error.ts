@@ -19,12 +19,12 @@ export class QueueLockLostError extends StoreUnavailableError {
 }
 
 /** BullMQ's finishing-move refusals that mean the job is not this worker's any more. */
-const NOT_OURS: ReadonlySet<number> = new Set([ErrorCode.JobLockNotExist, ErrorCode.JobLockMismatch, ErrorCode.JobNotInState]);
+const NOT_OURS: ReadonlySet<number> = new Set([ErrorCode.JobLockNotExist, ErrorCode.JobLockMismatch, ErrorCode.JobNotInState, ErrorCode.JobNotExist]);
 
 /**
  * BullMQ refused a finishing move because the job is no longer this worker's: no lock, another
- * worker's lock, or the job not active (it stalled and went back to waiting). BullMQ's errors
- * carry the numeric `code` of its `ErrorCode`.
+ * worker's lock, the job not active (it stalled and went back to waiting), or the job gone (its
+ * lock lost, then removed). BullMQ's errors carry the numeric `code` of its `ErrorCode`.
  */
 export function isLockRefusal(error: unknown): boolean {
   const code = (error as { code?: unknown } | undefined)?.code;

@@ -1,4 +1,4 @@
-import { PostgresConnection, PostgresQueueBackend, Queue, type BackendFactory, type PgPool } from 'bullmq';
+import { PostgresConnection, PostgresQueueBackend, Queue, type BackendFactory, type PgPool, type WorkerOptions } from 'bullmq';
 import type { Kysely } from 'kysely';
 import { QueueTransactionStore } from '../store/queue-transaction-store.js';
 import type { AnyQueue } from './queue-connection.js';
@@ -40,9 +40,14 @@ class TransactionBoundConnection extends PostgresConnection {
  * transactional enqueue: the jobs it adds exist if and only if `tx` commits. It leaves the
  * queue's metadata alone (`skipMetasUpdate`): writing it would make every caller's transaction
  * touch one shared row. Close it when done (it closes nothing of the transaction's).
+ * `finishedJobs`: the worker's options a job's move to completed on it applies.
  */
-export function openTransactionQueue(name: string, tx: Kysely<any>, queueSchema: string): AnyQueue {
+export function openTransactionQueue(name: string, tx: Kysely<any>, queueSchema: string, finishedJobs: FinishedJobOptions = {}): AnyQueue {
   const connection = new TransactionBoundConnection(tx, new QueueTransactionStore(queueSchema));
   const factory: BackendFactory<PostgresQueueBackend, unknown> = (queueName, opts) => new PostgresQueueBackend(connection, queueName, opts as never, false);
-  return new Queue(name, { connection, skipMetasUpdate: true }, factory) as unknown as AnyQueue;
+  // BullMQ's move of a job to completed reads the worker's options from its queue's.
+  return new Queue(name, { connection, skipMetasUpdate: true, ...finishedJobs } as never, factory) as unknown as AnyQueue;
 }
+
+/** A worker's options that BullMQ's move of a job to completed applies (read from the queue it runs on). */
+export type FinishedJobOptions = Pick<WorkerOptions, 'removeOnComplete' | 'metrics'>;
