@@ -194,7 +194,7 @@ export class PrivatePostgres {
         stdio: ['ignore', log, log],
         // Its own process group: a crash or a freeze reaches the postmaster and every backend.
         detached: true,
-        ...(this.#user ? { uid: this.#user.uid, gid: this.#user.gid, env: { ...process.env, HOME: this.dir } } : {}),
+        ...(this.#user ? this.#asUser() : {}),
       });
     } finally {
       closeSync(log);
@@ -210,12 +210,21 @@ export class PrivatePostgres {
     if (/database system was (interrupted|not properly shut down)/.test(this.logTail(Number.MAX_SAFE_INTEGER).slice(logBefore))) this.#recoveries++;
   }
 
+  /**
+   * How a Postgres program runs as the `postgres` OS user (this process being root): in this
+   * server's directory, which that user can enter (the checkout may be one only root can, where
+   * initdb fails to find its current directory), and with it as HOME.
+   */
+  #asUser() {
+    return { uid: this.#user!.uid, gid: this.#user!.gid, cwd: this.dir, env: { ...process.env, HOME: this.dir } };
+  }
+
   /** Runs a Postgres program (as the `postgres` OS user when root) and waits for it. */
   #run(program: string, args: string[]): void {
     try {
       execFileSync(join(this.#binDir, program), args, {
         stdio: ['ignore', 'pipe', 'pipe'],
-        ...(this.#user ? { uid: this.#user.uid, gid: this.#user.gid, env: { ...process.env, HOME: this.dir } } : {}),
+        ...(this.#user ? this.#asUser() : {}),
       });
     } catch (error) {
       const stderr = String((error as { stderr?: Buffer }).stderr ?? '');

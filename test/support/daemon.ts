@@ -114,7 +114,10 @@ export class Daemon {
         stdio: ['ignore', log, log],
         detached: true,
         env: { ...process.env, ...options.env, ...(options.home ? { HOME: options.home } : {}) },
-        ...(options.user ? { uid: options.user.uid, gid: options.user.gid } : {}),
+        // Run as another user, it starts in a directory that user can enter: the checkout may be
+        // one only root can (a clone under /root, a `mktemp -d`), where initdb, run by Patroni,
+        // fails to find its current directory, and the cluster never bootstraps.
+        ...(options.user ? { uid: options.user.uid, gid: options.user.gid, cwd: options.home ?? '/' } : {}),
       });
     } finally {
       closeSync(log);

@@ -126,7 +126,8 @@ export class PgBouncer {
     try {
       child = spawn(binary, [join(this.dir, 'pgbouncer.ini')], {
         stdio: ['ignore', log, log],
-        ...(user ? { uid: user.uid, gid: user.gid, env: { ...process.env, HOME: this.dir } } : {}),
+        // As another user, in a directory it can enter (the checkout may be one only root can).
+        ...(user ? { uid: user.uid, gid: user.gid, cwd: this.dir, env: { ...process.env, HOME: this.dir } } : {}),
       });
     } finally {
       closeSync(log);
