@@ -84,7 +84,7 @@ export async function createTestEnv(name: string, options: { keysPartitions?: nu
       return redis;
     },
     async teardown() {
-      await sql`drop schema if exists ${sql.id(schema)} cascade`.execute(db);
+      await dropSchema(db, schema);
       if (redisMissing === '') {
         const cleaner = new Redis(redisUrl);
         try {
@@ -107,4 +107,21 @@ export async function deleteKeysWithPrefix(redis: Redis, prefix: string): Promis
     cursor = next;
     if (keys.length > 0) await redis.del(...keys);
   } while (cursor !== '0');
+}
+
+/**
+ * Drops the file's schema. A statement of a worker closed with `force` may still be finishing
+ * (a slot's release, a heartbeat), and the drop, which locks every object of the schema, can
+ * deadlock with it: Postgres then cancels one of the two, and the drop is tried again.
+ */
+async function dropSchema(db: Kysely<any>, schema: string): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await sql`drop schema if exists ${sql.id(schema)} cascade`.execute(db);
+      return;
+    } catch (error) {
+      if ((error as { code?: unknown }).code !== '40P01' || attempt >= 5) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 100 * attempt));
+    }
+  }
 }
