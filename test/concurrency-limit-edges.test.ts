@@ -9,8 +9,10 @@
 import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { IdempotencyKeys, KeySettledListener, createIdempotentWorker, type IdempotentWorker, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
+import pg from 'pg';
+import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
+import { IdempotencyKeys, KeySettledListener, createIdempotentWorker, databaseOnly, type IdempotentWorker, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
+import { pgDataLayer } from '../src/pg/index.js';
 import { Janitor } from '../src/process/index.js';
 import { concurrencyGroupCounts } from '../src/store/sql/concurrency-slots.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
@@ -135,23 +137,25 @@ describe('a run longer than the lease keeps its slot', () => {
     }
   });
 
-  it('a fast-path run whose slot another run took rolls back and is deferred without using an attempt; it commits once, later', { timeout: 60_000 }, async () => {
+  it('a fast-path run in a data layer whose slot another run took rolls back and is deferred without using an attempt; it commits once, later', { timeout: 60_000 }, async () => {
+    // A data layer's transaction is the handler's, so its slots are rows (the Kysely fast path
+    // holds them by its transaction: concurrency-slots-in-transaction.test.ts).
     const events: WorkerEvent[] = [];
     let runsOfStolen = 0;
+    const pool = new pg.Pool({ connectionString: env.databaseUrl, max: 4 });
     const worker = startWorker<{ n: number }>('edges-stolen', {
-      handler: {
-        transaction: async (tx, ctx) => {
-          runsOfStolen++;
-          if (runsOfStolen === 1) {
-            // Another run takes the slot (as after its time ran out): the next renewal finds it gone.
-            await sql`update ${sql.id(env.schema, 'concurrency_slots')} set owner = gen_random_uuid() where group_key = 'tenant:stolen'`.execute(env.db);
-            await sleep(LEASE_MS);
-          }
-          await insertEffect(tx, ctx.scope, ctx.key, ctx.fence);
-          return ctx.data.n;
-        },
-      },
+      handler: databaseOnly(pgDataLayer(pool), async (client, ctx: { scope: string; key: string; fence: number; data: { n: number } }) => {
+        runsOfStolen++;
+        if (runsOfStolen === 1) {
+          // Another run takes the slot (as after its time ran out): the next renewal finds it gone.
+          await sql`update ${sql.id(env.schema, 'concurrency_slots')} set owner = gen_random_uuid() where group_key = 'tenant:stolen'`.execute(env.db);
+          await sleep(LEASE_MS);
+        }
+        await client.query(`insert into "${env.schema}".effects (scope, key, fence, worker) values ($1, $2, $3, 'w')`, [ctx.scope, ctx.key, ctx.fence]);
+        return ctx.data.n;
+      }),
     }, { groupCommit: false });
+    onTestFinished(() => pool.end());
     worker.on('event', (event: WorkerEvent) => events.push(event));
     const { queue, ids } = await addJobs('edges-stolen', 'stolen', 1, { key: 'tenant:stolen', limit: 1 });
     const { job } = await waitForJobState(queue, ids[0]!, ['completed'], 30_000);

@@ -1,3 +1,4 @@
+import type { Transaction } from 'kysely';
 import type { ConcurrencySlot, IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { startSlotHeartbeat } from './concurrency-slot-heartbeat.js';
 import type { RunFailures } from './run-failures.js';
@@ -73,4 +74,65 @@ export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly Concurre
       });
     }
   }
+}
+
+/** The slots a run holds by its own transaction: its limits, and whether it took them. */
+export interface TransactionSlots {
+  readonly limits: readonly ConcurrencyLimit[];
+  /** Set once the slots are taken: the run then wakes their waiters when its transaction ends. */
+  taken: boolean;
+}
+
+/** The run's transaction found a concurrency key at its limit: rolled back, the job asks for a slot row instead. */
+export class SlotsRefusedInTransaction extends Error {
+  readonly concurrencyKey: string;
+
+  constructor(concurrencyKey: string) {
+    super(`concurrency key ${JSON.stringify(concurrencyKey)} is at its limit`);
+    this.name = 'SlotsRefusedInTransaction';
+    this.concurrencyKey = concurrencyKey;
+  }
+}
+
+/**
+ * A job with concurrency limits whose run is one transaction (the fast path, alone): its slots
+ * are taken inside that transaction, by `slots`' first statement ({@link takeTransactionSlots}),
+ * and held by their locks until it commits or rolls back (`sql/concurrency-slots-in-transaction.ts`):
+ * no slot row, no commit to take or free one, no heartbeat. A key at its limit rolls that
+ * transaction back, before the handler ran, and the job goes the way of {@link runInSlots}, which
+ * records it as a waiter (or takes a slot freed meanwhile). Once a transaction that took the slots
+ * has ended, the keys' oldest waiters are woken, as freeing a slot row wakes them (a statement
+ * that writes nothing when there is none: see `wakeConcurrencyWaiters`).
+ */
+export async function runInTransactionSlots<P, M>(
+  run: Run<P, M>,
+  limits: readonly ConcurrencyLimit[],
+  deps: SlotsRunDeps<P, M> & { readonly runFastPath: (run: Run<P, M>, slots: TransactionSlots) => Promise<RunResult> },
+): Promise<RunResult> {
+  const slots: TransactionSlots = { limits, taken: false };
+  try {
+    return await deps.runFastPath(run, slots);
+  } catch (error) {
+    if (!(error instanceof SlotsRefusedInTransaction)) throw error;
+    return runInSlots(run, limits, deps);
+  } finally {
+    if (slots.taken) {
+      const { scope, key } = run.identity;
+      await deps.keys.wakeConcurrencyWaiters(scope, key, limits.map((limit) => limit.key)).catch((error: unknown) => {
+        run.log.warn({ err: error }, 'could not wake the waiters of its concurrency keys; they ask again when their deferral ends');
+      });
+    }
+  }
+}
+
+/**
+ * The first statement of a run's transaction when its slots are held by it: takes them, or throws
+ * {@link SlotsRefusedInTransaction} (the transaction then rolls back). Store faults throw as the
+ * store's calls do.
+ */
+export async function takeTransactionSlots<P, M>(keys: IdempotencyKeys, timing: ResolvedWorkerTiming, run: Run<P, M>, tx: Transaction<any>, slots: TransactionSlots): Promise<void> {
+  const { scope, key } = run.identity;
+  const answer = await keys.takeConcurrencySlotsInTransaction(tx, scope, key, slots.limits, { starvationMs: timing.concurrencyStarvationMs });
+  if (answer.refusedGroup !== undefined) throw new SlotsRefusedInTransaction(answer.refusedGroup);
+  slots.taken = true;
 }

@@ -12,7 +12,7 @@ import type { HeldRecord } from '../store/one-trip-commit.js';
 import type { KeyRetention } from '../store/records.js';
 import type { DataLayer } from '../store/data-layer.js';
 import { runCoalescing, type CoalescingRunDeps } from './coalescing-run.js';
-import { runInSlots, type SlotsRunDeps } from './concurrency-slots-run.js';
+import { runInSlots, runInTransactionSlots, SlotsRefusedInTransaction, takeTransactionSlots, type SlotsRunDeps, type TransactionSlots } from './concurrency-slots-run.js';
 import { handlerForm, isDataLayerHandler, runsInOneTransaction, type DatabaseOnlyContext, type DatabaseOnlyHandler } from './database-only-handler.js';
 import { jobContext, transactionOptionsOf, type Delivery, type KeyedJobContext, type TransactionOptions } from './job-context.js';
 import { JobLogger } from './job-logger.js';
@@ -222,7 +222,13 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   /** One run of the job's key: in a slot of each concurrency key it names, if any. */
   #runPath(run: Run<P, M>): Promise<RunResult> {
     const limits = concurrencyLimitsOf(run.identity.concurrency);
-    return limits.length > 0 ? runInSlots(run, limits, this.#slotsRunDeps) : this.#runClaimed(run);
+    if (limits.length === 0) return this.#runClaimed(run);
+    // A run that is one transaction holds its slots by it; a data layer's transaction is the
+    // handler's, so its slots are rows as on the leased path.
+    if (this.#fastPath && run.leased !== true && !this.#dataLayer && this.#keys.supportsSlotsInTransaction) {
+      return runInTransactionSlots(run, limits, { ...this.#slotsRunDeps, runFastPath: (inSlots, slots) => this.#runFastPath(inSlots, slots) });
+    }
+    return runInSlots(run, limits, this.#slotsRunDeps);
   }
 
   #runClaimed(run: Run<P, M>): Promise<RunResult> {
@@ -349,7 +355,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     }
   }
 
-  async #runFastPath(run: Run<P, M>): Promise<RunResult> {
+  /** `slots`: the run's concurrency slots are taken by its transaction's first statement (`runInTransactionSlots`). */
+  async #runFastPath(run: Run<P, M>, slots?: TransactionSlots): Promise<RunResult> {
     const { delivery, identity, fingerprint, claimOptions } = run;
     const controller = new AbortController();
     forwardAbort(run.slotsLost, controller);
@@ -366,6 +373,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
           // Run again after its group rolled back, with its slot already lost: not started
           // beside the run that may hold the slot now.
           if (run.slotsLost?.aborted) throw run.slotsLost.reason;
+          if (slots) await takeTransactionSlots(this.#keys, this.#timing, run, tx, slots);
           if (announced?.owner !== claim.owner || announced.fence !== claim.fence) {
             this.#reporter.emit(claim.attempts > 1 ? 'taken-over' : 'claimed', delivery, { claim });
             announced = claim;
@@ -401,11 +409,13 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
           await this.#fault('before-commit', identity);
           return transactionResult ? transactionResult.value : returned;
       };
-      const options = { ...claimOptions, databaseOnly: this.#databaseOnly, onGroupRefusal: groupRefusalLog(run.log) };
+      // Slots held by the transaction are the run's alone: never in a group's shared one.
+      const options = { ...claimOptions, databaseOnly: this.#databaseOnly, onGroupRefusal: groupRefusalLog(run.log), ...(slots && { runsAlone: true }) };
       outcome = dataLayer
         ? await this.#keys.executeOnceIn(identity.scope, identity.key, fingerprint, dataLayer, effect, options)
         : await this.#keys.executeOnce(identity.scope, identity.key, fingerprint, effect, options);
     } catch (error) {
+      if (error instanceof SlotsRefusedInTransaction) throw error;
       return await this.#failures.fastPathFailure(run, error);
     } finally {
       this.#active.delete(active);

@@ -441,6 +441,45 @@ export class IdempotencyKeys {
     return storeCall(scope, key, 'concurrency slot renewal', () => renew(slots, leaseMs));
   }
 
+  /**
+   * Whether {@link takeConcurrencySlotsInTransaction} is available (the store holds slots by a
+   * transaction's locks: the Postgres store does).
+   */
+  get supportsSlotsInTransaction(): boolean {
+    return this.#store.takeSlotsInTransaction !== undefined && this.#store.wakeSlotWaiters !== undefined;
+  }
+
+  /**
+   * Takes a slot of each of `limits` (sorted by key, as every job takes them) for as long as the
+   * open transaction `tx` lasts, for a run that is that one transaction (the fast path): no slot
+   * row, no commit of its own, freed when `tx` commits or rolls back. `refusedGroup` names the
+   * first key at its limit: roll `tx` back and ask {@link acquireConcurrencySlot}, which records
+   * the job as a waiter. Once a `tx` that took them has ended, call {@link wakeConcurrencyWaiters}
+   * (waiters recorded while it ran are not known to it). Transient store faults throw
+   * {@link StoreUnavailableError}.
+   */
+  takeConcurrencySlotsInTransaction(
+    tx: Transaction<any>,
+    scope: string,
+    key: string,
+    limits: readonly { readonly key: string; readonly limit: number }[],
+    options: { readonly starvationMs: number },
+  ): Promise<{ readonly refusedGroup: string | undefined }> {
+    const take = this.#store.takeSlotsInTransaction?.bind(this.#store);
+    if (!take) throw new ValidationError('INVALID_OPTIONS', 'store', 'This key store holds no concurrency slots in a transaction (takeSlotsInTransaction).');
+    return storeCall(scope, key, 'concurrency slot', () =>
+      take(tx, { groups: limits.map((limit) => limit.key), limits: limits.map((limit) => limit.limit), scope, key, starvationMs: options.starvationMs }),
+    );
+  }
+
+  /**
+   * Wakes the oldest waiter of each of `groups` (one not woken within the lease), as freeing a
+   * slot row does: after a run whose slots its transaction held ended.
+   */
+  wakeConcurrencyWaiters(scope: string, key: string, groups: readonly string[]): Promise<number> {
+    return storeCall(scope, key, 'concurrency waiter wake', () => this.#store.wakeSlotWaiters!(groups, this.#options.leaseMs));
+  }
+
   /** Frees a slot taken by {@link acquireConcurrencySlot}; false when it was no longer held (its time was up). */
   releaseConcurrencySlot(scope: string, key: string, slot: ConcurrencySlot): Promise<boolean> {
     // A waiter this frees the slot for is woken again by the next release if it has not come back within a lease.

@@ -4,6 +4,7 @@ import type { HeldRecord } from './one-trip-commit.js';
 import type { ClaimInput, CoalesceArrival, CompletedKeyRow, KeyRecord, LeaseExtension, StepPlace, StepRecord } from './records.js';
 import type { SlotAnswer, SlotRequest } from './sql/concurrency-slots.js';
 import type { HeldSlot } from './sql/concurrency-slot-wakes.js';
+import type { SlotsInTransactionAnswer, SlotsInTransactionRequest } from './sql/concurrency-slots-in-transaction.js';
 import type { CoalesceAnswer, CoalesceSuccessor } from './records.js';
 
 /**
@@ -27,6 +28,13 @@ export interface KeyStore {
   releaseSlot?(group: string, slot: number, owner: string, wakeAgainAfterMs: number): Promise<boolean>;
   /** Renews slots a run still holds, for `leaseMs` from now; how many were still its own (see `sql/concurrency-slot-wakes.ts`). */
   renewSlots?(slots: readonly HeldSlot[], leaseMs: number): Promise<number>;
+  /**
+   * Takes a slot of each concurrency key for as long as the open transaction `tx` lasts, or names
+   * the first one at its limit (see `sql/concurrency-slots-in-transaction.ts`).
+   */
+  takeSlotsInTransaction?(tx: Kysely<any>, request: SlotsInTransactionRequest): Promise<SlotsInTransactionAnswer>;
+  /** Wakes the oldest waiter of each group not woken within `wakeAgainAfterMs` (see `sql/concurrency-slots-in-transaction.ts`). */
+  wakeSlotWaiters?(groups: readonly string[], wakeAgainAfterMs: number): Promise<number>;
   /** A coalescing job arrives: run a generation, or fold into the run in flight (see `sql/coalescing.ts`). */
   coalesceArrive?(input: CoalesceArrival): Promise<CoalesceAnswer>;
   /** The running job's generation ended: the pending successor's generation and payload, if any. */

@@ -13,6 +13,7 @@ import { keysTableLayout } from './sql/keys-table-layout.js';
 import { perKeyRetentionDdl, tombstonesDdl } from './sql/tombstones.js';
 import { acquireConcurrencySlotFunctionDdl, concurrencyLimitSetsDdl, concurrencySlotsDdl, keyConcurrencyLimitsDdl } from './sql/concurrency-slots.js';
 import { concurrencySlotWakesDdl } from './sql/concurrency-slot-wakes.js';
+import { concurrencySlotsInTransactionDdl, wakeConcurrencyWaitersDdl } from './sql/concurrency-slots-in-transaction.js';
 import { coalescingDdl, coalescingEndsDdl, coalescingSendOrderDdl } from './sql/coalescing.js';
 import { schedulesDdl } from './sql/schedules.js';
 
@@ -310,6 +311,16 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
       async up(db: Kysely<any>) {
         await completeKeyFunctionDdl(schema).execute(db);
         await insertCompletedKeysFunctionDdl(schema).execute(db);
+      },
+    },
+    '033_concurrency_slots_in_transaction': {
+      // A run that is one transaction holds its slots by their locks for as long as that
+      // transaction (no row, no commit of its own: sql/concurrency-slots-in-transaction.ts), and
+      // a refusal by such a slot asks again within a second (sql/concurrency-slots.ts).
+      async up(db: Kysely<any>) {
+        await concurrencySlotsInTransactionDdl(schema).execute(db);
+        await wakeConcurrencyWaitersDdl(schema).execute(db);
+        await acquireConcurrencySlotFunctionDdl(schema).execute(db);
       },
     },
   };

@@ -13,6 +13,7 @@ import { coalesceArrive, coalesceNext } from './sql/coalescing.js';
 import type { CoalesceAnswer, CoalesceArrival, CoalesceSuccessor } from './records.js';
 import { acquireConcurrencySlot, type SlotAnswer, type SlotRequest } from './sql/concurrency-slots.js';
 import { releaseConcurrencySlot, renewConcurrencySlots, type HeldSlot } from './sql/concurrency-slot-wakes.js';
+import { takeConcurrencySlotsInTransaction, wakeConcurrencyWaiters, type SlotsInTransactionAnswer, type SlotsInTransactionRequest } from './sql/concurrency-slots-in-transaction.js';
 import { completeAndCommit, completeKey, completionStatement, storeFastPathResult, storeResultAndCommit } from './sql/complete-and-commit.js';
 import { extendLease } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
@@ -221,6 +222,14 @@ export class PostgresKeyStore implements KeyStore {
 
   renewSlots(slots: readonly HeldSlot[], leaseMs: number): Promise<number> {
     return renewConcurrencySlots(this.#db, this.schema, slots, leaseMs);
+  }
+
+  takeSlotsInTransaction(tx: Kysely<any>, request: SlotsInTransactionRequest): Promise<SlotsInTransactionAnswer> {
+    return takeConcurrencySlotsInTransaction(tx, this.schema, request);
+  }
+
+  wakeSlotWaiters(groups: readonly string[], wakeAgainAfterMs: number): Promise<number> {
+    return wakeConcurrencyWaiters(this.#db, this.schema, groups, wakeAgainAfterMs);
   }
 
   /** See {@link KeyStore.claimNewKey}. */

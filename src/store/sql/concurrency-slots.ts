@@ -87,14 +87,28 @@ export async function acquireConcurrencySlot(db: Kysely<any>, schema: string, re
   return row.slot !== null ? { acquired: true, slot: row.slot } : { acquired: false, retryAfterMs: Math.max(1, Number(row.retry_after_ms ?? 1)) };
 }
 
-/** How many jobs each group has running and waiting now (for `stats`, tests and the chaos checker). */
+/**
+ * How many jobs each group has running and waiting now (for `stats`, tests and the chaos checker):
+ * its slots held by a live row, or by a transaction's lock (`sql/concurrency-slots-in-transaction.ts`).
+ */
 export async function concurrencyGroupCounts(db: Kysely<any>, schema: string, group: string): Promise<{ running: number; waiting: number }> {
   const { rows } = await sql<{ running: number; waiting: number }>`
-    select (select count(*)::int from ${sql.id(schema, 'concurrency_slots')} as s
-             where s.group_key = ${group} and ${slotIsLive('s')}) as running,
+    select (select count(*)::int from (
+              select s.slot from ${sql.id(schema, 'concurrency_slots')} as s
+               where s.group_key = ${group} and ${slotIsLive('s')}
+              union
+              select l.objid::bigint::int from pg_locks as l
+               where l.locktype = 'advisory' and l.granted and l.objsubid = 2
+                 and l.database = (select d.oid from pg_database as d where d.datname = current_database())
+                 and l.classid = ${slotLockKey(group)}) as held) as running,
            (select count(*)::int from ${sql.id(schema, 'concurrency_waiters')} as w
              where w.group_key = ${group}) as waiting`.execute(db);
   return rows[0]!;
+}
+
+/** The first key of a slot's advisory lock (the second is the slot's number), as pg_locks shows it (an oid). */
+function slotLockKey(group: string) {
+  return sql`hashtext(${`idempotent_jobs.concurrency:${group}`}::text)::oid`;
 }
 
 /**
@@ -146,8 +160,9 @@ export function concurrencySlotsDdl(schema: string) {
  * so that a freed slot wakes it: `sql/concurrency-slot-wakes.ts`), `029_concurrency_slot_locks`
  * (a lock per slot instead of one per group), `030_concurrency_slot_walk` (the held slots read
  * in one statement and walked, and the slot and the key's records written in one) and
- * `031_concurrency_slot_time` (a slot held by its time alone, not also by its key's lease).
- * Besides taking the slot, it records the key's concurrency key and limit in
+ * `031_concurrency_slot_time` (a slot held by its time alone, not also by its key's lease) and
+ * `033_concurrency_slots_in_transaction` (a refusal by a slot held by a transaction, which has
+ * no time to wait for, asks again within a second). Besides taking the slot, it records the key's concurrency key and limit in
  * `key_concurrency_limits` ({@link keyConcurrencyLimitsDdl}), in the same statement, so no round
  * trip is added; the key's records of keys outside `p_groups` (all the keys its job names; null:
  * only `p_group`) are dropped, so a key whose job now names other keys is not swept under old ones.
@@ -244,9 +259,12 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         insert into ${waiters} as w (group_key, scope, key, job_id, queue) values (p_group, p_scope, p_key, p_job_id, p_queue)
         on conflict (group_key, scope, key) do update set seen_at = now(), job_id = excluded.job_id, queue = excluded.queue, woken_at = null;
         -- Ask again about when the first slot's time is up, never later than the lease (a run's
-        -- heartbeat renews its slot's time as it goes; the caller caps it anyway).
+        -- heartbeat renews its slot's time as it goes; the caller caps it anyway). A slot held by
+        -- a transaction (its lock, no live row: sql/concurrency-slots-in-transaction.ts) frees
+        -- when that transaction ends, which no row tells: then ask again within a second.
         select greatest(1, least(coalesce(min(ceil(extract(epoch from (s.acquired_until - now())) * 1000)),
-                 p_lease_ms), p_lease_ms))::bigint
+                 p_lease_ms), p_lease_ms,
+                 case when count(*) filter (where ${slotIsLive('s')}) < p_limit then 1000 else p_lease_ms end))::bigint
           into retry_after_ms
           from ${slots} as s
          where s.group_key = p_group and s.slot < p_limit;

@@ -1,0 +1,185 @@
+import { sql, type Kysely } from 'kysely';
+import { concurrencySlotFreedChannel } from '../channels.js';
+
+/** What `takeConcurrencySlotsInTransaction` answered. */
+export interface SlotsInTransactionAnswer {
+  /** The first concurrency key at its limit (nothing was taken that outlives the transaction); undefined: a slot of each is held. */
+  readonly refusedGroup: string | undefined;
+}
+
+/** One take of slots inside a transaction: the job's concurrency keys, sorted, with their limits. */
+export interface SlotsInTransactionRequest {
+  /** The concurrency keys, in the order every job takes them (`concurrencyLimitsOf`). */
+  readonly groups: readonly string[];
+  /** Each key's limit, in the same order. */
+  readonly limits: readonly number[];
+  /** The scope of the key that runs in the slots. */
+  readonly scope: string;
+  /** The key that runs in the slots. */
+  readonly key: string;
+  /** The starvation bound (see `acquireConcurrencySlot`). */
+  readonly starvationMs: number;
+}
+
+/**
+ * Takes a slot of each of a job's concurrency keys for as long as the open transaction `tx`
+ * lasts, or names the first key at its limit: one statement, a call of
+ * `take_concurrency_slots_in_transaction` ({@link concurrencySlotsInTransactionDdl}).
+ *
+ * *Why:* a job whose whole run is one transaction (the fast path) needs no slot row: the slot's
+ * transaction-scoped advisory lock (the lock a row's acquisition takes too, `sql/concurrency-slots.ts`)
+ * is held until that transaction commits or rolls back, and freed by Postgres if its connection
+ * dies. So the slot costs neither a commit to take nor one to free, nor a heartbeat to keep: it
+ * is as long as the run, exactly. Acquisitions of a row skip a slot whose lock is held, and this
+ * one skips a slot whose row is live, so the two kinds of holder share one count.
+ *
+ * Refused, nothing outlives the transaction, which the caller rolls back; it then asks for a
+ * slot row (`acquireConcurrencySlot`), which records the job as a waiter or takes a slot freed
+ * meanwhile. A starving waiter goes first here as there.
+ */
+export async function takeConcurrencySlotsInTransaction(tx: Kysely<any>, schema: string, request: SlotsInTransactionRequest): Promise<SlotsInTransactionAnswer> {
+  const { rows } = await sql<{ refused_group: string | null }>`
+    select * from ${sql.id(schema, 'take_concurrency_slots_in_transaction')}(
+      ${request.groups}::text[], ${request.limits}::int[], ${request.scope}::text, ${request.key}::text, ${request.starvationMs}::int)`.execute(tx);
+  const row = rows[0]!;
+  return { refusedGroup: row.refused_group ?? undefined };
+}
+
+/**
+ * Wakes the oldest waiter of each of `groups` not woken within `wakeAgainAfterMs`, as a slot row's
+ * release does (`releaseConcurrencySlot`): after a run whose slots were held by its transaction
+ * ended. Every such run sends it: a waiter is recorded by a refusal while the run goes on, which
+ * the run cannot see. With no waiter it writes nothing, so it costs a round trip and no commit.
+ * Its commit does not wait for the flush: a wake lost is a waiter that asks again when its
+ * deferral ends.
+ */
+export async function wakeConcurrencyWaiters(db: Kysely<any>, schema: string, groups: readonly string[], wakeAgainAfterMs: number): Promise<number> {
+  const { rows } = await sql<{ woken: number }>`
+    select ${sql.id(schema, 'wake_concurrency_waiters')}(${groups}::text[], ${wakeAgainAfterMs}::int) as woken`.execute(db);
+  return rows[0]?.woken ?? 0;
+}
+
+/**
+ * DDL of `wake_concurrency_waiters` (see {@link wakeConcurrencyWaiters}), for migration
+ * `033_concurrency_slots_in_transaction`: a function, so that its plans are kept by the session
+ * and a call that finds no waiter (the common case: every run below its limit sends it) reads
+ * one index entry and returns, writing nothing.
+ */
+export function wakeConcurrencyWaitersDdl(schema: string) {
+  const waiters = sql.id(schema, 'concurrency_waiters');
+  return sql`
+      create or replace function ${sql.id(schema, 'wake_concurrency_waiters')}(p_groups text[], p_wake_again_after_ms int)
+      returns int
+      language plpgsql volatile as $wake$
+      declare
+        v_woken int;
+      begin
+        perform 1 from ${waiters} as w where w.group_key = any(p_groups) and w.job_id is not null limit 1;
+        if not found then
+          return 0;
+        end if;
+        -- A wake lost to a crash is a waiter that asks again when its deferral ends: no flush waited for.
+        perform set_config('synchronous_commit', 'off', true);
+        with woken as (
+          select w.group_key, w.scope, w.key, w.queue, w.job_id
+            from unnest(p_groups) as g(group_key)
+           cross join lateral (
+             select w.group_key, w.scope, w.key, w.queue, w.job_id from ${waiters} as w
+              where w.group_key = g.group_key and w.job_id is not null
+                and (w.woken_at is null or w.woken_at < now() - p_wake_again_after_ms * interval '1 millisecond')
+              order by w.since
+              limit 1
+                for update skip locked) as w
+        ), marked as (
+          update ${waiters} as w set woken_at = now()
+            from woken where w.group_key = woken.group_key and w.scope = woken.scope and w.key = woken.key
+        )
+        select count(*)::int into v_woken from (
+          select pg_notify(${sql.lit(concurrencySlotFreedChannel(schema))}, json_build_object('group', w.group_key, 'queue', w.queue, 'jobId', w.job_id)::text)
+            from woken as w) as n;
+        return v_woken;
+      end;
+      $wake$`;
+}
+
+/**
+ * DDL of `take_concurrency_slots_in_transaction` (see {@link takeConcurrencySlotsInTransaction}),
+ * for migration `033_concurrency_slots_in_transaction`. The walk is the one of
+ * `acquire_concurrency_slot`: the live slot rows read once, the other slots tried lowest first,
+ * each taken only under its lock, after a second look in a statement of its own (which sees a row
+ * committed before the lock was had). The locks are never waited for.
+ */
+export function concurrencySlotsInTransactionDdl(schema: string) {
+  const slots = sql.id(schema, 'concurrency_slots');
+  const waiters = sql.id(schema, 'concurrency_waiters');
+  return sql`
+      create or replace function ${sql.id(schema, 'take_concurrency_slots_in_transaction')}(
+        p_groups text[], p_limits int[], p_scope text, p_key text, p_starvation_ms int)
+      returns table (refused_group text)
+      language plpgsql volatile as $slots$
+      #variable_conflict use_column
+      declare
+        v_index int;
+        v_group text;
+        v_limit int;
+        v_lock int;
+        v_live int[];
+        v_next_live int;
+        v_candidate int;
+        v_taken boolean;
+        v_since timestamptz;
+        v_starving boolean;
+        v_was_waiting boolean := false;
+      begin
+        for v_index in 1 .. coalesce(cardinality(p_groups), 0) loop
+          v_group := p_groups[v_index];
+          v_limit := coalesce(p_limits[v_index], 0);
+          v_lock := hashtext('idempotent_jobs.concurrency:' || v_group);
+          -- As in acquire_concurrency_slot: a starving waiter older than this key, still coming
+          -- back, goes first.
+          select w.since into v_since from ${waiters} as w
+           where w.group_key = v_group and w.scope = p_scope and w.key = p_key
+             and w.seen_at >= now() - 2 * p_starvation_ms * interval '1 millisecond';
+          v_was_waiting := v_was_waiting or v_since is not null;
+          select exists (
+                   select 1 from ${waiters} as w
+                    where w.group_key = v_group and not (w.scope = p_scope and w.key = p_key)
+                      and w.since < now() - p_starvation_ms * interval '1 millisecond'
+                      and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
+                      and w.since < coalesce(v_since, now()))
+            into v_starving;
+          v_taken := false;
+          if not v_starving then
+            select coalesce(array_agg(s.slot order by s.slot), '{}') into v_live
+              from ${slots} as s
+             where s.group_key = v_group and s.slot >= 0 and s.slot < v_limit and s.acquired_until > now();
+            v_next_live := 1;
+            for v_candidate in 0 .. v_limit - 1 loop
+              if v_next_live <= cardinality(v_live) and v_live[v_next_live] = v_candidate then
+                v_next_live := v_next_live + 1;
+                continue;
+              end if;
+              continue when not pg_try_advisory_xact_lock(v_lock, v_candidate);
+              if not exists (
+                select 1 from ${slots} as s
+                 where s.group_key = v_group and s.slot = v_candidate and s.acquired_until > now()) then
+                v_taken := true;
+                exit;
+              end if;
+            end loop;
+          end if;
+          if not v_taken then
+            refused_group := v_group;
+            return next;
+            return;
+          end if;
+        end loop;
+        -- Running now, so no longer a waiter (written only when it was one: no write otherwise).
+        if v_was_waiting then
+          delete from ${waiters} as w where w.group_key = any(p_groups) and w.scope = p_scope and w.key = p_key;
+        end if;
+        refused_group := null;
+        return next;
+      end;
+      $slots$`;
+}
