@@ -15,6 +15,8 @@
  * that drain, e.g. `"lean 64|old fast-path-group 64|now fast-path-group 64 GROUP_COMMIT_GROUPS=2"`.
  * `QUEUE_BACKEND=postgres` puts that drain's queue in BullMQ's PostgreSQL backend (a schema of the
  * bench's database); such a drain is divided by the first lean spec with the same setting.
+ * `JOB_CONCURRENCY_LIMIT=<n>` gives every job of that drain one concurrency key of limit n (the
+ * key `tenant:bench`; a limit above the concurrency is never reached).
  *
  * Only the worker binary (`bin/idempotent-jobs.js` and what it loads) comes from the other
  * checkout: the handler module (bench/support/deployed-handler.ts, which needs only `ctx` and

@@ -138,7 +138,9 @@ export async function runDeployedDrain(env: BenchEnv, spec: DeployedSpec): Promi
   let child: BenchChild | undefined;
   try {
     const redisPid = queueBackend === 'redis' ? await redisServerPid(env.redisUrl) : undefined;
-    await fillQueue(queue, n, 0, spec.callMs ? { sleepMs: spec.callMs } : {});
+    // `JOB_CONCURRENCY_LIMIT=<n>` in a spec's environment: every job names one concurrency key of that limit.
+    const limit = extraEnv.JOB_CONCURRENCY_LIMIT;
+    await fillQueue(queue, n, 0, spec.callMs ? { sleepMs: spec.callMs } : {}, limit ? { concurrencyKey: 'tenant:bench', concurrencyLimit: Number(limit) } : {});
     const spawnedAt = performance.now();
     child = startContender(env, queueName, { ...spec, workerCheckout, extraEnv, queueBackend });
     await waitUntilListed(queue, child);

@@ -82,7 +82,7 @@ export function redisConnection(redisUrl: string) {
  * with its own job id, as a redelivery or a re-enqueue by a producer without the job-id
  * convention would. Duplicates carry the same payload, so they replay rather than being refused.
  */
-export async function fillQueue(queue: Queue, n: number, duplicateRatio: number, extra: Partial<BenchPayload> = {}): Promise<number> {
+export async function fillQueue(queue: Queue, n: number, duplicateRatio: number, extra: Partial<BenchPayload> = {}, wireExtra: Record<string, unknown> = {}): Promise<number> {
   const distinct = Math.max(1, Math.round(n * (1 - duplicateRatio)));
   await queue.pause();
   const chunk = 1000;
@@ -90,7 +90,7 @@ export async function fillQueue(queue: Queue, n: number, duplicateRatio: number,
     const jobs = [];
     for (let i = start; i < Math.min(n, start + chunk); i++) {
       const k = i % distinct;
-      jobs.push({ name: 'charge', data: toWireJobData(SCOPE, `k${k}`, { n: k, ...extra }), opts: { jobId: `j${i}` } });
+      jobs.push({ name: 'charge', data: { ...toWireJobData(SCOPE, `k${k}`, { n: k, ...extra }), ...wireExtra }, opts: { jobId: `j${i}` } });
     }
     await queue.addBulk(jobs);
   }
