@@ -66,25 +66,60 @@ npm pkg set type=module
 # Errors only, so that a refused install (a peer conflict, say) says why.
 npm install --no-audit --no-fund --loglevel=error --prefer-offline "./$tarball" "@types/node@20"
 
+# The peers at the versions this repository's lockfile tests (package.json's devDependencies).
+peer() { node -p "require('$root/package.json').devDependencies['$1']"; }
+node22="$root/tools/node-versions/node_modules/node22/bin"
+node24="$root/tools/node-versions/node_modules/node24/bin"
+# A project of its own for the TypeScript runners (see their section below), installed in the
+# background from here on: each install mostly waits on npm's cache and the disk.
+runners_project() {
+  local dir="$work/$1"
+  mkdir "$dir"
+  cp "$root/.ci/package-smoke/runners/front-door.ts" "$root/.ci/package-smoke/runners/front-door.cts" "$root/.ci/package-smoke/runners/tsconfig.json" "$dir/"
+  (
+    cd "$dir"
+    npm init -y >/dev/null
+    if [ "$1" = runners-esm ]; then npm pkg set type=module; fi
+    npm install --no-audit --no-fund --loglevel=error --prefer-offline "$project/$tarball" \
+      "tsx@$(peer tsx)" "ts-node@10.9.2" "typescript@$(peer typescript)" "@types/node@20"
+  )
+}
+runners_project runners-esm >"$work/runners-esm.log" 2>&1 &
+runners_esm_pid=$!
+runners_project runners-cjs >"$work/runners-cjs.log" 2>&1 &
+runners_cjs_pid=$!
+# Waits for a background step; prints its log, and fails with it.
+await_step() {
+  local pid="$1" log="$2" status=0
+  wait "$pid" || status=$?
+  cat "$log"
+  return "$status"
+}
+
 echo "== npm install of the package alone on Node 20, 22 and 24: no warning from its dependency tree"
 # EBADENGINE (a dependency that refuses one of the Nodes engines allows) or a deprecated
 # package. The repository's own overrides do not reach a user's install, so the ranges in
-# dependencies must install clean by themselves.
-for bin in "" "$root/tools/node-versions/node_modules/node22/bin" "$root/tools/node-versions/node_modules/node24/bin"; do
-  clean_install="$(mktemp -d "$work/install.XXXX")"
-  (
-    cd "$clean_install"
-    [ -z "$bin" ] || export PATH="$bin:$PATH"
-    npm init -y >/dev/null
-    npm install --no-audit --no-fund --prefer-offline "$project/$tarball" >install.out 2>&1
-    echo "Node $(node --version): $(grep -c . install.out) lines of npm output"
-    if grep -iE '^npm warn (EBADENGINE|deprecated)' install.out; then
-      echo "npm warned installing the package on Node $(node --version):" >&2
-      cat install.out >&2
-      exit 1
-    fi
-  )
+# dependencies must install clean by themselves. The three at once.
+clean_install() {
+  local bin="$1" dir
+  dir="$(mktemp -d "$work/install.XXXX")"
+  cd "$dir"
+  [ -z "$bin" ] || export PATH="$bin:$PATH"
+  npm init -y >/dev/null
+  npm install --no-audit --no-fund --prefer-offline "$project/$tarball" >install.out 2>&1
+  echo "Node $(node --version): $(grep -c . install.out) lines of npm output"
+  if grep -iE '^npm warn (EBADENGINE|deprecated)' install.out; then
+    echo "npm warned installing the package on Node $(node --version):" >&2
+    cat install.out >&2
+    exit 1
+  fi
+}
+clean_pids=()
+for bin in "" "$node22" "$node24"; do
+  (clean_install "$bin") >"$work/clean-install-${#clean_pids[@]}.log" 2>&1 &
+  clean_pids+=("$!")
 done
+for i in "${!clean_pids[@]}"; do await_step "${clean_pids[$i]}" "$work/clean-install-$i.log"; done
 
 echo "== tsc --strict, no skipLibCheck"
 node "$root/node_modules/typescript/bin/tsc" -p .
@@ -112,8 +147,6 @@ timeout 60 node http-requests.cjs | tee http-requests-cjs.out
 grep -qF "$expected" http-requests-cjs.out
 grep -qx 'adapters function,function,function' http-requests-cjs.out
 echo "== idempotent-jobs/nestjs and idempotent-jobs/bull-board with their optional peers, from an ES module and through require()"
-# The peers at the versions this repository's lockfile tests (package.json's devDependencies).
-peer() { node -p "require('$root/package.json').devDependencies['$1']"; }
 npm install --no-save --no-audit --no-fund --loglevel=error --prefer-offline \
   "@nestjs/common@$(peer @nestjs/common)" "@nestjs/core@$(peer @nestjs/core)" "@nestjs/bullmq@$(peer @nestjs/bullmq)" \
   "@bull-board/api@$(peer @bull-board/api)" "reflect-metadata@$(peer reflect-metadata)" "rxjs@$(peer rxjs)"
@@ -156,20 +189,6 @@ echo "== TypeScript runners (tsx, ts-node) in an ES module project and in a Comm
 # How most TypeScript users run code: each runner imports the package, makes a key store and
 # exits 0. tsx compiles the package itself to CommonJS in a CommonJS project, so neither the
 # package nor its dependencies may rely on import.meta.resolve or an import-only export.
-node22="$root/tools/node-versions/node_modules/node22/bin"
-node24="$root/tools/node-versions/node_modules/node24/bin"
-runners_project() {
-  local dir="$work/$1"
-  mkdir "$dir"
-  cp "$root/.ci/package-smoke/runners/front-door.ts" "$root/.ci/package-smoke/runners/front-door.cts" "$root/.ci/package-smoke/runners/tsconfig.json" "$dir/"
-  (
-    cd "$dir"
-    npm init -y >/dev/null
-    if [ "$1" = runners-esm ]; then npm pkg set type=module; fi
-    npm install --no-audit --no-fund --loglevel=error --prefer-offline "$project/$tarball" \
-      "tsx@$(peer tsx)" "ts-node@10.9.2" "typescript@$(peer typescript)" "@types/node@20"
-  )
-}
 front_door() {
   local dir="$1"
   shift
@@ -177,12 +196,12 @@ front_door() {
   (cd "$dir" && timeout 120 "$@" 2>&1 | tee "$work/front-door.out")
   grep -qx 'front door: IdempotencyKeys made' "$work/front-door.out"
 }
-runners_project runners-esm
+await_step "$runners_esm_pid" "$work/runners-esm.log"
 esm="$work/runners-esm"
 front_door "$esm" npx --no -- tsx front-door.ts
 front_door "$esm" node --import tsx front-door.ts
 front_door "$esm" node --loader ts-node/esm front-door.ts
-runners_project runners-cjs
+await_step "$runners_cjs_pid" "$work/runners-cjs.log"
 cjs="$work/runners-cjs"
 # npm init -y writes "type": "commonjs" (npm 11) or no type at all (npm 10): CommonJS either way.
 case "$(cd "$cjs" && npm pkg get type)" in '"commonjs"' | '{}') ;; *) echo "runners-cjs is not a CommonJS project" >&2; exit 1 ;; esac
