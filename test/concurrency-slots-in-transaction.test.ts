@@ -6,15 +6,18 @@
  *
  * Invariants attacked: at most `limit` runs of a key at once, whichever kind of holder (a
  * transaction's lock, a row of the leased path); a refused job uses no attempt and runs once,
- * later; a slot never outlives its transaction; a waiter seen by the run is woken when it ends,
- * and one that came after asks again within a second.
+ * later; a slot never outlives its transaction; the keys' waiters are woken when it ends; a job
+ * that waited is no longer a waiter once it runs; keys whose 32-bit hashes collide do not share
+ * slots; a late renewal of a slot row cannot take back a slot a transaction holds; a schema not
+ * yet migrated costs the jobs nothing but the rows.
  */
 import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { IdempotencyKeys, KeySettledListener, createIdempotentWorker, type IdempotentWorker, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
 import { concurrencyGroupCounts } from '../src/store/sql/concurrency-slots.js';
+import { concurrencySlotsInTransactionDdl } from '../src/store/sql/concurrency-slots-in-transaction.js';
 import { createEffectsTable, createGate, effectsOf } from './support/protocol-fixtures.js';
 import { sleep, waitFor, waitForJobState } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
@@ -200,5 +203,104 @@ describe('a fast-path run holds its slot by its transaction', () => {
     expect(most).toBeGreaterThanOrEqual(2);
     for (const id of ids) expect(await effectsOf(env.db, env.schema, 'load', id)).toHaveLength(1);
     expect(await concurrencyGroupCounts(env.db, env.schema, 'tenant:load')).toEqual({ running: 0, waiting: 0 });
+  });
+});
+
+/** Holds slots of `limits` by an open transaction of the test's own until `release()`; `taken` says whether it got them. */
+async function holdByTransaction(scope: string, key: string, limits: Array<{ key: string; limit: number }>) {
+  const gate = createGate();
+  let answered!: (refused: string | undefined) => void;
+  const taken = new Promise<string | undefined>((resolve) => (answered = resolve));
+  const done = env.db.transaction().execute(async (tx) => {
+    const answer = await keys.takeConcurrencySlotsInTransaction(tx, scope, key, limits, { starvationMs: 30_000 });
+    answered(answer.refusedGroup);
+    await gate.wait;
+  });
+  return { refusedGroup: await taken, release: async () => (gate.open(), await done) };
+}
+
+describe('its edges', () => {
+  it('a job that waited and now runs is no longer a waiter while it runs (its row is not held back uncommitted in its transaction)', { timeout: 60_000 }, async () => {
+    const waiters = sql.id(env.schema, 'concurrency_waiters');
+    // Recorded as a waiter an hour ago, seen just now: a starving waiter while its row stands.
+    await sql`insert into ${waiters} (group_key, scope, key, since, seen_at) values ('tenant:was-waiting', 'w', 'runs-now', now() - interval '1 hour', now())`.execute(env.db);
+    const holder = await holdByTransaction('w', 'runs-now', [{ key: 'tenant:was-waiting', limit: 2 }]);
+    try {
+      expect(holder.refusedGroup).toBeUndefined();
+      const rows = await sql<{ n: number }>`select count(*)::int as n from ${waiters} where group_key = 'tenant:was-waiting'`.execute(env.db);
+      expect(rows.rows[0]!.n).toBe(0);
+      // So another job of the key takes the second slot, not refused by a starving waiter that is running.
+      const other = await keys.acquireConcurrencySlot('w', 'other', { key: 'tenant:was-waiting', limit: 2 }, { starvationMs: 30_000, leaseMs: 30_000 });
+      expect(other.acquired).toBe(true);
+      if (other.acquired) await keys.releaseConcurrencySlot('w', 'other', other);
+    } finally {
+      await holder.release();
+    }
+  });
+
+  it('two concurrency keys whose 32-bit hashes collide do not hold each other\'s slots', async () => {
+    // hashtext('idempotent_jobs.concurrency:tenant:114062') = hashtext('…:tenant:294826'): found
+    // by grouping hashtext over 400,000 such keys. A slot's lock key is 64 bits, of the key and the slot.
+    const holder = await holdByTransaction('c', 'first', [{ key: 'tenant:114062', limit: 1 }]);
+    try {
+      expect(holder.refusedGroup).toBeUndefined();
+      const other = await holdByTransaction('c', 'second', [{ key: 'tenant:294826', limit: 1 }]);
+      expect(other.refusedGroup).toBeUndefined();
+      await other.release();
+      const row = await keys.acquireConcurrencySlot('c', 'third', { key: 'tenant:294826', limit: 1 }, { starvationMs: 30_000, leaseMs: 30_000 });
+      expect(row.acquired).toBe(true);
+      if (row.acquired) await keys.releaseConcurrencySlot('c', 'third', row);
+    } finally {
+      await holder.release();
+    }
+  });
+
+  it('a refusal by a slot a transaction holds asks again within a second, even beside a slot row whose time ran out', async () => {
+    const slots = sql.id(env.schema, 'concurrency_slots');
+    // A dead run's row in slot 0 (its time ran out): the transaction takes slot 0 over, leaving the row.
+    await sql`insert into ${slots} (group_key, slot, owner, scope, key, acquired_until) values ('tenant:expired', 0, gen_random_uuid(), 'e', 'dead', now() - interval '1 minute')`.execute(env.db);
+    const holder = await holdByTransaction('e', 'holder', [{ key: 'tenant:expired', limit: 1 }]);
+    try {
+      expect(holder.refusedGroup).toBeUndefined();
+      const refused = await keys.acquireConcurrencySlot('e', 'refused', { key: 'tenant:expired', limit: 1 }, { starvationMs: 30_000, leaseMs: 30_000 });
+      expect(refused.acquired).toBe(false);
+      if (refused.acquired) throw new Error('unreachable');
+      // Not 1 ms (the dead row's time, long past), which would have the waiter ask again at once, over and over.
+      expect(refused.retryAfterMs).toBeGreaterThanOrEqual(500);
+      expect(refused.retryAfterMs).toBeLessThanOrEqual(1_000);
+    } finally {
+      await holder.release();
+    }
+  });
+
+  it('a late renewal of a slot row whose time ran out is refused while a transaction holds that slot', async () => {
+    const slots = sql.id(env.schema, 'concurrency_slots');
+    const owner = '00000000-0000-4000-8000-00000000abcd';
+    await sql`insert into ${slots} (group_key, slot, owner, scope, key, acquired_until) values ('tenant:late', 0, ${owner}::uuid, 'l', 'paused', now() - interval '1 second')`.execute(env.db);
+    const holder = await holdByTransaction('l', 'holder', [{ key: 'tenant:late', limit: 1 }]);
+    try {
+      expect(holder.refusedGroup).toBeUndefined();
+      // The paused run wakes and renews: the slot is another run's now.
+      expect(await keys.renewConcurrencySlots('l', 'paused', [{ acquired: true, group: 'tenant:late', slot: 0, owner }], 30_000)).toBe(0);
+    } finally {
+      await holder.release();
+    }
+    // Nobody in it: the late renewal is taken, as before.
+    expect(await keys.renewConcurrencySlots('l', 'paused', [{ acquired: true, group: 'tenant:late', slot: 0, owner }], 30_000)).toBe(1);
+  });
+
+  it('on a schema without migration 033 (a worker started with MIGRATE=false), jobs take slot rows: each commits once, no attempt used', { timeout: 60_000 }, async () => {
+    await sql`drop function ${sql.id(env.schema, 'take_concurrency_slots_in_transaction')}(text[], int[], text, text, int)`.execute(env.db);
+    onTestFinished(() => concurrencySlotsInTransactionDdl(env.schema).execute(env.db).then(() => undefined));
+    const worker = startWorker<{ n: number }>('in-tx-unmigrated', {
+      handler: { transaction: (tx, ctx) => insertEffect(tx, ctx.scope, ctx.key, ctx.fence).then(() => ctx.data.n) },
+    });
+    const { queue, ids } = await addJobs('in-tx-unmigrated', 'unmigrated', 3, { key: 'tenant:unmigrated', limit: 1 });
+    for (const id of ids) {
+      const { job } = await waitForJobState(queue, id, ['completed'], 30_000);
+      expect(job.attemptsMade).toBeLessThanOrEqual(1);
+      expect(await effectsOf(env.db, env.schema, 'unmigrated', id)).toHaveLength(1);
+    }
+    await worker.close();
   });
 });

@@ -1,5 +1,6 @@
 import type { Transaction } from 'kysely';
 import type { ConcurrencySlot, IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import { sqlStateOf } from '../store/pg-errors.js';
 import { startSlotHeartbeat } from './concurrency-slot-heartbeat.js';
 import type { RunFailures } from './run-failures.js';
 import type { Run, RunResult } from './run-outcome.js';
@@ -83,14 +84,19 @@ export interface TransactionSlots {
   taken: boolean;
 }
 
-/** The run's transaction found a concurrency key at its limit: rolled back, the job asks for a slot row instead. */
-export class SlotsRefusedInTransaction extends Error {
-  readonly concurrencyKey: string;
+/**
+ * The run's transaction did not take its slots, and rolled back before the handler ran: a
+ * concurrency key was at its limit (`refused`), or the keys' schema has no function to take them
+ * so (`unavailable`: migration `033_concurrency_slots_in_transaction` not run, the worker started
+ * with `MIGRATE=false`). Either way the job asks for slot rows instead.
+ */
+export class TransactionSlotsNotTaken extends Error {
+  readonly reason: 'refused' | 'unavailable';
 
-  constructor(concurrencyKey: string) {
-    super(`concurrency key ${JSON.stringify(concurrencyKey)} is at its limit`);
-    this.name = 'SlotsRefusedInTransaction';
-    this.concurrencyKey = concurrencyKey;
+  constructor(reason: 'refused' | 'unavailable', message: string, options?: { cause: unknown }) {
+    super(message, options);
+    this.name = 'TransactionSlotsNotTaken';
+    this.reason = reason;
   }
 }
 
@@ -100,20 +106,26 @@ export class SlotsRefusedInTransaction extends Error {
  * and held by their locks until it commits or rolls back (`sql/concurrency-slots-in-transaction.ts`):
  * no slot row, no commit to take or free one, no heartbeat. A key at its limit rolls that
  * transaction back, before the handler ran, and the job goes the way of {@link runInSlots}, which
- * records it as a waiter (or takes a slot freed meanwhile). Once a transaction that took the slots
+ * records it as a waiter (or takes a slot freed meanwhile); so does every job once the keys'
+ * schema proved to have no function to take them so (`deps.unavailable`). Once a transaction that took the slots
  * has ended, the keys' oldest waiters are woken, as freeing a slot row wakes them (a statement
  * that writes nothing when there is none: see `wakeConcurrencyWaiters`).
  */
 export async function runInTransactionSlots<P, M>(
   run: Run<P, M>,
   limits: readonly ConcurrencyLimit[],
-  deps: SlotsRunDeps<P, M> & { readonly runFastPath: (run: Run<P, M>, slots: TransactionSlots) => Promise<RunResult> },
+  deps: SlotsRunDeps<P, M> & {
+    readonly runFastPath: (run: Run<P, M>, slots: TransactionSlots) => Promise<RunResult>;
+    /** Told once the schema proved to have no function to take slots in a transaction. */
+    readonly unavailable: (error: TransactionSlotsNotTaken) => void;
+  },
 ): Promise<RunResult> {
   const slots: TransactionSlots = { limits, taken: false };
   try {
     return await deps.runFastPath(run, slots);
   } catch (error) {
-    if (!(error instanceof SlotsRefusedInTransaction)) throw error;
+    if (!(error instanceof TransactionSlotsNotTaken)) throw error;
+    if (error.reason === 'unavailable') deps.unavailable(error);
     return runInSlots(run, limits, deps);
   } finally {
     if (slots.taken) {
@@ -127,12 +139,19 @@ export async function runInTransactionSlots<P, M>(
 
 /**
  * The first statement of a run's transaction when its slots are held by it: takes them, or throws
- * {@link SlotsRefusedInTransaction} (the transaction then rolls back). Store faults throw as the
+ * {@link TransactionSlotsNotTaken} (the transaction then rolls back). Store faults throw as the
  * store's calls do.
  */
 export async function takeTransactionSlots<P, M>(keys: IdempotencyKeys, timing: ResolvedWorkerTiming, run: Run<P, M>, tx: Transaction<any>, slots: TransactionSlots): Promise<void> {
   const { scope, key } = run.identity;
-  const answer = await keys.takeConcurrencySlotsInTransaction(tx, scope, key, slots.limits, { starvationMs: timing.concurrencyStarvationMs });
-  if (answer.refusedGroup !== undefined) throw new SlotsRefusedInTransaction(answer.refusedGroup);
+  let answer: Awaited<ReturnType<IdempotencyKeys['takeConcurrencySlotsInTransaction']>>;
+  try {
+    answer = await keys.takeConcurrencySlotsInTransaction(tx, scope, key, slots.limits, { starvationMs: timing.concurrencyStarvationMs });
+  } catch (error) {
+    // 42883 undefined_function: a schema not migrated to 033. Not the job's fault, and no attempt's.
+    if (sqlStateOf(error) === '42883') throw new TransactionSlotsNotTaken('unavailable', 'the keys\' schema has no take_concurrency_slots_in_transaction', { cause: error });
+    throw error;
+  }
+  if (answer.refusedGroup !== undefined) throw new TransactionSlotsNotTaken('refused', `concurrency key ${JSON.stringify(answer.refusedGroup)} is at its limit`);
   slots.taken = true;
 }

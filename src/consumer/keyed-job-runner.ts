@@ -12,7 +12,7 @@ import type { HeldRecord } from '../store/one-trip-commit.js';
 import type { KeyRetention } from '../store/records.js';
 import type { DataLayer } from '../store/data-layer.js';
 import { runCoalescing, type CoalescingRunDeps } from './coalescing-run.js';
-import { runInSlots, runInTransactionSlots, SlotsRefusedInTransaction, takeTransactionSlots, type SlotsRunDeps, type TransactionSlots } from './concurrency-slots-run.js';
+import { runInSlots, runInTransactionSlots, TransactionSlotsNotTaken, takeTransactionSlots, type SlotsRunDeps, type TransactionSlots } from './concurrency-slots-run.js';
 import { handlerForm, isDataLayerHandler, runsInOneTransaction, type DatabaseOnlyContext, type DatabaseOnlyHandler } from './database-only-handler.js';
 import { jobContext, transactionOptionsOf, type Delivery, type KeyedJobContext, type TransactionOptions } from './job-context.js';
 import { JobLogger } from './job-logger.js';
@@ -91,6 +91,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
    */
   readonly #databaseOnly: boolean;
   readonly #fastPath: boolean;
+  /** The keys' schema proved to have no function to take slots in a transaction: rows from then on. */
+  #slotsInTransactionUnavailable = false;
   /** The data layer of a database-only handler written in one (`databaseOnly(dataLayer, …)`): its fast path runs there. */
   readonly #dataLayer: DataLayer<unknown> | undefined;
   /** Bounds the deferrals of store faults that never pass (`storeRetryWindowMs`). */
@@ -225,8 +227,19 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     if (limits.length === 0) return this.#runClaimed(run);
     // A run that is one transaction holds its slots by it; a data layer's transaction is the
     // handler's, so its slots are rows as on the leased path.
-    if (this.#fastPath && run.leased !== true && !this.#dataLayer && this.#keys.supportsSlotsInTransaction) {
-      return runInTransactionSlots(run, limits, { ...this.#slotsRunDeps, runFastPath: (inSlots, slots) => this.#runFastPath(inSlots, slots) });
+    if (this.#fastPath && run.leased !== true && !this.#dataLayer && this.#keys.supportsSlotsInTransaction && !this.#slotsInTransactionUnavailable) {
+      return runInTransactionSlots(run, limits, {
+        ...this.#slotsRunDeps,
+        runFastPath: (inSlots, slots) => this.#runFastPath(inSlots, slots),
+        unavailable: (error) => {
+          if (this.#slotsInTransactionUnavailable) return;
+          this.#slotsInTransactionUnavailable = true;
+          run.log.warn(
+            { err: error },
+            'the keys\' schema is not migrated to 033_concurrency_slots_in_transaction: concurrency slots are taken as rows until this worker restarts on a migrated schema (run idempotent-jobs migrate)',
+          );
+        },
+      });
     }
     return runInSlots(run, limits, this.#slotsRunDeps);
   }
@@ -415,7 +428,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
         ? await this.#keys.executeOnceIn(identity.scope, identity.key, fingerprint, dataLayer, effect, options)
         : await this.#keys.executeOnce(identity.scope, identity.key, fingerprint, effect, options);
     } catch (error) {
-      if (error instanceof SlotsRefusedInTransaction) throw error;
+      if (error instanceof TransactionSlotsNotTaken) throw error;
       return await this.#failures.fastPathFailure(run, error);
     } finally {
       this.#active.delete(active);

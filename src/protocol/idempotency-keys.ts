@@ -446,7 +446,7 @@ export class IdempotencyKeys {
    * transaction's locks: the Postgres store does).
    */
   get supportsSlotsInTransaction(): boolean {
-    return this.#store.takeSlotsInTransaction !== undefined && this.#store.wakeSlotWaiters !== undefined;
+    return this.#store.takeSlotsInTransaction !== undefined && this.#store.wakeSlotWaiters !== undefined && this.#store.forgetSlotWaiter !== undefined;
   }
 
   /**
@@ -458,18 +458,28 @@ export class IdempotencyKeys {
    * (waiters recorded while it ran are not known to it). Transient store faults throw
    * {@link StoreUnavailableError}.
    */
-  takeConcurrencySlotsInTransaction(
+  async takeConcurrencySlotsInTransaction(
     tx: Transaction<any>,
     scope: string,
     key: string,
     limits: readonly { readonly key: string; readonly limit: number }[],
     options: { readonly starvationMs: number },
-  ): Promise<{ readonly refusedGroup: string | undefined }> {
+  ): Promise<{
+    /** The first key at its limit (roll `tx` back); undefined: a slot of each is held until `tx` ends. */
+    readonly refusedGroup: string | undefined;
+  }> {
     const take = this.#store.takeSlotsInTransaction?.bind(this.#store);
     if (!take) throw new ValidationError('INVALID_OPTIONS', 'store', 'This key store holds no concurrency slots in a transaction (takeSlotsInTransaction).');
-    return storeCall(scope, key, 'concurrency slot', () =>
-      take(tx, { groups: limits.map((limit) => limit.key), limits: limits.map((limit) => limit.limit), scope, key, starvationMs: options.starvationMs }),
+    const groups = limits.map((limit) => limit.key);
+    const answer = await storeCall(scope, key, 'concurrency slot', () =>
+      take(tx, { groups, limits: limits.map((limit) => limit.limit), scope, key, starvationMs: options.starvationMs }),
     );
+    // A waiter that now runs is forgotten at once, apart from tx (uncommitted in it, its row would
+    // count as a waiter until the run ends); rare: only a job that was refused before.
+    if (answer.refusedGroup === undefined && answer.wasWaiting) {
+      await storeCall(scope, key, 'concurrency waiter', () => this.#store.forgetSlotWaiter!(groups, scope, key));
+    }
+    return { refusedGroup: answer.refusedGroup };
   }
 
   /**

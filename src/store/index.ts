@@ -12,5 +12,6 @@ export type { ClaimInput, CompletedKeyRow, LeaseExtension, StepPlace, StepRecord
 export type { HeldRecord, HeldRecordState } from './one-trip-commit.js';
 export type { PostgresKeyStoreOptions } from './postgres-key-store.js';
 export type { SlotAnswer, SlotRequest } from './sql/concurrency-slots.js';
+export type { SlotsInTransactionAnswer, SlotsInTransactionRequest } from './sql/concurrency-slots-in-transaction.js';
 export type { HeldSlot } from './sql/concurrency-slot-wakes.js';
 export { PostgresKeyStore } from './postgres-key-store.js';

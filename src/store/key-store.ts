@@ -33,6 +33,8 @@ export interface KeyStore {
    * the first one at its limit (see `sql/concurrency-slots-in-transaction.ts`).
    */
   takeSlotsInTransaction?(tx: Kysely<any>, request: SlotsInTransactionRequest): Promise<SlotsInTransactionAnswer>;
+  /** Forgets a key as a waiter of `groups`, once it runs in their slots (see `sql/concurrency-slots-in-transaction.ts`). */
+  forgetSlotWaiter?(groups: readonly string[], scope: string, key: string): Promise<void>;
   /** Wakes the oldest waiter of each group not woken within `wakeAgainAfterMs` (see `sql/concurrency-slots-in-transaction.ts`). */
   wakeSlotWaiters?(groups: readonly string[], wakeAgainAfterMs: number): Promise<number>;
   /** A coalescing job arrives: run a generation, or fold into the run in flight (see `sql/coalescing.ts`). */

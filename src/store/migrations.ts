@@ -11,7 +11,7 @@ import { recordStepFunctionDdl } from './sql/record-step.js';
 import { startStepFunctionDdl } from './sql/start-step.js';
 import { keysTableLayout } from './sql/keys-table-layout.js';
 import { perKeyRetentionDdl, tombstonesDdl } from './sql/tombstones.js';
-import { acquireConcurrencySlotFunctionDdl, concurrencyLimitSetsDdl, concurrencySlotsDdl, keyConcurrencyLimitsDdl } from './sql/concurrency-slots.js';
+import { acquireConcurrencySlotFunctionDdl, concurrencyLimitSetsDdl, concurrencySlotLockKeyDdl, concurrencySlotsDdl, keyConcurrencyLimitsDdl } from './sql/concurrency-slots.js';
 import { concurrencySlotWakesDdl } from './sql/concurrency-slot-wakes.js';
 import { concurrencySlotsInTransactionDdl, wakeConcurrencyWaitersDdl } from './sql/concurrency-slots-in-transaction.js';
 import { coalescingDdl, coalescingEndsDdl, coalescingSendOrderDdl } from './sql/coalescing.js';
@@ -315,9 +315,11 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
     },
     '033_concurrency_slots_in_transaction': {
       // A run that is one transaction holds its slots by their locks for as long as that
-      // transaction (no row, no commit of its own: sql/concurrency-slots-in-transaction.ts), and
-      // a refusal by such a slot asks again within a second (sql/concurrency-slots.ts).
+      // transaction (no row, no commit of its own: sql/concurrency-slots-in-transaction.ts); a
+      // slot's lock has a 64-bit key, and a refusal by a slot held so asks again within a second
+      // (sql/concurrency-slots.ts).
       async up(db: Kysely<any>) {
+        await concurrencySlotLockKeyDdl(schema).execute(db);
         await concurrencySlotsInTransactionDdl(schema).execute(db);
         await wakeConcurrencyWaitersDdl(schema).execute(db);
         await acquireConcurrencySlotFunctionDdl(schema).execute(db);

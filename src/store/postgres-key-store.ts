@@ -13,7 +13,7 @@ import { coalesceArrive, coalesceNext } from './sql/coalescing.js';
 import type { CoalesceAnswer, CoalesceArrival, CoalesceSuccessor } from './records.js';
 import { acquireConcurrencySlot, type SlotAnswer, type SlotRequest } from './sql/concurrency-slots.js';
 import { releaseConcurrencySlot, renewConcurrencySlots, type HeldSlot } from './sql/concurrency-slot-wakes.js';
-import { takeConcurrencySlotsInTransaction, wakeConcurrencyWaiters, type SlotsInTransactionAnswer, type SlotsInTransactionRequest } from './sql/concurrency-slots-in-transaction.js';
+import { forgetConcurrencyWaiter, takeConcurrencySlotsInTransaction, wakeConcurrencyWaiters, type SlotsInTransactionAnswer, type SlotsInTransactionRequest } from './sql/concurrency-slots-in-transaction.js';
 import { completeAndCommit, completeKey, completionStatement, storeFastPathResult, storeResultAndCommit } from './sql/complete-and-commit.js';
 import { extendLease } from './sql/extend.js';
 import { failKey } from './sql/fail.js';
@@ -226,6 +226,10 @@ export class PostgresKeyStore implements KeyStore {
 
   takeSlotsInTransaction(tx: Kysely<any>, request: SlotsInTransactionRequest): Promise<SlotsInTransactionAnswer> {
     return takeConcurrencySlotsInTransaction(tx, this.schema, request);
+  }
+
+  forgetSlotWaiter(groups: readonly string[], scope: string, key: string): Promise<void> {
+    return forgetConcurrencyWaiter(this.#db, this.schema, groups, scope, key);
   }
 
   wakeSlotWaiters(groups: readonly string[], wakeAgainAfterMs: number): Promise<number> {

@@ -1,6 +1,6 @@
 import { sql, type Kysely } from 'kysely';
 import { concurrencySlotFreedChannel } from '../channels.js';
-import { acquireConcurrencySlotFunctionDdl } from './concurrency-slots.js';
+import { acquireConcurrencySlotFunctionDdl, slotLockKey } from './concurrency-slots.js';
 
 /**
  * Frees a slot when its run ended (completed, failed, released or deferred); false when it was
@@ -66,16 +66,18 @@ export interface HeldSlot {
  * Renews slots held by a run that is still going: each one's time is `leaseMs` from now again,
  * if its owner still holds it; how many were renewed. A run's slot is otherwise held for
  * `leaseMs` after it was taken: without renewal a run longer than the lease would let another
- * job of the key in. A slot whose time ran out and
- * that nobody took since is renewed too: no one ran in it meanwhile. One taken by another run
- * (its owner changed) is not, and the count says so.
+ * job of the key in. A slot whose time ran out and that nobody took since is renewed too: no one
+ * ran in it meanwhile. One taken by another run is not, and the count says so: a row's taker
+ * changed its owner; a transaction that holds it (`sql/concurrency-slots-in-transaction.ts`)
+ * leaves no row, but holds its lock, which the renewal of a slot whose time ran out tries first.
  */
 export async function renewConcurrencySlots(db: Kysely<any>, schema: string, slots: readonly HeldSlot[], leaseMs: number): Promise<number> {
   const result = await sql`
     update ${sql.id(schema, 'concurrency_slots')} as s
        set acquired_until = now() + ${leaseMs}::int * interval '1 millisecond'
       from unnest(${slots.map((h) => h.group)}::text[], ${slots.map((h) => h.slot)}::int[], ${slots.map((h) => h.owner)}::uuid[]) as h(group_key, slot, owner)
-     where s.group_key = h.group_key and s.slot = h.slot and s.owner = h.owner`.execute(db);
+     where s.group_key = h.group_key and s.slot = h.slot and s.owner = h.owner
+       and (s.acquired_until > now() or pg_try_advisory_xact_lock(${slotLockKey(sql.raw('s.group_key'), sql.raw('s.slot'))}))`.execute(db);
   return Number(result.numAffectedRows ?? 0n);
 }
 

@@ -5,6 +5,8 @@ import { concurrencySlotFreedChannel } from '../channels.js';
 export interface SlotsInTransactionAnswer {
   /** The first concurrency key at its limit (nothing was taken that outlives the transaction); undefined: a slot of each is held. */
   readonly refusedGroup: string | undefined;
+  /** The slots were taken by a key recorded as a waiter of some of them: forget it now, apart from the transaction (`KeyStore.forgetSlotWaiter`). */
+  readonly wasWaiting: boolean;
 }
 
 /** One take of slots inside a transaction: the job's concurrency keys, sorted, with their limits. */
@@ -38,11 +40,25 @@ export interface SlotsInTransactionRequest {
  * meanwhile. A starving waiter goes first here as there.
  */
 export async function takeConcurrencySlotsInTransaction(tx: Kysely<any>, schema: string, request: SlotsInTransactionRequest): Promise<SlotsInTransactionAnswer> {
-  const { rows } = await sql<{ refused_group: string | null }>`
+  const { rows } = await sql<{ refused_group: string | null; was_waiting: boolean }>`
     select * from ${sql.id(schema, 'take_concurrency_slots_in_transaction')}(
       ${request.groups}::text[], ${request.limits}::int[], ${request.scope}::text, ${request.key}::text, ${request.starvationMs}::int)`.execute(tx);
   const row = rows[0]!;
-  return { refusedGroup: row.refused_group ?? undefined };
+  return { refusedGroup: row.refused_group ?? undefined, wasWaiting: row.was_waiting };
+}
+
+/**
+ * Forgets a key as a waiter of `groups` once it runs in their slots (a statement of its own,
+ * committed at once: see `take_concurrency_slots_in_transaction`). Its commit does not wait for
+ * the flush: a row a crash keeps is a waiter that stops counting once it is not seen again.
+ */
+export async function forgetConcurrencyWaiter(db: Kysely<any>, schema: string, groups: readonly string[], scope: string, key: string): Promise<void> {
+  await sql`
+    with forgotten as (
+      delete from ${sql.id(schema, 'concurrency_waiters')} as w
+       where w.group_key = any(${groups}::text[]) and w.scope = ${scope} and w.key = ${key}
+    )
+    select set_config('synchronous_commit', 'off', true)`.execute(db);
 }
 
 /**
@@ -115,32 +131,30 @@ export function concurrencySlotsInTransactionDdl(schema: string) {
   return sql`
       create or replace function ${sql.id(schema, 'take_concurrency_slots_in_transaction')}(
         p_groups text[], p_limits int[], p_scope text, p_key text, p_starvation_ms int)
-      returns table (refused_group text)
+      returns table (refused_group text, was_waiting boolean)
       language plpgsql volatile as $slots$
       #variable_conflict use_column
       declare
         v_index int;
         v_group text;
         v_limit int;
-        v_lock int;
         v_live int[];
         v_next_live int;
         v_candidate int;
         v_taken boolean;
         v_since timestamptz;
         v_starving boolean;
-        v_was_waiting boolean := false;
       begin
+        was_waiting := false;
         for v_index in 1 .. coalesce(cardinality(p_groups), 0) loop
           v_group := p_groups[v_index];
           v_limit := coalesce(p_limits[v_index], 0);
-          v_lock := hashtext('idempotent_jobs.concurrency:' || v_group);
           -- As in acquire_concurrency_slot: a starving waiter older than this key, still coming
           -- back, goes first.
           select w.since into v_since from ${waiters} as w
            where w.group_key = v_group and w.scope = p_scope and w.key = p_key
              and w.seen_at >= now() - 2 * p_starvation_ms * interval '1 millisecond';
-          v_was_waiting := v_was_waiting or v_since is not null;
+          was_waiting := was_waiting or v_since is not null;
           select exists (
                    select 1 from ${waiters} as w
                     where w.group_key = v_group and not (w.scope = p_scope and w.key = p_key)
@@ -159,7 +173,7 @@ export function concurrencySlotsInTransactionDdl(schema: string) {
                 v_next_live := v_next_live + 1;
                 continue;
               end if;
-              continue when not pg_try_advisory_xact_lock(v_lock, v_candidate);
+              continue when not pg_try_advisory_xact_lock(${sql.id(schema, 'concurrency_slot_lock_key')}(v_group, v_candidate));
               if not exists (
                 select 1 from ${slots} as s
                  where s.group_key = v_group and s.slot = v_candidate and s.acquired_until > now()) then
@@ -174,10 +188,9 @@ export function concurrencySlotsInTransactionDdl(schema: string) {
             return;
           end if;
         end loop;
-        -- Running now, so no longer a waiter (written only when it was one: no write otherwise).
-        if v_was_waiting then
-          delete from ${waiters} as w where w.group_key = any(p_groups) and w.scope = p_scope and w.key = p_key;
-        end if;
+        -- A waiter row of this key is not deleted here: uncommitted until the run ends, it would
+        -- stay visible to every other taker as a (starving) waiter, and its row lock would hold
+        -- their stale-waiter deletes for as long. The caller deletes it apart, at once.
         refused_group := null;
         return next;
       end;

@@ -1,4 +1,4 @@
-import { sql, type Kysely } from 'kysely';
+import { sql, type Kysely, type RawBuilder } from 'kysely';
 
 /** What `acquireConcurrencySlot` answered: the slot taken, or when to ask again. */
 export type SlotAnswer =
@@ -50,7 +50,7 @@ export interface SlotRequest {
  * *Why an advisory lock per slot:* two acquisitions that both see one free slot must not both
  * take it, and a slot is a row that may not exist yet, which no row lock guards. So a slot is
  * taken only under a transaction-scoped advisory lock of its own (`pg_try_advisory_xact_lock` of
- * the group's hash and the slot's number, held to the statement's commit: an autocommit call),
+ * `concurrency_slot_lock_key`, {@link concurrencySlotLockKeyDdl}, held to the statement's commit: an autocommit call),
  * after a second look in a statement of its own, which sees every run that took the slot and
  * committed before the lock was had. A slot whose lock another acquisition holds is being taken:
  * the next free one is tried, never waited for. So acquisitions of one group take different slots
@@ -93,22 +93,50 @@ export async function acquireConcurrencySlot(db: Kysely<any>, schema: string, re
  */
 export async function concurrencyGroupCounts(db: Kysely<any>, schema: string, group: string): Promise<{ running: number; waiting: number }> {
   const { rows } = await sql<{ running: number; waiting: number }>`
+    with locked as (
+      -- Advisory locks of one bigint key (objsubid 1) show it in two halves.
+      select (l.classid::bigint << 32) | l.objid::bigint as lock_key from pg_locks as l
+       where l.locktype = 'advisory' and l.granted and l.objsubid = 1
+         and l.database = (select d.oid from pg_database as d where d.datname = current_database())
+    )
     select (select count(*)::int from (
               select s.slot from ${sql.id(schema, 'concurrency_slots')} as s
                where s.group_key = ${group} and ${slotIsLive('s')}
               union
-              select l.objid::bigint::int from pg_locks as l
-               where l.locktype = 'advisory' and l.granted and l.objsubid = 2
-                 and l.database = (select d.oid from pg_database as d where d.datname = current_database())
-                 and l.classid = ${slotLockKey(group)}) as held) as running,
+              select n from generate_series(0, ${HIGHEST_LIMIT - 1}) as n
+               where ${slotLockKey(sql`${group}::text`, sql.raw('n'))} in (select lock_key from locked)) as held) as running,
            (select count(*)::int from ${sql.id(schema, 'concurrency_waiters')} as w
              where w.group_key = ${group}) as waiting`.execute(db);
   return rows[0]!;
 }
 
-/** The first key of a slot's advisory lock (the second is the slot's number), as pg_locks shows it (an oid). */
-function slotLockKey(group: string) {
-  return sql`hashtext(${`idempotent_jobs.concurrency:${group}`}::text)::oid`;
+/** The highest limit a job may name (the wire contract's `MAX_CONCURRENCY_LIMIT`): slots are numbered below it. */
+const HIGHEST_LIMIT = 10_000;
+
+/**
+ * DDL of `concurrency_slot_lock_key(group, slot)`, for migration `033_concurrency_slots_in_transaction`:
+ * the key of a slot's advisory lock, one bigint hashed from the concurrency key and the slot's
+ * number (`hashtextextended`). Every taker of a slot, of a row or of a lock, takes it under this
+ * lock. *Why 64 bits:* a slot held by a transaction keeps its lock for the whole run, so two
+ * concurrency keys whose locks collided would hold each other's slots back for as long; with the
+ * 32-bit hash of the key (migrations 029–032) a collision among some 77,000 keys was likely.
+ */
+export function concurrencySlotLockKeyDdl(schema: string) {
+  return sql`
+      create or replace function ${sql.id(schema, 'concurrency_slot_lock_key')}(p_group text, p_slot int)
+      returns bigint
+      language sql immutable parallel safe as $key$
+        select ${slotLockKey(sql.raw('p_group'), sql.raw('p_slot'))}
+      $key$`;
+}
+
+/**
+ * The key of a slot's advisory lock as an expression (see {@link concurrencySlotLockKeyDdl}), for
+ * statements that must not depend on the function (a worker's statements on a schema not yet
+ * migrated to 033).
+ */
+export function slotLockKey(group: RawBuilder<unknown>, slot: RawBuilder<unknown>) {
+  return sql<string>`hashtextextended('idempotent_jobs.concurrency:' || ${group} || ':' || ${slot}, 0)`;
 }
 
 /**
@@ -185,7 +213,6 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         v_next_live int := 1;
         v_since timestamptz;
         v_starving boolean;
-        v_group_lock int := hashtext('idempotent_jobs.concurrency:' || p_group);
       begin
         -- Waiters that stopped coming back (their job finished elsewhere, or was removed) no
         -- longer count, and are deleted. A starving waiter older than this one goes first, if it
@@ -223,7 +250,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
               v_next_live := v_next_live + 1;
               continue;
             end if;
-            continue when not pg_try_advisory_xact_lock(v_group_lock, v_candidate);
+            continue when not pg_try_advisory_xact_lock(${sql.id(schema, 'concurrency_slot_lock_key')}(p_group, v_candidate));
             -- A statement of its own, so it sees what committed before the lock was had.
             if not exists (
               select 1 from ${slots} as s2
@@ -262,7 +289,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         -- heartbeat renews its slot's time as it goes; the caller caps it anyway). A slot held by
         -- a transaction (its lock, no live row: sql/concurrency-slots-in-transaction.ts) frees
         -- when that transaction ends, which no row tells: then ask again within a second.
-        select greatest(1, least(coalesce(min(ceil(extract(epoch from (s.acquired_until - now())) * 1000)),
+        select greatest(1, least(coalesce(min(ceil(extract(epoch from (s.acquired_until - now())) * 1000)) filter (where ${slotIsLive('s')}),
                  p_lease_ms), p_lease_ms,
                  case when count(*) filter (where ${slotIsLive('s')}) < p_limit then 1000 else p_lease_ms end))::bigint
           into retry_after_ms
