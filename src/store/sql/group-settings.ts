@@ -88,8 +88,9 @@ export async function customSettingNames(db: Kysely<any>): Promise<string[]> {
 
 /**
  * The functions of the library's own schema (`migrate`), which {@link codeCanLeaveState} does not
- * read: they run in the store's own statements, never inside a job's, and what they set is local
- * to those. A migration that adds a function adds its name here (`test/group-commit-state.test.ts`
+ * read: they run in the store's own statements, never inside a job's in a group (the take of
+ * concurrency slots runs in a job's transaction that runs alone), and what they set is local to
+ * those. A migration that adds a function adds its name here (`test/group-commit-state.test.ts`
  * compares this list with a migrated schema's functions).
  */
 export const LIBRARY_FUNCTIONS: readonly string[] = [
@@ -101,6 +102,7 @@ export const LIBRARY_FUNCTIONS: readonly string[] = [
   'claim_new_keys',
   'coalesce_arrive',
   'complete_key',
+  'concurrency_slot_lock_key',
   'extend_lease',
   'group_settings',
   'group_state_differs',
@@ -109,6 +111,8 @@ export const LIBRARY_FUNCTIONS: readonly string[] = [
   'refuse_tombstoned_key',
   'start_step',
   'store_fast_path_result',
+  'take_concurrency_slots_in_transaction',
+  'wake_concurrency_waiters',
 ];
 
 /**
