@@ -15,7 +15,7 @@ import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
-import { IdempotencyKeys, KeySettledListener, createIdempotentWorker, type IdempotentWorker, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
+import { IdempotencyKeys, KeySettledListener, createIdempotentWorker, createPostgresDb, type IdempotentWorker, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
 import { concurrencyGroupCounts } from '../src/store/sql/concurrency-slots.js';
 import { concurrencySlotsInTransactionDdl } from '../src/store/sql/concurrency-slots-in-transaction.js';
 import { createEffectsTable, createGate, effectsOf } from './support/protocol-fixtures.js';
@@ -222,20 +222,58 @@ async function holdByTransaction(scope: string, key: string, limits: Array<{ key
 describe('its edges', () => {
   it('a job that waited and now runs is no longer a waiter while it runs (its row is not held back uncommitted in its transaction)', { timeout: 60_000 }, async () => {
     const waiters = sql.id(env.schema, 'concurrency_waiters');
+    const countWaiters = async () => (await sql<{ n: number }>`select count(*)::int as n from ${waiters} where group_key = 'tenant:was-waiting'`.execute(env.db)).rows[0]!.n;
     // Recorded as a waiter an hour ago, seen just now: a starving waiter while its row stands.
-    await sql`insert into ${waiters} (group_key, scope, key, since, seen_at) values ('tenant:was-waiting', 'w', 'runs-now', now() - interval '1 hour', now())`.execute(env.db);
-    const holder = await holdByTransaction('w', 'runs-now', [{ key: 'tenant:was-waiting', limit: 2 }]);
+    await sql`insert into ${waiters} (group_key, scope, key, since, seen_at) values ('tenant:was-waiting', 'waited', 'waited-0', now() - interval '1 hour', now())`.execute(env.db);
+    const gate = createGate();
+    let running = false;
+    startWorker<{ n: number }>('in-tx-waited', {
+      handler: {
+        transaction: async (tx, ctx) => {
+          running = true;
+          await gate.wait;
+          await insertEffect(tx, ctx.scope, ctx.key, ctx.fence);
+          return ctx.data.n;
+        },
+      },
+    });
+    const { queue, ids } = await addJobs('in-tx-waited', 'waited', 1, { key: 'tenant:was-waiting', limit: 2 });
     try {
-      expect(holder.refusedGroup).toBeUndefined();
-      const rows = await sql<{ n: number }>`select count(*)::int as n from ${waiters} where group_key = 'tenant:was-waiting'`.execute(env.db);
-      expect(rows.rows[0]!.n).toBe(0);
+      await waitFor('the job to run', async () => (running ? true : undefined));
+      await waitFor('its waiter row to be gone while it runs', async () => ((await countWaiters()) === 0 ? true : undefined), 5_000);
       // So another job of the key takes the second slot, not refused by a starving waiter that is running.
       const other = await keys.acquireConcurrencySlot('w', 'other', { key: 'tenant:was-waiting', limit: 2 }, { starvationMs: 30_000, leaseMs: 30_000 });
       expect(other.acquired).toBe(true);
       if (other.acquired) await keys.releaseConcurrencySlot('w', 'other', other);
     } finally {
-      await holder.release();
+      gate.open();
     }
+    await waitForJobState(queue, ids[0]!, ['completed'], 30_000);
+    expect(await effectsOf(env.db, env.schema, 'waited', ids[0]!)).toHaveLength(1);
+  });
+
+  it('jobs that waited, as many as the pool has connections, all run: forgetting them as waiters does not wait for a connection inside their transactions', { timeout: 60_000 }, async () => {
+    // A pool of 2 and 4 jobs at once, each a waiter of its key: had each transaction waited for a
+    // second connection to forget its waiter row, the two holding the pool would wait for ever.
+    const smallDb = createPostgresDb({ connectionString: env.databaseUrl, maxConnections: 2, applicationName: 'in-tx-small-pool' });
+    onTestFinished(() => smallDb.destroy());
+    const smallKeys = new IdempotencyKeys({ db: smallDb, schema: env.schema, leaseMs: 30_000 });
+    const waiters = sql.id(env.schema, 'concurrency_waiters');
+    for (let n = 0; n < 4; n++) {
+      await sql`insert into ${waiters} (group_key, scope, key, since, seen_at) values ('tenant:small-pool', 'small', ${`small-${n}`}, now() - interval '1 second', now())`.execute(env.db);
+    }
+    startWorker<{ n: number }>('in-tx-small-pool', {
+      keys: smallKeys,
+      concurrency: 4,
+      handler: { transaction: (tx, ctx) => sleep(100).then(() => insertEffect(tx, ctx.scope, ctx.key, ctx.fence)).then(() => ctx.data.n) },
+    });
+    const { queue, ids } = await addJobs('in-tx-small-pool', 'small', 4, { key: 'tenant:small-pool', limit: 10 });
+    for (const id of ids) {
+      await waitForJobState(queue, id, ['completed'], 20_000);
+      expect(await effectsOf(env.db, env.schema, 'small', id)).toHaveLength(1);
+    }
+    const left = await sql<{ n: number }>`select count(*)::int as n from ${waiters} where group_key = 'tenant:small-pool'`.execute(env.db);
+    expect(left.rows[0]!.n).toBe(0);
   });
 
   it('two concurrency keys whose 32-bit hashes collide do not hold each other\'s slots', async () => {

@@ -82,6 +82,8 @@ export interface TransactionSlots {
   readonly limits: readonly ConcurrencyLimit[];
   /** Set once the slots are taken: the run then wakes their waiters when its transaction ends. */
   taken: boolean;
+  /** The key was a waiter of its keys: its forgetting, sent apart from the transaction, not waited for there. */
+  forgotten?: Promise<void>;
 }
 
 /**
@@ -128,6 +130,7 @@ export async function runInTransactionSlots<P, M>(
     if (error.reason === 'unavailable') deps.unavailable(error);
     return runInSlots(run, limits, deps);
   } finally {
+    await slots.forgotten;
     if (slots.taken) {
       const { scope, key } = run.identity;
       await deps.keys.wakeConcurrencyWaiters(scope, key, limits.map((limit) => limit.key)).catch((error: unknown) => {
@@ -154,4 +157,10 @@ export async function takeTransactionSlots<P, M>(keys: IdempotencyKeys, timing: 
   }
   if (answer.refusedGroup !== undefined) throw new TransactionSlotsNotTaken('refused', `concurrency key ${JSON.stringify(answer.refusedGroup)} is at its limit`);
   slots.taken = true;
+  if (answer.wasWaiting) {
+    // Not awaited here: it needs a connection of its own while this transaction holds one.
+    slots.forgotten = keys.forgetConcurrencyWaiter(scope, key, slots.limits.map((limit) => limit.key)).catch((error: unknown) => {
+      run.log.warn({ err: error }, 'could not forget the job as a waiter of its concurrency keys; its row stops counting once it is not seen again');
+    });
+  }
 }

@@ -458,7 +458,7 @@ export class IdempotencyKeys {
    * (waiters recorded while it ran are not known to it). Transient store faults throw
    * {@link StoreUnavailableError}.
    */
-  async takeConcurrencySlotsInTransaction(
+  takeConcurrencySlotsInTransaction(
     tx: Transaction<any>,
     scope: string,
     key: string,
@@ -467,19 +467,25 @@ export class IdempotencyKeys {
   ): Promise<{
     /** The first key at its limit (roll `tx` back); undefined: a slot of each is held until `tx` ends. */
     readonly refusedGroup: string | undefined;
+    /** The slots were taken by a key recorded as a waiter: call {@link forgetConcurrencyWaiter}, apart from `tx`. */
+    readonly wasWaiting: boolean;
   }> {
     const take = this.#store.takeSlotsInTransaction?.bind(this.#store);
     if (!take) throw new ValidationError('INVALID_OPTIONS', 'store', 'This key store holds no concurrency slots in a transaction (takeSlotsInTransaction).');
-    const groups = limits.map((limit) => limit.key);
-    const answer = await storeCall(scope, key, 'concurrency slot', () =>
-      take(tx, { groups, limits: limits.map((limit) => limit.limit), scope, key, starvationMs: options.starvationMs }),
+    return storeCall(scope, key, 'concurrency slot', () =>
+      take(tx, { groups: limits.map((limit) => limit.key), limits: limits.map((limit) => limit.limit), scope, key, starvationMs: options.starvationMs }),
     );
-    // A waiter that now runs is forgotten at once, apart from tx (uncommitted in it, its row would
-    // count as a waiter until the run ends); rare: only a job that was refused before.
-    if (answer.refusedGroup === undefined && answer.wasWaiting) {
-      await storeCall(scope, key, 'concurrency waiter', () => this.#store.forgetSlotWaiter!(groups, scope, key));
-    }
-    return { refusedGroup: answer.refusedGroup };
+  }
+
+  /**
+   * Forgets a key as a waiter of `groups` once it runs in their slots: a statement of its own,
+   * not in the run's transaction (uncommitted there, the row would count as a waiter, a starving
+   * one perhaps, until the run ends). Do not wait for it inside that transaction: it needs a
+   * connection of its own, which a pool whose every connection holds such a transaction never
+   * frees.
+   */
+  forgetConcurrencyWaiter(scope: string, key: string, groups: readonly string[]): Promise<void> {
+    return storeCall(scope, key, 'concurrency waiter', () => this.#store.forgetSlotWaiter!(groups, scope, key));
   }
 
   /**

@@ -72,12 +72,20 @@ export interface HeldSlot {
  * leaves no row, but holds its lock, which the renewal of a slot whose time ran out tries first.
  */
 export async function renewConcurrencySlots(db: Kysely<any>, schema: string, slots: readonly HeldSlot[], leaseMs: number): Promise<number> {
+  // The run's own rows first (materialized): the lock is tried for those alone, never for a row
+  // of another run that a scan of the table passes on the way.
   const result = await sql`
+    with mine as materialized (
+      select s.group_key, s.slot, s.owner, s.acquired_until > now() as live
+        from ${sql.id(schema, 'concurrency_slots')} as s
+        join unnest(${slots.map((h) => h.group)}::text[], ${slots.map((h) => h.slot)}::int[], ${slots.map((h) => h.owner)}::uuid[]) as h(group_key, slot, owner)
+          on s.group_key = h.group_key and s.slot = h.slot and s.owner = h.owner
+    )
     update ${sql.id(schema, 'concurrency_slots')} as s
        set acquired_until = now() + ${leaseMs}::int * interval '1 millisecond'
-      from unnest(${slots.map((h) => h.group)}::text[], ${slots.map((h) => h.slot)}::int[], ${slots.map((h) => h.owner)}::uuid[]) as h(group_key, slot, owner)
-     where s.group_key = h.group_key and s.slot = h.slot and s.owner = h.owner
-       and (s.acquired_until > now() or pg_try_advisory_xact_lock(${slotLockKey(sql.raw('s.group_key'), sql.raw('s.slot'))}))`.execute(db);
+      from mine as m
+     where s.group_key = m.group_key and s.slot = m.slot and s.owner = m.owner
+       and (m.live or pg_try_advisory_xact_lock(${slotLockKey(sql.raw('m.group_key'), sql.raw('m.slot'))}))`.execute(db);
   return Number(result.numAffectedRows ?? 0n);
 }
 

@@ -136,7 +136,8 @@ export function concurrencySlotLockKeyDdl(schema: string) {
  * migrated to 033).
  */
 export function slotLockKey(group: RawBuilder<unknown>, slot: RawBuilder<unknown>) {
-  return sql<string>`hashtextextended('idempotent_jobs.concurrency:' || ${group} || ':' || ${slot}, 0)`;
+  // int::text, not text || int (which is only stable): the function stays immutable and inlinable.
+  return sql<string>`hashtextextended('idempotent_jobs.concurrency:' || ${group} || ':' || (${slot})::text, 0)`;
 }
 
 /**
