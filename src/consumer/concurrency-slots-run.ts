@@ -109,9 +109,9 @@ export class TransactionSlotsNotTaken extends Error {
  * no slot row, no commit to take or free one, no heartbeat. A key at its limit rolls that
  * transaction back, before the handler ran, and the job goes the way of {@link runInSlots}, which
  * records it as a waiter (or takes a slot freed meanwhile); so does every job once the keys'
- * schema proved to have no function to take them so (`deps.unavailable`). Once a transaction that took the slots
- * has ended, the keys' oldest waiters are woken, as freeing a slot row wakes them (a statement
- * that writes nothing when there is none: see `wakeConcurrencyWaiters`).
+ * schema proved to have no function to take them so (`deps.unavailable`). Once a transaction
+ * that took the slots has ended, the keys' oldest waiters are woken, as freeing a slot row wakes
+ * them (a statement that writes nothing when there is none: see `wakeConcurrencyWaiters`).
  */
 export async function runInTransactionSlots<P, M>(
   run: Run<P, M>,
