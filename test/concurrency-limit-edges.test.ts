@@ -6,34 +6,31 @@
  * the oldest waiter at once instead of at the end of its backoff, and the janitor deletes slot
  * rows that hold nothing.
  */
-import { Queue } from 'bullmq';
 import { sql } from 'kysely';
 import { pino } from 'pino';
 import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
-import { IdempotencyKeys, KeySettledListener, createIdempotentWorker, databaseOnly, type IdempotentWorker, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
+import { IdempotencyKeys, KeySettledListener, databaseOnly, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
 import { pgDataLayer } from '../src/pg/index.js';
 import { Janitor } from '../src/process/index.js';
 import { concurrencyGroupCounts } from '../src/store/sql/concurrency-slots.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
 import { sleep, waitForJobState } from './support/queue-helpers.js';
+import { LimitedJobs } from './support/limited-jobs.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
 let listener: KeySettledListener;
-const workers: IdempotentWorker<any, any>[] = [];
-const queues: Queue[] = [];
+let jobs: LimitedJobs;
 const LEASE_MS = 1_000;
 
 beforeAll(async () => {
   env = await createTestEnv('concurrency-limit-edges');
+  jobs = new LimitedJobs(env);
   await createEffectsTable(env.db, env.schema);
   listener = new KeySettledListener({ connectionString: env.databaseDirectUrl, schema: env.schema });
 });
-afterEach(async () => {
-  await Promise.all(workers.splice(0).map((w) => w.close({ force: true })));
-  await Promise.all(queues.splice(0).map((q) => q.close()));
-});
+afterEach(() => jobs.closeAll());
 afterAll(async () => {
   await listener?.close();
   await env?.teardown();
@@ -65,31 +62,11 @@ function startWorker<P>(
   options: Partial<IdempotentWorkerOptions<P, unknown>> & Pick<IdempotentWorkerOptions<P, unknown>, 'handler'>,
   keysOptions: { leaseMs?: number; groupCommit?: boolean } = {},
 ) {
-  const worker = createIdempotentWorker<P>({
-    queue,
-    connection: { url: env.redisUrl },
-    prefix: env.redisPrefix,
-    keys: new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: LEASE_MS, ...keysOptions }),
-    concurrency: 8,
-    logger: pino({ level: 'silent' }),
-    ...options,
-  });
-  workers.push(worker);
-  return worker;
+  return jobs.startWorker<P>(queue, { keys: new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: LEASE_MS, ...keysOptions }), ...options });
 }
 
-async function addJobs(queueName: string, scope: string, count: number, limit: { key: string; limit: number }): Promise<{ queue: Queue; ids: string[] }> {
-  const queue = new Queue(queueName, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
-  queues.push(queue);
-  const ids = Array.from({ length: count }, (_, n) => `${scope}-${n}`);
-  await queue.addBulk(
-    ids.map((id, n) => ({ name: 'sync', data: { idempotencyKey: id, scope, payload: { n }, concurrencyKey: limit.key, concurrencyLimit: limit.limit }, opts: { jobId: id, attempts: 3 } })),
-  );
-  return { queue, ids };
-}
-
-const insertEffect = (tx: any, scope: string, key: string, fence: number) =>
-  sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${scope}, ${key}, ${fence}, 'w')`.execute(tx);
+const addJobs = (queueName: string, scope: string, count: number, limit: { key: string; limit: number }) => jobs.addJobs(queueName, scope, count, limit);
+const insertEffect = (tx: any, scope: string, key: string, fence: number) => jobs.insertEffect(tx, scope, key, fence);
 
 describe('a run longer than the lease keeps its slot', () => {
   it('on the fast path (a database-only handler): limit 1, runs of 2.5 leases, never two at once, each job committed once', { timeout: 60_000 }, async () => {

@@ -11,71 +11,43 @@
  * slots; a late renewal of a slot row cannot take back a slot a transaction holds; a schema not
  * yet migrated costs the jobs nothing but the rows.
  */
-import { Queue } from 'bullmq';
 import { sql } from 'kysely';
-import { pino } from 'pino';
 import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
-import { IdempotencyKeys, KeySettledListener, createIdempotentWorker, createPostgresDb, type IdempotentWorker, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
+import { IdempotencyKeys, KeySettledListener, createPostgresDb, type IdempotentWorkerOptions, type WorkerEvent } from '../src/index.js';
 import { concurrencyGroupCounts } from '../src/store/sql/concurrency-slots.js';
 import { concurrencySlotsInTransactionDdl } from '../src/store/sql/concurrency-slots-in-transaction.js';
 import { createEffectsTable, createGate, effectsOf } from './support/protocol-fixtures.js';
 import { sleep, waitFor, waitForJobState } from './support/queue-helpers.js';
+import { LimitedJobs } from './support/limited-jobs.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 
 let env: TestEnv;
 let listener: KeySettledListener;
 let keys: IdempotencyKeys;
-const workers: IdempotentWorker<any, any>[] = [];
-const queues: Queue[] = [];
+let jobs: LimitedJobs;
 /** A refused job comes back on its own only after this: a run within it was woken. */
 const DEFERRAL_MS = 20_000;
 
 beforeAll(async () => {
   env = await createTestEnv('concurrency-slots-in-transaction');
+  jobs = new LimitedJobs(env);
   await createEffectsTable(env.db, env.schema);
   keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000 });
   listener = new KeySettledListener({ connectionString: env.databaseDirectUrl, schema: env.schema });
   await listener.connect();
 });
-afterEach(async () => {
-  await Promise.all(workers.splice(0).map((w) => w.close({ force: true })));
-  await Promise.all(queues.splice(0).map((q) => q.close()));
-});
+afterEach(() => jobs.closeAll());
 afterAll(async () => {
   await listener?.close();
   await env?.teardown();
 });
 
 function startWorker<P>(queue: string, options: Partial<IdempotentWorkerOptions<P, unknown>> & Pick<IdempotentWorkerOptions<P, unknown>, 'handler'>) {
-  const worker = createIdempotentWorker<P>({
-    queue,
-    connection: { url: env.redisUrl },
-    prefix: env.redisPrefix,
-    keys,
-    concurrency: 8,
-    listener,
-    deferMinMs: DEFERRAL_MS,
-    deferMaxMs: DEFERRAL_MS,
-    deferJitterRatio: 0,
-    logger: pino({ level: 'silent' }),
-    ...options,
-  });
-  workers.push(worker);
-  return worker;
+  return jobs.startWorker<P>(queue, { keys, listener, deferMinMs: DEFERRAL_MS, deferMaxMs: DEFERRAL_MS, deferJitterRatio: 0, ...options });
 }
 
-async function addJobs(queueName: string, scope: string, count: number, limit: { key: string; limit: number }): Promise<{ queue: Queue; ids: string[] }> {
-  const queue = new Queue(queueName, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
-  queues.push(queue);
-  const ids = Array.from({ length: count }, (_, n) => `${scope}-${n}`);
-  for (const [n, id] of ids.entries()) {
-    await queue.add('sync', { idempotencyKey: id, scope, payload: { n }, concurrencyKey: limit.key, concurrencyLimit: limit.limit }, { jobId: id, attempts: 3 });
-  }
-  return { queue, ids };
-}
-
-const insertEffect = (tx: any, scope: string, key: string, fence: number) =>
-  sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${scope}, ${key}, ${fence}, 'w')`.execute(tx);
+const addJobs = (queueName: string, scope: string, count: number, limit: { key: string; limit: number }) => jobs.addJobs(queueName, scope, count, limit);
+const insertEffect = (tx: any, scope: string, key: string, fence: number) => jobs.insertEffect(tx, scope, key, fence);
 
 const slotRows = async (group: string) =>
   (await sql<{ n: number }>`select count(*)::int as n from ${sql.id(env.schema, 'concurrency_slots')} where group_key = ${group}`.execute(env.db)).rows[0]!.n;
