@@ -1,4 +1,4 @@
-import { sql, type Kysely } from 'kysely';
+import { sql, type Kysely, type RawBuilder } from 'kysely';
 import { concurrencySlotFreedChannel } from '../channels.js';
 import { acquireConcurrencySlotFunctionDdl, slotLockKey } from './concurrency-slots.js';
 
@@ -27,29 +27,52 @@ import { acquireConcurrencySlotFunctionDdl, slotLockKey } from './concurrency-sl
  * must not lose, stays synchronous).
  */
 export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, group: string, slot: number, owner: string, wakeAgainAfterMs: number): Promise<boolean> {
-  const waiters = sql.id(schema, 'concurrency_waiters');
   const { rows } = await sql<{ freed: number }>`
     with freed as (
       delete from ${sql.id(schema, 'concurrency_slots')}
        where group_key = ${group} and slot = ${slot} and owner = ${owner}::uuid
       returning group_key
-    ), woken as (
-      select w.scope, w.key, w.queue, w.job_id from ${waiters} as w
-       where w.group_key = ${group} and w.job_id is not null and exists (select 1 from freed)
-         and (w.woken_at is null or w.woken_at < now() - ${wakeAgainAfterMs}::int * interval '1 millisecond')
-       order by w.since
-       limit 1
-         for update skip locked
-    ), marked as (
-      update ${waiters} as w set woken_at = now()
-        from woken where w.group_key = ${group} and w.scope = woken.scope and w.key = woken.key
-    )
+    ), ${oldestWaitersWoken(schema, sql`array[${group}::text]`, sql`${wakeAgainAfterMs}::int`, sql`exists (select 1 from freed)`)}
     select set_config('synchronous_commit', 'off', true) as async_commit,
            (select count(*) from freed)::int as freed,
-           (select count(*) from (
-              select pg_notify(${concurrencySlotFreedChannel(schema)}, json_build_object('group', ${group}::text, 'queue', w.queue, 'jobId', w.job_id)::text)
-                from woken as w) as n)::int as woken`.execute(db);
+           ${wokenNotified(schema)} as woken`.execute(db);
   return rows[0]?.freed === 1;
+}
+
+/**
+ * The common table expressions `woken` and `marked` of a statement that wakes the oldest waiter
+ * of each of `groups` whose job is known and that was not woken within `wakeAgainAfterMs` (when
+ * `when` holds): `woken` the waiters, locked (`skip locked`: two wakes at once wake two
+ * waiters), `marked` their `woken_at` set. {@link wokenNotified} names them on the channel. One
+ * text for both wakes: a slot row's release and `wake_concurrency_waiters`.
+ */
+export function oldestWaitersWoken(schema: string, groups: RawBuilder<unknown>, wakeAgainAfterMs: RawBuilder<unknown>, when: RawBuilder<unknown> = sql`true`) {
+  const waiters = sql.id(schema, 'concurrency_waiters');
+  return sql`woken as (
+      select w.group_key, w.scope, w.key, w.queue, w.job_id
+        from unnest(${groups}) as g(group_key)
+       cross join lateral (
+         select w.group_key, w.scope, w.key, w.queue, w.job_id from ${waiters} as w
+          where w.group_key = g.group_key and w.job_id is not null and ${when}
+            and (w.woken_at is null or w.woken_at < now() - ${wakeAgainAfterMs} * interval '1 millisecond')
+          order by w.since
+          limit 1
+            for update skip locked) as w
+    ), marked as (
+      update ${waiters} as w set woken_at = now()
+        from woken where w.group_key = woken.group_key and w.scope = woken.scope and w.key = woken.key
+    )`;
+}
+
+/**
+ * How many waiters `woken` ({@link oldestWaitersWoken}) named on `<schema>_slot_freed`, each
+ * notified as it is counted. The channel is a literal, not a parameter: the text goes into a
+ * function's body too.
+ */
+export function wokenNotified(schema: string) {
+  return sql`(select count(*) from (
+      select pg_notify(${sql.lit(concurrencySlotFreedChannel(schema))}, json_build_object('group', w.group_key, 'queue', w.queue, 'jobId', w.job_id)::text)
+        from woken as w) as n)::int`;
 }
 
 /** One held slot, as the run that holds it knows it. */

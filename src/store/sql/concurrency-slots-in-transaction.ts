@@ -1,5 +1,6 @@
 import { sql, type Kysely } from 'kysely';
-import { concurrencySlotFreedChannel } from '../channels.js';
+import { oldestWaitersWoken, wokenNotified } from './concurrency-slot-wakes.js';
+import { freeSlotWalk } from './concurrency-slots.js';
 
 /** What `takeConcurrencySlotsInTransaction` answered. */
 export interface SlotsInTransactionAnswer {
@@ -96,23 +97,8 @@ export function wakeConcurrencyWaitersDdl(schema: string) {
         end if;
         -- A wake lost to a crash is a waiter that asks again when its deferral ends: no flush waited for.
         perform set_config('synchronous_commit', 'off', true);
-        with woken as (
-          select w.group_key, w.scope, w.key, w.queue, w.job_id
-            from unnest(p_groups) as g(group_key)
-           cross join lateral (
-             select w.group_key, w.scope, w.key, w.queue, w.job_id from ${waiters} as w
-              where w.group_key = g.group_key and w.job_id is not null
-                and (w.woken_at is null or w.woken_at < now() - p_wake_again_after_ms * interval '1 millisecond')
-              order by w.since
-              limit 1
-                for update skip locked) as w
-        ), marked as (
-          update ${waiters} as w set woken_at = now()
-            from woken where w.group_key = woken.group_key and w.scope = woken.scope and w.key = woken.key
-        )
-        select count(*)::int into v_woken from (
-          select pg_notify(${sql.lit(concurrencySlotFreedChannel(schema))}, json_build_object('group', w.group_key, 'queue', w.queue, 'jobId', w.job_id)::text)
-            from woken as w) as n;
+        with ${oldestWaitersWoken(schema, sql.raw('p_groups'), sql.raw('p_wake_again_after_ms'))}
+        select ${wokenNotified(schema)} into v_woken;
         return v_woken;
       end;
       $wake$`;
@@ -120,13 +106,10 @@ export function wakeConcurrencyWaitersDdl(schema: string) {
 
 /**
  * DDL of `take_concurrency_slots_in_transaction` (see {@link takeConcurrencySlotsInTransaction}),
- * for migration `033_concurrency_slots_in_transaction`. The walk is the one of
- * `acquire_concurrency_slot`: the live slot rows read once, the other slots tried lowest first,
- * each taken only under its lock, after a second look in a statement of its own (which sees a row
- * committed before the lock was had). The locks are never waited for.
+ * for migration `033_concurrency_slots_in_transaction`. The walk is `acquire_concurrency_slot`'s,
+ * the same text ({@link freeSlotWalk}): its locks are never waited for.
  */
 export function concurrencySlotsInTransactionDdl(schema: string) {
-  const slots = sql.id(schema, 'concurrency_slots');
   const waiters = sql.id(schema, 'concurrency_waiters');
   return sql`
       create or replace function ${sql.id(schema, 'take_concurrency_slots_in_transaction')}(
@@ -141,7 +124,7 @@ export function concurrencySlotsInTransactionDdl(schema: string) {
         v_live int[];
         v_next_live int;
         v_candidate int;
-        v_taken boolean;
+        v_slot int;
         v_since timestamptz;
         v_starving boolean;
       begin
@@ -162,27 +145,11 @@ export function concurrencySlotsInTransactionDdl(schema: string) {
                       and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
                       and w.since < coalesce(v_since, now()))
             into v_starving;
-          v_taken := false;
+          v_slot := null;
           if not v_starving then
-            select coalesce(array_agg(s.slot order by s.slot), '{}') into v_live
-              from ${slots} as s
-             where s.group_key = v_group and s.slot >= 0 and s.slot < v_limit and s.acquired_until > now();
-            v_next_live := 1;
-            for v_candidate in 0 .. v_limit - 1 loop
-              if v_next_live <= cardinality(v_live) and v_live[v_next_live] = v_candidate then
-                v_next_live := v_next_live + 1;
-                continue;
-              end if;
-              continue when not pg_try_advisory_xact_lock(${sql.id(schema, 'concurrency_slot_lock_key')}(v_group, v_candidate));
-              if not exists (
-                select 1 from ${slots} as s
-                 where s.group_key = v_group and s.slot = v_candidate and s.acquired_until > now()) then
-                v_taken := true;
-                exit;
-              end if;
-            end loop;
+            ${freeSlotWalk(schema, 'v_group', 'v_limit')}
           end if;
-          if not v_taken then
+          if v_slot is null then
             refused_group := v_group;
             return next;
             return;

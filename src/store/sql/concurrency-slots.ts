@@ -149,6 +149,40 @@ function slotIsLive(row: 's' | 's2') {
 }
 
 /**
+ * The walk that takes a free slot of a concurrency key, as PL/pgSQL statements: the key's slots
+ * held as far as committed runs show, read once, in order; the others tried lowest first, each
+ * taken only under its own lock (`concurrency_slot_lock_key`, never waited for), after a second
+ * look in a statement of its own, which sees what committed before the lock was had: of two
+ * takers of one slot the second finds it locked (and tries the next) or, once the first has
+ * committed, taken. Sets `v_slot` to the slot taken (left as it was, null, when none is free); uses `v_live`,
+ * `v_next_live` and `v_candidate`. One text for both takers of a slot, `acquire_concurrency_slot`
+ * (a row) and `take_concurrency_slots_in_transaction` (a transaction's lock): they must count
+ * alike. (A walk in PL/pgSQL, not an anti-join over generate_series: planned afresh at each call,
+ * that join cost more than the rest of the acquisition.) A null limit takes nothing.
+ */
+export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit: 'p_limit' | 'v_limit') {
+  const slots = sql.id(schema, 'concurrency_slots');
+  const [g, l] = [sql.raw(group), sql.raw(limit)];
+  return sql`select coalesce(array_agg(s2.slot order by s2.slot), '{}') into v_live
+            from ${slots} as s2
+           where s2.group_key = ${g} and s2.slot >= 0 and s2.slot < ${l} and ${slotIsLive('s2')};
+          v_next_live := 1;
+          for v_candidate in 0 .. coalesce(${l}, 0) - 1 loop
+            if v_next_live <= cardinality(v_live) and v_live[v_next_live] = v_candidate then
+              v_next_live := v_next_live + 1;
+              continue;
+            end if;
+            continue when not pg_try_advisory_xact_lock(${sql.id(schema, 'concurrency_slot_lock_key')}(${g}, v_candidate));
+            if not exists (
+              select 1 from ${slots} as s2
+               where s2.group_key = ${g} and s2.slot = v_candidate and ${slotIsLive('s2')}) then
+              v_slot := v_candidate;
+              exit;
+            end if;
+          end loop;`;
+}
+
+/**
  * DDL of the slots and waiters tables and of `acquire_concurrency_slot`, for migration
  * `018_concurrency_slots`. The schema is baked in; a changed body needs a new migration
  * ({@link acquireConcurrencySlotFunctionDdl}).
@@ -236,30 +270,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
                     and w.since < coalesce((select m.since from mine as m), now()))
           into v_since, v_starving;
         if not v_starving then
-          -- The slots held as far as committed runs show, read once, in order; the others are
-          -- tried lowest first, each taken only under its own lock, held to this statement's
-          -- commit: of two takers of one slot the second finds it locked (and tries the next) or,
-          -- once the first has committed, taken. (One statement here and a walk in PL/pgSQL, not
-          -- an anti-join over generate_series: planned afresh at each call, that join cost more
-          -- than the rest of the acquisition.)
-          select coalesce(array_agg(s2.slot order by s2.slot), '{}') into v_live
-            from ${slots} as s2
-           where s2.group_key = p_group and s2.slot >= 0 and s2.slot < p_limit and ${slotIsLive('s2')};
-          -- A null limit takes nothing (and records the waiter), as the old join over generate_series did.
-          for v_candidate in 0 .. coalesce(p_limit, 0) - 1 loop
-            if v_next_live <= cardinality(v_live) and v_live[v_next_live] = v_candidate then
-              v_next_live := v_next_live + 1;
-              continue;
-            end if;
-            continue when not pg_try_advisory_xact_lock(${sql.id(schema, 'concurrency_slot_lock_key')}(p_group, v_candidate));
-            -- A statement of its own, so it sees what committed before the lock was had.
-            if not exists (
-              select 1 from ${slots} as s2
-               where s2.group_key = p_group and s2.slot = v_candidate and ${slotIsLive('s2')}) then
-              v_slot := v_candidate;
-              exit;
-            end if;
-          end loop;
+          ${freeSlotWalk(schema, 'p_group', 'p_limit')}
         end if;
         if v_slot is not null then
           -- One statement: the slot, the key no longer waiting, and its concurrency keys recorded.
