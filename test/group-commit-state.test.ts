@@ -168,6 +168,28 @@ describe('no state a job leaves reaches a group-mate, however it was made', () =
     }
   });
 
+  it('on a session with temporary objects from before the group, those are no job\'s (the group commits whole) and one made inside is still found', async () => {
+    // One connection: the temporary table made here stays in the session every group runs on.
+    const url = new URL(env.databaseUrl);
+    url.searchParams.set('options', '-c app.tenant=none');
+    const db = createPostgresDb({ connectionString: url.toString(), maxConnections: 1, preparedStatements: env.preparedStatements });
+    const store = new PostgresKeyStore(db, env.schema, { probeSettledKeys: false });
+    const keys = new IdempotencyKeys({ db, schema: env.schema, leaseMs: 30_000, groupCommit: { maxGroups: 1 } }, store);
+    try {
+      await sql`create temp table kept_before (n int)`.execute(db);
+      const before = await groupOfEight(keys, 'temp-before-', {});
+      expect(before.settled.every((s) => s.status === 'fulfilled')).toBe(true);
+      expect(new Set(before.rows.map((row) => row.txid)).size).toBe(1);
+      const made = await groupOfEight(keys, 'temp-made-', { 5: call('make_scratch') });
+      expect(made.settled.every((s) => s.status === 'fulfilled')).toBe(true);
+      expect(made.rows.filter((row) => row.seen.scratch).map((row) => row.key)).toEqual(['temp-made-5']);
+      const own = made.rows.find((row) => row.key === 'temp-made-5')!;
+      expect(made.rows.filter((row) => row.txid === own.txid)).toHaveLength(1);
+    } finally {
+      await db.destroy();
+    }
+  });
+
   it('a savepoint a job leaves open, or one of a group-mate\'s that it names, sends that job alone; balanced savepoints share the group', async () => {
     const { keys, db } = ownPool();
     try {

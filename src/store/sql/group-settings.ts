@@ -235,10 +235,16 @@ const KEPT_PREPARED_STATEMENTS = `pg_catalog.split_part(pg_catalog.split_part(${
  * `pg_type` as the group begins. An object created later has a higher OID (until the OID counter
  * wraps around, after four billion objects), so the check reads only the newest rows of each
  * catalog's OID index, and nothing while the session has no temporary schema.
+ *
+ * A session without a temporary schema as the group begins (a worker's, unless a job ran alone
+ * made a temporary object on it) has no temporary object older than the group: every one the
+ * check finds is new, so the marks are 0 and the three catalogs are not read. Reading them was
+ * most of the keeping's cost (about 15 of 30 µs of the server's time per group).
  */
-const MARKS_NOW = `(select pg_catalog.max(oid) from pg_catalog.pg_class)::text
+const MARKS_NOW = `case when pg_catalog.pg_my_temp_schema() = 0 then '0,0,0'
+  else (select pg_catalog.max(oid) from pg_catalog.pg_class)::text
   || ',' || (select pg_catalog.max(oid) from pg_catalog.pg_proc)::text
-  || ',' || (select pg_catalog.max(oid) from pg_catalog.pg_type)::text`;
+  || ',' || (select pg_catalog.max(oid) from pg_catalog.pg_type)::text end`;
 
 /** Where a group's BEGIN keeps its temporary-object marks (a custom setting, local to the transaction). */
 const STARTING_MARKS = 'idempotent_jobs.group_marks';
