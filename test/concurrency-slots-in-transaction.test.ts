@@ -1,11 +1,12 @@
 // @module-tag redis
 /**
- * Concurrency slots held by a run's own transaction (the fast path, alone): no slot row and no
- * commit of their own, counted against the same limit as slot rows, freed when the transaction
+ * Concurrency slots held by a run's transaction (the fast path, alone or in a group's shared
+ * transaction): no slot row and no commit of their own, counted against the same limit as slot rows, freed when the transaction
  * ends however it ends (its connection killed too), and the waiters they hold back woken then.
  *
  * Invariants attacked: at most `limit` runs of a key at once, whichever kind of holder (a
- * transaction's lock, a row of the leased path); a refused job uses no attempt and runs once,
+ * transaction's lock, a row of the leased path), and in one group's transaction, whose session's
+ * locks are re-entrant; a refused job uses no attempt and runs once,
  * later; a slot never outlives its transaction; the keys' waiters are woken when it ends; a job
  * that waited is no longer a waiter once it runs; keys whose 32-bit hashes collide do not share
  * slots; a late renewal of a slot row cannot take back a slot a transaction holds; a schema not
@@ -248,6 +249,53 @@ describe('its edges', () => {
     expect(left.rows[0]!.n).toBe(0);
   });
 
+  it('jobs of one key in one group share its transaction and take distinct slots: never more than the limit at once; those refused leave the group, deferred, and run once', { timeout: 60_000 }, async () => {
+    let running = 0;
+    let most = 0;
+    const txids = new Map<string, string>();
+    startWorker<{ n: number }>('in-group', {
+      handler: {
+        transaction: async (tx, ctx) => {
+          most = Math.max(most, ++running);
+          try {
+            await sleep(300);
+            const { rows } = await sql<{ t: string }>`
+              insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, ${ctx.fence}, 'w')
+              returning txid_current()::text as t`.execute(tx);
+            txids.set(ctx.key, rows[0]!.t);
+            return ctx.data.n;
+          } finally {
+            running--;
+          }
+        },
+      },
+    });
+    const { queue, ids } = await addJobs('in-group', 'grouped', 6, { key: 'tenant:grouped', limit: 3 });
+    for (const id of ids) {
+      const { job } = await waitForJobState(queue, id, ['completed'], 40_000);
+      expect(job.attemptsMade).toBeLessThanOrEqual(1);
+      expect(await effectsOf(env.db, env.schema, 'grouped', id)).toHaveLength(1);
+    }
+    expect(most).toBeLessThanOrEqual(3);
+    // Some of them committed together: they held their slots by one transaction.
+    const perTransaction = [...txids.values()].reduce((counts, t) => counts.set(t, (counts.get(t) ?? 0) + 1), new Map<string, number>());
+    expect(Math.max(...perTransaction.values())).toBeGreaterThan(1);
+    expect(await concurrencyGroupCounts(env.db, env.schema, 'tenant:grouped')).toEqual({ running: 0, waiting: 0 });
+  });
+
+  it('the wakes of runs that end together go as one statement and wake as many waiters of a key as runs freed its slots', async () => {
+    const waiters = sql.id(env.schema, 'concurrency_waiters');
+    for (let n = 0; n < 4; n++) {
+      await sql`insert into ${waiters} (group_key, scope, key, since, seen_at, job_id, queue)
+        values ('tenant:woken-together', 'woken', ${`woken-${n}`}, now() - (${4 - n} * interval '1 second'), now(), ${`job-${n}`}, 'in-tx-woken')`.execute(env.db);
+    }
+    const woken = await Promise.all([0, 1, 2].map(() => keys.wakeConcurrencyWaiters('woken', 'any', ['tenant:woken-together'])));
+    // One statement for the three, its count told to each.
+    expect(woken).toEqual([3, 3, 3]);
+    const { rows } = await sql<{ key: string }>`select key from ${waiters} where group_key = 'tenant:woken-together' and woken_at is not null order by key`.execute(env.db);
+    expect(rows.map((row) => row.key)).toEqual(['woken-0', 'woken-1', 'woken-2']);
+  });
+
   it('two concurrency keys whose 32-bit hashes collide do not hold each other\'s slots', async () => {
     // hashtext('idempotent_jobs.concurrency:tenant:114062') = hashtext('…:tenant:294826'): found
     // by grouping hashtext over 400,000 such keys. A slot's lock key is 64 bits, of the key and the slot.
@@ -299,9 +347,9 @@ describe('its edges', () => {
     expect(await keys.renewConcurrencySlots('l', 'paused', [{ acquired: true, group: 'tenant:late', slot: 0, owner }], 30_000)).toBe(1);
   });
 
-  it('on a schema without migration 033 (a worker started with MIGRATE=false), jobs take slot rows: each commits once, no attempt used', { timeout: 60_000 }, async () => {
-    await sql`drop function ${sql.id(env.schema, 'take_concurrency_slots_in_transaction')}(text[], int[], text, text, int)`.execute(env.db);
-    onTestFinished(() => concurrencySlotsInTransactionDdl(env.schema).execute(env.db).then(() => undefined));
+  it('on a schema without migration 034 (a worker started with MIGRATE=false), jobs take slot rows: each commits once, no attempt used', { timeout: 60_000 }, async () => {
+    await sql`drop function ${sql.id(env.schema, 'take_concurrency_slots_in_shared_transaction')}(text[], int[], text, text, int)`.execute(env.db);
+    onTestFinished(() => concurrencySlotsInTransactionDdl(env.schema, { sharedTransaction: true }).execute(env.db).then(() => undefined));
     const worker = startWorker<{ n: number }>('in-tx-unmigrated', {
       handler: { transaction: (tx, ctx) => insertEffect(tx, ctx.scope, ctx.key, ctx.fence).then(() => ctx.data.n) },
     });

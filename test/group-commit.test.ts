@@ -1,9 +1,11 @@
-import { sql, type Kysely } from 'kysely';
+import { CompiledQuery, sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyKeys, LeaseLostError, TransactionControlError, ValidationError, createPostgresDb, isHeld, type ClaimOutcome, type ExecuteOnceOutcome, type HeldClaim } from '../src/index.js';
 import { type KeyStore } from '../src/store/key-store.js';
 import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
+import { groupPrelude } from '../src/store/gathering-connection.js';
+import { LeavesGroup } from '../src/protocol/group-transaction.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 import { createGate, expireLease, withGroupStatements } from './support/protocol-fixtures.js';
 
@@ -515,6 +517,69 @@ describe('what Postgres answers is what each job gets (pipelines)', () => {
     const grouped = await groupOfEight(groupedKeys(), 'typed-', (tx) => effect(tx));
     for (const outcome of grouped.settled) expect((outcome as PromiseRejectedResult).reason).toMatchObject({ code: '42P18' });
     await expect(plain.executeOnce(scope, 'typed-alone', fp('typed-alone'), (tx) => effect(tx))).rejects.toMatchObject({ code: '42P18' });
+  });
+});
+
+describe('a job that leaves its group', () => {
+  it('15. a job that leaves before a statement of its own (LeavesGroup) is told at once, while its group goes on; the group commits without it', async () => {
+    const keys = groupedKeys();
+    const gate = createGate();
+    const left = new LeavesGroup('not this time');
+    const running = Array.from({ length: 4 }, (_, i) =>
+      keys.executeOnce(scope, `leave-${i}`, fp(`leave-${i}`), async (tx) => {
+        if (i === 1) throw left;
+        await insertEffect(tx, `leave-${i}`);
+        if (i === 0) await gate.wait;
+        return i;
+      }),
+    );
+    // Told while its group-mate still holds the group open.
+    await expect(running[1]).rejects.toBe(left);
+    gate.open();
+    const outcomes = await Promise.all([running[0], running[2], running[3]]);
+    expect(outcomes.map((o) => o!.kind)).toEqual(['executed', 'executed', 'executed']);
+    const rows = await effects('leave-');
+    expect(rows.map((r) => r.key)).toEqual(['leave-0', 'leave-2', 'leave-3']);
+    expect(new Set(rows.map((r) => r.txid)).size).toBe(1);
+    expect(await plain.get(scope, 'leave-1')).toBeUndefined();
+  });
+
+  it('16. a job that leaves after a statement of its own fails its group as any error does: it runs alone, its statement rolled back; the others commit together', async () => {
+    const keys = groupedKeys();
+    const left = new LeavesGroup('too late to leave');
+    const { settled, runs } = await groupOfEight(keys, 'late-leave-', async (tx, i) => {
+      await insertEffect(tx, `late-leave-${i}`);
+      if (i === 5) throw left;
+      return i;
+    });
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled', 'fulfilled', 'rejected', 'fulfilled', 'fulfilled']);
+    expect((settled[5] as PromiseRejectedResult).reason).toBe(left);
+    expect(runs[5]).toBe(2);
+    const rows = await effects('late-leave-');
+    expect(rows.map((r) => r.key)).not.toContain('late-leave-5');
+    expect(new Set(rows.map((r) => r.txid)).size).toBe(1);
+  });
+
+  it('17. a prelude before a job\'s own statements is not one of them: sent in the first round trip, it does not make the job\'s later statement interleaved', async () => {
+    const keys = groupedKeys();
+    const prelude = groupPrelude(CompiledQuery.raw('select 1 as prelude_of_test_17', []));
+    await keys.executeOnce(scope, 'prelude-warm', fp('prelude-warm'), async () => 'warm'); // the group's one read of the custom settings
+    const { value: outcomes, statements: sent } = await recordStatements(() =>
+      Promise.all(
+        Array.from({ length: 4 }, (_, i) =>
+          keys.executeOnce(scope, `prelude-${i}`, fp(`prelude-${i}`), async (tx) => {
+            if (i === 0) await tx.executeQuery(prelude);
+            await insertEffect(tx, `prelude-${i}`);
+            return i;
+          }),
+        ),
+      ),
+    );
+    expect(outcomes.map((o) => o.kind)).toEqual(Array(4).fill('executed'));
+    // The prelude rode with group-mates' statements; the job's insert came a round trip later; nothing rolled back.
+    expect(sent[0]).toMatch(/prelude_of_test_17[^]*insert into/);
+    expect(sent.some((text) => /rollback/i.test(text))).toBe(false);
+    expect(new Set((await effects('prelude-')).map((r) => r.txid)).size).toBe(1);
   });
 });
 

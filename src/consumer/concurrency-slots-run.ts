@@ -1,4 +1,5 @@
 import type { Transaction } from 'kysely';
+import { LeavesGroup } from '../protocol/group-transaction.js';
 import type { ConcurrencySlot, IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { sqlStateOf } from '../store/pg-errors.js';
 import { startSlotHeartbeat } from './concurrency-slot-heartbeat.js';
@@ -87,12 +88,13 @@ export interface TransactionSlots {
 }
 
 /**
- * The run's transaction did not take its slots, and rolled back before the handler ran: a
- * concurrency key was at its limit (`refused`), or the keys' schema has no function to take them
- * so (`unavailable`: migration `033_concurrency_slots_in_transaction` not run, the worker started
- * with `MIGRATE=false`). Either way the job asks for slot rows instead.
+ * The run's transaction did not take its slots, before the handler ran: a concurrency key was at
+ * its limit (`refused`), or the keys' schema has no function to take them so (`unavailable`:
+ * migration `034_concurrency_slots_in_groups` not run, the worker started with `MIGRATE=false`).
+ * A transaction of the job's own rolls back; a group's goes on without the job (it leaves the
+ * group: {@link LeavesGroup}). Either way the job asks for slot rows instead.
  */
-export class TransactionSlotsNotTaken extends Error {
+export class TransactionSlotsNotTaken extends LeavesGroup {
   readonly reason: 'refused' | 'unavailable';
 
   constructor(reason: 'refused' | 'unavailable', message: string, options?: { cause: unknown }) {
@@ -103,11 +105,13 @@ export class TransactionSlotsNotTaken extends Error {
 }
 
 /**
- * A job with concurrency limits whose run is one transaction (the fast path, alone): its slots
- * are taken inside that transaction, by `slots`' first statement ({@link takeTransactionSlots}),
- * and held by their locks until it commits or rolls back (`sql/concurrency-slots-in-transaction.ts`):
- * no slot row, no commit to take or free one, no heartbeat. A key at its limit rolls that
- * transaction back, before the handler ran, and the job goes the way of {@link runInSlots}, which
+ * A job with concurrency limits whose run is one transaction (the fast path, alone or in a
+ * group): its slots are taken inside that transaction, by `slots`' first statement
+ * ({@link takeTransactionSlots}), and held by their locks until it commits or rolls back
+ * (`sql/concurrency-slots-in-transaction.ts`): no slot row, no commit to take or free one, no
+ * heartbeat. In a group, the group's transaction holds them, until the group commits. A key at
+ * its limit ends the run before the handler ran (its own transaction rolls back; a group goes on
+ * without it), and the job goes the way of {@link runInSlots}, which
  * records it as a waiter (or takes a slot freed meanwhile); so does every job once the keys'
  * schema proved to have no function to take them so (`deps.unavailable`). Once a transaction
  * that took the slots has ended, the keys' oldest waiters are woken, as freeing a slot row wakes
@@ -151,8 +155,8 @@ export async function takeTransactionSlots<P, M>(keys: IdempotencyKeys, timing: 
   try {
     answer = await keys.takeConcurrencySlotsInTransaction(tx, scope, key, slots.limits, { starvationMs: timing.concurrencyStarvationMs });
   } catch (error) {
-    // 42883 undefined_function: a schema not migrated to 033. Not the job's fault, and no attempt's.
-    if (sqlStateOf(error) === '42883') throw new TransactionSlotsNotTaken('unavailable', 'the keys\' schema has no take_concurrency_slots_in_transaction', { cause: error });
+    // 42883 undefined_function: a schema not migrated to 034. Not the job's fault, and no attempt's.
+    if (sqlStateOf(error) === '42883') throw new TransactionSlotsNotTaken('unavailable', 'the keys\' schema has no take_concurrency_slots_in_shared_transaction', { cause: error });
     throw error;
   }
   if (answer.refusedGroup !== undefined) throw new TransactionSlotsNotTaken('refused', `concurrency key ${JSON.stringify(answer.refusedGroup)} is at its limit`);

@@ -236,7 +236,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
           this.#slotsInTransactionUnavailable = true;
           run.log.warn(
             { err: error },
-            'the keys\' schema is not migrated to 033_concurrency_slots_in_transaction: concurrency slots are taken as rows until this worker restarts on a migrated schema (run idempotent-jobs migrate)',
+            'the keys\' schema is not migrated to 034_concurrency_slots_in_groups: concurrency slots are taken as rows until this worker restarts on a migrated schema (run idempotent-jobs migrate)',
           );
         },
       });
@@ -422,8 +422,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
           await this.#fault('before-commit', identity);
           return transactionResult ? transactionResult.value : returned;
       };
-      // Slots held by the transaction are the run's alone: never in a group's shared one.
-      const options = { ...claimOptions, databaseOnly: this.#databaseOnly, onGroupRefusal: groupRefusalLog(run.log), ...(slots && { runsAlone: true }) };
+      const options = { ...claimOptions, databaseOnly: this.#databaseOnly, onGroupRefusal: groupRefusalLog(run.log) };
       outcome = dataLayer
         ? await this.#keys.executeOnceIn(identity.scope, identity.key, fingerprint, dataLayer, effect, options)
         : await this.#keys.executeOnce(identity.scope, identity.key, fingerprint, effect, options);

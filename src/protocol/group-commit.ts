@@ -170,6 +170,11 @@ export class GroupCommitter {
           checkEachJob: this.#checkEachJob(watched),
           lockTimeoutMs: this.#lockTimeoutMs,
           slowJobMs: this.#slowJobMs,
+          onLeft: (job, error) => {
+            // Told at once: its caller goes on while the group does.
+            const at = members.findIndex((member) => member.job === job);
+            if (at >= 0) members.splice(at, 1)[0]!.reject(error);
+          },
         },
       );
       this.#deliverVerdict(members, verdict);

@@ -13,6 +13,15 @@ export interface GroupMember<T> {
   readonly run: (tx: Transaction<any>) => Promise<GroupMemberEnd<T>>;
 }
 
+/**
+ * What a job's run throws to leave its group as if it had never joined: its group goes on and
+ * commits without it, and its caller gets this error at once (`onLeft`). Only a job that
+ * sent no statement of its own (a prelude at most: `groupPrelude`, which reads and writes only
+ * the library's own tables, locks and settings) leaves so; one that did fails its group as any
+ * other error does. The take of concurrency slots refused (`TransactionSlotsNotTaken`) is one.
+ */
+export class LeavesGroup extends Error {}
+
 /** What a job leaves for its group's end. */
 export interface GroupMemberEnd<T> {
   readonly value: T;
@@ -83,6 +92,8 @@ export interface GroupTransactionOptions {
   readonly lockTimeoutMs: number;
   /** Longest a job's callback may hold the group (`GroupCommitOptions.slowJobMs`). */
   readonly slowJobMs: number;
+  /** Told at once of a job that left the group ({@link LeavesGroup}): it is no member of it from then on. */
+  readonly onLeft: (member: GroupMember<unknown>, error: LeavesGroup) => void;
 }
 
 /**
@@ -133,7 +144,11 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       : eachJob === 'all-but-prepared-statements'
         ? statements.state!.checkPreparedStatements(watched)
         : undefined;
-  return db.getExecutor().provideConnection(async (inner): Promise<GroupVerdict<M>> => {
+  // The verdict, told before the group's connection is given back when abandoned runs hold
+  // concurrency slots by its transaction (see `stop`).
+  let tellEarly!: (verdict: GroupVerdict<M>) => void;
+  const toldEarly = new Promise<GroupVerdict<M>>((resolve) => (tellEarly = resolve));
+  const ended = db.getExecutor().provideConnection(async (inner): Promise<GroupVerdict<M>> => {
     const connection = new GatheringConnection(inner, { gather: options.gather, pipelines: options.pipelines, ...(stateCheck ? { stateCheck } : {}) });
     const ends = new Map<M, GroupMemberEnd<unknown>>();
     // Jobs that threw an error of their own (not one the group's failure caused).
@@ -141,8 +156,20 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
     // Jobs whose callback outran slowJobMs, with their runs: the group did not wait for them.
     const abandoned = new Map<M, Promise<void>>();
     const stop = async (verdict: GroupVerdict<M>): Promise<GroupVerdict<M>> => {
-      await connection.rollback(ROLLBACK);
-      return abandoned.size > 0 && verdict.kind !== 'committed' ? { ...verdict, abandoned } : verdict;
+      const holding = [...abandoned].filter(([member]) => connection.sentPrelude(member));
+      if (holding.length === 0 || verdict.kind === 'committed') {
+        await connection.rollback(ROLLBACK);
+        return abandoned.size > 0 && verdict.kind !== 'committed' ? { ...verdict, abandoned } : verdict;
+      }
+      // Abandoned runs whose concurrency slots are this transaction's locks (their prelude took
+      // them): the transaction stays open, its locks held, until those runs have ended, so that
+      // no other run takes their slots while they still run. Their group-mates are told now;
+      // each abandoned job runs alone once the locks are gone.
+      const released = Promise.all(holding.map(([, run]) => run)).then(() => connection.rollback(ROLLBACK));
+      const stopped = { ...verdict, abandoned: new Map([...abandoned].map(([member, run]) => [member, Promise.all([run, released]).then(() => undefined)])) };
+      tellEarly(stopped);
+      await released;
+      return stopped;
     };
     connection.defer(BEGIN_READ_COMMITTED, ...(watched ? [statements.state!.keep(watched)] : []));
     for (let batch = take(); batch.length > 0; batch = take()) {
@@ -162,6 +189,10 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
           },
           (error: unknown) => {
             if (abandoned.has(member)) return;
+            if (error instanceof LeavesGroup && !connection.sentStatements(member) && connection.openSavepoints(member) === 0) {
+              options.onLeft(member, error);
+              return;
+            }
             if (!(error instanceof GroupAbortedError) && !(error instanceof InterleavedStatements)) threw.set(member, error);
             // The group is lost: its other jobs' statements go no further.
             connection.fail({ kind: 'job', error, culprits: new Set([member]) });
@@ -186,11 +217,13 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       }
     }
     if (ends.size === 0) {
-      connection.discard(); // another group took the jobs first: BEGIN never went out
+      // Another group took the jobs first (BEGIN never went out), or every job left the group.
+      await connection.rollback(ROLLBACK);
       return { kind: 'committed', values: new Map() };
     }
     return endGroup(connection, [...ends], { ...options, stateCheck, groupCheck }, stop);
   });
+  return Promise.race([toldEarly, ended]);
 }
 
 /**

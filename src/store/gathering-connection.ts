@@ -73,6 +73,23 @@ export class GroupAbortedError extends Error {
   }
 }
 
+/** Texts of statements marked {@link groupPrelude}. */
+const preludeTexts = new Set<string>();
+
+/**
+ * Marks `query`'s text as a job's *prelude* in a group: a statement that reads nothing a job
+ * writes and writes nothing a job reads (the library's own tables, locks and settings only; the
+ * take of concurrency slots, `sql/concurrency-slots-in-transaction.ts`), sent before the job's
+ * own statements. It does not count as the job's statement for the order of the group's jobs: a
+ * job that sent one and then its own statements, after group-mates' had run, is not
+ * interleaved, since what it reads and writes is the same whichever order the prelude went in.
+ * Returns `query`.
+ */
+export function groupPrelude<Q extends CompiledQuery>(query: Q): Q {
+  preludeTexts.add(query.sql);
+  return query;
+}
+
 interface Pending {
   readonly member: object;
   readonly query: CompiledQuery;
@@ -123,6 +140,8 @@ export class GatheringConnection {
   /** The job whose statement was the last sent, and every job that sent any. */
   #lastSender: object | undefined;
   readonly #senders = new WeakSet<object>();
+  /** Every job that sent a prelude ({@link groupPrelude}). */
+  readonly #preludeSenders = new WeakSet<object>();
   readonly #stateCheck: CompiledQuery | undefined;
   /** Each job's savepoints still open, oldest first. */
   readonly #savepoints = new WeakMap<object, string[]>();
@@ -144,6 +163,16 @@ export class GatheringConnection {
   /** The job whose statement was the last sent (the state check at the group's end is its). */
   get lastSender(): object | undefined {
     return this.#lastSender;
+  }
+
+  /** Whether `member` sent a statement of its own (a prelude is not one: {@link groupPrelude}). */
+  sentStatements(member: object): boolean {
+    return this.#senders.has(member);
+  }
+
+  /** Whether `member` sent a prelude ({@link groupPrelude}): it may hold locks by the group's transaction. */
+  sentPrelude(member: object): boolean {
+    return this.#preludeSenders.has(member);
   }
 
   /** How many savepoints `member` opened and left open. */
@@ -253,6 +282,12 @@ export class GatheringConnection {
       const error = effect === 'ends-transaction' ? new TransactionControlError(query.sql) : new StatementLeavesState(query.sql);
       this.fail({ kind: 'job', error, culprits: new Set([member]) });
       throw error;
+    }
+    // A prelude sent before the job's own statements is no statement of the job's for the
+    // order of the group's jobs (see groupPrelude); one sent after them is.
+    if (!this.#senders.has(member) && preludeTexts.has(query.sql)) {
+      this.#preludeSenders.add(member);
+      return !this.#pipelines;
     }
     if (this.#senders.has(member) && this.#lastSender !== member) {
       const error = new InterleavedStatements();

@@ -325,6 +325,16 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
         await acquireConcurrencySlotFunctionDdl(schema).execute(db);
       },
     },
+    // The take of a run's slots in its transaction, safe in a transaction its group shares: it
+    // skips the slots its transaction took already, whose locks the session holds (see
+    // sql/concurrency-slots.ts); and the wake of several waiters of a key at once, for the runs
+    // of a group that end together (store/wake-batcher.ts). 033's stay for the workers of that release.
+    '034_concurrency_slots_in_groups': {
+      async up(db: Kysely<any>) {
+        await concurrencySlotsInTransactionDdl(schema, { sharedTransaction: true }).execute(db);
+        await wakeConcurrencyWaitersDdl(schema, { counted: true }).execute(db);
+      },
+    },
   };
 
   /** A migration that only installs (the current body of) one function. */

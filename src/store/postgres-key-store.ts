@@ -6,6 +6,7 @@ import { isLockTimeout, isUnstorableJson } from './pg-errors.js';
 import { ClaimBatcher } from './claim-batcher.js';
 import { findSettledKeys } from './sql/find-settled-keys.js';
 import { StatementBatcher } from './statement-batcher.js';
+import { WakeBatcher } from './wake-batcher.js';
 import { claimKey } from './sql/claim.js';
 import { claimNewKey } from './sql/claim-new-key.js';
 import { tombstoneOf } from './sql/tombstones.js';
@@ -85,6 +86,8 @@ export class PostgresKeyStore implements KeyStore {
 
   /** What a group watches (see `sql/group-settings.ts`), and when it was read. */
   #watched: { readonly state: Promise<WatchedState>; readonly readAt: number } | undefined;
+  /** The wakes of concurrency waiters asked for at once (a group's jobs, ending together), sent as one statement. */
+  readonly #wakes = new WakeBatcher((groups, counts, wakeAgainAfterMs) => wakeConcurrencyWaiters(this.#db, this.schema, groups, counts, wakeAgainAfterMs));
   readonly #watchedStateMaxAgeMs: number;
   /** The state statements of each list of watched names (one list per read): built once, not for every group. */
   readonly #stateStatementsOf = new WeakMap<readonly string[], { keep: CompiledQuery; check: CompiledQuery; checkAll: CompiledQuery; checkPreparedStatements: CompiledQuery }>();
@@ -233,7 +236,7 @@ export class PostgresKeyStore implements KeyStore {
   }
 
   wakeSlotWaiters(groups: readonly string[], wakeAgainAfterMs: number): Promise<number> {
-    return wakeConcurrencyWaiters(this.#db, this.schema, groups, wakeAgainAfterMs);
+    return this.#wakes.wake(groups, wakeAgainAfterMs);
   }
 
   /** See {@link KeyStore.claimNewKey}. */

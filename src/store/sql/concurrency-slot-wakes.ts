@@ -41,22 +41,30 @@ export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, gr
 
 /**
  * The common table expressions `woken` and `marked` of a statement that wakes the oldest waiter
- * of each of `groups` whose job is known and that was not woken within `wakeAgainAfterMs` (when
+ * of each of `groups` (the `counts` oldest, when given) whose job is known and that was not woken within `wakeAgainAfterMs` (when
  * `when` holds): `woken` the waiters, locked (`skip locked`: two wakes at once wake two
  * waiters), `marked` their `woken_at` set. {@link wokenNotified} names them on the channel. One
  * text for both wakes: a slot row's release and `wake_concurrency_waiters`.
  */
-export function oldestWaitersWoken(schema: string, groups: RawBuilder<unknown>, wakeAgainAfterMs: RawBuilder<unknown>, when: RawBuilder<unknown> = sql`true`) {
+export function oldestWaitersWoken(
+  schema: string,
+  groups: RawBuilder<unknown>,
+  wakeAgainAfterMs: RawBuilder<unknown>,
+  when: RawBuilder<unknown> = sql`true`,
+  /** How many waiters of each group (an array beside `groups`); unset: one each. */
+  counts?: RawBuilder<unknown>,
+) {
   const waiters = sql.id(schema, 'concurrency_waiters');
+  const each = counts ? sql`unnest(${groups}, ${counts}) as g(group_key, n)` : sql`unnest(${groups}) as g(group_key)`;
   return sql`woken as (
       select w.group_key, w.scope, w.key, w.queue, w.job_id
-        from unnest(${groups}) as g(group_key)
+        from ${each}
        cross join lateral (
          select w.group_key, w.scope, w.key, w.queue, w.job_id from ${waiters} as w
           where w.group_key = g.group_key and w.job_id is not null and ${when}
             and (w.woken_at is null or w.woken_at < now() - ${wakeAgainAfterMs} * interval '1 millisecond')
           order by w.since
-          limit 1
+          limit ${counts ? sql`g.n` : sql`1`}
             for update skip locked) as w
     ), marked as (
       update ${waiters} as w set woken_at = now()

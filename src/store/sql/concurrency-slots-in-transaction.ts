@@ -1,4 +1,7 @@
-import { sql, type Kysely } from 'kysely';
+import { CompiledQuery, sql, type Kysely } from 'kysely';
+import pg from 'pg';
+import { groupPrelude } from '../gathering-connection.js';
+import { prepared } from '../named-statements.js';
 import { oldestWaitersWoken, wokenNotified } from './concurrency-slot-wakes.js';
 import { freeSlotWalk } from './concurrency-slots.js';
 
@@ -27,7 +30,8 @@ export interface SlotsInTransactionRequest {
 /**
  * Takes a slot of each of a job's concurrency keys for as long as the open transaction `tx`
  * lasts, or names the first key at its limit: one statement, a call of
- * `take_concurrency_slots_in_transaction` ({@link concurrencySlotsInTransactionDdl}).
+ * `take_concurrency_slots_in_shared_transaction` ({@link concurrencySlotsInTransactionDdl}), in
+ * a transaction of the job's own or one it shares with its group.
  *
  * *Why:* a job whose whole run is one transaction (the fast path) needs no slot row: the slot's
  * transaction-scoped advisory lock (the lock a row's acquisition takes too, `sql/concurrency-slots.ts`)
@@ -41,12 +45,29 @@ export interface SlotsInTransactionRequest {
  * meanwhile. A starving waiter goes first here as there.
  */
 export async function takeConcurrencySlotsInTransaction(tx: Kysely<any>, schema: string, request: SlotsInTransactionRequest): Promise<SlotsInTransactionAnswer> {
-  const { rows } = await sql<{ refused_group: string | null; was_waiting: boolean }>`
-    select * from ${sql.id(schema, 'take_concurrency_slots_in_transaction')}(
-      ${request.groups}::text[], ${request.limits}::int[], ${request.scope}::text, ${request.key}::text, ${request.starvationMs}::int)`.execute(tx);
+  const { rows } = await tx.executeQuery<{ refused_group: string | null; was_waiting: boolean }>(
+    groupPrelude(
+      prepared(
+        CompiledQuery.raw(`select * from ${pg.escapeIdentifier(schema)}.${SHARED_TRANSACTION_TAKE}($1::text[], $2::int[], $3::text, $4::text, $5::int)`, [
+          request.groups,
+          request.limits,
+          request.scope,
+          request.key,
+          request.starvationMs,
+        ]),
+      ),
+    ),
+  );
   const row = rows[0]!;
   return { refusedGroup: row.refused_group ?? undefined, wasWaiting: row.was_waiting };
 }
+
+/**
+ * The take a worker calls: safe in a transaction several jobs share (migration
+ * `034_concurrency_slots_in_groups`). Its text marks it a group's prelude: it reads and writes
+ * only the library's tables, locks and settings.
+ */
+const SHARED_TRANSACTION_TAKE = 'take_concurrency_slots_in_shared_transaction';
 
 /**
  * Forgets a key as a waiter of `groups` once it runs in their slots (a statement of its own,
@@ -63,29 +84,32 @@ export async function forgetConcurrencyWaiter(db: Kysely<any>, schema: string, g
 }
 
 /**
- * Wakes the oldest waiter of each of `groups` not woken within `wakeAgainAfterMs`, as a slot row's
- * release does (`releaseConcurrencySlot`): after a run whose slots were held by its transaction
- * ended. Every such run sends it: a waiter is recorded by a refusal while the run goes on, which
- * the run cannot see. With no waiter it writes nothing, so it costs a round trip and no commit.
- * Its commit does not wait for the flush: a wake lost is a waiter that asks again when its
- * deferral ends.
+ * Wakes the oldest waiters of each of `groups` not woken within `wakeAgainAfterMs`, as many as
+ * the key's `counts` says (the slots freed), as a slot row's release does
+ * (`releaseConcurrencySlot`): after runs whose slots were held by their transaction ended. Every
+ * such run asks for it (the wakes of a group's jobs go as one: `WakeBatcher`): a waiter is
+ * recorded by a refusal while the run goes on, which the run cannot see. With no waiter it writes
+ * nothing, so it costs a round trip and no commit. Its commit does not wait for the flush: a wake
+ * lost is a waiter that asks again when its deferral ends.
  */
-export async function wakeConcurrencyWaiters(db: Kysely<any>, schema: string, groups: readonly string[], wakeAgainAfterMs: number): Promise<number> {
+export async function wakeConcurrencyWaiters(db: Kysely<any>, schema: string, groups: readonly string[], counts: readonly number[], wakeAgainAfterMs: number): Promise<number> {
   const { rows } = await sql<{ woken: number }>`
-    select ${sql.id(schema, 'wake_concurrency_waiters')}(${groups}::text[], ${wakeAgainAfterMs}::int) as woken`.execute(db);
+    select ${sql.id(schema, 'wake_concurrency_waiters')}(${groups}::text[], ${counts}::int[], ${wakeAgainAfterMs}::int) as woken`.execute(db);
   return rows[0]?.woken ?? 0;
 }
 
 /**
- * DDL of `wake_concurrency_waiters` (see {@link wakeConcurrencyWaiters}), for migration
- * `033_concurrency_slots_in_transaction`: a function, so that its plans are kept by the session
- * and a call that finds no waiter (the common case: every run below its limit sends it) reads
- * one index entry and returns, writing nothing.
+ * DDL of `wake_concurrency_waiters` (see {@link wakeConcurrencyWaiters}): a function, so that
+ * its plans are kept by the session and a call that finds no waiter (the common case: every run
+ * below its limit sends it) reads one index entry and returns, writing nothing. Migration
+ * `033_concurrency_slots_in_transaction` installed it with one waiter per key; `034_concurrency_slots_in_groups`
+ * adds the form with a count per key (`counted`), which workers call.
  */
-export function wakeConcurrencyWaitersDdl(schema: string) {
+export function wakeConcurrencyWaitersDdl(schema: string, options: { readonly counted?: boolean } = {}) {
   const waiters = sql.id(schema, 'concurrency_waiters');
+  const counts = options.counted ? sql`p_counts int[], ` : sql``;
   return sql`
-      create or replace function ${sql.id(schema, 'wake_concurrency_waiters')}(p_groups text[], p_wake_again_after_ms int)
+      create or replace function ${sql.id(schema, 'wake_concurrency_waiters')}(p_groups text[], ${counts}p_wake_again_after_ms int)
       returns int
       language plpgsql volatile as $wake$
       declare
@@ -97,7 +121,7 @@ export function wakeConcurrencyWaitersDdl(schema: string) {
         end if;
         -- A wake lost to a crash is a waiter that asks again when its deferral ends: no flush waited for.
         perform set_config('synchronous_commit', 'off', true);
-        with ${oldestWaitersWoken(schema, sql.raw('p_groups'), sql.raw('p_wake_again_after_ms'))}
+        with ${oldestWaitersWoken(schema, sql.raw('p_groups'), sql.raw('p_wake_again_after_ms'), sql`true`, options.counted ? sql.raw('p_counts') : undefined)}
         select ${wokenNotified(schema)} into v_woken;
         return v_woken;
       end;
@@ -105,19 +129,26 @@ export function wakeConcurrencyWaitersDdl(schema: string) {
 }
 
 /**
- * DDL of `take_concurrency_slots_in_transaction` (see {@link takeConcurrencySlotsInTransaction}),
- * for migration `033_concurrency_slots_in_transaction`. The walk is `acquire_concurrency_slot`'s,
- * the same text ({@link freeSlotWalk}): its locks are never waited for.
+ * DDL of the function that takes a run's slots in its transaction (see
+ * {@link takeConcurrencySlotsInTransaction}): `take_concurrency_slots_in_transaction`, for
+ * migration `033_concurrency_slots_in_transaction`, which a transaction of one job only may call
+ * (workers of that release call it); and `take_concurrency_slots_in_shared_transaction`, for
+ * migration `034_concurrency_slots_in_groups`, the same but for a transaction several jobs share
+ * (a group's): it skips the slots its transaction already took (`HELD_BY_THIS_TRANSACTION`, `sql/concurrency-slots.ts`).
+ * The walk is `acquire_concurrency_slot`'s, the same text ({@link freeSlotWalk}): its locks are
+ * never waited for.
  */
-export function concurrencySlotsInTransactionDdl(schema: string) {
+export function concurrencySlotsInTransactionDdl(schema: string, options: { readonly sharedTransaction?: boolean } = {}) {
   const waiters = sql.id(schema, 'concurrency_waiters');
+  const name = options.sharedTransaction ? SHARED_TRANSACTION_TAKE : 'take_concurrency_slots_in_transaction';
   return sql`
-      create or replace function ${sql.id(schema, 'take_concurrency_slots_in_transaction')}(
+      create or replace function ${sql.id(schema, name)}(
         p_groups text[], p_limits int[], p_scope text, p_key text, p_starvation_ms int)
       returns table (refused_group text, was_waiting boolean)
       language plpgsql volatile as $slots$
       #variable_conflict use_column
       declare
+        v_lock bigint;
         v_index int;
         v_group text;
         v_limit int;
@@ -147,7 +178,7 @@ export function concurrencySlotsInTransactionDdl(schema: string) {
             into v_starving;
           v_slot := null;
           if not v_starving then
-            ${freeSlotWalk(schema, 'v_group', 'v_limit')}
+            ${freeSlotWalk(schema, 'v_group', 'v_limit', options)}
           end if;
           if v_slot is null then
             refused_group := v_group;

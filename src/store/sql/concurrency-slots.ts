@@ -159,10 +159,25 @@ function slotIsLive(row: 's' | 's2') {
  * (a row) and `take_concurrency_slots_in_transaction` (a transaction's lock): they must count
  * alike. (A walk in PL/pgSQL, not an anti-join over generate_series: planned afresh at each call,
  * that join cost more than the rest of the acquisition.) A null limit takes nothing.
+ *
+ * `sharedTransaction`: the walk runs in a transaction several jobs may share (a group's, see
+ * {@link HELD_BY_THIS_TRANSACTION}): a slot an earlier take of the same transaction took is
+ * skipped, since its lock, already held by this session, would be granted again; the slot taken
+ * is added to the transaction's list. Uses `v_lock` too.
  */
-export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit: 'p_limit' | 'v_limit') {
+export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit: 'p_limit' | 'v_limit', options: { readonly sharedTransaction?: boolean } = {}) {
   const slots = sql.id(schema, 'concurrency_slots');
   const [g, l] = [sql.raw(group), sql.raw(limit)];
+  const lockKey = sql`${sql.id(schema, 'concurrency_slot_lock_key')}(${g}, v_candidate)`;
+  const held = sql`coalesce(current_setting(${sql.lit(HELD_BY_THIS_TRANSACTION)}, true), '')`;
+  const tryLock = options.sharedTransaction
+    ? sql`v_lock := ${lockKey};
+            continue when strpos(${held}, ',' || v_lock::text || ',') > 0;
+            continue when not pg_try_advisory_xact_lock(v_lock);`
+    : sql`continue when not pg_try_advisory_xact_lock(${lockKey});`;
+  const taken = options.sharedTransaction
+    ? sql`perform set_config(${sql.lit(HELD_BY_THIS_TRANSACTION)}, coalesce(nullif(${held}, ''), ',') || v_lock::text || ',', true);`
+    : sql``;
   return sql`select coalesce(array_agg(s2.slot order by s2.slot), '{}') into v_live
             from ${slots} as s2
            where s2.group_key = ${g} and s2.slot >= 0 and s2.slot < ${l} and ${slotIsLive('s2')};
@@ -172,15 +187,26 @@ export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit
               v_next_live := v_next_live + 1;
               continue;
             end if;
-            continue when not pg_try_advisory_xact_lock(${sql.id(schema, 'concurrency_slot_lock_key')}(${g}, v_candidate));
+            ${tryLock}
             if not exists (
               select 1 from ${slots} as s2
                where s2.group_key = ${g} and s2.slot = v_candidate and ${slotIsLive('s2')}) then
               v_slot := v_candidate;
+              ${taken}
               exit;
             end if;
           end loop;`;
 }
+
+/**
+ * Where a transaction that takes concurrency slots by their locks lists the slots it took (their
+ * lock keys, `,1,2,`: a custom setting local to the transaction, gone when it ends). *Why:* the
+ * jobs of a group share one transaction, and so one session, whose advisory locks are
+ * re-entrant: a job's take would be granted the lock of a slot a group-mate holds, and two runs
+ * would share one slot. Named `idempotent_jobs.*`, a setting of the library's, which no group
+ * state check watches (see `group-settings.ts`).
+ */
+export const HELD_BY_THIS_TRANSACTION = 'idempotent_jobs.concurrency_slots_held';
 
 /**
  * DDL of the slots and waiters tables and of `acquire_concurrency_slot`, for migration

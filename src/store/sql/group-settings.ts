@@ -88,10 +88,11 @@ export async function customSettingNames(db: Kysely<any>): Promise<string[]> {
 
 /**
  * The functions of the library's own schema (`migrate`), which {@link codeCanLeaveState} does not
- * read: they run in the store's own statements, never inside a job's in a group (the take of
- * concurrency slots runs in a job's transaction that runs alone), and what they set is local to
- * those. A migration that adds a function adds its name here (`test/group-commit-state.test.ts`
- * compares this list with a migrated schema's functions).
+ * read: they run in the store's own statements, and what they set is local to those and named
+ * `idempotent_jobs.*`, which no check watches. (One runs in a job's transaction, a group's too:
+ * the take of concurrency slots, which reads and writes only the library's own tables, locks and
+ * settings.) A migration that adds a function adds its name here
+ * (`test/group-commit-state.test.ts` compares this list with a migrated schema's functions).
  */
 export const LIBRARY_FUNCTIONS: readonly string[] = [
   'acquire_concurrency_slot',
@@ -111,6 +112,7 @@ export const LIBRARY_FUNCTIONS: readonly string[] = [
   'refuse_tombstoned_key',
   'start_step',
   'store_fast_path_result',
+  'take_concurrency_slots_in_shared_transaction',
   'take_concurrency_slots_in_transaction',
   'wake_concurrency_waiters',
 ];
