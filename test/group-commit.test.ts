@@ -8,6 +8,7 @@ import { groupPrelude } from '../src/store/gathering-connection.js';
 import { LeavesGroup } from '../src/protocol/group-transaction.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 import { createGate, expireLease, withGroupStatements } from './support/protocol-fixtures.js';
+import { sleep } from './support/queue-helpers.js';
 
 let env: TestEnv;
 let plain: IdempotencyKeys;
@@ -580,6 +581,39 @@ describe('a job that leaves its group', () => {
     expect(sent[0]).toMatch(/prelude_of_test_17[^]*insert into/);
     expect(sent.some((text) => /rollback/i.test(text))).toBe(false);
     expect(new Set((await effects('prelude-')).map((r) => r.txid)).size).toBe(1);
+  });
+  it('18. a prelude sent while a group-mate has a savepoint open counts as the job\'s statement: that group-mate\'s ROLLBACK TO cannot undo the prelude\'s lock under it', async () => {
+    const keys = groupedKeys();
+    const prelude = groupPrelude(CompiledQuery.raw('select pg_catalog.pg_try_advisory_xact_lock(424242) as prelude_of_test_18', []));
+    await keys.executeOnce(scope, 'sp-prelude-warm', fp('sp-prelude-warm'), async () => 'warm');
+    const [rolledBack, checked] = [createGate(), createGate()];
+    const lockFree = async () =>
+      (await env.db.transaction().execute((tx) => sql<{ got: boolean }>`select pg_catalog.pg_try_advisory_xact_lock(424242) as got`.execute(tx))).rows[0]!.got;
+    const freeWhileHeld: boolean[] = [];
+    const running = [
+      keys.executeOnce(scope, 'sp-prelude-0', fp('sp-prelude-0'), async (tx) => {
+        await sql`savepoint mine`.execute(tx);
+        await rolledBack.wait;
+        await sql`rollback to savepoint mine`.execute(tx);
+        await insertEffect(tx, 'sp-prelude-0');
+        return 0;
+      }),
+      keys.executeOnce(scope, 'sp-prelude-1', fp('sp-prelude-1'), async (tx) => {
+        await tx.executeQuery(prelude);
+        rolledBack.open();
+        // The group-mate's ROLLBACK TO has gone out, or been refused, by now.
+        await sleep(100);
+        freeWhileHeld.push(await lockFree());
+        checked.open();
+        await insertEffect(tx, 'sp-prelude-1');
+        return 1;
+      }),
+    ];
+    await checked.wait;
+    const outcomes = await Promise.all(running);
+    expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed']);
+    expect(freeWhileHeld[0]).toBe(false);
+    expect((await effects('sp-prelude-')).map((r) => r.key)).toEqual(['sp-prelude-0', 'sp-prelude-1']);
   });
 });
 

@@ -145,6 +145,8 @@ export class GatheringConnection {
   readonly #stateCheck: CompiledQuery | undefined;
   /** Each job's savepoints still open, oldest first. */
   readonly #savepoints = new WeakMap<object, string[]>();
+  /** How many savepoints are open, all jobs' together. */
+  #openSavepointCount = 0;
   #failure: GroupFailure | undefined;
 
   /**
@@ -284,8 +286,11 @@ export class GatheringConnection {
       throw error;
     }
     // A prelude sent before the job's own statements is no statement of the job's for the
-    // order of the group's jobs (see groupPrelude); one sent after them is.
-    if (!this.#senders.has(member) && preludeTexts.has(query.sql)) {
+    // order of the group's jobs (see groupPrelude); one sent after them is. So is one sent while
+    // a group-mate has a savepoint open: a ROLLBACK TO it would undo the prelude (the locks it
+    // took) under the job's feet, and counted as the job's statement it makes that ROLLBACK TO
+    // interleaved, which fails the group.
+    if (!this.#senders.has(member) && preludeTexts.has(query.sql) && this.#openSavepointCount === 0) {
       this.#preludeSenders.add(member);
       return !this.#pipelines;
     }
@@ -326,6 +331,7 @@ export class GatheringConnection {
       }
       open.length = command.op === 'release' ? at : at + 1;
     }
+    this.#openSavepointCount += open.length - (this.#savepoints.get(member)?.length ?? 0);
     this.#savepoints.set(member, open);
   }
 
