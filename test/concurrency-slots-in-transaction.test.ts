@@ -296,6 +296,25 @@ describe('its edges', () => {
     expect(rows.map((row) => row.key)).toEqual(['woken-0', 'woken-1', 'woken-2']);
   });
 
+  it('a take refused by a later key gives back the slots of the keys before it: the transaction it shares (a group\'s) goes on without them', async () => {
+    const holder = await holdByTransaction('m', 'holder', [{ key: 'tenant:multi-b', limit: 1 }]);
+    try {
+      expect(holder.refusedGroup).toBeUndefined();
+      await env.db.transaction().execute(async (tx) => {
+        const answer = await keys.takeConcurrencySlotsInTransaction(tx, 'm', 'refused', [{ key: 'tenant:multi-a', limit: 1 }, { key: 'tenant:multi-b', limit: 1 }], { starvationMs: 30_000 });
+        expect(answer.refusedGroup).toBe('tenant:multi-b');
+        // Still in that transaction: the first key's slot is free for another taker, and for a later take of this one.
+        const other = await keys.acquireConcurrencySlot('m', 'other', { key: 'tenant:multi-a', limit: 1 }, { starvationMs: 30_000, leaseMs: 30_000 });
+        expect(other.acquired).toBe(true);
+        if (other.acquired) await keys.releaseConcurrencySlot('m', 'other', other);
+        const held = await sql<{ held: string | null }>`select nullif(current_setting('idempotent_jobs.concurrency_slots_held', true), '') as held`.execute(tx);
+        expect(held.rows[0]!.held).toBeNull();
+      });
+    } finally {
+      await holder.release();
+    }
+  });
+
   it('two concurrency keys whose 32-bit hashes collide do not hold each other\'s slots', async () => {
     // hashtext('idempotent_jobs.concurrency:tenant:114062') = hashtext('…:tenant:294826'): found
     // by grouping hashtext over 400,000 such keys. A slot's lock key is 64 bits, of the key and the slot.

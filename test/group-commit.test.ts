@@ -615,6 +615,36 @@ describe('a job that leaves its group', () => {
     expect(freeWhileHeld[0]).toBe(false);
     expect((await effects('sp-prelude-')).map((r) => r.key)).toEqual(['sp-prelude-0', 'sp-prelude-1']);
   });
+  it('19. a group that stops waiting for a slow job holding locks by a prelude rolls back at once, keeping only those locks until that job\'s run ends: its group-mates run again meanwhile, not held by their own rows', async () => {
+    const keys = groupedKeys(env.db, { slowJobMs: 200 });
+    await sql`create table ${sql.id(env.schema, 'linger')} (id int primary key)`.execute(env.db);
+    const prelude = groupPrelude(CompiledQuery.raw('select case when pg_catalog.pg_try_advisory_xact_lock(777001) then array[777001::bigint] else \'{}\' end as lock_keys', []));
+    await keys.executeOnce(scope, 'linger-warm', fp('linger-warm'), async () => 'warm');
+    const lockFree = async () =>
+      (await env.db.transaction().execute((tx) => sql<{ got: boolean }>`select pg_catalog.pg_try_advisory_xact_lock(777001) as got`.execute(tx))).rows[0]!.got;
+    const mateDone = createGate();
+    const seen: { mateFirst?: boolean; freeWhileSlowRan?: boolean } = {};
+    const slow = keys.executeOnce(scope, 'linger-0', fp('linger-0'), async (tx) => {
+      await tx.executeQuery(prelude);
+      if (seen.mateFirst === undefined) {
+        // Past slowJobMs: the group stops waiting. Its group-mate runs again while this goes on.
+        seen.mateFirst = await Promise.race([mateDone.wait.then(() => true), sleep(5_000).then(() => false)]);
+        seen.freeWhileSlowRan = await lockFree();
+      }
+      await insertEffect(tx, 'linger-0');
+      return 0;
+    });
+    const mate = keys.executeOnce(scope, 'linger-1', fp('linger-1'), async (tx) => {
+      await sql`insert into ${sql.id(env.schema, 'linger')} (id) values (1)`.execute(tx);
+      return 1;
+    });
+    expect((await mate).kind).toBe('executed');
+    mateDone.open();
+    expect((await slow).kind).toBe('executed');
+    expect(seen).toEqual({ mateFirst: true, freeWhileSlowRan: false });
+    expect(await lockFree()).toBe(true);
+    expect((await effects('linger-')).map((r) => r.key)).toEqual(['linger-0']);
+  });
 });
 
 describe('group commit options and its absence', () => {

@@ -145,7 +145,7 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
         ? statements.state!.checkPreparedStatements(watched)
         : undefined;
   // The verdict, told before the group's connection is given back when abandoned runs hold
-  // concurrency slots by its transaction (see `stop`).
+  // concurrency slots by its session (see `stop`).
   let tellEarly!: (verdict: GroupVerdict<M>) => void;
   const toldEarly = new Promise<GroupVerdict<M>>((resolve) => (tellEarly = resolve));
   const ended = db.getExecutor().provideConnection(async (inner): Promise<GroupVerdict<M>> => {
@@ -156,16 +156,19 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
     // Jobs whose callback outran slowJobMs, with their runs: the group did not wait for them.
     const abandoned = new Map<M, Promise<void>>();
     const stop = async (verdict: GroupVerdict<M>): Promise<GroupVerdict<M>> => {
-      const holding = [...abandoned].filter(([member]) => connection.sentPrelude(member));
-      if (holding.length === 0 || verdict.kind === 'committed') {
+      const held = verdict.kind === 'committed' ? [] : [...abandoned].filter(([member]) => connection.locksOf(member).length > 0);
+      if (held.length === 0) {
         await connection.rollback(ROLLBACK);
         return abandoned.size > 0 && verdict.kind !== 'committed' ? { ...verdict, abandoned } : verdict;
       }
-      // Abandoned runs whose concurrency slots are this transaction's locks (their prelude took
-      // them): the transaction stays open, its locks held, until those runs have ended, so that
-      // no other run takes their slots while they still run. Their group-mates are told now;
-      // each abandoned job runs alone once the locks are gone.
-      const released = Promise.all(holding.map(([, run]) => run)).then(() => connection.rollback(ROLLBACK));
+      // Abandoned runs whose concurrency slots are locks their prelude took in this transaction:
+      // the transaction rolls back (its writes and row locks go), but those locks are kept for
+      // the session until the runs have ended, so that no other run takes their slots while they
+      // still run; the connection is kept as long. Their group-mates are told now; each
+      // abandoned job runs alone once the locks are given back.
+      const keys = held.flatMap(([member]) => connection.locksOf(member));
+      await connection.rollbackKeepingLocks(ROLLBACK, keys);
+      const released = Promise.all(held.map(([, run]) => run)).then(() => connection.releaseSessionLocks(keys));
       const stopped = { ...verdict, abandoned: new Map([...abandoned].map(([member, run]) => [member, Promise.all([run, released]).then(() => undefined)])) };
       tellEarly(stopped);
       await released;

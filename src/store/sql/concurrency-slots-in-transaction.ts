@@ -1,4 +1,4 @@
-import { CompiledQuery, sql, type Kysely } from 'kysely';
+import { CompiledQuery, sql, type Kysely, type RawBuilder } from 'kysely';
 import pg from 'pg';
 import { groupPrelude } from '../gathering-connection.js';
 import { prepared } from '../named-statements.js';
@@ -7,7 +7,7 @@ import { freeSlotWalk } from './concurrency-slots.js';
 
 /** What `takeConcurrencySlotsInTransaction` answered. */
 export interface SlotsInTransactionAnswer {
-  /** The first concurrency key at its limit (nothing was taken that outlives the transaction); undefined: a slot of each is held. */
+  /** The first concurrency key at its limit (no slot is held for it: those of the keys before it were given back); undefined: a slot of each is held. */
   readonly refusedGroup: string | undefined;
   /** The slots were taken by a key recorded as a waiter of some of them: forget it now, apart from the transaction (`KeyStore.forgetSlotWaiter`). */
   readonly wasWaiting: boolean;
@@ -40,9 +40,12 @@ export interface SlotsInTransactionRequest {
  * is as long as the run, exactly. Acquisitions of a row skip a slot whose lock is held, and this
  * one skips a slot whose row is live, so the two kinds of holder share one count.
  *
- * Refused, nothing outlives the transaction, which the caller rolls back; it then asks for a
- * slot row (`acquireConcurrencySlot`), which records the job as a waiter or takes a slot freed
- * meanwhile. A starving waiter goes first here as there.
+ * Refused, it holds nothing: the slots of the job's keys before the refused one are given back
+ * (a subtransaction of the take's own), so a transaction the job shares with its group goes on
+ * without them, and one of its own rolls back. The job then asks for a slot row
+ * (`acquireConcurrencySlot`), which records it as a waiter or takes a slot freed meanwhile. A
+ * starving waiter goes first here as there. The lock keys of the slots taken are in the answer
+ * (`lock_keys`), for the group's connection (`groupPrelude`).
  */
 export async function takeConcurrencySlotsInTransaction(tx: Kysely<any>, schema: string, request: SlotsInTransactionRequest): Promise<SlotsInTransactionAnswer> {
   const { rows } = await tx.executeQuery<{ refused_group: string | null; was_waiting: boolean }>(
@@ -140,26 +143,10 @@ export function wakeConcurrencyWaitersDdl(schema: string, options: { readonly co
  */
 export function concurrencySlotsInTransactionDdl(schema: string, options: { readonly sharedTransaction?: boolean } = {}) {
   const waiters = sql.id(schema, 'concurrency_waiters');
-  const name = options.sharedTransaction ? SHARED_TRANSACTION_TAKE : 'take_concurrency_slots_in_transaction';
-  return sql`
-      create or replace function ${sql.id(schema, name)}(
-        p_groups text[], p_limits int[], p_scope text, p_key text, p_starvation_ms int)
-      returns table (refused_group text, was_waiting boolean)
-      language plpgsql volatile as $slots$
-      #variable_conflict use_column
-      declare
-        v_lock bigint;
-        v_index int;
-        v_group text;
-        v_limit int;
-        v_live int[];
-        v_next_live int;
-        v_candidate int;
-        v_slot int;
-        v_since timestamptz;
-        v_starving boolean;
-      begin
-        was_waiting := false;
+  const shared = options.sharedTransaction === true;
+  const name = shared ? SHARED_TRANSACTION_TAKE : 'take_concurrency_slots_in_transaction';
+  // The walk over the job's keys, refusing as `refuse` says at the first key with no free slot.
+  const keysWalk = (refuse: RawBuilder<unknown>) => sql`
         for v_index in 1 .. coalesce(cardinality(p_groups), 0) loop
           v_group := p_groups[v_index];
           v_limit := coalesce(p_limits[v_index], 0);
@@ -181,11 +168,54 @@ export function concurrencySlotsInTransactionDdl(schema: string, options: { read
             ${freeSlotWalk(schema, 'v_group', 'v_limit', options)}
           end if;
           if v_slot is null then
-            refused_group := v_group;
+            ${refuse}
+          end if;
+        end loop;`;
+  const body = shared
+    ? sql`
+        if coalesce(cardinality(p_groups), 0) > 1 then
+          -- Refused a later key, the slots of the keys before it are given back with this block's
+          -- subtransaction (their locks and their place in the transaction's list): the group
+          -- whose transaction this is goes on without the job, and must not keep them.
+          begin
+            ${keysWalk(sql`v_refused := v_group;
+            raise exception 'concurrency key % is at its limit', v_group using errcode = ${sql.lit(REFUSED_IN_SUBTRANSACTION)};`)}
+          exception when sqlstate ${sql.lit(REFUSED_IN_SUBTRANSACTION)} then
+            refused_group := v_refused;
             return next;
             return;
-          end if;
-        end loop;
+          end;
+        else
+          ${keysWalk(sql`refused_group := v_group;
+            return next;
+            return;`)}
+        end if;
+        lock_keys := v_taken;`
+    : keysWalk(sql`refused_group := v_group;
+            return next;
+            return;`);
+  return sql`
+      create or replace function ${sql.id(schema, name)}(
+        p_groups text[], p_limits int[], p_scope text, p_key text, p_starvation_ms int)
+      returns table (refused_group text, was_waiting boolean${shared ? sql`, lock_keys bigint[]` : sql``})
+      language plpgsql volatile as $slots$
+      #variable_conflict use_column
+      declare
+        v_lock bigint;
+        v_taken bigint[] := '{}';
+        v_refused text;
+        v_index int;
+        v_group text;
+        v_limit int;
+        v_live int[];
+        v_next_live int;
+        v_candidate int;
+        v_slot int;
+        v_since timestamptz;
+        v_starving boolean;
+      begin
+        was_waiting := false;
+        ${body}
         -- A waiter row of this key is not deleted here: uncommitted until the run ends, it would
         -- stay visible to every other taker as a (starving) waiter, and its row lock would hold
         -- their stale-waiter deletes for as long. The caller deletes it apart, at once.
@@ -194,3 +224,6 @@ export function concurrencySlotsInTransactionDdl(schema: string, options: { read
       end;
       $slots$`;
 }
+
+/** The SQLSTATE the shared take raises inside its own block to give back a refused job's slots (never seen outside it). */
+const REFUSED_IN_SUBTRANSACTION = 'IJ004';

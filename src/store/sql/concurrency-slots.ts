@@ -163,7 +163,7 @@ function slotIsLive(row: 's' | 's2') {
  * `sharedTransaction`: the walk runs in a transaction several jobs may share (a group's, see
  * {@link HELD_BY_THIS_TRANSACTION}): a slot an earlier take of the same transaction took is
  * skipped, since its lock, already held by this session, would be granted again; the slot taken
- * is added to the transaction's list. Uses `v_lock` too.
+ * is added to the transaction's list and to `v_taken`. Uses `v_lock` too.
  */
 export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit: 'p_limit' | 'v_limit', options: { readonly sharedTransaction?: boolean } = {}) {
   const slots = sql.id(schema, 'concurrency_slots');
@@ -176,7 +176,8 @@ export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit
             continue when not pg_try_advisory_xact_lock(v_lock);`
     : sql`continue when not pg_try_advisory_xact_lock(${lockKey});`;
   const taken = options.sharedTransaction
-    ? sql`perform set_config(${sql.lit(HELD_BY_THIS_TRANSACTION)}, coalesce(nullif(${held}, ''), ',') || v_lock::text || ',', true);`
+    ? sql`perform set_config(${sql.lit(HELD_BY_THIS_TRANSACTION)}, coalesce(nullif(${held}, ''), ',') || v_lock::text || ',', true);
+              v_taken := v_taken || v_lock;`
     : sql``;
   return sql`select coalesce(array_agg(s2.slot order by s2.slot), '{}') into v_live
             from ${slots} as s2
