@@ -633,7 +633,7 @@ describe('a job that leaves its group', () => {
       }
       await insertEffect(tx, 'linger-0');
       return 0;
-    });
+    }, { jobName: 'linger' });
     const mate = keys.executeOnce(scope, 'linger-1', fp('linger-1'), async (tx) => {
       await sql`insert into ${sql.id(env.schema, 'linger')} (id) values (1)`.execute(tx);
       return 1;
@@ -644,6 +644,16 @@ describe('a job that leaves its group', () => {
     expect(seen).toEqual({ mateFirst: true, freeWhileSlowRan: false });
     expect(await lockFree()).toBe(true);
     expect((await effects('linger-')).map((r) => r.key)).toEqual(['linger-0']);
+    // Its kind runs alone from then on: a job of it shares no group, where one of another kind does.
+    const later = await Promise.all(
+      ['linger', 'other'].flatMap((kind) => [0, 1].map((i) => keys.executeOnce(scope, `later-${kind}-${i}`, fp(`later-${kind}-${i}`), async (tx) => (await insertEffect(tx, `later-${kind}-${i}`), i), { jobName: kind }))),
+    );
+    expect(later.map((o) => o.kind)).toEqual(Array(4).fill('executed'));
+    const rows = await effects('later-');
+    const txOf = (key: string) => rows.find((r) => r.key === key)!.txid;
+    expect(txOf('later-linger-0')).not.toBe(txOf('later-linger-1'));
+    expect(rows.filter((r) => r.txid === txOf('later-linger-0'))).toHaveLength(1);
+    expect(txOf('later-other-0')).toBe(txOf('later-other-1'));
   });
 });
 

@@ -198,6 +198,10 @@ export class GroupCommitter {
       const run = abandoned?.get(member.job);
       if (run) void run.then(() => this.#runAlone(member));
     }
+    // A slow job holding locks of a prelude (its concurrency slots) holds them for its whole run,
+    // which a group cannot bound: its group had to keep them past its end, and it ran twice. Its
+    // kind runs alone from now on.
+    if (verdict.kind !== 'committed') for (const job of verdict.abandonedHoldingLocks ?? []) if (job.kind !== undefined) this.#aloneKinds.add(job.kind);
     switch (verdict.kind) {
       case 'committed':
         for (const member of members) member.resolve(verdict.values.get(member.job));

@@ -56,7 +56,11 @@ export type GroupVerdict<M> =
       | { readonly kind: 'culprits'; readonly culprits: ReadonlySet<M>; readonly errors: ReadonlyMap<M, unknown> }
       | { readonly kind: 'uncertain'; readonly error: unknown }
       | { readonly kind: 'unknown'; readonly error: unknown }
-    ) & { readonly abandoned?: ReadonlyMap<M, Promise<void>> });
+    ) & {
+      readonly abandoned?: ReadonlyMap<M, Promise<void>>;
+      /** Those of `abandoned` that held locks of a prelude (concurrency slots), kept for them until their runs ended. */
+      readonly abandonedHoldingLocks?: ReadonlySet<M>;
+    });
 
 /**
  * What the check of the shared transaction's state after each job compares; the group's end
@@ -169,7 +173,11 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       const keys = held.flatMap(([member]) => connection.locksOf(member));
       await connection.rollbackKeepingLocks(ROLLBACK, keys);
       const released = Promise.all(held.map(([, run]) => run)).then(() => connection.releaseSessionLocks(keys));
-      const stopped = { ...verdict, abandoned: new Map([...abandoned].map(([member, run]) => [member, Promise.all([run, released]).then(() => undefined)])) };
+      const stopped = {
+        ...verdict,
+        abandoned: new Map([...abandoned].map(([member, run]) => [member, Promise.all([run, released]).then(() => undefined)])),
+        abandonedHoldingLocks: new Set(held.map(([member]) => member)),
+      };
       tellEarly(stopped);
       await released;
       return stopped;
