@@ -1,5 +1,6 @@
 import { CompiledQuery, sql, type Kysely } from 'kysely';
 import pg from 'pg';
+import { register } from 'prom-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyKeys, LeaseLostError, TransactionControlError, ValidationError, createPostgresDb, isHeld, type ClaimOutcome, type ExecuteOnceOutcome, type HeldClaim } from '../src/index.js';
 import { type KeyStore } from '../src/store/key-store.js';
@@ -644,6 +645,7 @@ describe('a job that leaves its group', () => {
     expect(seen).toEqual({ mateFirst: true, freeWhileSlowRan: false });
     expect(await lockFree()).toBe(true);
     expect((await effects('linger-')).map((r) => r.key)).toEqual(['linger-0']);
+    expect((await register.getSingleMetricAsString('idempotent_jobs_group_commit_refusals_total')).match(/reason="slots-held-too-long"} (\d+)/)?.[1]).toBe('1');
     // Its kind runs alone from then on: a job of it shares no group, where one of another kind does.
     const later = await Promise.all(
       ['linger', 'other'].flatMap((kind) => [0, 1].map((i) => keys.executeOnce(scope, `later-${kind}-${i}`, fp(`later-${kind}-${i}`), async (tx) => (await insertEffect(tx, `later-${kind}-${i}`), i), { jobName: kind }))),
@@ -654,6 +656,32 @@ describe('a job that leaves its group', () => {
     expect(txOf('later-linger-0')).not.toBe(txOf('later-linger-1'));
     expect(rows.filter((r) => r.txid === txOf('later-linger-0'))).toHaveLength(1);
     expect(txOf('later-other-0')).toBe(txOf('later-other-1'));
+  });
+  it('20. a slow job whose prelude counted as its statement (a group-mate had a savepoint open) still keeps its locks when its group stops waiting for it', async () => {
+    const keys = groupedKeys(env.db, { slowJobMs: 200 });
+    const prelude = groupPrelude(CompiledQuery.raw('select case when pg_catalog.pg_try_advisory_xact_lock(777002) then array[777002::bigint] else \'{}\' end as lock_keys', []));
+    await keys.executeOnce(scope, 'sp-linger-warm', fp('sp-linger-warm'), async () => 'warm');
+    const lockFree = async () =>
+      (await env.db.transaction().execute((tx) => sql<{ got: boolean }>`select pg_catalog.pg_try_advisory_xact_lock(777002) as got`.execute(tx))).rows[0]!.got;
+    let freeWhileSlowRan: boolean | undefined;
+    const runs = [
+      keys.executeOnce(scope, 'sp-linger-0', fp('sp-linger-0'), async (tx) => {
+        await sql`savepoint mine`.execute(tx);
+        await sql`release savepoint mine`.execute(tx);
+        return 0;
+      }),
+      keys.executeOnce(scope, 'sp-linger-1', fp('sp-linger-1'), async (tx) => {
+        await tx.executeQuery(prelude);
+        if (freeWhileSlowRan === undefined) {
+          await sleep(600); // past slowJobMs: the group stops waiting, this run goes on
+          freeWhileSlowRan = await lockFree();
+        }
+        return 1;
+      }, { jobName: 'sp-linger' }),
+    ];
+    expect((await Promise.all(runs)).map((o) => o.kind)).toEqual(['executed', 'executed']);
+    expect(freeWhileSlowRan).toBe(false);
+    expect(await lockFree()).toBe(true);
   });
 });
 

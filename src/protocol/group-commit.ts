@@ -3,7 +3,7 @@ import type { GroupStatements, WatchedState } from '../store/key-store.js';
 import { pipelines } from '../store/pipeline.js';
 import { StateLeftBehind } from '../store/gathering-connection.js';
 import { groupRefusalsCounter, refusalReasonOf, type GroupRefusal } from './group-refusals.js';
-import { runGroupTransaction, type EachJobCheck, type GroupMember, type GroupVerdict } from './group-transaction.js';
+import { HeldGroupTooLong, runGroupTransaction, type EachJobCheck, type GroupMember, type GroupVerdict } from './group-transaction.js';
 
 /** Options of group commit ({@link IdempotencyOptions.groupCommit}). */
 export interface GroupCommitOptions {
@@ -43,6 +43,9 @@ export const GROUP_COMMIT_DEFAULTS: Required<GroupCommitOptions> = { maxJobs: 32
  * before it runs alone: a job is never held up for long by others' failures.
  */
 const MAX_GROUP_TRIES = 3;
+
+/** How long a kind of job found holding its concurrency slots by its group past `slowJobMs` runs alone. */
+const SLOW_KIND_ALONE_MS = 5 * 60_000;
 
 /** A job as group commit runs it: in a group when it can, alone when it must. */
 export interface GroupJob<T> extends GroupMember<T> {
@@ -117,6 +120,8 @@ export class GroupCommitter {
   readonly #waiting: Waiting[] = [];
   /** Kinds of jobs found sending a statement that cannot share a transaction: they run alone. */
   readonly #aloneKinds = new Set<string>();
+  /** Kinds of jobs found holding concurrency slots by their group past slowJobMs: they run alone until then (`performance.now()`). */
+  readonly #slowKindsUntil = new Map<string, number>();
   /** Set once a group's end found state a job left that the checks after each job did not compare (see {@link EachJobCheck}). */
   #checkEverythingEachJob = false;
   /** The store's last watched state, with {@link GroupCommitOptions.watchSettings} added. */
@@ -142,7 +147,7 @@ export class GroupCommitter {
 
   /** Runs a job in a group (or alone, when it must); resolves with its value once its transaction committed. */
   run<T>(job: GroupJob<T>): Promise<T> {
-    if (job.kind !== undefined && this.#aloneKinds.has(job.kind)) return job.alone();
+    if (job.kind !== undefined && (this.#aloneKinds.has(job.kind) || this.#slowKindAlone(job.kind))) return job.alone();
     return new Promise<T>((resolve, reject) => {
       this.#waiting.push({ job: job as GroupJob<unknown>, resolve: resolve as (value: unknown) => void, reject, tries: 0 });
       if (this.#open < this.#maxGroups) void this.#runGroup();
@@ -199,9 +204,15 @@ export class GroupCommitter {
       if (run) void run.then(() => this.#runAlone(member));
     }
     // A slow job holding locks of a prelude (its concurrency slots) holds them for its whole run,
-    // which a group cannot bound: its group had to keep them past its end, and it ran twice. Its
-    // kind runs alone from now on.
-    if (verdict.kind !== 'committed') for (const job of verdict.abandonedHoldingLocks ?? []) if (job.kind !== undefined) this.#aloneKinds.add(job.kind);
+    // which a group cannot bound: its group had to keep them past its end, and it runs twice. Its
+    // kind runs alone for a while (a stall of the process can make a quick job look slow).
+    if (verdict.kind !== 'committed') {
+      for (const job of verdict.abandonedHoldingLocks ?? []) {
+        if (job.kind !== undefined) this.#slowKindsUntil.set(job.kind, performance.now() + SLOW_KIND_ALONE_MS);
+        this.#refusals.inc({ reason: 'slots-held-too-long' });
+        job.onRefused?.({ reason: 'slots-held-too-long', error: new HeldGroupTooLong(this.#slowJobMs), kind: job.kind });
+      }
+    }
     switch (verdict.kind) {
       case 'committed':
         for (const member of members) member.resolve(verdict.values.get(member.job));
@@ -258,6 +269,14 @@ export class GroupCommitter {
   #checkEachJob(watched: WatchedState | undefined): EachJobCheck {
     if (this.#checkEverythingEachJob) return 'everything';
     return watched?.codeCanLeaveState ? 'all-but-prepared-statements' : 'nothing';
+  }
+
+  #slowKindAlone(kind: string): boolean {
+    const until = this.#slowKindsUntil.get(kind);
+    if (until === undefined) return false;
+    if (until > performance.now()) return true;
+    this.#slowKindsUntil.delete(kind);
+    return false;
   }
 
   #runAlone(member: Waiting): void {

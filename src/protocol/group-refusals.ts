@@ -9,9 +9,11 @@ import { StateLeftBehind, StatementLeavesState } from '../store/gathering-connec
  *   `CREATE TEMP`, …; see `store/statement-screen.ts`);
  * - `transaction-control`: it sent a statement that would end the transaction (COMMIT, …);
  * - `state-left-behind`: the check after its statements found state it left (a setting changed
- *   inside a function, a temporary table, an open cursor, a prepared statement, a savepoint).
+ *   inside a function, a temporary table, an open cursor, a prepared statement, a savepoint);
+ * - `slots-held-too-long`: it held its concurrency slots by the group's transaction past
+ *   `slowJobMs` (its kind runs alone for a while: `GroupCommitter`).
  */
-export type GroupRefusalReason = 'statement-leaves-state' | 'transaction-control' | 'state-left-behind';
+export type GroupRefusalReason = 'statement-leaves-state' | 'transaction-control' | 'state-left-behind' | 'slots-held-too-long';
 
 /** A job group commit sent out of its group: why, and what it was told. */
 export interface GroupRefusal {
@@ -31,7 +33,7 @@ export function refusalReasonOf(error: unknown): GroupRefusalReason | undefined 
   return undefined;
 }
 
-const REASONS: readonly GroupRefusalReason[] = ['statement-leaves-state', 'transaction-control', 'state-left-behind'];
+const REASONS: readonly GroupRefusalReason[] = ['statement-leaves-state', 'transaction-control', 'state-left-behind', 'slots-held-too-long'];
 
 /**
  * `idempotent_jobs_group_commit_refusals_total{reason}`, created on first use in the default
@@ -40,7 +42,7 @@ const REASONS: readonly GroupRefusalReason[] = ['statement-leaves-state', 'trans
 export function groupRefusalsCounter() {
   const refusals = counter(
     'group_commit_refusals_total',
-    'Jobs group commit sent out of their group to run alone for what they did to the shared transaction, by reason: statement-leaves-state (a SET, set_config, CREATE TEMP… in its text), transaction-control (a COMMIT, ROLLBACK… in its text), state-left-behind (the check after its statements found a setting changed, a temporary object, an open cursor, a prepared statement or a savepoint it left). Each rolls its group back once; later jobs of its kind (queue and job name) run alone from the start.',
+    'Jobs group commit sent out of their group to run alone for what they did to the shared transaction, by reason: statement-leaves-state (a SET, set_config, CREATE TEMP… in its text), transaction-control (a COMMIT, ROLLBACK… in its text), state-left-behind (the check after its statements found a setting changed, a temporary object, an open cursor, a prepared statement or a savepoint it left), slots-held-too-long (it held its concurrency slots by the group\'s transaction past slowJobMs). Each rolls its group back once; later jobs of its kind (queue and job name) run alone from the start (for five minutes after slots-held-too-long).',
     ['reason'],
   );
   for (const reason of REASONS) refusals.inc({ reason }, 0);

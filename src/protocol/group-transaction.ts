@@ -160,6 +160,8 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
     // Jobs whose callback outran slowJobMs, with their runs: the group did not wait for them.
     const abandoned = new Map<M, Promise<void>>();
     const stop = async (verdict: GroupVerdict<M>): Promise<GroupVerdict<M>> => {
+      // Every statement on its way answered first: a prelude's answer names the locks it took.
+      if (abandoned.size > 0) await connection.settled();
       const held = verdict.kind === 'committed' ? [] : [...abandoned].filter(([member]) => connection.locksOf(member).length > 0);
       if (held.length === 0) {
         await connection.rollback(ROLLBACK);
@@ -167,19 +169,18 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       }
       // Abandoned runs whose concurrency slots are locks their prelude took in this transaction:
       // the transaction rolls back (its writes and row locks go), but those locks are kept for
-      // the session until the runs have ended, so that no other run takes their slots while they
-      // still run; the connection is kept as long. Their group-mates are told now; each
-      // abandoned job runs alone once the locks are given back.
-      const keys = held.flatMap(([member]) => connection.locksOf(member));
-      await connection.rollbackKeepingLocks(ROLLBACK, keys);
-      const released = Promise.all(held.map(([, run]) => run)).then(() => connection.releaseSessionLocks(keys));
+      // the session until each run has ended, so that no other run takes its slots while it
+      // still runs; the connection is kept as long. Their group-mates are told now; each
+      // abandoned job runs alone once its own locks are given back.
+      await connection.rollbackKeepingLocks(ROLLBACK, held.flatMap(([member]) => connection.locksOf(member)));
+      const released = new Map(held.map(([member, run]) => [member, run.then(() => connection.releaseSessionLocks(connection.locksOf(member)))]));
       const stopped = {
         ...verdict,
-        abandoned: new Map([...abandoned].map(([member, run]) => [member, Promise.all([run, released]).then(() => undefined)])),
-        abandonedHoldingLocks: new Set(held.map(([member]) => member)),
+        abandoned: new Map([...abandoned].map(([member, run]) => [member, released.get(member) ?? run])),
+        abandonedHoldingLocks: new Set(released.keys()),
       };
       tellEarly(stopped);
-      await released;
+      await Promise.all(released.values());
       return stopped;
     };
     connection.defer(BEGIN_READ_COMMITTED, ...(watched ? [statements.state!.keep(watched)] : []));

@@ -198,6 +198,12 @@ export class GatheringConnection {
     await this.#inner.executeQuery(keep).catch(() => {});
   }
 
+  /** Waits for every statement sent or pending to be answered. */
+  async settled(): Promise<void> {
+    this.#drain();
+    await this.#sending;
+  }
+
   /** Gives back the session's advisory locks `keys` ({@link rollbackKeepingLocks}). */
   async releaseSessionLocks(keys: readonly string[]): Promise<void> {
     await this.#inner.executeQuery(CompiledQuery.raw('select pg_catalog.pg_advisory_unlock(k) from pg_catalog.unnest($1::bigint[]) as k', [keys])).catch(() => {});
@@ -261,15 +267,15 @@ export class GatheringConnection {
   }
 
   #submit<R>(member: object, query: CompiledQuery): Promise<QueryResult<R>> {
-    let admitted: { alone: boolean; prelude: boolean };
+    let alone: boolean;
     try {
-      admitted = this.#admit(member, query);
+      alone = this.#admit(member, query);
     } catch (error) {
       return Promise.reject(error);
     }
-    const { alone, prelude } = admitted;
     return new Promise<QueryResult<R>>((resolve, reject) => {
-      const answered = prelude ? (result: QueryResult<R>) => (this.#keepLocksOf(member, result), resolve(result)) : resolve;
+      // A prelude's locks are kept for its job, also when it counted as the job's statement.
+      const answered = preludeTexts.has(query.sql) ? (result: QueryResult<R>) => (this.#keepLocksOf(member, result), resolve(result)) : resolve;
       this.#pending.push({ member, query, alone, resolve: answered, reject });
       if (!this.#gather) this.#drain();
       else if (!this.#drainScheduled) {
@@ -305,7 +311,7 @@ export class GatheringConnection {
    * Lets `member` send `query` now, or refuses it and fails the group (see the class's
    * comment). Returns whether the statement must go alone (not in a pipeline).
    */
-  #admit(member: object, query: CompiledQuery): { alone: boolean; prelude: boolean } {
+  #admit(member: object, query: CompiledQuery): boolean {
     if (this.#failure) throw new GroupAbortedError(this.#failure.error);
     const { effect, statements, savepoints } = screenStatement(query.sql);
     if (effect !== 'plain') {
@@ -319,7 +325,7 @@ export class GatheringConnection {
     // took) under the job's feet, and counted as the job's statement it makes that ROLLBACK TO
     // interleaved, which fails the group.
     if (!this.#senders.has(member) && preludeTexts.has(query.sql) && this.#openSavepointCount === 0) {
-      return { alone: !this.#pipelines, prelude: true };
+      return !this.#pipelines;
     }
     if (this.#senders.has(member) && this.#lastSender !== member) {
       const error = new InterleavedStatements();
@@ -334,7 +340,7 @@ export class GatheringConnection {
     }
     this.#senders.add(member);
     this.#lastSender = member;
-    return { alone: !this.#pipelines || (query.parameters.length === 0 && statements > 1), prelude: false };
+    return !this.#pipelines || (query.parameters.length === 0 && statements > 1);
   }
 
   /** The advisory locks a prelude took for `member`, as its answer names them (see {@link groupPrelude}). */
