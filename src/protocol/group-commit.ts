@@ -3,7 +3,7 @@ import type { GroupStatements, WatchedState } from '../store/key-store.js';
 import { pipelines } from '../store/pipeline.js';
 import { StateLeftBehind } from '../store/gathering-connection.js';
 import { groupRefusalsCounter, refusalReasonOf, type GroupRefusal } from './group-refusals.js';
-import { HeldGroupTooLong, runGroupTransaction, type EachJobCheck, type GroupMember, type GroupVerdict } from './group-transaction.js';
+import { runGroupTransaction, type EachJobCheck, type GroupMember, type GroupVerdict } from './group-transaction.js';
 
 /** Options of group commit ({@link IdempotencyOptions.groupCommit}). */
 export interface GroupCommitOptions {
@@ -180,6 +180,7 @@ export class GroupCommitter {
             const at = members.findIndex((member) => member.job === job);
             if (at >= 0) members.splice(at, 1)[0]!.reject(error);
           },
+          onSlowHoldingLocks: (job) => this.#noteSlowHoldingLocks(job as GroupJob<unknown>),
         },
       );
       this.#deliverVerdict(members, verdict);
@@ -202,16 +203,6 @@ export class GroupCommitter {
     for (const member of all) {
       const run = abandoned?.get(member.job);
       if (run) void run.then(() => this.#runAlone(member));
-    }
-    // A slow job holding locks of a prelude (its concurrency slots) holds them for its whole run,
-    // which a group cannot bound: its group had to keep them past its end, and it runs twice. Its
-    // kind runs alone for a while (a stall of the process can make a quick job look slow).
-    if (verdict.kind !== 'committed') {
-      for (const job of verdict.abandonedHoldingLocks ?? []) {
-        if (job.kind !== undefined) this.#slowKindsUntil.set(job.kind, performance.now() + SLOW_KIND_ALONE_MS);
-        this.#refusals.inc({ reason: 'slots-held-too-long' });
-        job.onRefused?.({ reason: 'slots-held-too-long', error: new HeldGroupTooLong(this.#slowJobMs), kind: job.kind });
-      }
     }
     switch (verdict.kind) {
       case 'committed':
@@ -269,6 +260,19 @@ export class GroupCommitter {
   #checkEachJob(watched: WatchedState | undefined): EachJobCheck {
     if (this.#checkEverythingEachJob) return 'everything';
     return watched?.codeCanLeaveState ? 'all-but-prepared-statements' : 'nothing';
+  }
+
+  /**
+   * A job past slowJobMs that may hold concurrency slots by its group's transaction: its group
+   * waits for it (its slots must last its run), holding its group-mates' commit up. Its kind runs
+   * alone for a while (a stall of the process can make a quick job look slow), counted and told
+   * as a refusal.
+   */
+  #noteSlowHoldingLocks(job: GroupJob<unknown>): void {
+    if (job.kind !== undefined) this.#slowKindsUntil.set(job.kind, performance.now() + SLOW_KIND_ALONE_MS);
+    this.#refusals.inc({ reason: 'slots-held-too-long' });
+    const error = new Error(`a job that may hold concurrency slots by its group's transaction ran past slowJobMs (${this.#slowJobMs} ms): the group waited for it; its kind runs alone for a while`);
+    job.onRefused?.({ reason: 'slots-held-too-long', error, kind: job.kind });
   }
 
   #slowKindAlone(kind: string): boolean {

@@ -42,7 +42,7 @@ const REASONS: readonly GroupRefusalReason[] = ['statement-leaves-state', 'trans
 export function groupRefusalsCounter() {
   const refusals = counter(
     'group_commit_refusals_total',
-    'Jobs group commit sent out of their group to run alone for what they did to the shared transaction, by reason: statement-leaves-state (a SET, set_config, CREATE TEMP… in its text), transaction-control (a COMMIT, ROLLBACK… in its text), state-left-behind (the check after its statements found a setting changed, a temporary object, an open cursor, a prepared statement or a savepoint it left), slots-held-too-long (it held its concurrency slots by the group\'s transaction past slowJobMs). Each rolls its group back once; later jobs of its kind (queue and job name) run alone from the start (for five minutes after slots-held-too-long).',
+    'Jobs group commit sent out of their group to run alone for what they did to the shared transaction, by reason: statement-leaves-state (a SET, set_config, CREATE TEMP… in its text), transaction-control (a COMMIT, ROLLBACK… in its text), state-left-behind (the check after its statements found a setting changed, a temporary object, an open cursor, a prepared statement or a savepoint it left), slots-held-too-long (it held its concurrency slots by the group\'s transaction past slowJobMs: the group waited for it). Each rolls its group back once; later jobs of its kind (queue and job name) run alone from the start (for five minutes after slots-held-too-long).',
     ['reason'],
   );
   for (const reason of REASONS) refusals.inc({ reason }, 0);

@@ -56,11 +56,7 @@ export type GroupVerdict<M> =
       | { readonly kind: 'culprits'; readonly culprits: ReadonlySet<M>; readonly errors: ReadonlyMap<M, unknown> }
       | { readonly kind: 'uncertain'; readonly error: unknown }
       | { readonly kind: 'unknown'; readonly error: unknown }
-    ) & {
-      readonly abandoned?: ReadonlyMap<M, Promise<void>>;
-      /** Those of `abandoned` that held locks of a prelude (concurrency slots), kept for them until their runs ended. */
-      readonly abandonedHoldingLocks?: ReadonlySet<M>;
-    });
+    ) & { readonly abandoned?: ReadonlyMap<M, Promise<void>> });
 
 /**
  * What the check of the shared transaction's state after each job compares; the group's end
@@ -98,6 +94,12 @@ export interface GroupTransactionOptions {
   readonly slowJobMs: number;
   /** Told at once of a job that left the group ({@link LeavesGroup}): it is no member of it from then on. */
   readonly onLeft: (member: GroupMember<unknown>, error: LeavesGroup) => void;
+  /**
+   * Told of a job past `slowJobMs` that sent a prelude (`groupPrelude`: it may hold concurrency
+   * slots by the group's transaction): the group waits for it rather than stop waiting, since
+   * its slots must last as long as its run.
+   */
+  readonly onSlowHoldingLocks: (member: GroupMember<unknown>) => void;
 }
 
 /**
@@ -148,11 +150,7 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
       : eachJob === 'all-but-prepared-statements'
         ? statements.state!.checkPreparedStatements(watched)
         : undefined;
-  // The verdict, told before the group's connection is given back when abandoned runs hold
-  // concurrency slots by its session (see `stop`).
-  let tellEarly!: (verdict: GroupVerdict<M>) => void;
-  const toldEarly = new Promise<GroupVerdict<M>>((resolve) => (tellEarly = resolve));
-  const ended = db.getExecutor().provideConnection(async (inner): Promise<GroupVerdict<M>> => {
+  return db.getExecutor().provideConnection(async (inner): Promise<GroupVerdict<M>> => {
     const connection = new GatheringConnection(inner, { gather: options.gather, pipelines: options.pipelines, ...(stateCheck ? { stateCheck } : {}) });
     const ends = new Map<M, GroupMemberEnd<unknown>>();
     // Jobs that threw an error of their own (not one the group's failure caused).
@@ -160,28 +158,8 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
     // Jobs whose callback outran slowJobMs, with their runs: the group did not wait for them.
     const abandoned = new Map<M, Promise<void>>();
     const stop = async (verdict: GroupVerdict<M>): Promise<GroupVerdict<M>> => {
-      // Every statement on its way answered first: a prelude's answer names the locks it took.
-      if (abandoned.size > 0) await connection.settled();
-      const held = verdict.kind === 'committed' ? [] : [...abandoned].filter(([member]) => connection.locksOf(member).length > 0);
-      if (held.length === 0) {
-        await connection.rollback(ROLLBACK);
-        return abandoned.size > 0 && verdict.kind !== 'committed' ? { ...verdict, abandoned } : verdict;
-      }
-      // Abandoned runs whose concurrency slots are locks their prelude took in this transaction:
-      // the transaction rolls back (its writes and row locks go), but those locks are kept for
-      // the session until each run has ended, so that no other run takes its slots while it
-      // still runs; the connection is kept as long. Their group-mates are told now; each
-      // abandoned job runs alone once its own locks are given back.
-      await connection.rollbackKeepingLocks(ROLLBACK, held.flatMap(([member]) => connection.locksOf(member)));
-      const released = new Map(held.map(([member, run]) => [member, run.then(() => connection.releaseSessionLocks(connection.locksOf(member)))]));
-      const stopped = {
-        ...verdict,
-        abandoned: new Map([...abandoned].map(([member, run]) => [member, released.get(member) ?? run])),
-        abandonedHoldingLocks: new Set(released.keys()),
-      };
-      tellEarly(stopped);
-      await Promise.all(released.values());
-      return stopped;
+      await connection.rollback(ROLLBACK);
+      return abandoned.size > 0 && verdict.kind !== 'committed' ? { ...verdict, abandoned } : verdict;
     };
     connection.defer(BEGIN_READ_COMMITTED, ...(watched ? [statements.state!.keep(watched)] : []));
     for (let batch = take(); batch.length > 0; batch = take()) {
@@ -211,9 +189,16 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
           },
         );
         return endedWithin(ran, options.slowJobMs, () => {
+          if (connection.sentPrelude(member)) {
+            // Its concurrency slots may be this transaction's locks, which must last its run:
+            // the group waits for it (the rollback would free them under it).
+            options.onSlowHoldingLocks(member);
+            return false;
+          }
           abandoned.set(member, ran);
           // Its statements, and its group-mates', go no further; the group rolls back.
           connection.fail({ kind: 'job', error: new HeldGroupTooLong(options.slowJobMs), culprits: new Set([member]) });
+          return true;
         });
       };
       if (options.gather) await Promise.all(batch.map(run));
@@ -235,7 +220,6 @@ export async function runGroupTransaction<M extends GroupMember<unknown>>(
     }
     return endGroup(connection, [...ends], { ...options, stateCheck, groupCheck }, stop);
   });
-  return Promise.race([toldEarly, ended]);
 }
 
 /**
@@ -304,14 +288,13 @@ async function endGroup<M>(
 }
 
 /**
- * Resolves when `ran` has settled, or after `limitMs`, calling `onSlow` first: the group waits
- * for a job's callback no longer than that.
+ * Resolves when `ran` has settled, or after `limitMs` if `onSlow` (called then) says to stop
+ * waiting: the group waits for a job's callback no longer than that, unless it must.
  */
-function endedWithin(ran: Promise<void>, limitMs: number, onSlow: () => void): Promise<void> {
+function endedWithin(ran: Promise<void>, limitMs: number, onSlow: () => boolean): Promise<void> {
   return new Promise<void>((resolve) => {
     const timer = setTimeout(() => {
-      onSlow();
-      resolve();
+      if (onSlow()) resolve();
     }, limitMs);
     void ran.then(() => {
       clearTimeout(timer);

@@ -83,9 +83,8 @@ const preludeTexts = new Set<string>();
  * own statements. It does not count as the job's statement for the order of the group's jobs: a
  * job that sent one and then its own statements, after group-mates' had run, is not
  * interleaved, since what it reads and writes is the same whichever order the prelude went in.
- * A prelude that takes advisory locks for the transaction names their keys in its answer's first
- * row (`lock_keys`, an array of bigint): a group that stops waiting for the job keeps them for as
- * long as the job's run (see `runGroupTransaction`). Returns `query`.
+ * A job that sent one may hold locks by the group's transaction (concurrency slots): its group
+ * waits for it past `slowJobMs` (see `runGroupTransaction`). Returns `query`.
  */
 export function groupPrelude<Q extends CompiledQuery>(query: Q): Q {
   preludeTexts.add(query.sql);
@@ -142,8 +141,8 @@ export class GatheringConnection {
   /** The job whose statement was the last sent, and every job that sent any. */
   #lastSender: object | undefined;
   readonly #senders = new WeakSet<object>();
-  /** The advisory locks each job's preludes took (their keys, as text). */
-  readonly #locks = new Map<object, string[]>();
+  /** Every job that sent a prelude ({@link groupPrelude}), counted as its statement or not. */
+  readonly #preludeSenders = new WeakSet<object>();
   readonly #stateCheck: CompiledQuery | undefined;
   /** Each job's savepoints still open, oldest first. */
   readonly #savepoints = new WeakMap<object, string[]>();
@@ -174,39 +173,9 @@ export class GatheringConnection {
     return this.#senders.has(member);
   }
 
-  /** The advisory locks `member`'s preludes took and hold by the group's transaction (their keys), as their answers named them. */
-  locksOf(member: object): readonly string[] {
-    return this.#locks.get(member) ?? [];
-  }
-
-  /**
-   * Waits for every round trip sent, then ends the transaction with `rollback` but keeps the
-   * advisory locks `keys` (see {@link locksOf}) for the session: taken again at session level
-   * before the ROLLBACK, in the same round trip (granted at once: the session holds them), or,
-   * when the transaction had failed and takes nothing more, right after it. The group's writes
-   * and row locks go; the locks stay until {@link releaseSessionLocks}, which must come before
-   * the connection goes back to its pool.
-   */
-  async rollbackKeepingLocks(rollback: CompiledQuery, keys: readonly string[]): Promise<void> {
-    this.#drain();
-    await this.#sending;
-    if (this.#deferred.length > 0) return this.discard(); // nothing began, nothing is held
-    const keep = CompiledQuery.raw('select pg_catalog.pg_try_advisory_lock(k) from pg_catalog.unnest($1::bigint[]) as k', [keys]);
-    const reply = await this.#send([keep, rollback]).catch(() => undefined);
-    if (reply?.failure?.index !== 0) return;
-    await this.#inner.executeQuery(rollback).catch(() => {});
-    await this.#inner.executeQuery(keep).catch(() => {});
-  }
-
-  /** Waits for every statement sent or pending to be answered. */
-  async settled(): Promise<void> {
-    this.#drain();
-    await this.#sending;
-  }
-
-  /** Gives back the session's advisory locks `keys` ({@link rollbackKeepingLocks}). */
-  async releaseSessionLocks(keys: readonly string[]): Promise<void> {
-    await this.#inner.executeQuery(CompiledQuery.raw('select pg_catalog.pg_advisory_unlock(k) from pg_catalog.unnest($1::bigint[]) as k', [keys])).catch(() => {});
+  /** Whether `member` sent a prelude ({@link groupPrelude}): it may hold locks by the group's transaction. */
+  sentPrelude(member: object): boolean {
+    return this.#preludeSenders.has(member);
   }
 
   /** How many savepoints `member` opened and left open. */
@@ -274,9 +243,8 @@ export class GatheringConnection {
       return Promise.reject(error);
     }
     return new Promise<QueryResult<R>>((resolve, reject) => {
-      // A prelude's locks are kept for its job, also when it counted as the job's statement.
-      const answered = preludeTexts.has(query.sql) ? (result: QueryResult<R>) => (this.#keepLocksOf(member, result), resolve(result)) : resolve;
-      this.#pending.push({ member, query, alone, resolve: answered, reject });
+      if (preludeTexts.has(query.sql)) this.#preludeSenders.add(member);
+      this.#pending.push({ member, query, alone, resolve, reject });
       if (!this.#gather) this.#drain();
       else if (!this.#drainScheduled) {
         // The jobs' statements sent in this turn of the event loop go out together.
@@ -341,13 +309,6 @@ export class GatheringConnection {
     this.#senders.add(member);
     this.#lastSender = member;
     return !this.#pipelines || (query.parameters.length === 0 && statements > 1);
-  }
-
-  /** The advisory locks a prelude took for `member`, as its answer names them (see {@link groupPrelude}). */
-  #keepLocksOf(member: object, result: QueryResult<unknown>): void {
-    const keys = (result.rows[0] as { lock_keys?: unknown } | undefined)?.lock_keys;
-    if (!Array.isArray(keys) || keys.length === 0) return;
-    this.#locks.set(member, [...(this.#locks.get(member) ?? []), ...keys.map(String)]);
   }
 
   /**

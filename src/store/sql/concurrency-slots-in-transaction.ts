@@ -44,8 +44,8 @@ export interface SlotsInTransactionRequest {
  * (a subtransaction of the take's own), so a transaction the job shares with its group goes on
  * without them, and one of its own rolls back. The job then asks for a slot row
  * (`acquireConcurrencySlot`), which records it as a waiter or takes a slot freed meanwhile. A
- * starving waiter goes first here as there. The lock keys of the slots taken are in the answer
- * (`lock_keys`), for the group's connection (`groupPrelude`).
+ * starving waiter goes first here as there. The answer names the lock keys of the slots taken
+ * (`lock_keys`), for diagnosis (`pg_locks`).
  */
 export async function takeConcurrencySlotsInTransaction(tx: Kysely<any>, schema: string, request: SlotsInTransactionRequest): Promise<SlotsInTransactionAnswer> {
   const { rows } = await tx.executeQuery<{ refused_group: string | null; was_waiting: boolean }>(
