@@ -1,4 +1,4 @@
-import { CompiledQuery, type DatabaseConnection, type QueryResult } from 'kysely';
+import type { CompiledQuery, DatabaseConnection, QueryResult } from 'kysely';
 import { TransactionControlError } from '../errors.js';
 import { pipelineQuery, replyOf, type PipelineReply } from './pipeline.js';
 import { sqlStateOf } from './pg-errors.js';
