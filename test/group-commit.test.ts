@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyKeys, LeaseLostError, TransactionControlError, ValidationError, createPostgresDb, isHeld, type ClaimOutcome, type ExecuteOnceOutcome, type HeldClaim } from '../src/index.js';
 import { type KeyStore } from '../src/store/key-store.js';
 import { PostgresKeyStore } from '../src/store/postgres-key-store.js';
-import { groupPrelude } from '../src/store/gathering-connection.js';
+import { groupPostlude, groupPrelude } from '../src/store/gathering-connection.js';
 import { LeavesGroup } from '../src/protocol/group-transaction.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
 import { createGate, expireLease, withGroupStatements } from './support/protocol-fixtures.js';
@@ -677,6 +677,68 @@ describe('a job that leaves its group', () => {
     expect((await Promise.all(runs)).map((o) => o.kind)).toEqual(['executed', 'executed']);
     expect(freeWhileSlowRan.every((free) => !free)).toBe(true);
     expect(await lockFree()).toBe(true);
+  });
+
+  /** Four jobs of one group, each sending its insert and then `last(i)` (the same text for every job), with the statements recorded. */
+  async function insertThenLast(keys: IdempotencyKeys, prefix: string, last: CompiledQuery<unknown>) {
+    await keys.executeOnce(scope, `${prefix}warm`, fp(`${prefix}warm`), async () => 'warm');
+    return recordStatements(() =>
+      Promise.all(
+        Array.from({ length: 4 }, (_, i) =>
+          keys.executeOnce(scope, `${prefix}${i}`, fp(`${prefix}${i}`), async (tx) => {
+            await insertEffect(tx, `${prefix}${i}`);
+            await tx.executeQuery(last);
+            return i;
+          }),
+        ),
+      ),
+    );
+  }
+
+  it('21. a postlude after group-mates\' statements is not interleaved: the jobs\' last statements share a round trip, and nothing runs again (an ordinary last statement does make the group run again)', async () => {
+    const postlude = await insertThenLast(groupedKeys(), 'postlude-', groupPostlude(CompiledQuery.raw('select 1 as postlude_of_test_21', [])));
+    expect(postlude.value.map((o) => o.kind)).toEqual(Array(4).fill('executed'));
+    expect(postlude.statements.some((text) => /postlude_of_test_21[^]*postlude_of_test_21/.test(text))).toBe(true);
+    expect(postlude.statements.some((text) => /rollback/i.test(text))).toBe(false);
+    expect(new Set((await effects('postlude-')).map((r) => r.txid)).size).toBe(1);
+
+    const ordinary = await insertThenLast(groupedKeys(), 'not-postlude-', CompiledQuery.raw('select 1 as ordinary_of_test_21', []));
+    expect(ordinary.value.map((o) => o.kind)).toEqual(Array(4).fill('executed'));
+    expect(ordinary.statements.some((text) => /rollback/i.test(text))).toBe(true);
+  });
+
+  it('22. a postlude sent while a group-mate has a savepoint open is an ordinary statement: that group-mate\'s ROLLBACK TO cannot undo it', async () => {
+    const keys = groupedKeys();
+    const postlude = groupPostlude(CompiledQuery.raw(`insert into ${env.schema}.group_effects (key) values ('sp-postlude-1-last')`, []));
+    await keys.executeOnce(scope, 'sp-postlude-warm', fp('sp-postlude-warm'), async () => 'warm');
+    const [inserted, savepointOpen, postludeSent] = [createGate(), createGate(), createGate()];
+    const runs = [0, 0];
+    const outcomes = await Promise.all([
+      keys.executeOnce(scope, 'sp-postlude-0', fp('sp-postlude-0'), async (tx) => {
+        runs[0]!++;
+        await inserted.wait;
+        await sql`savepoint mine`.execute(tx);
+        savepointOpen.open();
+        await postludeSent.wait;
+        await sql`rollback to savepoint mine`.execute(tx);
+        await sql`release savepoint mine`.execute(tx);
+        await insertEffect(tx, 'sp-postlude-0');
+        return 0;
+      }),
+      keys.executeOnce(scope, 'sp-postlude-1', fp('sp-postlude-1'), async (tx) => {
+        runs[1]!++;
+        await insertEffect(tx, 'sp-postlude-1');
+        inserted.open();
+        await savepointOpen.wait;
+        // Sent after the group-mate's SAVEPOINT: as a postlude, the ROLLBACK TO would undo it.
+        await tx.executeQuery(postlude).catch(() => {});
+        postludeSent.open();
+        return 1;
+      }),
+    ]);
+    expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed']);
+    expect((await effects('sp-postlude-')).map((r) => r.key)).toEqual(['sp-postlude-0', 'sp-postlude-1', 'sp-postlude-1-last']);
+    expect(runs).toEqual([2, 2]); // the gathered try failed as interleaved, and ran again one job after another
   });
 });
 

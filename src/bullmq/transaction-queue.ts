@@ -40,13 +40,15 @@ class TransactionBoundConnection extends PostgresConnection {
  * transactional enqueue: the jobs it adds exist if and only if `tx` commits. It leaves the
  * queue's metadata alone (`skipMetasUpdate`): writing it would make every caller's transaction
  * touch one shared row. Close it when done (it closes nothing of the transaction's).
- * `finishedJobs`: the worker's options a job's move to completed on it applies.
+ * `finishing`, for a worker that moves its job to completed on it as the last statement of the
+ * job's transaction: the worker's options that move applies.
  */
-export function openTransactionQueue(name: string, tx: Kysely<any>, queueSchema: string, finishedJobs: FinishedJobOptions = {}): AnyQueue {
-  const connection = new TransactionBoundConnection(tx, new QueueTransactionStore(queueSchema));
+export function openTransactionQueue(name: string, tx: Kysely<any>, queueSchema: string, finishing?: FinishedJobOptions): AnyQueue {
+  const store = finishing ? new QueueTransactionStore(queueSchema, 'move_to_completed') : new QueueTransactionStore(queueSchema);
+  const connection = new TransactionBoundConnection(tx, store);
   const factory: BackendFactory<PostgresQueueBackend, unknown> = (queueName, opts) => new PostgresQueueBackend(connection, queueName, opts as never, false);
   // BullMQ's move of a job to completed reads the worker's options from its queue's.
-  return new Queue(name, { connection, skipMetasUpdate: true, ...finishedJobs } as never, factory) as unknown as AnyQueue;
+  return new Queue(name, { connection, skipMetasUpdate: true, ...finishing } as never, factory) as unknown as AnyQueue;
 }
 
 /** A worker's options that BullMQ's move of a job to completed applies (read from the queue it runs on). */

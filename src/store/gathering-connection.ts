@@ -91,6 +91,25 @@ export function groupPrelude<Q extends CompiledQuery>(query: Q): Q {
   return query;
 }
 
+/** Texts of statements marked {@link groupPostlude}. */
+const postludeTexts = new Set<string>();
+
+/**
+ * Marks `query`'s text as a job's *postlude* in a group: one statement, the last the job sends,
+ * that reads and writes only rows of the job's own outside what jobs' statements touch (BullMQ's
+ * move of the job to completed, on the queue's tables, when the queue is in Postgres:
+ * `bullmq/finish-in-effect.ts`). It may go after group-mates' statements without making the job
+ * interleaved: moved back to right after the job's own statements, past those of its
+ * group-mates, it reads and writes the same. It is no statement to check the state after (it
+ * leaves none), and it counts as the job's for leaving the group (a job that sent one has
+ * written). Sent while a group-mate has a savepoint open, it is an ordinary statement, as a
+ * prelude is. Returns `query`.
+ */
+export function groupPostlude<Q extends CompiledQuery>(query: Q): Q {
+  postludeTexts.add(query.sql);
+  return query;
+}
+
 interface Pending {
   readonly member: object;
   readonly query: CompiledQuery;
@@ -293,6 +312,13 @@ export class GatheringConnection {
     // took) under the job's feet, and counted as the job's statement it makes that ROLLBACK TO
     // interleaved, which fails the group.
     if (!this.#senders.has(member) && preludeTexts.has(query.sql) && this.#openSavepointCount === 0) {
+      return !this.#pipelines;
+    }
+    // A postlude after group-mates' statements is not interleaved (see groupPostlude). The job
+    // whose statements were the last stays the last sender: the state its statements left is
+    // still checked before the next job's, and a postlude leaves none to check.
+    if (postludeTexts.has(query.sql) && this.#openSavepointCount === 0) {
+      this.#senders.add(member);
       return !this.#pipelines;
     }
     if (this.#senders.has(member) && this.#lastSender !== member) {

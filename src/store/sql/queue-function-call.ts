@@ -1,5 +1,6 @@
 import { CompiledQuery, sql, type Kysely } from 'kysely';
 import pg from 'pg';
+import { groupPostlude } from '../gathering-connection.js';
 import type { ForeignStatementResult } from './in-search-path.js';
 
 /**
@@ -51,13 +52,14 @@ async function functionsPinningTheirPath(tx: Kysely<any>, schema: string): Promi
 /**
  * Runs `text` on `tx` as one call of the schema-qualified function, when it is one call of a
  * function of `schema` that pins its search path; undefined (nothing sent but the catalog read)
- * when it is not, for the caller to switch the path instead.
+ * when it is not, for the caller to switch the path instead. A call of `postlude` goes as the
+ * job's postlude in a group (`groupPostlude`: its last statement, on rows of its own).
  */
-export async function runQualifiedCall(tx: Kysely<any>, schema: string, text: string, parameters: readonly unknown[]): Promise<ForeignStatementResult | undefined> {
+export async function runQualifiedCall(tx: Kysely<any>, schema: string, text: string, parameters: readonly unknown[], postlude?: string): Promise<ForeignStatementResult | undefined> {
   const call = oneCall(text);
   if (!call) return undefined;
   if (!(await functionsPinningTheirPath(tx, schema)).has(call.name)) return undefined;
-  const qualified = `SELECT ${pg.escapeIdentifier(schema)}.${pg.escapeIdentifier(call.name)}${call.rest}`;
-  const result = await tx.executeQuery(CompiledQuery.raw(qualified, [...parameters]));
+  const qualified = CompiledQuery.raw(`SELECT ${pg.escapeIdentifier(schema)}.${pg.escapeIdentifier(call.name)}${call.rest}`, [...parameters]);
+  const result = await tx.executeQuery(call.name === postlude ? groupPostlude(qualified) : qualified);
   return { rows: result.rows as any[], rowCount: Number(result.numAffectedRows ?? result.rows.length) };
 }
