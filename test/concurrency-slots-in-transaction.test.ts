@@ -315,6 +315,18 @@ describe('its edges', () => {
     }
   });
 
+  it('a take walks the slots from one drawn at random, not from slot 0 up through the locks of the slots in use', async () => {
+    const taken = new Set<number>();
+    for (let i = 0; i < 12; i++) {
+      const slot = await keys.acquireConcurrencySlot('r', `random-${i}`, { key: 'tenant:random-walk', limit: 64 }, { starvationMs: 30_000, leaseMs: 30_000 });
+      if (!slot.acquired) throw new Error('a key with every slot free refused a take');
+      taken.add(slot.slot);
+      await keys.releaseConcurrencySlot('r', `random-${i}`, slot);
+    }
+    // From slot 0 up, each take, its slot freed before the next, took slot 0.
+    expect(taken.size).toBeGreaterThan(1);
+  });
+
   it('two concurrency keys whose 32-bit hashes collide do not hold each other\'s slots', async () => {
     // hashtext('idempotent_jobs.concurrency:tenant:114062') = hashtext('…:tenant:294826'): found
     // by grouping hashtext over 400,000 such keys. A slot's lock key is 64 bits, of the key and the slot.

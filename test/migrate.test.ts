@@ -218,6 +218,7 @@ it('028 upgrades concurrency waiters: a waiter recorded before it stays, an eigh
       ['032_retention_from_commit', 'Success'],
       ['033_concurrency_slots_in_transaction', 'Success'],
       ['034_concurrency_slots_in_groups', 'Success'],
+      ['035_concurrency_slot_walk_from_random', 'Success'],
     ]);
     const uuid = '00000000-0000-4000-8000-000000000000';
     // An earlier worker's call: takes the one slot.

@@ -335,6 +335,15 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
         await wakeConcurrencyWaitersDdl(schema, { counted: true }).execute(db);
       },
     },
+    // Every taker of a slot walks the slots from one drawn at random, not from 0 up through the
+    // locks of the slots in use (see sql/concurrency-slots.ts).
+    '035_concurrency_slot_walk_from_random': {
+      async up(db: Kysely<any>) {
+        await acquireConcurrencySlotFunctionDdl(schema).execute(db);
+        await concurrencySlotsInTransactionDdl(schema).execute(db);
+        await concurrencySlotsInTransactionDdl(schema, { sharedTransaction: true }).execute(db);
+      },
+    },
   };
 
   /** A migration that only installs (the current body of) one function. */

@@ -150,12 +150,14 @@ function slotIsLive(row: 's' | 's2') {
 
 /**
  * The walk that takes a free slot of a concurrency key, as PL/pgSQL statements: the key's slots
- * held as far as committed runs show, read once, in order; the others tried lowest first, each
- * taken only under its own lock (`concurrency_slot_lock_key`, never waited for), after a second
- * look in a statement of its own, which sees what committed before the lock was had: of two
- * takers of one slot the second finds it locked (and tries the next) or, once the first has
- * committed, taken. Sets `v_slot` to the slot taken (left as it was, null, when none is free); uses `v_live`,
- * `v_next_live` and `v_candidate`. One text for both takers of a slot, `acquire_concurrency_slot`
+ * held as far as committed runs show, read once; the others tried in turn from a slot drawn at
+ * random, wrapping round, each taken only under its own lock (`concurrency_slot_lock_key`, never
+ * waited for), after a second look in a statement of its own, which sees what committed before
+ * the lock was had: of two takers of one slot the second finds it locked (and tries the next) or,
+ * once the first has committed, taken. *Why at random:* from slot 0 up, every take tried the
+ * locks of all the slots in use first (with 32 runs of a key in flight, some 16 tries a take).
+ * Sets `v_slot` to the slot taken (left as it was, null, when none is free); uses `v_live`,
+ * `v_first` and `v_candidate`. One text for both takers of a slot, `acquire_concurrency_slot`
  * (a row) and `take_concurrency_slots_in_transaction` (a transaction's lock): they must count
  * alike. (A walk in PL/pgSQL, not an anti-join over generate_series: planned afresh at each call,
  * that join cost more than the rest of the acquisition.) A null limit takes nothing.
@@ -179,15 +181,13 @@ export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit
     ? sql`perform set_config(${sql.lit(HELD_BY_THIS_TRANSACTION)}, coalesce(nullif(${held}, ''), ',') || v_lock::text || ',', true);
               v_taken := v_taken || v_lock;`
     : sql``;
-  return sql`select coalesce(array_agg(s2.slot order by s2.slot), '{}') into v_live
+  return sql`select coalesce(array_agg(s2.slot), '{}') into v_live
             from ${slots} as s2
            where s2.group_key = ${g} and s2.slot >= 0 and s2.slot < ${l} and ${slotIsLive('s2')};
-          v_next_live := 1;
-          for v_candidate in 0 .. coalesce(${l}, 0) - 1 loop
-            if v_next_live <= cardinality(v_live) and v_live[v_next_live] = v_candidate then
-              v_next_live := v_next_live + 1;
-              continue;
-            end if;
+          v_first := floor(random() * greatest(coalesce(${l}, 0), 1))::int;
+          for v_step in 0 .. coalesce(${l}, 0) - 1 loop
+            v_candidate := (v_first + v_step) % ${l};
+            continue when v_candidate = any(v_live);
             ${tryLock}
             if not exists (
               select 1 from ${slots} as s2
@@ -272,7 +272,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         v_slot int;
         v_candidate int;
         v_live int[];
-        v_next_live int := 1;
+        v_first int;
         v_since timestamptz;
         v_starving boolean;
       begin
