@@ -327,6 +327,32 @@ describe('its edges', () => {
     expect(taken.size).toBeGreaterThan(1);
   });
 
+  it('the walk from a random slot passes the held slots in order, wrapping round: it never takes a held slot, and finds every free one', async () => {
+    const group = { key: 'tenant:walk-wrap', limit: 8 };
+    const options = { starvationMs: 30_000, leaseMs: 30_000 };
+    const all = [];
+    for (let i = 0; i < group.limit; i++) {
+      const slot = await keys.acquireConcurrencySlot('w', `hold-${i}`, group, options);
+      if (!slot.acquired) throw new Error('a key with free slots refused a take');
+      all.push({ key: `hold-${i}`, slot });
+    }
+    const free = new Set([0, 3, 4, 7]);
+    const held = all.filter(({ slot }) => !free.has(slot.slot));
+    for (const { key, slot } of all.filter(({ slot }) => free.has(slot.slot))) await keys.releaseConcurrencySlot('w', key, slot);
+    try {
+      const taken = new Set<number>();
+      for (let i = 0; i < 60; i++) {
+        const slot = await keys.acquireConcurrencySlot('w', `walker-${i}`, group, options);
+        if (!slot.acquired) throw new Error('refused with four slots free');
+        taken.add(slot.slot);
+        await keys.releaseConcurrencySlot('w', `walker-${i}`, slot);
+      }
+      expect([...taken].sort()).toEqual([0, 3, 4, 7]);
+    } finally {
+      for (const { key, slot } of held) await keys.releaseConcurrencySlot('w', key, slot);
+    }
+  });
+
   it('two concurrency keys whose 32-bit hashes collide do not hold each other\'s slots', async () => {
     // hashtext('idempotent_jobs.concurrency:tenant:114062') = hashtext('…:tenant:294826'): found
     // by grouping hashtext over 400,000 such keys. A slot's lock key is 64 bits, of the key and the slot.

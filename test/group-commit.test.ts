@@ -740,6 +740,40 @@ describe('a job that leaves its group', () => {
     expect((await effects('sp-postlude-')).map((r) => r.key)).toEqual(['sp-postlude-0', 'sp-postlude-1', 'sp-postlude-1-last']);
     expect(runs).toEqual([2, 2]); // the gathered try failed as interleaved, and ran again one job after another
   });
+
+  it('23. a postlude runs only after the state the last job\'s statements left is checked: a setting a group-mate changed out of the screen\'s sight is found before the postlude runs under it', async () => {
+    const keys = groupedKeys();
+    await keys.executeOnce(scope, 'state-postlude-warm', fp('state-postlude-warm'), async () => 'warm');
+    const postlude = groupPostlude(CompiledQuery.raw(`insert into ${env.schema}.group_effects (key, seen) values ('state-postlude-x-last', current_setting('synchronous_commit'))`, []));
+    const [changed, postludeSent] = [createGate(), createGate()];
+    const runs = [0, 0];
+    const outcomes = await Promise.all([
+      keys.executeOnce(scope, 'state-postlude-x', fp('state-postlude-x'), async (tx) => {
+        runs[0]!++;
+        await insertEffect(tx, 'state-postlude-x');
+        await changed.wait;
+        await tx.executeQuery(postlude).catch(() => {});
+        postludeSent.open();
+        return 'x';
+      }),
+      keys.executeOnce(scope, 'state-postlude-y', fp('state-postlude-y'), async (tx) => {
+        runs[1]!++;
+        // Changed, then put back after the group-mate's postlude: only a check between sees it.
+        await sql`select ${sql.id(env.schema, 'set_quietly')}('synchronous_commit', 'off')`.execute(tx);
+        changed.open();
+        await postludeSent.wait;
+        await sql`select ${sql.id(env.schema, 'set_quietly')}('synchronous_commit', 'on')`.execute(tx);
+        await insertEffect(tx, 'state-postlude-y');
+        return 'y';
+      }),
+    ]);
+    expect(outcomes.map((o) => o.kind)).toEqual(['executed', 'executed']);
+    // The job that left the setting is found and runs alone; the postlude never ran under it.
+    expect(runs[1]).toBeGreaterThan(1);
+    const rows = await effects('state-postlude-');
+    expect(rows.map((r) => r.key)).toEqual(['state-postlude-x', 'state-postlude-x-last', 'state-postlude-y']);
+    expect(rows.find((r) => r.key === 'state-postlude-x-last')!.seen).toBe('on');
+  });
 });
 
 describe('group commit options and its absence', () => {

@@ -434,21 +434,28 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
     }
   });
 
-  it('a function handler\'s callback runs once per job with group commit on: the move to completed shares the group as its job\'s postlude, so gathered groups never run again one job after another', async () => {
-    // Each job sends two statements, its insert, then the move; were the move an ordinary
+  it.each([
+    { variant: 'defaults', workerOptions: {} },
+    { variant: 'the worker\'s metrics on (BullMQ collects them after the move)', workerOptions: { metrics: { maxDataPoints: 10 } } },
+  ])('a function handler\'s callback runs once per job with group commit on ($variant): the move to completed and what goes with it share the group as its job\'s postludes, so gathered groups never run again one job after another', async ({ workerOptions }) => {
+    // Each job sends its insert, then the move (and the metrics); were the move an ordinary
     // statement, the first gathered group would be interleaved and run again (group-commit.ts).
+    // A queue schema of its own, read from the catalog for the first time by these jobs'
+    // transactions (that read must not count as a statement of the job's either).
     const JOBS = 500;
     let runs = 0;
     const queue = 'pg-finish-grouped';
+    const prefix = `${queueSchema}_g${Object.keys(workerOptions).length}`;
     const keys = new IdempotencyKeys({ db: env.db, schema: env.schema, groupCommit: { maxGroups: 2, maxJobs: 32 } });
-    const jobs = new IdempotentProducer({ queue, backend: 'postgres', connection: env.databaseDirectUrl, prefix: queueSchema });
+    const jobs = new IdempotentProducer({ queue, backend: 'postgres', connection: env.databaseDirectUrl, prefix });
     const worker = createIdempotentWorker<{ cents: number }, { booked: number }>({
       queue,
       backend: 'postgres',
       connection: env.databaseDirectUrl,
-      prefix: queueSchema,
+      prefix,
       keys,
       concurrency: 32,
+      workerOptions,
       logger: pino({ level: 'silent' }),
       handler: (ctx) =>
         ctx.transaction(async (tx) => {
@@ -458,7 +465,7 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
         }),
     });
     try {
-      const added = await jobs.enqueueBulk(Array.from({ length: JOBS }, (_, i) => ({ name: 'book', scope: 'grouped', key: `g-${i}`, data: { cents: i } })));
+      const added = await jobs.enqueueBulk(Array.from({ length: JOBS }, (_, i) => ({ name: 'book', scope: `grouped-${prefix}`, key: `g-${i}`, data: { cents: i } })));
       expect(added.every((job) => job.status === 'added')).toBe(true);
       await waitFor('every job completed', async () => ((await jobs.queue.getJobCounts('completed')).completed === JOBS ? true : undefined), 50_000);
       const booked = await sql<{ n: string }>`select count(*) as n from ${sql.id(env.schema, 'ledger')} where key like 'g-%'`.execute(env.db);
@@ -467,6 +474,8 @@ describe('the job finished in the effect\'s commit (Postgres backend)', () => {
     } finally {
       await worker.close();
       await jobs.close();
+      await sql`delete from ${sql.id(env.schema, 'ledger')} where key like 'g-%'`.execute(env.db);
+      await sql`drop schema if exists ${sql.id(prefix)} cascade`.execute(env.db);
     }
   });
 

@@ -36,15 +36,22 @@ class TransactionBoundConnection extends PostgresConnection {
 }
 
 /**
+ * BullMQ's functions a move of a job to completed calls on the Postgres backend: the move, then,
+ * with the worker's `metrics` option, the metrics collected. Each reads and writes the queue's
+ * rows of that job (and the queue's counters), nothing a job's statements touch.
+ */
+const FINISHING_CALLS: ReadonlySet<string> = new Set(['move_to_completed', 'collect_metrics']);
+
+/**
  * A BullMQ `Queue` named `name` whose statements run in `tx`, on the Postgres backend, for one
  * transactional enqueue: the jobs it adds exist if and only if `tx` commits. It leaves the
  * queue's metadata alone (`skipMetasUpdate`): writing it would make every caller's transaction
  * touch one shared row. Close it when done (it closes nothing of the transaction's).
- * `finishing`, for a worker that moves its job to completed on it as the last statement of the
- * job's transaction: the worker's options that move applies.
+ * `finishing`, for a worker that moves its job to completed on it as the last statements of the
+ * job's transaction (those go as the job's group postludes): the worker's options the move applies.
  */
 export function openTransactionQueue(name: string, tx: Kysely<any>, queueSchema: string, finishing?: FinishedJobOptions): AnyQueue {
-  const store = finishing ? new QueueTransactionStore(queueSchema, 'move_to_completed') : new QueueTransactionStore(queueSchema);
+  const store = new QueueTransactionStore(queueSchema, finishing && FINISHING_CALLS);
   const connection = new TransactionBoundConnection(tx, store);
   const factory: BackendFactory<PostgresQueueBackend, unknown> = (queueName, opts) => new PostgresQueueBackend(connection, queueName, opts as never, false);
   // BullMQ's move of a job to completed reads the worker's options from its queue's.

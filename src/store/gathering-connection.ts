@@ -95,15 +95,16 @@ export function groupPrelude<Q extends CompiledQuery>(query: Q): Q {
 const postludeTexts = new Set<string>();
 
 /**
- * Marks `query`'s text as a job's *postlude* in a group: one statement, the last the job sends,
- * that reads and writes only rows of the job's own outside what jobs' statements touch (BullMQ's
- * move of the job to completed, on the queue's tables, when the queue is in Postgres:
- * `bullmq/finish-in-effect.ts`). It may go after group-mates' statements without making the job
- * interleaved: moved back to right after the job's own statements, past those of its
- * group-mates, it reads and writes the same. It is no statement to check the state after (it
- * leaves none), and it counts as the job's for leaving the group (a job that sent one has
- * written). Sent while a group-mate has a savepoint open, it is an ordinary statement, as a
- * prelude is. Returns `query`.
+ * Marks `query`'s text as a job's *postlude* in a group: one of the statements that end what the
+ * job sends, which read and write only rows of the job's own outside what jobs' statements touch
+ * (BullMQ's move of the job to completed, and the metrics it collects then, on the queue's
+ * tables, when the queue is in Postgres: `bullmq/finish-in-effect.ts`). It may go after
+ * group-mates' statements without making the job interleaved: moved back to right after the
+ * job's own statements, past those of its group-mates, it reads and writes the same. The state
+ * the last sender's statements left is checked before it runs (it would run under it); it leaves
+ * none to check after it. It counts as the job's statement for leaving the group (a job that sent
+ * one has written). Sent while any savepoint is open, it is an ordinary statement, as a prelude
+ * is. Returns `query`.
  */
 export function groupPostlude<Q extends CompiledQuery>(query: Q): Q {
   postludeTexts.add(query.sql);
@@ -159,6 +160,8 @@ export class GatheringConnection {
   #sending: Promise<void> = Promise.resolve();
   /** The job whose statement was the last sent, and every job that sent any. */
   #lastSender: object | undefined;
+  /** Whether the state the last sender's statements left was checked since the last of them. */
+  #lastSenderChecked = false;
   readonly #senders = new WeakSet<object>();
   /** Every job that sent a prelude ({@link groupPrelude}), counted as its statement or not. */
   readonly #preludeSenders = new WeakSet<object>();
@@ -311,14 +314,13 @@ export class GatheringConnection {
     // a group-mate has a savepoint open: a ROLLBACK TO it would undo the prelude (the locks it
     // took) under the job's feet, and counted as the job's statement it makes that ROLLBACK TO
     // interleaved, which fails the group.
-    if (!this.#senders.has(member) && preludeTexts.has(query.sql) && this.#openSavepointCount === 0) {
-      return !this.#pipelines;
-    }
-    // A postlude after group-mates' statements is not interleaved (see groupPostlude). The job
-    // whose statements were the last stays the last sender: the state its statements left is
-    // still checked before the next job's, and a postlude leaves none to check.
-    if (postludeTexts.has(query.sql) && this.#openSavepointCount === 0) {
-      this.#senders.add(member);
+    // A postlude after group-mates' statements is not interleaved either (see groupPostlude).
+    // Either runs under the state the last sender's statements left, so that state is checked
+    // first; the last sender stays the last (a prelude or a postlude leaves no state to check).
+    const prelude = !this.#senders.has(member) && preludeTexts.has(query.sql);
+    if ((prelude || postludeTexts.has(query.sql)) && this.#openSavepointCount === 0) {
+      this.#checkLastSenderBefore(member);
+      if (!prelude) this.#senders.add(member);
       return !this.#pipelines;
     }
     if (this.#senders.has(member) && this.#lastSender !== member) {
@@ -327,14 +329,22 @@ export class GatheringConnection {
       throw error;
     }
     this.#followSavepoints(member, savepoints);
-    const previous = this.#lastSender;
-    // The job before has sent its last statement: the state it leaves is checked before this one runs.
-    if (this.#stateCheck && previous !== undefined && previous !== member) {
-      this.#pending.push({ member: previous, query: this.#stateCheck, alone: false, stateCheck: true, resolve: () => {}, reject: () => {} });
-    }
+    this.#checkLastSenderBefore(member);
     this.#senders.add(member);
     this.#lastSender = member;
+    this.#lastSenderChecked = false;
     return !this.#pipelines || (query.parameters.length === 0 && statements > 1);
+  }
+
+  /**
+   * Queues the check of the state the last sender's statements left, to run before `member`'s
+   * statement: unless they are `member`'s own, or were checked since the last of them.
+   */
+  #checkLastSenderBefore(member: object): void {
+    const previous = this.#lastSender;
+    if (!this.#stateCheck || previous === undefined || previous === member || this.#lastSenderChecked) return;
+    this.#pending.push({ member: previous, query: this.#stateCheck, alone: false, stateCheck: true, resolve: () => {}, reject: () => {} });
+    this.#lastSenderChecked = true;
   }
 
   /**

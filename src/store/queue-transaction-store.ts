@@ -18,11 +18,12 @@ export class QueueTransactionStore {
     /** The schema BullMQ keeps the queue in. */
     readonly queueSchema: string,
     /**
-     * BullMQ's function whose call is the job's last statement in its transaction, on the job's
-     * own rows (`move_to_completed` when a worker finishes the job in its effect): in a group it
-     * goes as a postlude (`groupPostlude`), so that it does not make its job interleaved.
+     * For a worker that finishes its job in its effect's transaction: BullMQ's functions whose
+     * calls end the job's statements there, on the job's own rows (the move to completed, the
+     * metrics collected with it), which in a group go as postludes (`groupPostlude`), so that
+     * they do not make the job interleaved.
      */
-    readonly lastCall?: string,
+    readonly postludes?: ReadonlySet<string>,
   ) {}
 
   /**
@@ -32,7 +33,7 @@ export class QueueTransactionStore {
    */
   async query(tx: Kysely<any>, text: string, parameters: readonly unknown[] = []): Promise<ForeignStatementResult> {
     try {
-      return (await runQualifiedCall(tx, this.queueSchema, text, parameters, this.lastCall)) ?? (await runInSearchPath(tx, this.queueSchema, text, parameters));
+      return (await runQualifiedCall(tx, this.queueSchema, text, parameters, this.postludes)) ?? (await runInSearchPath(tx, this.queueSchema, text, parameters));
     } catch (error) {
       // undefined_function, undefined_table, invalid_schema_name: BullMQ's objects are not there.
       if (['42883', '42P01', '3F000'].includes(sqlStateOf(error) ?? '')) {

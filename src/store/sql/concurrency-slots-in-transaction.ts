@@ -209,6 +209,7 @@ export function concurrencySlotsInTransactionDdl(schema: string, options: { read
         v_limit int;
         v_live int[];
         v_first int;
+        v_next_live int;
         v_candidate int;
         v_slot int;
         v_since timestamptz;

@@ -157,10 +157,12 @@ function slotIsLive(row: 's' | 's2') {
  * once the first has committed, taken. *Why at random:* from slot 0 up, every take tried the
  * locks of all the slots in use first (with 32 runs of a key in flight, some 16 tries a take).
  * Sets `v_slot` to the slot taken (left as it was, null, when none is free); uses `v_live`,
- * `v_first` and `v_candidate`. One text for both takers of a slot, `acquire_concurrency_slot`
- * (a row) and `take_concurrency_slots_in_transaction` (a transaction's lock): they must count
- * alike. (A walk in PL/pgSQL, not an anti-join over generate_series: planned afresh at each call,
- * that join cost more than the rest of the acquisition.) A null limit takes nothing.
+ * `v_first`, `v_next_live` and `v_candidate`. The held slots are read in order and passed as the
+ * walk goes (a refused take on a full key costs one pass, not one search a candidate). One text
+ * for both takers of a slot, `acquire_concurrency_slot` (a row) and
+ * `take_concurrency_slots_in_transaction` (a transaction's lock): they must count alike. (A walk
+ * in PL/pgSQL, not an anti-join over generate_series: planned afresh at each call, that join cost
+ * more than the rest of the acquisition.) A null limit takes nothing.
  *
  * `sharedTransaction`: the walk runs in a transaction several jobs may share (a group's, see
  * {@link HELD_BY_THIS_TRANSACTION}): a slot an earlier take of the same transaction took is
@@ -181,13 +183,24 @@ export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit
     ? sql`perform set_config(${sql.lit(HELD_BY_THIS_TRANSACTION)}, coalesce(nullif(${held}, ''), ',') || v_lock::text || ',', true);
               v_taken := v_taken || v_lock;`
     : sql``;
-  return sql`select coalesce(array_agg(s2.slot), '{}') into v_live
+  return sql`select coalesce(array_agg(s2.slot order by s2.slot), '{}') into v_live
             from ${slots} as s2
            where s2.group_key = ${g} and s2.slot >= 0 and s2.slot < ${l} and ${slotIsLive('s2')};
           v_first := floor(random() * greatest(coalesce(${l}, 0), 1))::int;
+          -- The held slots are passed in order, as the candidates go: from v_first up, then from 0.
+          v_next_live := 1;
+          while v_next_live <= cardinality(v_live) and v_live[v_next_live] < v_first loop
+            v_next_live := v_next_live + 1;
+          end loop;
           for v_step in 0 .. coalesce(${l}, 0) - 1 loop
             v_candidate := (v_first + v_step) % ${l};
-            continue when v_candidate = any(v_live);
+            if v_candidate = 0 then
+              v_next_live := 1;
+            end if;
+            if v_next_live <= cardinality(v_live) and v_live[v_next_live] = v_candidate then
+              v_next_live := v_next_live + 1;
+              continue;
+            end if;
             ${tryLock}
             if not exists (
               select 1 from ${slots} as s2
@@ -273,6 +286,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         v_candidate int;
         v_live int[];
         v_first int;
+        v_next_live int;
         v_since timestamptz;
         v_starving boolean;
       begin

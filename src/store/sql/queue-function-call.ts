@@ -28,38 +28,40 @@ function oneCall(text: string): { readonly name: string; readonly rest: string }
 
 /**
  * The functions of each queue schema that pin their search path, read from the catalog once per
- * process and schema (on the first transaction that needs them). A failed read is tried again.
+ * process and schema. Only an answer that names some is kept: one read before BullMQ made its
+ * functions (a worker that started first) is read again next time.
  */
-const pinnedBySchema = new Map<string, Promise<ReadonlySet<string>>>();
+const pinnedBySchema = new Map<string, ReadonlySet<string>>();
 
-async function functionsPinningTheirPath(tx: Kysely<any>, schema: string): Promise<ReadonlySet<string>> {
-  let pinned = pinnedBySchema.get(schema);
-  if (!pinned) {
-    pinned = sql<{ name: string }>`
+async function functionsPinningTheirPath(tx: Kysely<any>, schema: string, asPostlude: boolean): Promise<ReadonlySet<string>> {
+  const known = pinnedBySchema.get(schema);
+  if (known) return known;
+  const read = sql<{ name: string }>`
       select distinct p.proname as name
         from pg_catalog.pg_proc as p
         join pg_catalog.pg_namespace as n on n.oid = p.pronamespace
        where n.nspname = ${schema}
-         and exists (select from unnest(p.proconfig) as c where c like 'search\\_path=%')`
-      .execute(tx)
-      .then(({ rows }) => new Set(rows.map((row) => row.name)));
-    pinnedBySchema.set(schema, pinned);
-    pinned.catch(() => pinnedBySchema.delete(schema));
-  }
+         and exists (select from unnest(p.proconfig) as c where c like 'search\\_path=%')`.compile(tx);
+  const { rows } = await tx.executeQuery(asPostlude ? groupPostlude(read) : read);
+  const pinned = new Set(rows.map((row) => row.name));
+  if (pinned.size > 0) pinnedBySchema.set(schema, pinned);
   return pinned;
 }
 
 /**
  * Runs `text` on `tx` as one call of the schema-qualified function, when it is one call of a
  * function of `schema` that pins its search path; undefined (nothing sent but the catalog read)
- * when it is not, for the caller to switch the path instead. A call of `postlude` goes as the
- * job's postlude in a group (`groupPostlude`: its last statement, on rows of its own).
+ * when it is not, for the caller to switch the path instead. A call of one of `postludes` goes
+ * as the job's postlude in a group (`groupPostlude`), and so does the catalog read before it (it
+ * reads only the catalog; an ordinary statement between the job's own and its postlude would
+ * make the job interleaved, the first time a process reads it).
  */
-export async function runQualifiedCall(tx: Kysely<any>, schema: string, text: string, parameters: readonly unknown[], postlude?: string): Promise<ForeignStatementResult | undefined> {
+export async function runQualifiedCall(tx: Kysely<any>, schema: string, text: string, parameters: readonly unknown[], postludes?: ReadonlySet<string>): Promise<ForeignStatementResult | undefined> {
   const call = oneCall(text);
   if (!call) return undefined;
-  if (!(await functionsPinningTheirPath(tx, schema)).has(call.name)) return undefined;
+  const postlude = postludes?.has(call.name) === true;
+  if (!(await functionsPinningTheirPath(tx, schema, postlude)).has(call.name)) return undefined;
   const qualified = CompiledQuery.raw(`SELECT ${pg.escapeIdentifier(schema)}.${pg.escapeIdentifier(call.name)}${call.rest}`, [...parameters]);
-  const result = await tx.executeQuery(call.name === postlude ? groupPostlude(qualified) : qualified);
+  const result = await tx.executeQuery(postlude ? groupPostlude(qualified) : qualified);
   return { rows: result.rows as any[], rowCount: Number(result.numAffectedRows ?? result.rows.length) };
 }
