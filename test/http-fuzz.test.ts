@@ -54,8 +54,13 @@ interface Answer {
 }
 
 function send(method: string, path: string, headers: Record<string, string>, body: Buffer | undefined): Promise<Answer> {
+  // Framed as a client frames it: Node's client sends a GET's, DELETE's or OPTIONS's body with
+  // neither a length nor chunks, so the server reads the request as bodiless and the body's bytes
+  // as the start of the next request on the connection (a HEAD's answer then came to a request
+  // that began with them; found with fast-check seed -1237210518).
+  const framed = body === undefined ? headers : { ...headers, 'content-length': String(body.length) };
   return new Promise((resolve, reject) => {
-    const req = httpRequest({ host: '127.0.0.1', port, method, path, headers, agent }, (res) => {
+    const req = httpRequest({ host: '127.0.0.1', port, method, path, headers: framed, agent }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (chunk: Buffer) => chunks.push(chunk));
       res.on('end', () => resolve({ status: res.statusCode!, contentType: res.headers['content-type'], body: Buffer.concat(chunks).toString('utf8') }));
