@@ -310,13 +310,13 @@ export class GatheringConnection {
       throw error;
     }
     // A prelude sent before the job's own statements is no statement of the job's for the
-    // order of the group's jobs (see groupPrelude); one sent after them is. So is one sent while
-    // a group-mate has a savepoint open: a ROLLBACK TO it would undo the prelude (the locks it
-    // took) under the job's feet, and counted as the job's statement it makes that ROLLBACK TO
-    // interleaved, which fails the group.
-    // A postlude after group-mates' statements is not interleaved either (see groupPostlude).
-    // Either runs under the state the last sender's statements left, so that state is checked
-    // first; the last sender stays the last (a prelude or a postlude leaves no state to check).
+    // order of the group's jobs (see groupPrelude); one sent after them is. Nor is a postlude
+    // (see groupPostlude), whenever it is sent. Either counts as the job's statement when a
+    // savepoint is open: a ROLLBACK TO it would undo it (a prelude's locks, a postlude's move)
+    // under the job's feet, and counted as the job's statement it makes that ROLLBACK TO
+    // interleaved, which fails the group. Either runs under the state the last sender's
+    // statements left, so that state is checked first; the last sender stays the last (a
+    // prelude or a postlude leaves no state to check).
     const prelude = !this.#senders.has(member) && preludeTexts.has(query.sql);
     if ((prelude || postludeTexts.has(query.sql)) && this.#openSavepointCount === 0) {
       this.#checkLastSenderBefore(member);
