@@ -14,6 +14,7 @@ export function compareLockOrder(a: KeyIdentity, b: KeyIdentity): number {
   return compareStrings(a.scope, b.scope) || compareStrings(a.key, b.key);
 }
 
-function compareStrings(a: string, b: string): number {
+/** Plain JavaScript string order (UTF-16 code units), the order every batch sorts by. */
+export function compareStrings(a: string, b: string): number {
   return a < b ? -1 : a > b ? 1 : 0;
 }

@@ -6,14 +6,15 @@ import { isLockTimeout, isUnstorableJson } from './pg-errors.js';
 import { ClaimBatcher } from './claim-batcher.js';
 import { findSettledKeys } from './sql/find-settled-keys.js';
 import { StatementBatcher } from './statement-batcher.js';
+import { SlotBatcher } from './slot-batcher.js';
 import { WakeBatcher } from './wake-batcher.js';
 import { claimKey } from './sql/claim.js';
 import { claimNewKey } from './sql/claim-new-key.js';
 import { tombstoneOf } from './sql/tombstones.js';
 import { coalesceArrive, coalesceNext } from './sql/coalescing.js';
 import type { CoalesceAnswer, CoalesceArrival, CoalesceSuccessor } from './records.js';
-import { acquireConcurrencySlot, type SlotAnswer, type SlotRequest } from './sql/concurrency-slots.js';
-import { releaseConcurrencySlot, renewConcurrencySlots, type HeldSlot } from './sql/concurrency-slot-wakes.js';
+import type { SlotAnswer, SlotRequest } from './sql/concurrency-slots.js';
+import { renewConcurrencySlots, type HeldSlot } from './sql/concurrency-slot-wakes.js';
 import { forgetConcurrencyWaiter, takeConcurrencySlotsInTransaction, wakeConcurrencyWaiters, type SlotsInTransactionAnswer, type SlotsInTransactionRequest } from './sql/concurrency-slots-in-transaction.js';
 import { completeAndCommit, completeKey, completionStatement, storeFastPathResult, storeResultAndCommit } from './sql/complete-and-commit.js';
 import { extendLease } from './sql/extend.js';
@@ -87,6 +88,8 @@ export class PostgresKeyStore implements KeyStore {
   /** What a group watches (see `sql/group-settings.ts`), and when it was read. */
   #watched: { readonly state: Promise<WatchedState>; readonly readAt: number } | undefined;
   /** The wakes of concurrency waiters asked for at once (a group's jobs, ending together), sent as one statement. */
+  /** Slot rows taken and freed by runs at once share statements and commits. */
+  readonly #slots: SlotBatcher;
   readonly #wakes = new WakeBatcher((groups, counts, wakeAgainAfterMs) => wakeConcurrencyWaiters(this.#db, this.schema, groups, counts, wakeAgainAfterMs));
   readonly #watchedStateMaxAgeMs: number;
   /** The state statements of each list of watched names (one list per read): built once, not for every group. */
@@ -178,6 +181,7 @@ export class PostgresKeyStore implements KeyStore {
     this.#db = db;
     this.schema = schema;
     this.#batcher = (options.batchClaims ?? true) ? new ClaimBatcher(db, schema) : undefined;
+    this.#slots = new SlotBatcher(db, schema);
     const maxAge = options.watchedStateMaxAgeMs ?? 60_000;
     if (!(Number.isFinite(maxAge) && maxAge >= 0)) throw new ValidationError('INVALID_OPTIONS', 'watchedStateMaxAgeMs', `new PostgresKeyStore(db, schema, options): watchedStateMaxAgeMs must be a number of milliseconds, 0 or more (got ${String(maxAge)}).`);
     this.#watchedStateMaxAgeMs = maxAge;
@@ -216,11 +220,11 @@ export class PostgresKeyStore implements KeyStore {
   }
 
   acquireSlot(request: SlotRequest): Promise<SlotAnswer> {
-    return acquireConcurrencySlot(this.#db, this.schema, request);
+    return this.#slots.acquire(request);
   }
 
   releaseSlot(group: string, slot: number, owner: string, wakeAgainAfterMs: number): Promise<boolean> {
-    return releaseConcurrencySlot(this.#db, this.schema, group, slot, owner, wakeAgainAfterMs);
+    return this.#slots.release({ group, slot, owner }, wakeAgainAfterMs);
   }
 
   renewSlots(slots: readonly HeldSlot[], leaseMs: number): Promise<number> {

@@ -1,4 +1,5 @@
 import { sql, type Kysely, type RawBuilder } from 'kysely';
+import { compareLockOrder, compareStrings } from '../lock-order.js';
 
 /** What `acquireConcurrencySlot` answered: the slot taken, or when to ask again. */
 export type SlotAnswer =
@@ -83,7 +84,45 @@ export async function acquireConcurrencySlot(db: Kysely<any>, schema: string, re
       ${request.group}::text, ${request.limit}::int, ${request.scope}::text, ${request.key}::text, ${request.owner}::uuid,
       ${request.leaseMs}::int, ${request.starvationMs}::int, ${request.groups ?? null}::text[],
       ${request.jobId ?? null}::text, ${request.queue ?? null}::text)`.execute(db);
-  const row = rows[0]!;
+  return slotAnswerOf(rows[0]!);
+}
+
+/**
+ * Takes slots for several runs in one statement and one commit: `acquire_concurrency_slot` called
+ * for each request in turn, in the order given (the caller sorts them by {@link compareSlotRequests},
+ * so two batches that touch the same waiters' and keys' rows lock them in one order). One answer
+ * per request, in order.
+ *
+ * *Why the answers are those of the requests made one by one:* each call is a volatile function's,
+ * whose statements see what the calls before it in this statement wrote (its slot's row, a waiter's
+ * row), and a slot's advisory lock, which a later call of this transaction would be granted again,
+ * is skipped by the row the earlier call wrote first. The batch holds its slots' locks until its
+ * commit, as each call alone held its own; a taker elsewhere tries the next slot meanwhile.
+ */
+export async function acquireConcurrencySlots(db: Kysely<any>, schema: string, requests: readonly SlotRequest[]): Promise<SlotAnswer[]> {
+  const column = <T>(pick: (request: SlotRequest) => T) => requests.map(pick);
+  const { rows } = await sql<{ idx: string; slot: number | null; retry_after_ms: string | null }>`
+    select r.idx, a.slot, a.retry_after_ms
+      from unnest(${column((r) => r.group)}::text[], ${column((r) => r.limit)}::int[], ${column((r) => r.scope)}::text[],
+                  ${column((r) => r.key)}::text[], ${column((r) => r.owner)}::uuid[], ${column((r) => r.leaseMs)}::int[],
+                  ${column((r) => r.starvationMs)}::int[], ${column((r) => (r.groups ? JSON.stringify(r.groups) : null))}::text[],
+                  ${column((r) => r.jobId ?? null)}::text[], ${column((r) => r.queue ?? null)}::text[])
+           with ordinality as r(group_key, slot_limit, scope, key, owner, lease_ms, starvation_ms, groups, job_id, queue, idx)
+     cross join lateral ${sql.id(schema, 'acquire_concurrency_slot')}(
+           r.group_key, r.slot_limit, r.scope, r.key, r.owner, r.lease_ms, r.starvation_ms,
+           case when r.groups is null then null else array(select jsonb_array_elements_text(r.groups::jsonb)) end,
+           r.job_id, r.queue) as a
+     order by r.idx`.execute(db);
+  if (rows.length !== requests.length) throw new Error(`acquire_concurrency_slot answered ${rows.length} of ${requests.length} requests`);
+  return rows.map(slotAnswerOf);
+}
+
+/** The order in which a batch takes slots: by concurrency key, then by the key that will run in it. */
+export function compareSlotRequests(a: SlotRequest, b: SlotRequest): number {
+  return compareStrings(a.group, b.group) || compareLockOrder(a, b);
+}
+
+function slotAnswerOf(row: { slot: number | null; retry_after_ms: string | null }): SlotAnswer {
   return row.slot !== null ? { acquired: true, slot: row.slot } : { acquired: false, retryAfterMs: Math.max(1, Number(row.retry_after_ms ?? 1)) };
 }
 
