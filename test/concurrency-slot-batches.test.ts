@@ -4,7 +4,8 @@
  * been answered alone (distinct slots, refusals recorded as waiters, the key's records), free only
  * what each owner holds and wake one waiter per slot freed; concurrent requests through the store
  * go out in fewer statements than requests; a batch that fails as a whole is sent again one request
- * at a time, so one bad request fails alone.
+ * at a time, so one bad request fails alone. Takes never wait for another transaction's rows, so
+ * batches of takes, releases and renewals cannot wait on each other in a cycle.
  */
 import { randomUUID } from 'node:crypto';
 import { Kysely, PostgresDialect, sql } from 'kysely';
@@ -126,6 +127,95 @@ describe('batched slot statements', () => {
       expect(await concurrencyGroupCounts(env.db, env.schema, 'tenant:bad')).toEqual({ running: 3, waiting: 0 });
     } finally {
       await db.destroy();
+    }
+  });
+
+  it('answers each release by its position: a slot named twice in one batch is freed once, owners compare as UUIDs', async () => {
+    const [x, y] = await acquireConcurrencySlots(env.db, env.schema, [request('tenant:twice', 4, 'x', { owner: '0b5d9bd5-4c53-4d6a-9d0a-6a1f3a4c2e11' }), request('tenant:twice', 4, 'y')]);
+    if (!x!.acquired || !y!.acquired) throw new Error('expected slots');
+    const { rows } = await sql<{ owner: string }>`select owner::text from ${sql.id(env.schema, 'concurrency_slots')} where key = 'y'`.execute(env.db);
+    const yHeld = { group: 'tenant:twice', slot: y!.slot, owner: rows[0]!.owner };
+    const xUpperCase = { group: 'tenant:twice', slot: x!.slot, owner: '0B5D9BD5-4C53-4D6A-9D0A-6A1F3A4C2E11' };
+    expect(await releaseConcurrencySlots(env.db, env.schema, [yHeld, xUpperCase, yHeld], 30_000)).toEqual([true, true, false]);
+  });
+
+  it('a key\'s `groups` with any text (a lone surrogate, quotes, commas, braces, an empty list) is recorded as one take alone records it', async () => {
+    const odd = ['tenant:\uD800x', 'a,b', '{c}', '"d"', 'e\\f', ''];
+    const answers = await acquireConcurrencySlots(env.db, env.schema, [request(odd[0]!, 2, 'odd', { groups: odd }), request('tenant:none', 2, 'none', { groups: [] }), request('tenant:null', 2, 'null')]);
+    expect(answers.map((a) => a.acquired)).toEqual([true, true, true]);
+    const { rows } = await sql<{ key: string; group_key: string }>`select key, group_key from ${sql.id(env.schema, 'key_concurrency_limits')} order by key`.execute(env.db);
+    // The driver stores a lone surrogate as U+FFFD, alone or batched.
+    expect(rows).toEqual([
+      { key: 'none', group_key: 'tenant:none' },
+      { key: 'null', group_key: 'tenant:null' },
+      { key: 'odd', group_key: 'tenant:\uFFFDx' },
+    ]);
+  });
+
+  it("a take's sweep of stale waiters skips the waiter rows another take's transaction holds, instead of closing a cycle with it", async () => {
+    const table = (name: string) => `"${env.schema}".${name}`;
+    const [setup, first, second] = [new pg.Client(env.databaseDirectUrl), new pg.Client(env.databaseDirectUrl), new pg.Client(env.databaseDirectUrl)];
+    await Promise.all([setup.connect(), first.connect(), second.connect()]);
+    try {
+      await setup.query(`insert into ${table('concurrency_slots')} values ('g', 0, gen_random_uuid(), 's', 'holder', now() + interval '1 minute')`);
+      // Two waiters last seen 1.5 s ago: stale to a take 2 s (twice its starvation bound) after.
+      await setup.query(`insert into ${table('concurrency_waiters')} (group_key, scope, key, since, seen_at)
+                         values ('g', 's', 'k2', now() - interval '1.5 s', now() - interval '1.5 s'), ('g', 's', 'k1', now() - interval '1.5 s', now() - interval '1.5 s')`);
+      const take = (key: string) => `select * from ${table('acquire_concurrency_slot')}('g', 1, 's', '${key}', gen_random_uuid(), 30000, 1000)`;
+      // A batch's first take holds k1's waiter row until its commit.
+      await first.query('begin');
+      await first.query(take('k1'));
+      await new Promise((resolve) => setTimeout(resolve, 700));
+      // Another take, 0.7 s later, finds k1 and k2 stale: it deletes k2 and must not wait for k1.
+      await second.query('begin');
+      await second.query(`set local lock_timeout = '3s'`);
+      const secondTake = second.query(take('k0')).then(() => 'ok', (error: Error) => error.message);
+      // The batch's second take waits for k2's row, which the other take deleted.
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      const firstTake = first.query(take('k2')).then(() => 'ok', (error: Error) => error.message);
+      expect(await secondTake).toBe('ok');
+      await second.query('commit');
+      expect(await firstTake).toBe('ok');
+      await first.query('commit');
+    } finally {
+      await Promise.all([setup.end(), first.end(), second.end()]);
+    }
+  });
+
+  it("a take passes over a slot row whose time ran out and that its old owner's release holds, instead of closing a cycle with it", async () => {
+    const table = (name: string) => `"${env.schema}".${name}`;
+    const [setup, taker, releaser] = [new pg.Client(env.databaseDirectUrl), new pg.Client(env.databaseDirectUrl), new pg.Client(env.databaseDirectUrl)];
+    await Promise.all([setup.connect(), taker.connect(), releaser.connect()]);
+    try {
+      // Both slots of the key are rows whose time ran out, their runs' releases under way.
+      const { rows: old } = await setup.query<{ slot: number; owner: string }>(`
+        insert into ${table('concurrency_slots')} (group_key, slot, owner, scope, key, acquired_until)
+        select 'tenant:expired', n, gen_random_uuid(), 's', 'old-' || n, now() - interval '1 second' from generate_series(0, 1) as n
+        returning slot, owner::text`);
+      const take = (key: string) => `select * from ${table('acquire_concurrency_slot')}('tenant:expired', 2, 's', '${key}', gen_random_uuid(), 30000, 60000)`;
+      const release = (slot: number) => `delete from ${table('concurrency_slots')} where group_key = 'tenant:expired' and slot = ${slot} and owner = '${old.find((o) => o.slot === slot)!.owner}'`;
+      // A batch of takes takes one of the two slots (its row locked until the batch commits) ...
+      await taker.query('begin');
+      await taker.query(`set local lock_timeout = '3s'`);
+      const firstSlot = (await taker.query<{ slot: number }>(take('new-1'))).rows[0]!.slot;
+      const otherSlot = 1 - firstSlot;
+      // ... while a batch of releases frees the other, then waits for the row of the first.
+      await releaser.query('begin');
+      await releaser.query(release(otherSlot));
+      const releasing = releaser.query(release(firstSlot));
+      // The batch's next take finds the other slot's row held by the release: it passes it over
+      // (refused: the key's two slots are taken or being freed), where it used to wait for it.
+      const next = await taker.query<{ slot: number | null }>(take('new-2')).then(
+        (result) => result.rows[0]!.slot,
+        (error: Error) => error.message,
+      );
+      expect(next).toBeNull();
+      await taker.query('commit');
+      // The first slot has its new owner: the old owner's release of it frees nothing.
+      expect((await releasing).rowCount).toBe(0);
+      await releaser.query('commit');
+    } finally {
+      await Promise.all([setup.end(), taker.end(), releaser.end()]);
     }
   });
 });

@@ -344,6 +344,10 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
         await concurrencySlotsInTransactionDdl(schema, { sharedTransaction: true }).execute(db);
       },
     },
+    // A take of a slot row never waits for another transaction's row lock: the stale waiters'
+    // sweep and the take of a row whose time ran out skip locked rows, so batches of takes and
+    // of releases (store/slot-batcher.ts) cannot wait on each other in a cycle.
+    '036_concurrency_slot_takes_never_wait': installing(acquireConcurrencySlotFunctionDdl),
   };
 
   /** A migration that only installs (the current body of) one function. */

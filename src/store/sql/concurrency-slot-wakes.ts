@@ -49,29 +49,28 @@ export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, gr
  */
 export async function releaseConcurrencySlots(db: Kysely<any>, schema: string, slots: readonly HeldSlot[], wakeAgainAfterMs: number): Promise<boolean[]> {
   const freedGroups = (column: 'group_key' | 'n') => sql`(select coalesce(array_agg(fg.${sql.raw(column)} order by fg.group_key), '{}') from freed_groups as fg)`;
-  const { rows } = await sql<{ freed: Array<[string, number, string]> }>`
+  // Answered by position: Postgres compares the owners as UUIDs and the keys as it stored them,
+  // and a slot named twice is deleted once (its one joined position answers true, the other false).
+  const { rows } = await sql<{ freed: number[] }>`
     with freed as (
       delete from ${sql.id(schema, 'concurrency_slots')} as s
-       using unnest(${slots.map((h) => h.group)}::text[], ${slots.map((h) => h.slot)}::int[], ${slots.map((h) => h.owner)}::uuid[]) as h(group_key, slot, owner)
+       using unnest(${slots.map((h) => h.group)}::text[], ${slots.map((h) => h.slot)}::int[], ${slots.map((h) => h.owner)}::uuid[])
+             with ordinality as h(group_key, slot, owner, idx)
        where s.group_key = h.group_key and s.slot = h.slot and s.owner = h.owner
-      returning s.group_key, s.slot, s.owner
+      returning s.group_key, h.idx
     ), freed_groups as (
       select f.group_key, count(*)::int as n from freed as f group by f.group_key
     ), ${oldestWaitersWoken(schema, freedGroups('group_key'), sql`${wakeAgainAfterMs}::int`, sql`true`, freedGroups('n'))}
     select set_config('synchronous_commit', 'off', true) as async_commit,
-           (select coalesce(json_agg(json_build_array(f.group_key, f.slot, f.owner)), '[]') from freed as f) as freed,
+           (select coalesce(array_agg(f.idx::int), '{}') from freed as f) as freed,
            ${wokenNotified(schema)} as woken`.execute(db);
-  const freed = new Set((rows[0]?.freed ?? []).map(([group, slot, owner]) => heldSlotId({ group, slot, owner })));
-  return slots.map((held) => freed.has(heldSlotId(held)));
+  const freed = new Set(rows[0]?.freed ?? []);
+  return slots.map((_, i) => freed.has(i + 1));
 }
 
 /** The order in which a batch frees slots: by concurrency key, then slot (the rows' primary key). */
 export function compareHeldSlots(a: HeldSlot, b: HeldSlot): number {
   return compareStrings(a.group, b.group) || a.slot - b.slot;
-}
-
-function heldSlotId(held: HeldSlot): string {
-  return `${held.group}\u0000${held.slot}\u0000${held.owner}`;
 }
 
 /**

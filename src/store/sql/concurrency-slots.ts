@@ -101,16 +101,21 @@ export async function acquireConcurrencySlot(db: Kysely<any>, schema: string, re
  */
 export async function acquireConcurrencySlots(db: Kysely<any>, schema: string, requests: readonly SlotRequest[]): Promise<SlotAnswer[]> {
   const column = <T>(pick: (request: SlotRequest) => T) => requests.map(pick);
+  // Each request's `groups` as a slice of one flat array (a text[] of text[]s must be
+  // rectangular): where it starts in it, and how many (null: none given).
+  const allGroups: string[] = [];
+  const groupsFrom = column((r) => (r.groups ? allGroups.push(...r.groups) - r.groups.length + 1 : null));
   const { rows } = await sql<{ idx: string; slot: number | null; retry_after_ms: string | null }>`
     select r.idx, a.slot, a.retry_after_ms
       from unnest(${column((r) => r.group)}::text[], ${column((r) => r.limit)}::int[], ${column((r) => r.scope)}::text[],
                   ${column((r) => r.key)}::text[], ${column((r) => r.owner)}::uuid[], ${column((r) => r.leaseMs)}::int[],
-                  ${column((r) => r.starvationMs)}::int[], ${column((r) => (r.groups ? JSON.stringify(r.groups) : null))}::text[],
+                  ${column((r) => r.starvationMs)}::int[], ${groupsFrom}::int[], ${column((r) => r.groups?.length ?? null)}::int[],
                   ${column((r) => r.jobId ?? null)}::text[], ${column((r) => r.queue ?? null)}::text[])
-           with ordinality as r(group_key, slot_limit, scope, key, owner, lease_ms, starvation_ms, groups, job_id, queue, idx)
+           with ordinality as r(group_key, slot_limit, scope, key, owner, lease_ms, starvation_ms, groups_from, groups_count, job_id, queue, idx)
      cross join lateral ${sql.id(schema, 'acquire_concurrency_slot')}(
            r.group_key, r.slot_limit, r.scope, r.key, r.owner, r.lease_ms, r.starvation_ms,
-           case when r.groups is null then null else array(select jsonb_array_elements_text(r.groups::jsonb)) end,
+           case when r.groups_from is null then null
+                else coalesce((${allGroups}::text[])[r.groups_from : r.groups_from + r.groups_count - 1], '{}') end,
            r.job_id, r.queue) as a
      order by r.idx`.execute(db);
   if (rows.length !== requests.length) throw new Error(`acquire_concurrency_slot answered ${rows.length} of ${requests.length} requests`);
@@ -208,7 +213,12 @@ function slotIsLive(row: 's' | 's2') {
  * skipped, since its lock, already held by this session, would be granted again; the slot taken
  * is added to the transaction's list and to `v_taken`. Uses `v_lock` too.
  */
-export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit: 'p_limit' | 'v_limit', options: { readonly sharedTransaction?: boolean } = {}) {
+export function freeSlotWalk(
+  schema: string,
+  group: 'p_group' | 'v_group',
+  limit: 'p_limit' | 'v_limit',
+  options: { readonly sharedTransaction?: boolean; readonly rowTaker?: boolean } = {},
+) {
   const slots = sql.id(schema, 'concurrency_slots');
   const [g, l] = [sql.raw(group), sql.raw(limit)];
   const lockKey = sql`${sql.id(schema, 'concurrency_slot_lock_key')}(${g}, v_candidate)`;
@@ -222,6 +232,34 @@ export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit
     ? sql`perform set_config(${sql.lit(HELD_BY_THIS_TRANSACTION)}, coalesce(nullif(${held}, ''), ',') || v_lock::text || ',', true);
               v_taken := v_taken || v_lock;`
     : sql``;
+  // A lock's taker writes no row: a slot with no live row is free.
+  const lockTakerLook = () => sql`if not exists (
+              select 1 from ${slots} as s2
+               where s2.group_key = ${g} and s2.slot = v_candidate and ${slotIsLive('s2')}) then
+              v_slot := v_candidate;
+              ${taken}
+              exit;
+            end if;`;
+  // A row's taker writes the slot's row. One whose time ran out may be being freed or renewed by
+  // its old owner at this moment (neither takes the slot's lock to free it): taken only if its row
+  // lock is had at once, else passed over as a locked slot is, so that a batch of takes and a batch
+  // of releases never wait on each other's rows in a cycle. The lock's look checks the row's time
+  // again on its latest version (a renewal that committed meanwhile makes it live).
+  const rowTakerLook = () => sql`select ${slotIsLive('s2')} into v_row_live from ${slots} as s2
+             where s2.group_key = ${g} and s2.slot = v_candidate;
+            if not found then
+              v_slot := v_candidate;
+              exit;
+            end if;
+            if not v_row_live then
+              perform 1 from ${slots} as s2
+               where s2.group_key = ${g} and s2.slot = v_candidate and not ${slotIsLive('s2')}
+                 for update skip locked;
+              if found then
+                v_slot := v_candidate;
+                exit;
+              end if;
+            end if;`;
   return sql`select coalesce(array_agg(s2.slot order by s2.slot), '{}') into v_live
             from ${slots} as s2
            where s2.group_key = ${g} and s2.slot >= 0 and s2.slot < ${l} and ${slotIsLive('s2')};
@@ -241,13 +279,7 @@ export function freeSlotWalk(schema: string, group: 'p_group' | 'v_group', limit
               continue;
             end if;
             ${tryLock}
-            if not exists (
-              select 1 from ${slots} as s2
-               where s2.group_key = ${g} and s2.slot = v_candidate and ${slotIsLive('s2')}) then
-              v_slot := v_candidate;
-              ${taken}
-              exit;
-            end if;
+            ${options.rowTaker ? rowTakerLook() : lockTakerLook()}
           end loop;`;
 }
 
@@ -304,7 +336,10 @@ export function concurrencySlotsDdl(schema: string) {
  * in one statement and walked, and the slot and the key's records written in one) and
  * `031_concurrency_slot_time` (a slot held by its time alone, not also by its key's lease) and
  * `033_concurrency_slots_in_transaction` (a refusal by a slot held by a transaction, which has
- * no time to wait for, asks again within a second). Besides taking the slot, it records the key's concurrency key and limit in
+ * no time to wait for, asks again within a second), `035_concurrency_slot_walk_from_random` and
+ * `036_concurrency_slot_takes_never_wait` (the stale waiters' sweep and the take of a row whose
+ * time ran out skip rows another transaction has locked: with takes and releases batched, a
+ * wait on either could close a cycle). Besides taking the slot, it records the key's concurrency key and limit in
  * `key_concurrency_limits` ({@link keyConcurrencyLimitsDdl}), in the same statement, so no round
  * trip is added; the key's records of keys outside `p_groups` (all the keys its job names; null:
  * only `p_group`) are dropped, so a key whose job now names other keys is not swept under old ones.
@@ -326,6 +361,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         v_live int[];
         v_first int;
         v_next_live int;
+        v_row_live boolean;
         v_since timestamptz;
         v_starving boolean;
       begin
@@ -333,9 +369,14 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         -- longer count, and are deleted. A starving waiter older than this one goes first, if it
         -- keeps coming back: one that has not asked again within the bound would hold every slot
         -- for nobody. Decided before any slot's lock is taken, so one that gives way holds none.
+        -- The stale ones locked by another transaction (a take of that key, whose batch holds
+        -- its row) are left for a later sweep: a sweep that waited for them could close a cycle.
         with stale as (
           delete from ${waiters} as w
-           where w.group_key = p_group and w.seen_at < now() - 2 * p_starvation_ms * interval '1 millisecond'
+           where (w.group_key, w.scope, w.key) in (
+             select w2.group_key, w2.scope, w2.key from ${waiters} as w2
+              where w2.group_key = p_group and w2.seen_at < now() - 2 * p_starvation_ms * interval '1 millisecond'
+                for update skip locked)
         ), mine as (
           select w.since from ${waiters} as w
            where w.group_key = p_group and w.scope = p_scope and w.key = p_key
@@ -350,7 +391,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
                     and w.since < coalesce((select m.since from mine as m), now()))
           into v_since, v_starving;
         if not v_starving then
-          ${freeSlotWalk(schema, 'p_group', 'p_limit')}
+          ${freeSlotWalk(schema, 'p_group', 'p_limit', { rowTaker: true })}
         end if;
         if v_slot is not null then
           -- One statement: the slot, the key no longer waiting, and its concurrency keys recorded.
