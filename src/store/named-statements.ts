@@ -19,7 +19,7 @@
  * its next Parse goes after a Close of the name (closing a name that does not exist is no error).
  */
 import { createHash } from 'node:crypto';
-import type { CompiledQuery } from 'kysely';
+import type { CompiledQuery, Kysely, QueryResult, RawBuilder } from 'kysely';
 
 /** Statement text → its name, for every text the store has marked {@link prepared}. */
 const names = new Map<string, string>();
@@ -28,6 +28,11 @@ const names = new Map<string, string>();
 export function prepared<Q extends CompiledQuery>(query: Q): Q {
   if (!names.has(query.sql)) names.set(query.sql, `ij_${createHash('sha256').update(query.sql).digest('hex').slice(0, 32)}`);
   return query;
+}
+
+/** Runs `query` on `db` as a statement marked {@link prepared}: for statements built with Kysely's `sql` whose text does not vary between calls (only their parameters do). */
+export function executePrepared<R>(db: Kysely<any>, query: RawBuilder<R>): Promise<QueryResult<R>> {
+  return db.executeQuery(prepared(query.compile(db)));
 }
 
 /** The name of a text marked {@link prepared}, or undefined: the statement goes unnamed. */

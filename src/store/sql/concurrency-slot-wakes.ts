@@ -1,6 +1,7 @@
 import { sql, type Kysely, type RawBuilder } from 'kysely';
 import { concurrencySlotFreedChannel } from '../channels.js';
 import { compareStrings } from '../lock-order.js';
+import { executePrepared } from '../named-statements.js';
 import { acquireConcurrencySlotFunctionDdl, slotLockKey } from './concurrency-slots.js';
 
 /**
@@ -28,7 +29,7 @@ import { acquireConcurrencySlotFunctionDdl, slotLockKey } from './concurrency-sl
  * must not lose, stays synchronous).
  */
 export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, group: string, slot: number, owner: string, wakeAgainAfterMs: number): Promise<boolean> {
-  const { rows } = await sql<{ freed: number }>`
+  const { rows } = await executePrepared(db, sql<{ freed: number }>`
     with freed as (
       delete from ${sql.id(schema, 'concurrency_slots')}
        where group_key = ${group} and slot = ${slot} and owner = ${owner}::uuid
@@ -36,7 +37,7 @@ export async function releaseConcurrencySlot(db: Kysely<any>, schema: string, gr
     ), ${oldestWaitersWoken(schema, sql`array[${group}::text]`, sql`${wakeAgainAfterMs}::int`, sql`exists (select 1 from freed)`)}
     select set_config('synchronous_commit', 'off', true) as async_commit,
            (select count(*) from freed)::int as freed,
-           ${wokenNotified(schema)} as woken`.execute(db);
+           ${wokenNotified(schema)} as woken`);
   return rows[0]?.freed === 1;
 }
 
@@ -51,7 +52,7 @@ export async function releaseConcurrencySlots(db: Kysely<any>, schema: string, s
   const freedGroups = (column: 'group_key' | 'n') => sql`(select coalesce(array_agg(fg.${sql.raw(column)} order by fg.group_key), '{}') from freed_groups as fg)`;
   // Answered by position: Postgres compares the owners as UUIDs and the keys as it stored them,
   // and a slot named twice is deleted once (its one joined position answers true, the other false).
-  const { rows } = await sql<{ freed: number[] }>`
+  const { rows } = await executePrepared(db, sql<{ freed: number[] }>`
     with freed as (
       delete from ${sql.id(schema, 'concurrency_slots')} as s
        using unnest(${slots.map((h) => h.group)}::text[], ${slots.map((h) => h.slot)}::int[], ${slots.map((h) => h.owner)}::uuid[])
@@ -63,7 +64,7 @@ export async function releaseConcurrencySlots(db: Kysely<any>, schema: string, s
     ), ${oldestWaitersWoken(schema, freedGroups('group_key'), sql`${wakeAgainAfterMs}::int`, sql`true`, freedGroups('n'))}
     select set_config('synchronous_commit', 'off', true) as async_commit,
            (select coalesce(array_agg(f.idx::int), '{}') from freed as f) as freed,
-           ${wokenNotified(schema)} as woken`.execute(db);
+           ${wokenNotified(schema)} as woken`);
   const freed = new Set(rows[0]?.freed ?? []);
   return slots.map((_, i) => freed.has(i + 1));
 }

@@ -1,5 +1,6 @@
 import { sql, type Kysely, type RawBuilder } from 'kysely';
 import { compareLockOrder, compareStrings } from '../lock-order.js';
+import { executePrepared } from '../named-statements.js';
 
 /** What `acquireConcurrencySlot` answered: the slot taken, or when to ask again. */
 export type SlotAnswer =
@@ -79,11 +80,11 @@ export interface SlotRequest {
  * jobs come back less often than that, none would ever run.
  */
 export async function acquireConcurrencySlot(db: Kysely<any>, schema: string, request: SlotRequest): Promise<SlotAnswer> {
-  const { rows } = await sql<{ slot: number | null; retry_after_ms: string | null }>`
+  const { rows } = await executePrepared(db, sql<{ slot: number | null; retry_after_ms: string | null }>`
     select * from ${sql.id(schema, 'acquire_concurrency_slot')}(
       ${request.group}::text, ${request.limit}::int, ${request.scope}::text, ${request.key}::text, ${request.owner}::uuid,
       ${request.leaseMs}::int, ${request.starvationMs}::int, ${request.groups ?? null}::text[],
-      ${request.jobId ?? null}::text, ${request.queue ?? null}::text)`.execute(db);
+      ${request.jobId ?? null}::text, ${request.queue ?? null}::text)`);
   return slotAnswerOf(rows[0]!);
 }
 
@@ -105,7 +106,7 @@ export async function acquireConcurrencySlots(db: Kysely<any>, schema: string, r
   // rectangular): where it starts in it, and how many (null: none given).
   const allGroups: string[] = [];
   const groupsFrom = column((r) => (r.groups ? allGroups.push(...r.groups) - r.groups.length + 1 : null));
-  const { rows } = await sql<{ idx: string; slot: number | null; retry_after_ms: string | null }>`
+  const { rows } = await executePrepared(db, sql<{ idx: string; slot: number | null; retry_after_ms: string | null }>`
     select r.idx, a.slot, a.retry_after_ms
       from unnest(${column((r) => r.group)}::text[], ${column((r) => r.limit)}::int[], ${column((r) => r.scope)}::text[],
                   ${column((r) => r.key)}::text[], ${column((r) => r.owner)}::uuid[], ${column((r) => r.leaseMs)}::int[],
@@ -117,7 +118,7 @@ export async function acquireConcurrencySlots(db: Kysely<any>, schema: string, r
            case when r.groups_from is null then null
                 else coalesce((${allGroups}::text[])[r.groups_from : r.groups_from + r.groups_count - 1], '{}') end,
            r.job_id, r.queue) as a
-     order by r.idx`.execute(db);
+     order by r.idx`);
   if (rows.length !== requests.length) throw new Error(`acquire_concurrency_slot answered ${rows.length} of ${requests.length} requests`);
   return rows.map(slotAnswerOf);
 }
