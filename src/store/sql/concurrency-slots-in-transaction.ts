@@ -1,7 +1,7 @@
 import { CompiledQuery, sql, type Kysely, type RawBuilder } from 'kysely';
 import pg from 'pg';
 import { groupPrelude } from '../gathering-connection.js';
-import { prepared } from '../named-statements.js';
+import { executePrepared, prepared } from '../named-statements.js';
 import { oldestWaitersWoken, wokenNotified } from './concurrency-slot-wakes.js';
 import { freeSlotWalk } from './concurrency-slots.js';
 
@@ -78,12 +78,12 @@ const SHARED_TRANSACTION_TAKE = 'take_concurrency_slots_in_shared_transaction';
  * the flush: a row a crash keeps is a waiter that stops counting once it is not seen again.
  */
 export async function forgetConcurrencyWaiter(db: Kysely<any>, schema: string, groups: readonly string[], scope: string, key: string): Promise<void> {
-  await sql`
+  await executePrepared(db, sql`
     with forgotten as (
       delete from ${sql.id(schema, 'concurrency_waiters')} as w
        where w.group_key = any(${groups}::text[]) and w.scope = ${scope} and w.key = ${key}
     )
-    select set_config('synchronous_commit', 'off', true)`.execute(db);
+    select set_config('synchronous_commit', 'off', true)`);
 }
 
 /**
@@ -96,8 +96,8 @@ export async function forgetConcurrencyWaiter(db: Kysely<any>, schema: string, g
  * lost is a waiter that asks again when its deferral ends.
  */
 export async function wakeConcurrencyWaiters(db: Kysely<any>, schema: string, groups: readonly string[], counts: readonly number[], wakeAgainAfterMs: number): Promise<number> {
-  const { rows } = await sql<{ woken: number }>`
-    select ${sql.id(schema, 'wake_concurrency_waiters')}(${groups}::text[], ${counts}::int[], ${wakeAgainAfterMs}::int) as woken`.execute(db);
+  const { rows } = await executePrepared(db, sql<{ woken: number }>`
+    select ${sql.id(schema, 'wake_concurrency_waiters')}(${groups}::text[], ${counts}::int[], ${wakeAgainAfterMs}::int) as woken`);
   return rows[0]?.woken ?? 0;
 }
 
