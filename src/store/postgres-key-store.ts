@@ -87,9 +87,9 @@ export class PostgresKeyStore implements KeyStore {
 
   /** What a group watches (see `sql/group-settings.ts`), and when it was read. */
   #watched: { readonly state: Promise<WatchedState>; readonly readAt: number } | undefined;
-  /** The wakes of concurrency waiters asked for at once (a group's jobs, ending together), sent as one statement. */
   /** Slot rows taken and freed by runs at once share statements and commits. */
   readonly #slots: SlotBatcher;
+  /** The wakes of concurrency waiters asked for at once (a group's jobs, ending together), sent as one statement. */
   readonly #wakes = new WakeBatcher((groups, counts, wakeAgainAfterMs) => wakeConcurrencyWaiters(this.#db, this.schema, groups, counts, wakeAgainAfterMs));
   readonly #watchedStateMaxAgeMs: number;
   /** The state statements of each list of watched names (one list per read): built once, not for every group. */
