@@ -1,9 +1,15 @@
 /**
- * Runs one statement for many concurrent callers. A request that arrives while fewer than
- * `maxInFlight` statements run goes out at once (alone, so a lone request costs what it always
- * did); requests that arrive meanwhile wait for a running statement to finish and then go out
- * together, at most `maxBatch` per statement. Nothing waits on a timer: under load, concurrent
- * requests batch themselves.
+ * Runs one statement for many concurrent callers. Requests that arrive while fewer than
+ * `maxInFlight` statements run go out together at the end of the event loop's turn in which the
+ * first of them arrived (a lone request alone, so it costs what it always did); requests that
+ * arrive while `maxInFlight` run wait for one to finish and then go out together, at most
+ * `maxBatch` per statement. Nothing waits on a timer: under load, concurrent requests batch
+ * themselves.
+ *
+ * *Why the turn:* callers that a single answer sets going (a batch of claims answered, a group
+ * committed) submit their next requests in the same turn, one after another. Sent at once, the
+ * first `maxInFlight` of them went out alone, each a statement and a commit of its own, and the
+ * rest together after them; gathered to the turn's end, they go as one.
  */
 export class StatementBatcher<I, O> {
   readonly #run: (inputs: I[]) => Promise<O[]>;
@@ -11,6 +17,8 @@ export class StatementBatcher<I, O> {
   readonly #maxInFlight: number;
   #queue: Array<{ input: I; resolve: (output: O) => void; reject: (error: unknown) => void }> = [];
   #running = 0;
+  /** A drain is due at the end of this turn. */
+  #drainDue = false;
 
   /** `run` must return one output per input, in order; if it throws, every caller of that batch gets the error. */
   constructor(run: (inputs: I[]) => Promise<O[]>, options: { maxBatch: number; maxInFlight: number }) {
@@ -23,7 +31,12 @@ export class StatementBatcher<I, O> {
   submit(input: I): Promise<O> {
     return new Promise((resolve, reject) => {
       this.#queue.push({ input, resolve, reject });
-      if (this.#running < this.#maxInFlight) void this.#drain();
+      if (this.#running >= this.#maxInFlight || this.#drainDue) return;
+      this.#drainDue = true;
+      setImmediate(() => {
+        this.#drainDue = false;
+        if (this.#running < this.#maxInFlight && this.#queue.length > 0) void this.#drain();
+      });
     });
   }
 
