@@ -9,9 +9,10 @@ import type { ClaimStatementInput } from './records.js';
 type ClaimResult = { readonly outcome: ClaimOutcome } | { readonly error: unknown };
 
 /**
- * Group commit for leased claims, over a {@link StatementBatcher}: a claim that finds fewer than
- * two claim statements running goes out alone at once; claims that arrive meanwhile go out
- * together as one `claim_keys` statement: one round trip and one commit for all of them. Two may
+ * Group commit for leased claims, over a {@link StatementBatcher}: the claims of one event-loop
+ * turn, and those that arrive while two claim statements run, go out together as one
+ * `claim_keys` statement: one round trip and one commit for all of them; a lone claim goes out
+ * alone, with `claim_key`. Two may
  * run at once so that a batch stuck on one key's lock wait (a fast-path transaction holding it,
  * bounded by `lock_timeout`) does not hold up every claim.
  *

@@ -7,9 +7,10 @@ type Settled<T> = { readonly value: T } | { readonly error: unknown };
 
 /**
  * Group commit for concurrency slot rows (the leased path's slots), as {@link ClaimBatcher} is for
- * claims: an acquisition or a release that finds fewer than two of its kind running goes out
- * alone at once, with the one-slot statement; those that arrive meanwhile go out together, one
- * statement and one commit for all (`acquireConcurrencySlots`, `releaseConcurrencySlots`).
+ * claims: the acquisitions (or releases) of one event-loop turn, and those that arrive while two
+ * of their kind run, go out together, one statement and one commit for all
+ * (`acquireConcurrencySlots`, `releaseConcurrencySlots`); a lone one goes out alone, with the
+ * one-slot statement.
  * *Why:* a job with a concurrency key takes a slot before its claim and frees it after its run,
  * each a statement with a commit of its own, which cost as much as the claim and the completion
  * (see docs/benchmarks.md, Key features); jobs running at once take and free theirs at once.
