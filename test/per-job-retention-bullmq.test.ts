@@ -118,7 +118,9 @@ describe('the HTTP API\'s resultMs and tombstoneMs', () => {
   it('enqueue the job with that retention, shown on the job once it finished', async () => {
     startWorker('http-jobs');
     const posted = await client.post(`/v1/queues/http-jobs/jobs?resultMs=${2 * DAY}&tombstoneMs=${30 * DAY}`, { token: TOKEN, key: 'h-1', json: { n: 1 } });
-    expect(posted.status).toBe(202);
+    // The worker runs meanwhile: 202, or 200 when the job finished before the answer read its state.
+    expect([200, 202]).toContain(posted.status);
+    expect(posted.headers.get('idempotent-replayed')).toBeNull();
     expect(await settledRetention('acme', 'h-1')).toEqual({ status: 'completed', retentionMs: 2 * DAY, tombstoneMs: 30 * DAY });
     const view = await client.get('/v1/queues/http-jobs/jobs/h-1', { token: TOKEN });
     expect(view.status).toBe(200);

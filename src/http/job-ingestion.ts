@@ -53,7 +53,7 @@ export interface JobView {
 /** What one POST did. */
 export type SubmitOutcome =
   | {
-      /** The job was written to the outbox with the request's record (HTTP 202, or 200 once a `Prefer: wait` saw it finish). */
+      /** The job was written to the outbox with the request's record (HTTP 202, or 200 when it had finished by the time the answer read its state, as a `Prefer: wait` lets it). */
       readonly kind: 'created';
       /** The job as just accepted. */
       readonly view: JobView;
