@@ -92,8 +92,8 @@ describe('claim batching', () => {
     });
     await started;
     const before = batches();
-    // The first two claims go out alone (two statements may run at once); 'locked' and 'free-3'
-    // wait for them and go out as one batch, which the lock timeout on 'locked' aborts.
+    // The four claims of one turn go out as one batch, which the lock timeout on 'locked'
+    // aborts; then each is claimed alone.
     const outcomes = await Promise.all(
       ['free-1', 'free-2', 'locked', 'free-3'].map((key) => keys.claim(scope, key, keys.fingerprint(key === 'locked' ? 'l' : key))),
     );

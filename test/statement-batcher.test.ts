@@ -63,6 +63,34 @@ describe('StatementBatcher', () => {
     expect(await Promise.all([...early, ...late])).toEqual([10, 20, 30, 40, 50, 60]);
   });
 
+  it('sends a turn of more than maxBatch requests as up to maxInFlight statements at once, not one after another', async () => {
+    const { batcher, statements } = recorded({ maxBatch: 3, maxInFlight: 2 });
+    const outputs = Promise.all([1, 2, 3, 4, 5, 6, 7].map((n) => batcher.submit(n)));
+    await turn();
+    // With one drain started per turn, [4, 5, 6] waited behind [1, 2, 3] (a statement stuck on a lock held them all).
+    expect(statements.map((s) => s.inputs)).toEqual([[1, 2, 3], [4, 5, 6]]);
+    statements[1]!.answer();
+    await turn();
+    expect(statements.map((s) => s.inputs)).toEqual([[1, 2, 3], [4, 5, 6], [7]]);
+    statements[0]!.answer();
+    statements[2]!.answer();
+    expect(await outputs).toEqual([10, 20, 30, 40, 50, 60, 70]);
+  });
+
+  it('rejects every caller of a statement that answered another number of outputs than it had requests', async () => {
+    const answers = [[10], [30, 40]];
+    const batcher = new StatementBatcher<number, number>(async () => answers.shift()!, { maxBatch: 64, maxInFlight: 2 });
+    const short = [batcher.submit(1), batcher.submit(2)].map((p) => p.catch((error: Error) => error.message));
+    expect(await Promise.all(short)).toEqual(['a batched statement answered 1 outputs for 2 requests', 'a batched statement answered 1 outputs for 2 requests']);
+    expect(await Promise.all([batcher.submit(3), batcher.submit(4)])).toEqual([30, 40]);
+  });
+
+  it('refuses a maxBatch or maxInFlight below 1 (a batcher that could never send)', () => {
+    const run = async (inputs: number[]) => inputs;
+    expect(() => new StatementBatcher(run, { maxBatch: 0, maxInFlight: 2 })).toThrow(/at least 1 \(got 0 and 2\)/);
+    expect(() => new StatementBatcher(run, { maxBatch: 64, maxInFlight: 0 })).toThrow(RangeError);
+  });
+
   it("gives a failed statement's error to every caller of that batch, and goes on with the next", async () => {
     const { batcher, statements } = recorded();
     const failing = [batcher.submit(1), batcher.submit(2)].map((p) => p.catch((error: Error) => error.message));

@@ -20,8 +20,14 @@ export class StatementBatcher<I, O> {
   /** A drain is due at the end of this turn. */
   #drainDue = false;
 
-  /** `run` must return one output per input, in order; if it throws, every caller of that batch gets the error. */
+  /**
+   * `run` must return one output per input, in order; if it throws, or answers with another
+   * number of outputs, every caller of that batch gets an error.
+   */
   constructor(run: (inputs: I[]) => Promise<O[]>, options: { maxBatch: number; maxInFlight: number }) {
+    if (!(Number.isInteger(options.maxBatch) && options.maxBatch >= 1) || !(Number.isInteger(options.maxInFlight) && options.maxInFlight >= 1)) {
+      throw new RangeError(`StatementBatcher needs maxBatch and maxInFlight of at least 1 (got ${options.maxBatch} and ${options.maxInFlight})`);
+    }
     this.#run = run;
     this.#maxBatch = options.maxBatch;
     this.#maxInFlight = options.maxInFlight;
@@ -35,7 +41,9 @@ export class StatementBatcher<I, O> {
       this.#drainDue = true;
       setImmediate(() => {
         this.#drainDue = false;
-        if (this.#running < this.#maxInFlight && this.#queue.length > 0) void this.#drain();
+        // A turn of more than maxBatch requests fills every free statement, not only one: each
+        // drain takes its batch before it first waits.
+        while (this.#running < this.#maxInFlight && this.#queue.length > 0) void this.#drain();
       });
     });
   }
@@ -47,6 +55,7 @@ export class StatementBatcher<I, O> {
         const batch = this.#queue.splice(0, this.#maxBatch);
         try {
           const outputs = await this.#run(batch.map((b) => b.input));
+          if (outputs.length !== batch.length) throw new Error(`a batched statement answered ${outputs.length} outputs for ${batch.length} requests`);
           batch.forEach((b, i) => b.resolve(outputs[i]!));
         } catch (error) {
           for (const b of batch) b.reject(error);
