@@ -348,6 +348,15 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
     // sweep and the take of a row whose time ran out skip locked rows, so batches of takes and
     // of releases (store/slot-batcher.ts) cannot wait on each other in a cycle.
     '036_concurrency_slot_takes_never_wait': installing(acquireConcurrencySlotFunctionDdl),
+    // Every take of a slot first looks for any waiter of its concurrency key, and one that finds
+    // none (a key below its limit) skips the waiters' sweep and reads (sql/concurrency-slots.ts).
+    '037_concurrency_takes_without_waiters': {
+      async up(db: Kysely<any>) {
+        await acquireConcurrencySlotFunctionDdl(schema).execute(db);
+        await concurrencySlotsInTransactionDdl(schema).execute(db);
+        await concurrencySlotsInTransactionDdl(schema, { sharedTransaction: true }).execute(db);
+      },
+    },
   };
 
   /** A migration that only installs (the current body of) one function. */

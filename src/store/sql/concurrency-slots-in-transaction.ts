@@ -139,7 +139,9 @@ export function wakeConcurrencyWaitersDdl(schema: string, options: { readonly co
  * migration `034_concurrency_slots_in_groups`, the same but for a transaction several jobs share
  * (a group's): it skips the slots its transaction already took (`HELD_BY_THIS_TRANSACTION`, `sql/concurrency-slots.ts`).
  * The walk is `acquire_concurrency_slot`'s, the same text ({@link freeSlotWalk}): its locks are
- * never waited for.
+ * never waited for. Migrations `035_concurrency_slot_walk_from_random` and
+ * `037_concurrency_takes_without_waiters` (a key with no waiter at all reads one index entry
+ * instead of its waiters twice) install both again.
  */
 export function concurrencySlotsInTransactionDdl(schema: string, options: { readonly sharedTransaction?: boolean } = {}) {
   const waiters = sql.id(schema, 'concurrency_waiters');
@@ -151,18 +153,23 @@ export function concurrencySlotsInTransactionDdl(schema: string, options: { read
           v_group := p_groups[v_index];
           v_limit := coalesce(p_limits[v_index], 0);
           -- As in acquire_concurrency_slot: a starving waiter older than this key, still coming
-          -- back, goes first.
-          select w.since into v_since from ${waiters} as w
-           where w.group_key = v_group and w.scope = p_scope and w.key = p_key
-             and w.seen_at >= now() - 2 * p_starvation_ms * interval '1 millisecond';
-          was_waiting := was_waiting or v_since is not null;
-          select exists (
-                   select 1 from ${waiters} as w
-                    where w.group_key = v_group and not (w.scope = p_scope and w.key = p_key)
-                      and w.since < now() - p_starvation_ms * interval '1 millisecond'
-                      and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
-                      and w.since < coalesce(v_since, now()))
-            into v_starving;
+          -- back, goes first; a key with no waiter at all skips the two reads.
+          v_since := null;
+          v_starving := false;
+          perform 1 from ${waiters} as w where w.group_key = v_group limit 1;
+          if found then
+            select w.since into v_since from ${waiters} as w
+             where w.group_key = v_group and w.scope = p_scope and w.key = p_key
+               and w.seen_at >= now() - 2 * p_starvation_ms * interval '1 millisecond';
+            was_waiting := was_waiting or v_since is not null;
+            select exists (
+                     select 1 from ${waiters} as w
+                      where w.group_key = v_group and not (w.scope = p_scope and w.key = p_key)
+                        and w.since < now() - p_starvation_ms * interval '1 millisecond'
+                        and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
+                        and w.since < coalesce(v_since, now()))
+              into v_starving;
+          end if;
           v_slot := null;
           if not v_starving then
             ${freeSlotWalk(schema, 'v_group', 'v_limit', options)}

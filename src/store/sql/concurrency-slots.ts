@@ -340,7 +340,9 @@ export function concurrencySlotsDdl(schema: string) {
  * no time to wait for, asks again within a second), `035_concurrency_slot_walk_from_random` and
  * `036_concurrency_slot_takes_never_wait` (the stale waiters' sweep and the take of a row whose
  * time ran out skip rows another transaction has locked: with takes and releases batched, a
- * wait on either could close a cycle). Besides taking the slot, it records the key's concurrency key and limit in
+ * wait on either could close a cycle) and `037_concurrency_takes_without_waiters` (a key with no
+ * waiter at all, the common case below its limit, reads one index entry instead of sweeping and
+ * reading its waiters). Besides taking the slot, it records the key's concurrency key and limit in
  * `key_concurrency_limits` ({@link keyConcurrencyLimitsDdl}), in the same statement, so no round
  * trip is added; the key's records of keys outside `p_groups` (all the keys its job names; null:
  * only `p_group`) are dropped, so a key whose job now names other keys is not swept under old ones.
@@ -372,25 +374,31 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         -- for nobody. Decided before any slot's lock is taken, so one that gives way holds none.
         -- The stale ones locked by another transaction (a take of that key, whose batch holds
         -- its row) are left for a later sweep: a sweep that waited for them could close a cycle.
-        with stale as (
-          delete from ${waiters} as w
-           where (w.group_key, w.scope, w.key) in (
-             select w2.group_key, w2.scope, w2.key from ${waiters} as w2
-              where w2.group_key = p_group and w2.seen_at < now() - 2 * p_starvation_ms * interval '1 millisecond'
-                for update skip locked)
-        ), mine as (
-          select w.since from ${waiters} as w
-           where w.group_key = p_group and w.scope = p_scope and w.key = p_key
-             and w.seen_at >= now() - 2 * p_starvation_ms * interval '1 millisecond'
-        )
-        select (select m.since from mine as m),
-               exists (
-                 select 1 from ${waiters} as w
-                  where w.group_key = p_group and not (w.scope = p_scope and w.key = p_key)
-                    and w.since < now() - p_starvation_ms * interval '1 millisecond'
-                    and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
-                    and w.since < coalesce((select m.since from mine as m), now()))
-          into v_since, v_starving;
+        -- A key with no waiter at all (the common case, below its limit) skips the sweep and the reads.
+        v_since := null;
+        v_starving := false;
+        perform 1 from ${waiters} as w where w.group_key = p_group limit 1;
+        if found then
+          with stale as (
+            delete from ${waiters} as w
+             where (w.group_key, w.scope, w.key) in (
+               select w2.group_key, w2.scope, w2.key from ${waiters} as w2
+                where w2.group_key = p_group and w2.seen_at < now() - 2 * p_starvation_ms * interval '1 millisecond'
+                  for update skip locked)
+          ), mine as (
+            select w.since from ${waiters} as w
+             where w.group_key = p_group and w.scope = p_scope and w.key = p_key
+               and w.seen_at >= now() - 2 * p_starvation_ms * interval '1 millisecond'
+          )
+          select (select m.since from mine as m),
+                 exists (
+                   select 1 from ${waiters} as w
+                    where w.group_key = p_group and not (w.scope = p_scope and w.key = p_key)
+                      and w.since < now() - p_starvation_ms * interval '1 millisecond'
+                      and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
+                      and w.since < coalesce((select m.since from mine as m), now()))
+            into v_since, v_starving;
+        end if;
         if not v_starving then
           ${freeSlotWalk(schema, 'p_group', 'p_limit', { rowTaker: true })}
         end if;
