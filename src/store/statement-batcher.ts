@@ -3,8 +3,9 @@
  * `maxInFlight` statements run go out together at the end of the event loop's turn in which the
  * first of them arrived (a lone request alone, so it costs what it always did); requests that
  * arrive while `maxInFlight` run wait for one to finish and then go out together, at most
- * `maxBatch` per statement. Nothing waits on a timer: under load, concurrent requests batch
- * themselves.
+ * `maxBatch` per statement. Nothing waits on a clock: the turn's end is a `setImmediate`
+ * (so a test that fakes `setImmediate` must advance it), and under load concurrent requests
+ * batch themselves.
  *
  * *Why the turn:* callers that a single answer sets going (a batch of claims answered, a group
  * committed) submit their next requests in the same turn, one after another. Sent at once, the
