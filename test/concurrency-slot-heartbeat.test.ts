@@ -51,8 +51,8 @@ it('a renewal that hangs does not hold off the loss: the run knows its slot is l
   const slot = await slowKeys.acquireConcurrencySlot(SCOPE, 'first', group, { leaseMs: LEASE_MS, starvationMs: 60_000 });
   expect(slot.acquired).toBe(true);
   const heartbeat = startSlotHeartbeat({
-    keys: slowKeys, scope: SCOPE, key: 'first', slots: [slot as ConcurrencySlot], leaseMs: LEASE_MS, heartbeatMs: HEARTBEAT_MS, heldSince,
-    log: new JobLogger(pino({ level: 'silent' }), {}),
+    keys: slowKeys, holder: () => ({ scope: SCOPE, key: 'first', log: new JobLogger(pino({ level: 'silent' }), {}) }),
+    slots: [slot as ConcurrencySlot], leaseMs: LEASE_MS, heartbeatMs: HEARTBEAT_MS, heldSince,
   });
   try {
     // Another run asks for the slot until it gets it: once the first one's time is up in the database.

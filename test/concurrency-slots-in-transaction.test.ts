@@ -1,7 +1,7 @@
 // @module-tag redis
 /**
- * Concurrency slots held by a run's transaction (the fast path, alone or in a group's shared
- * transaction): no slot row and no commit of their own, counted against the same limit as slot rows, freed when the transaction
+ * Concurrency slots held by a run's transaction (the fast path with `concurrencySlotReuseMs: 0`,
+ * alone or in a group's shared transaction): no slot row and no commit of their own, counted against the same limit as slot rows, freed when the transaction
  * ends however it ends (its connection killed too), and the waiters they hold back woken then.
  *
  * Invariants attacked: at most `limit` runs of a key at once, whichever kind of holder (a
@@ -43,8 +43,9 @@ afterAll(async () => {
   await env?.teardown();
 });
 
+/** Slots held by a transaction are the fast path's with `concurrencySlotReuseMs: 0` (kept slot rows otherwise: concurrency-slot-pool.test.ts). */
 function startWorker<P>(queue: string, options: Partial<IdempotentWorkerOptions<P, unknown>> & Pick<IdempotentWorkerOptions<P, unknown>, 'handler'>) {
-  return jobs.startWorker<P>(queue, { keys, listener, deferMinMs: DEFERRAL_MS, deferMaxMs: DEFERRAL_MS, deferJitterRatio: 0, ...options });
+  return jobs.startWorker<P>(queue, { keys, listener, deferMinMs: DEFERRAL_MS, deferMaxMs: DEFERRAL_MS, deferJitterRatio: 0, concurrencySlotReuseMs: 0, ...options });
 }
 
 const addJobs = (queueName: string, scope: string, count: number, limit: { key: string; limit: number }) => jobs.addJobs(queueName, scope, count, limit);

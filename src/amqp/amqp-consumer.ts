@@ -105,7 +105,7 @@ const AMQP_CONSUMER_OPTION_NAMES = optionNames<AmqpConsumerOptions>()([
   'url', 'queue', 'deadLetterQueue', 'delayQueuePrefix', 'keys', 'handler', 'dataLayers', 'concurrency', 'identity', 'identityOf',
   'maxAttempts', 'retryDelayMs', 'errorDisposition', 'fastPath', 'listener', 'storePayload', 'reconnectMinMs', 'logger', 'faultHook',
   'leaseMs', 'heartbeatMs', 'deferMaxMs', 'deferMinMs', 'deferJitterRatio', 'waitMs', 'shutdownTimeoutMs', 'storeRetryMinMs',
-  'storeRetryMaxMs', 'storeRetryWindowMs', 'concurrencyStarvationMs',
+  'storeRetryMaxMs', 'storeRetryWindowMs', 'concurrencyStarvationMs', 'concurrencySlotReuseMs',
 ]);
 
 /**
@@ -281,6 +281,7 @@ export class AmqpConsumer<P = unknown, R = unknown> extends EventEmitter<{
         const abandoned = await this.#runner.abandonActive();
         if (session) for (const { message } of abandoned) await this.#acknowledge(session, message, () => session.channel.nack(message, false, true));
       }
+      await this.#runner.close();
       this.#session = undefined;
       if (session) {
         // The channel first: its close-ok comes after every acknowledgement sent on it, which a

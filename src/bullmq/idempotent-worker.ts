@@ -341,6 +341,7 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
       const graceful = this.#bull.close().then(() => true);
       const finished = await Promise.race([graceful, sleep(this.#timing.shutdownTimeoutMs, false, { ref: false })]);
       if (!finished) await this.#forceClose();
+      await this.#runner.close();
       this.#log.info('closed');
     })();
     return this.#closing;
@@ -348,6 +349,9 @@ export class IdempotentWorker<P = unknown, R = unknown> extends EventEmitter<{
 
   async #forceClose(): Promise<void> {
     const abandoned = await this.#runner.abandonActive();
+    // Not waited for: the concurrency slots kept for reuse are freed beside the moves (a release
+    // that fails is logged; the slot frees itself when its time is up).
+    void this.#runner.close();
     const closed = await Promise.race([
       (async () => {
         // Put the jobs straight back in the queue instead of waiting for them to stall.

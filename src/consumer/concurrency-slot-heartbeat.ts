@@ -20,12 +20,19 @@ export class ConcurrencySlotLostError extends StoreUnavailableError {
   }
 }
 
+/** The run in a slot: its renewals and its loss are told under its key, in its log. */
+export interface SlotHolder {
+  readonly scope: string;
+  readonly key: string;
+  readonly log: JobLogger;
+}
+
 /** What a slot heartbeat needs. */
 export interface SlotHeartbeatOptions {
   readonly keys: IdempotencyKeys;
-  readonly scope: string;
-  readonly key: string;
-  /** The slots the run holds. */
+  /** Who runs in the slots: read at each renewal, so a slot kept for the next run of its key (`ConcurrencySlotPool`) names that run. */
+  readonly holder: () => SlotHolder;
+  /** The slots held. */
   readonly slots: readonly ConcurrencySlot[];
   /** How long each renewal holds them; also how long without a confirmed renewal before they count as lost. */
   readonly leaseMs: number;
@@ -33,7 +40,8 @@ export interface SlotHeartbeatOptions {
   readonly heartbeatMs: number;
   /** When the slots were last known held: just before they were taken (`performance.now()`). */
   readonly heldSince: number;
-  readonly log: JobLogger;
+  /** Told when a renewal sent at `sentAt` (`performance.now()`) was confirmed for every slot. */
+  readonly onRenewed?: (sentAt: number) => void;
 }
 
 /**
@@ -52,7 +60,7 @@ export interface SlotHeartbeatOptions {
  * otherwise tried again at the next beat, as the lease's is.
  */
 export function startSlotHeartbeat(options: SlotHeartbeatOptions): { readonly signal: AbortSignal; readonly stop: () => void } {
-  const { keys, scope, key, slots, leaseMs, log } = options;
+  const { keys, holder, slots, leaseMs } = options;
   const controller = new AbortController();
   const groups = slots.map((slot) => slot.group);
   let inFlight = false;
@@ -60,6 +68,7 @@ export function startSlotHeartbeat(options: SlotHeartbeatOptions): { readonly si
   let deadline: NodeJS.Timeout | undefined;
   const lose = (why: string) => {
     stop();
+    const { scope, key, log } = holder();
     log.warn({ outcome: 'concurrency-slot-lost', concurrencyKeys: groups }, `concurrency slot lost: ${why}`);
     controller.abort(new ConcurrencySlotLostError(scope, key, groups, why));
   };
@@ -75,12 +84,16 @@ export function startSlotHeartbeat(options: SlotHeartbeatOptions): { readonly si
     inFlight = true;
     const sentAt = performance.now();
     try {
+      const { scope, key } = holder();
       const renewed = await keys.renewConcurrencySlots(scope, key, slots, leaseMs);
       if (stopped) return;
       if (renewed < slots.length) lose('its time ran out and another run took it');
-      else armDeadline(sentAt);
+      else {
+        armDeadline(sentAt);
+        options.onRenewed?.(sentAt);
+      }
     } catch (error) {
-      if (!stopped) log.warn({ err: error }, 'concurrency slot renewal failed; trying again at the next beat');
+      if (!stopped) holder().log.warn({ err: error }, 'concurrency slot renewal failed; trying again at the next beat');
     } finally {
       inFlight = false;
     }

@@ -1,8 +1,8 @@
 import type { Transaction } from 'kysely';
 import { LeavesGroup } from '../protocol/group-transaction.js';
-import type { ConcurrencySlot, IdempotencyKeys } from '../protocol/idempotency-keys.js';
+import type { IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { sqlStateOf } from '../store/pg-errors.js';
-import { startSlotHeartbeat } from './concurrency-slot-heartbeat.js';
+import { HeldSlot, type ConcurrencySlotPool } from './concurrency-slot-pool.js';
 import type { RunFailures } from './run-failures.js';
 import type { Run, RunResult } from './run-outcome.js';
 import type { ConcurrencyLimit } from './wire-contract.js';
@@ -42,16 +42,24 @@ export interface SlotsRunDeps<P, M> {
  * than the run's lease. Freeing a slot that a job waits for wakes the oldest waiter
  * (`sql/concurrency-slot-wakes.ts`).
  */
-export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly ConcurrencyLimit[], deps: SlotsRunDeps<P, M>): Promise<RunResult> {
+export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly ConcurrencyLimit[], deps: SlotsRunDeps<P, M>, pool?: ConcurrencySlotPool): Promise<RunResult> {
   const { keys, timing, failures } = deps;
   const { scope, key } = run.identity;
+  const holder = { scope, key, log: run.log };
   const groups = limits.length > 1 ? limits.map((limit) => limit.key) : undefined;
   const waiter = deps.wakesWaiters && run.delivery.id !== undefined ? { jobId: run.delivery.id, queue: run.delivery.queue } : {};
-  const held: ConcurrencySlot[] = [];
-  const heldSince = performance.now();
-  let heartbeat: ReturnType<typeof startSlotHeartbeat> | undefined;
+  // A job deferred or delivered before may be a waiter of its keys: it takes its slots from the
+  // database, which forgets it as a waiter (a lent slot would leave its row holding others back).
+  const borrows = pool !== undefined && run.delivery.deferrals === 0 && (run.delivery.deliveryCount ?? 1) <= 1;
+  const held: HeldSlot[] = [];
   try {
     for (const limit of limits) {
+      const lent = borrows ? pool.lend(limit, holder) : undefined;
+      if (lent) {
+        held.push(lent);
+        continue;
+      }
+      const sentAt = performance.now();
       let answer: Awaited<ReturnType<IdempotencyKeys['acquireConcurrencySlot']>>;
       try {
         answer = await keys.acquireConcurrencySlot(scope, key, limit, {
@@ -63,17 +71,18 @@ export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly Concurre
       } catch (error) {
         return failures.storeFault(run, error);
       }
-      if (!answer.acquired) return failures.defer(answer.retryAfterMs, 'concurrency-limit', limit.key);
-      held.push(answer);
+      if (!answer.acquired) {
+        pool?.refused(limit.key);
+        return failures.defer(answer.retryAfterMs, 'concurrency-limit', limit.key);
+      }
+      held.push(new HeldSlot(keys, answer, limit.limit, holder, sentAt, timing));
     }
-    heartbeat = startSlotHeartbeat({ keys, scope, key, slots: held, leaseMs: timing.leaseMs, heartbeatMs: timing.heartbeatMs, heldSince, log: run.log });
-    return await deps.runClaimed({ ...run, slotsLost: heartbeat.signal });
+    const slotsLost = held.length === 1 ? held[0]!.lost : AbortSignal.any(held.map((slot) => slot.lost));
+    return await deps.runClaimed({ ...run, slotsLost });
   } finally {
-    heartbeat?.stop();
     for (const slot of held) {
-      await keys.releaseConcurrencySlot(scope, key, slot).catch((error: unknown) => {
-        run.log.warn({ err: error, concurrencyKey: slot.group }, 'could not free the concurrency slot; it frees itself when its time is up');
-      });
+      const freeing = pool ? pool.giveBack(slot) : slot.free(keys);
+      if (freeing) await freeing;
     }
   }
 }

@@ -12,6 +12,7 @@ import type { HeldRecord } from '../store/one-trip-commit.js';
 import type { KeyRetention } from '../store/records.js';
 import type { DataLayer } from '../store/data-layer.js';
 import { runCoalescing, type CoalescingRunDeps } from './coalescing-run.js';
+import { ConcurrencySlotPool } from './concurrency-slot-pool.js';
 import { runInSlots, runInTransactionSlots, TransactionSlotsNotTaken, takeTransactionSlots, type SlotsRunDeps, type TransactionSlots } from './concurrency-slots-run.js';
 import { handlerForm, isDataLayerHandler, runsInOneTransaction, type DatabaseOnlyContext, type DatabaseOnlyHandler } from './database-only-handler.js';
 import { jobContext, transactionOptionsOf, type Delivery, type KeyedJobContext, type TransactionOptions } from './job-context.js';
@@ -36,6 +37,9 @@ const KEYED_JOB_RUNNER_OPTION_NAMES = optionNames<KeyedJobRunnerOptions<unknown,
   'keys', 'timing', 'handler', 'identityOf', 'errorDisposition', 'fastPath', 'listener', 'storePayload', 'countAttemptsOnKey', 'logger',
   'faultHook', 'events', 'tracing', 'wakesConcurrencyWaiters',
 ]);
+
+/** How long a kept concurrency slot no run holds stays kept, at most (see `ConcurrencySlotPool`). */
+const SLOT_IDLE_MS = 50;
 
 /**
  * The claim protocol around one handler, for any broker: claim the message's key, replay or
@@ -100,6 +104,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   readonly #failures: RunFailures<P, M>;
   readonly #reporter: RunReporter<P, M>;
   readonly #slotsRunDeps: SlotsRunDeps<P, M>;
+  /** The slot rows kept between fast-path runs of a concurrency key (`concurrencySlotReuseMs`); unset: each run takes its own. */
+  readonly #slotPool: ConcurrencySlotPool | undefined;
   readonly #coalescingRunDeps: CoalescingRunDeps<P, M>;
 
   constructor(options: KeyedJobRunnerOptions<P, R, M>) {
@@ -131,6 +137,15 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     });
     this.#reporter = new RunReporter(options);
     this.#slotsRunDeps = { keys: this.#keys, timing: this.#timing, failures: this.#failures, wakesWaiters: options.wakesConcurrencyWaiters === true, runClaimed: (run) => this.#runClaimed(run) };
+    this.#slotPool =
+      this.#fastPath && this.#timing.concurrencySlotReuseMs > 0
+        ? new ConcurrencySlotPool({
+            keys: this.#keys,
+            reuseMs: this.#timing.concurrencySlotReuseMs,
+            idleMs: Math.min(this.#timing.concurrencySlotReuseMs, SLOT_IDLE_MS),
+            heartbeatMs: this.#timing.heartbeatMs,
+          })
+        : undefined;
     this.#coalescingRunDeps = {
       keys: this.#keys,
       timing: this.#timing,
@@ -145,6 +160,15 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   /** Deliveries being run now. */
   get activeCount(): number {
     return this.#active.size;
+  }
+
+  /**
+   * Frees the concurrency slots kept for the next runs of their keys (`concurrencySlotReuseMs`),
+   * and every slot a run gives back from now on. Call it once the consumer takes no more jobs;
+   * unfreed, they would hold their keys' limits until their time is up.
+   */
+  async close(): Promise<void> {
+    await this.#slotPool?.close();
   }
 
   /**
@@ -225,6 +249,8 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   #runPath(run: Run<P, M>): Promise<RunResult> {
     const limits = concurrencyLimitsOf(run.identity.concurrency);
     if (limits.length === 0) return this.#runClaimed(run);
+    // A fast-path run leaves its key's row as it was until it commits: it may run in a kept slot.
+    if (this.#slotPool && run.leased !== true) return runInSlots(run, limits, this.#slotsRunDeps, this.#slotPool);
     // A run that is one transaction holds its slots by it; a data layer's transaction is the
     // handler's, so its slots are rows as on the leased path.
     if (this.#fastPath && run.leased !== true && !this.#dataLayer && this.#keys.supportsSlotsInTransaction && !this.#slotsInTransactionUnavailable) {
@@ -288,7 +314,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     // Its concurrency slots lost (their time ran out; another run may be in them): before the
     // commit, the commit is refused; after it, the handler's signal tells it to stop, since the
     // slot bounds the whole run, not only its transaction.
-    forwardAbort(run.slotsLost, controller);
+    const stopForwarding = forwardAbort(run.slotsLost, controller);
     const active: ActiveRun<M> = { delivery, claim, controller };
     this.#active.add(active);
     const stopHeartbeat = startLeaseHeartbeat({
@@ -364,6 +390,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       return await this.#failures.heldFailure(run, claim, controller.signal, error, steps?.failedStep(error));
     } finally {
       stopHeartbeat();
+      stopForwarding();
       this.#active.delete(active);
     }
   }
@@ -372,7 +399,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   async #runFastPath(run: Run<P, M>, slots?: TransactionSlots): Promise<RunResult> {
     const { delivery, identity, fingerprint, claimOptions } = run;
     const controller = new AbortController();
-    forwardAbort(run.slotsLost, controller);
+    const stopForwarding = forwardAbort(run.slotsLost, controller);
     const active: ActiveRun<M> = { delivery, claim: undefined, controller };
     this.#active.add(active);
     const startedAt = performance.now();
@@ -430,6 +457,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
       if (error instanceof TransactionSlotsNotTaken) throw error;
       return await this.#failures.fastPathFailure(run, error);
     } finally {
+      stopForwarding();
       this.#active.delete(active);
     }
     if (outcome.kind !== 'executed') return this.#failures.notHeld(outcome);
@@ -442,11 +470,21 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   }
 }
 
-/** Aborts `controller` when `signal` aborts (at once if it already has), with its reason. */
-function forwardAbort(signal: AbortSignal | undefined, controller: AbortController): void {
-  if (!signal) return;
-  if (signal.aborted) controller.abort(signal.reason);
-  else signal.addEventListener('abort', () => controller.abort(signal.reason), { once: true });
+/**
+ * Aborts `controller` when `signal` aborts (at once if it already has), with its reason, until the
+ * returned function is called. *Why it must be called:* a slot kept between runs
+ * (`ConcurrencySlotPool`) lends its one signal to every run in it, and a listener left on it
+ * would hold each finished run's controller for as long as the slot lives.
+ */
+function forwardAbort(signal: AbortSignal | undefined, controller: AbortController): () => void {
+  if (!signal) return () => {};
+  if (signal.aborted) {
+    controller.abort(signal.reason);
+    return () => {};
+  }
+  const forward = () => controller.abort(signal.reason);
+  signal.addEventListener('abort', forward, { once: true });
+  return () => signal.removeEventListener('abort', forward);
 }
 
 /** A fast-path handler asked for another transaction than the one that claims its key. */

@@ -72,6 +72,15 @@ export interface WorkerTimingOptions {
    * @defaultValue `30_000`, or that longest deferral when it is longer
    */
   readonly concurrencyStarvationMs?: number;
+  /**
+   * How long a worker keeps a concurrency slot it took for the next job of the same concurrency
+   * key (and limit) on the fast path, which then runs in it with no statement to take or free a
+   * slot: after this long from its take the slot is freed when its run ends, and one no run
+   * holds is freed within 50 ms. A waiter on another worker may wait this much longer than
+   * the runs ahead of it; `0`: every run takes and frees its own slots.
+   * @defaultValue `1_000`
+   */
+  readonly concurrencySlotReuseMs?: number;
 }
 
 /** {@link WorkerTimingOptions} with defaults applied and relations checked. */
@@ -93,12 +102,14 @@ const timingSchema = z.object({
   storeRetryMaxMs: ms.default(15_000),
   storeRetryWindowMs: ms.default(3_600_000),
   concurrencyStarvationMs: ms.default(30_000),
+  concurrencySlotReuseMs: z.number().int().min(0).default(1_000),
 });
 
 /** Every option name of {@link WorkerTimingOptions}, for the interfaces that extend it. */
 export const WORKER_TIMING_OPTION_NAMES = optionNames<WorkerTimingOptions>()([
   'leaseMs', 'heartbeatMs', 'lockDurationMs', 'stalledIntervalMs', 'maxStalledCount', 'deferMaxMs', 'deferMinMs', 'deferJitterRatio',
   'waitMs', 'shutdownTimeoutMs', 'storeRetryMinMs', 'storeRetryMaxMs', 'storeRetryWindowMs', 'concurrencyStarvationMs',
+  'concurrencySlotReuseMs',
 ]);
 
 /** Applies defaults; throws a {@link ValidationError} when the options contradict each other. */

@@ -140,7 +140,7 @@ const NATS_CONSUMER_OPTION_NAMES = optionNames<IdempotentNatsConsumerOptions>()(
   'servers', 'connectionOptions', 'stream', 'consumer', 'deadLetterSubject', 'keys', 'handler', 'dataLayers', 'keyFrom', 'scope', 'keyOf',
   'concurrency', 'prefetch', 'maxAttempts', 'retryDelayMs', 'retryDelayMaxMs', 'errorDisposition', 'fastPath', 'storePayload', 'logger',
   'faultHook', 'leaseMs', 'heartbeatMs', 'deferMaxMs', 'deferMinMs', 'deferJitterRatio', 'shutdownTimeoutMs', 'storeRetryMinMs',
-  'storeRetryMaxMs', 'storeRetryWindowMs', 'concurrencyStarvationMs',
+  'storeRetryMaxMs', 'storeRetryWindowMs', 'concurrencyStarvationMs', 'concurrencySlotReuseMs',
 ]);
 
 /**
@@ -332,6 +332,7 @@ export class IdempotentNatsConsumer<P = unknown, R = unknown> extends EventEmitt
         await this.#runner.abandonActive();
         await drained;
       }
+      await this.#runner.close();
       await this.#loop;
       await this.#connection?.drain().catch(() => {});
       this.#log.info('closed');

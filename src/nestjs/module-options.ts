@@ -51,6 +51,7 @@ const PROCESSOR_WORKER_OPTIONS: EveryName<IdempotentProcessorWorkerOptions> = {
   storeRetryMaxMs: true,
   storeRetryWindowMs: true,
   concurrencyStarvationMs: true,
+  concurrencySlotReuseMs: true,
 };
 
 /** Options of `IdempotentJobsModule.forRoot`, or what `forRootAsync`'s factory returns. */

@@ -86,6 +86,8 @@ const envSchema = z.object({
   DEFER_MAX_MS: int(1).optional(),
   /** A job deferred this long by its concurrency limit goes before the group's jobs that waited less. @defaultValue `30000` */
   CONCURRENCY_STARVATION_MS: int(1).optional(),
+  /** How long a kept concurrency slot is lent to the next fast-path job of its key; `0`: none kept. @defaultValue `1000` */
+  CONCURRENCY_SLOT_REUSE_MS: int(0).optional(),
   /** Before deferring a duplicate, wait this long for the owner to finish (LISTEN/NOTIFY) and replay. @defaultValue `0` */
   WAIT_MS: int(0).default(0),
   /** On SIGTERM, how long active jobs may finish before their keys are released. @defaultValue `30000` */

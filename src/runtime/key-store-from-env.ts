@@ -133,6 +133,7 @@ export function runnerSettingsFromEnv(config: EnvConfig, overrides: { readonly f
     heartbeatMs: config.HEARTBEAT_MS,
     deferMaxMs: config.DEFER_MAX_MS,
     concurrencyStarvationMs: config.CONCURRENCY_STARVATION_MS,
+    concurrencySlotReuseMs: config.CONCURRENCY_SLOT_REUSE_MS,
     shutdownTimeoutMs: config.SHUTDOWN_TIMEOUT_MS,
     storeRetryMinMs: config.STORE_RETRY_MIN_MS,
     storeRetryMaxMs: config.STORE_RETRY_MAX_MS,

@@ -1,0 +1,314 @@
+// @module-tag redis
+/**
+ * Concurrency slots kept between fast-path runs of a key (`ConcurrencySlotPool`,
+ * `concurrencySlotReuseMs`), on real Postgres and Redis.
+ *
+ * Invariants attacked: a kept slot is lent to one run at a time, so at most `limit` runs of a
+ * key at once across workers that keep slots and workers that do not; a slot is lent only within
+ * `reuseMs` of its take and while its time was confirmed within half a heartbeat, and is freed
+ * when its run ends past that, when it sits idle, when its key's take was refused on this worker,
+ * when it was lost, and when the consumer closes; a job deferred or delivered before (maybe a
+ * waiter) takes its slot from the database, which forgets it as a waiter; a lent slot is told
+ * under the run in it; a run's listener on the slot's shared signal is removed when it ends.
+ */
+import { getEventListeners } from 'node:events';
+import { Queue } from 'bullmq';
+import { sql } from 'kysely';
+import { pino } from 'pino';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
+import { IdempotencyKeys, KeyedJobRunner, createIdempotentWorker, resolveWorkerTiming, type ConcurrencySlot, type IdempotentWorker, type JobIdentity } from '../src/index.js';
+import { ConcurrencySlotPool, HeldSlot } from '../src/consumer/concurrency-slot-pool.js';
+import { JobLogger } from '../src/consumer/job-logger.js';
+import { identityFromWireContract } from '../src/consumer/wire-contract.js';
+import { PostgresKeyStore, type KeyStore } from '../src/store/index.js';
+import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
+import { sleep, waitFor } from './support/queue-helpers.js';
+import { createTestEnv, type TestEnv } from './support/test-env.js';
+
+const SCOPE = 'slot-pool';
+const silent = pino({ level: 'silent' });
+const holder = (key: string) => ({ scope: SCOPE, key, log: new JobLogger(silent, {}) });
+
+let env: TestEnv;
+let keys: IdempotencyKeys;
+const workers: IdempotentWorker<any, any>[] = [];
+const queues: Queue[] = [];
+
+beforeAll(async () => {
+  env = await createTestEnv('concurrency-slot-pool');
+  await createEffectsTable(env.db, env.schema);
+  keys = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 30_000 });
+});
+beforeEach(async () => {
+  await sql`truncate ${sql.id(env.schema, 'concurrency_slots')}, ${sql.id(env.schema, 'concurrency_waiters')}, ${sql.id(env.schema, 'key_concurrency_limits')}`.execute(env.db);
+});
+afterEach(async () => {
+  await Promise.all(workers.splice(0).map((w) => w.close({ force: true })));
+  await Promise.all(queues.splice(0).map((q) => q.close()));
+});
+afterAll(async () => {
+  await env?.teardown();
+});
+
+const slotRows = async (group: string) =>
+  (
+    await sql<{ slot: number; owner: string }>`select slot, owner::text from ${sql.id(env.schema, 'concurrency_slots')}
+      where group_key = ${group} and acquired_until > now() order by slot`.execute(env.db)
+  ).rows;
+
+/** Keys whose run took its slot from the database (each take records its key for the sweeper). */
+const takers = async (group: string) =>
+  (await sql<{ key: string }>`select key from ${sql.id(env.schema, 'key_concurrency_limits')} where group_key = ${group} order by key`.execute(env.db)).rows.map((r) => r.key);
+
+/** A slot of `limit` taken from the database for `key`, with its heartbeat. */
+async function take(limit: { key: string; limit: number }, key: string, timing = { leaseMs: 30_000, heartbeatMs: 10_000 }, from = keys): Promise<HeldSlot> {
+  const sentAt = performance.now();
+  const answer = await from.acquireConcurrencySlot(SCOPE, key, limit, { leaseMs: timing.leaseMs, starvationMs: 60_000 });
+  if (!answer.acquired) throw new Error('expected a slot');
+  return new HeldSlot(from, answer as ConcurrencySlot, limit.limit, holder(key), sentAt, timing);
+}
+
+const pools: ConcurrencySlotPool[] = [];
+afterEach(async () => {
+  await Promise.all(pools.splice(0).map((pool) => pool.close()));
+});
+function pool(options: { reuseMs?: number; idleMs?: number; heartbeatMs?: number; from?: IdempotencyKeys } = {}) {
+  const made = new ConcurrencySlotPool({ keys: options.from ?? keys, reuseMs: options.reuseMs ?? 60_000, idleMs: options.idleMs ?? 60_000, heartbeatMs: options.heartbeatMs ?? 10_000 });
+  pools.push(made);
+  return made;
+}
+
+describe('the pool', () => {
+  it('lends a slot given back to the next run of the same key and limit, once, and its row stays held; another key or limit is not lent it', async () => {
+    const group = { key: 'tenant:lend', limit: 3 };
+    const kept = pool();
+    const slot = await take(group, 'first');
+    expect(kept.giveBack(slot)).toBeUndefined();
+    expect(kept.lend({ key: group.key, limit: 4 }, holder('other-limit'))).toBeUndefined();
+    expect(kept.lend({ key: 'tenant:other', limit: 3 }, holder('other-key'))).toBeUndefined();
+    const lent = kept.lend(group, holder('second'));
+    expect(lent).toBe(slot);
+    expect(lent!.holder.key).toBe('second');
+    // Lent once: the next run of the key takes a slot of its own.
+    expect(kept.lend(group, holder('third'))).toBeUndefined();
+    expect(await slotRows(group.key)).toEqual([{ slot: slot.slot.slot, owner: slot.slot.owner }]);
+    await lent!.free(keys);
+    expect(await slotRows(group.key)).toEqual([]);
+  });
+
+  it('frees a slot given back past reuseMs from its take, and never lends it', async () => {
+    const group = { key: 'tenant:reuse-over', limit: 2 };
+    const kept = pool({ reuseMs: 100 });
+    const slot = await take(group, 'first');
+    await sleep(150);
+    await kept.giveBack(slot);
+    expect(kept.lend(group, holder('second'))).toBeUndefined();
+    expect(await slotRows(group.key)).toEqual([]);
+  });
+
+  it('frees a slot that sits idle for idleMs, and one whose reuse ends while it is idle', async () => {
+    const group = { key: 'tenant:idle', limit: 2 };
+    const idle = pool({ idleMs: 50 });
+    idle.giveBack(await take(group, 'idle'));
+    await waitFor('the slot freed', async () => (await slotRows(group.key)).length === 0, 2_000);
+    const other = { key: 'tenant:idle-reuse', limit: 2 };
+    const reuse = pool({ reuseMs: 200, idleMs: 150 });
+    reuse.giveBack(await take(other, 'reused'));
+    await waitFor('the slot freed', async () => (await slotRows(other.key)).length === 0, 2_000);
+  });
+
+  it('a key whose take was refused here gets nothing lent: its kept slots are freed at once, and those given back after, for reuseMs', async () => {
+    const group = { key: 'tenant:contended', limit: 3 };
+    const kept = pool({ reuseMs: 300 });
+    const [a, b] = [await take(group, 'a'), await take(group, 'b')];
+    kept.giveBack(a);
+    kept.refused(group.key);
+    await waitFor('the kept slot freed', async () => (await slotRows(group.key)).length === 1, 2_000);
+    expect(kept.lend(group, holder('c'))).toBeUndefined();
+    await kept.giveBack(b);
+    expect(await slotRows(group.key)).toEqual([]);
+    // Once reuseMs has passed, its slots are kept again.
+    await sleep(350);
+    const later = await take(group, 'd');
+    expect(kept.giveBack(later)).toBeUndefined();
+    expect(kept.lend(group, holder('e'))).toBe(later);
+    await later.free(keys);
+  });
+
+  it('closing frees every kept slot, and every slot given back after', async () => {
+    const group = { key: 'tenant:closing', limit: 3 };
+    const kept = pool();
+    const [a, b] = [await take(group, 'a'), await take(group, 'b')];
+    kept.giveBack(a);
+    await kept.close();
+    expect(await slotRows(group.key)).toHaveLength(1);
+    await kept.giveBack(b);
+    expect(await slotRows(group.key)).toEqual([]);
+  });
+
+  it('a slot another run took (its time ran out) is lost: its signal aborts, and it is freed, not lent', async () => {
+    const group = { key: 'tenant:lost', limit: 1 };
+    const kept = pool({ heartbeatMs: 50 });
+    const slot = await take(group, 'first', { leaseMs: 150, heartbeatMs: 50 });
+    kept.giveBack(slot);
+    // Another run takes the slot over (its time ran out in the database): the next renewal finds it gone.
+    await sql`update ${sql.id(env.schema, 'concurrency_slots')} set owner = gen_random_uuid() where group_key = ${group.key}`.execute(env.db);
+    await waitFor('the slot lost', async () => slot.lost.aborted, 2_000);
+    expect((slot.lost.reason as Error).name).toBe('ConcurrencySlotLostError');
+    expect(kept.lend(group, holder('second'))).toBeUndefined();
+  });
+
+  it('lends a slot only while half a heartbeat has not passed since its time was confirmed (its renewals hang)', async () => {
+    const store = new PostgresKeyStore(env.db, env.schema);
+    const hanging = new IdempotencyKeys({ db: env.db, schema: env.schema, leaseMs: 2_000 }, hangingRenewals(store));
+    const group = { key: 'tenant:unconfirmed', limit: 2 };
+    const kept = pool({ heartbeatMs: 200, from: hanging });
+    const slot = await take(group, 'first', { leaseMs: 2_000, heartbeatMs: 200 }, hanging);
+    kept.giveBack(slot);
+    expect(kept.lend(group, holder('soon'))).toBe(slot);
+    kept.giveBack(slot);
+    await sleep(150);
+    // 150 ms since the take, and the renewal at 200 ms will hang: past half a heartbeat, not lent.
+    expect(kept.lend(group, holder('late'))).toBeUndefined();
+    await waitFor('the slot freed', async () => (await slotRows(group.key)).length === 0, 2_000);
+  });
+});
+
+/** The store, with every slot renewal never answering: a Postgres that stopped answering them. */
+function hangingRenewals(store: KeyStore): KeyStore {
+  return new Proxy(store, {
+    get(target, property) {
+      const value = Reflect.get(target, property, target) as unknown;
+      if (property === 'renewSlots') return () => new Promise(() => {});
+      return typeof value === 'function' ? value.bind(target) : value;
+    },
+  });
+}
+
+interface Message {
+  readonly id: string;
+  readonly data: unknown;
+}
+
+describe('a runner that keeps slots', () => {
+  const group = { key: 'tenant:runner', limit: 4 };
+  const delivery = (key: string, more: { deferrals?: number; deliveryCount?: number } = {}) => ({
+    message: { id: key, data: { idempotencyKey: key, scope: SCOPE, payload: { key }, concurrencyKey: group.key, concurrencyLimit: group.limit } },
+    id: key,
+    label: `Job ${key}`,
+    queue: 'q',
+    name: 'job',
+    lastAttempt: false,
+    deferrals: more.deferrals ?? 0,
+    ...(more.deliveryCount !== undefined && { deliveryCount: more.deliveryCount }),
+  });
+  const runner = (reuseMs = 60_000) =>
+    new KeyedJobRunner<unknown, unknown, Message>({
+      keys,
+      timing: resolveWorkerTiming({ concurrencySlotReuseMs: reuseMs }, 30_000),
+      identityOf: (message) => identityFromWireContract({ id: message.id, name: 'job', data: message.data }) as JobIdentity<unknown>,
+      handler: {
+        transaction: async (tx, ctx) => {
+          await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, 1, 'w')`.execute(tx);
+          return null;
+        },
+      },
+      logger: silent,
+    });
+
+  it('runs one job after another in one slot row, taken once; a job deferred or delivered before takes its own, and is no longer a waiter; close frees it', async () => {
+    const kept = runner();
+    for (const key of ['r1', 'r2', 'r3']) expect((await kept.run(delivery(key))).kind).toBe('completed');
+    expect(await takers(group.key)).toEqual(['r1']);
+    expect(await slotRows(group.key)).toHaveLength(1);
+    // A job that was a waiter: its row would hold newcomers back were it lent a slot.
+    await sql`insert into ${sql.id(env.schema, 'concurrency_waiters')} (group_key, scope, key, since, seen_at)
+              values (${group.key}, ${SCOPE}, 'deferred', now() - interval '1 hour', now())`.execute(env.db);
+    expect((await kept.run(delivery('deferred', { deferrals: 1 }))).kind).toBe('completed');
+    expect((await kept.run(delivery('redelivered', { deliveryCount: 2 }))).kind).toBe('completed');
+    expect(await takers(group.key)).toEqual(['deferred', 'r1', 'redelivered']);
+    expect((await sql<{ n: number }>`select count(*)::int as n from ${sql.id(env.schema, 'concurrency_waiters')}`.execute(env.db)).rows[0]!.n).toBe(0);
+    for (const key of ['r1', 'r2', 'r3', 'deferred', 'redelivered']) expect(await effectsOf(env.db, env.schema, SCOPE, key)).toHaveLength(1);
+    // Two rows kept (the deferred job's slot went back to the pool too), both freed at close.
+    expect((await slotRows(group.key)).length).toBeGreaterThan(0);
+    await kept.close();
+    expect(await slotRows(group.key)).toEqual([]);
+  });
+
+  it('with concurrencySlotReuseMs 0, every run takes and frees its own slot (held by its transaction)', async () => {
+    const own = runner(0);
+    for (const key of ['o1', 'o2']) expect((await own.run(delivery(key))).kind).toBe('completed');
+    expect(await slotRows(group.key)).toEqual([]);
+    // Held by their transactions: no slot row, and no record (the fast path leaves no key processing).
+    expect(await takers(group.key)).toEqual([]);
+  });
+
+  it("a run's listener on its kept slot's signal is removed when it ends (a slot lent to every run holds none of theirs)", async () => {
+    const kept = runner();
+    // Every signal an abort listener is added to while the runs go on.
+    const signals = new Set<AbortSignal>();
+    const add = EventTarget.prototype.addEventListener;
+    const spy = vi.spyOn(EventTarget.prototype, 'addEventListener').mockImplementation(function (this: EventTarget, ...args: Parameters<EventTarget['addEventListener']>) {
+      if (args[0] === 'abort' && this instanceof AbortSignal) signals.add(this);
+      return add.apply(this, args);
+    });
+    try {
+      for (let n = 0; n < 20; n++) expect((await kept.run(delivery(`l${n}`))).kind).toBe('completed');
+    } finally {
+      spy.mockRestore();
+    }
+    expect(await takers(group.key)).toEqual(['l0']);
+    // The kept slot's signal was listened to by all 20 runs; none of them is still on it.
+    expect(Math.max(...[...signals].map((signal) => getEventListeners(signal, 'abort').length))).toBeLessThanOrEqual(1);
+    await kept.close();
+  });
+});
+
+describe('workers that keep slots', () => {
+  it('two workers that keep slots and one that does not, limit 3, 60 jobs: never more than 3 at once, each committed once, fewer takes than jobs, no row left after close', { timeout: 60_000 }, async () => {
+    const group = { key: 'tenant:workers', limit: 3 };
+    const queueName = 'slot-pool-workers';
+    const queue = new Queue(queueName, { connection: { url: env.redisUrl }, prefix: env.redisPrefix });
+    queues.push(queue);
+    const ids = Array.from({ length: 60 }, (_, n) => `w-${n}`);
+    await queue.addBulk(ids.map((id, n) => ({ name: 'sync', data: { idempotencyKey: id, scope: SCOPE, payload: { n }, concurrencyKey: group.key, concurrencyLimit: group.limit }, opts: { jobId: id, attempts: 3 } })));
+    let running = 0;
+    let most = 0;
+    const handler = {
+      transaction: async (tx: any, ctx: { scope: string; key: string }) => {
+        running++;
+        most = Math.max(most, running);
+        try {
+          await sleep(5 + Math.random() * 15);
+          await sql`insert into ${sql.id(env.schema, 'effects')} (scope, key, fence, worker) values (${ctx.scope}, ${ctx.key}, 1, 'w')`.execute(tx);
+        } finally {
+          running--;
+        }
+      },
+    };
+    const start = (reuseMs: number) => {
+      const worker = createIdempotentWorker({
+        queue: queueName,
+        connection: { url: env.redisUrl },
+        prefix: env.redisPrefix,
+        keys,
+        handler,
+        concurrency: 4,
+        deferMinMs: 20,
+        deferMaxMs: 50,
+        concurrencySlotReuseMs: reuseMs,
+        logger: silent,
+      });
+      workers.push(worker);
+      return worker;
+    };
+    const started = [start(60_000), start(60_000), start(0)];
+    await waitFor('every effect', async () => (await sql<{ n: number }>`select count(*)::int as n from ${sql.id(env.schema, 'effects')} where scope = ${SCOPE} and key like 'w-%'`.execute(env.db)).rows[0]!.n === ids.length, 50_000);
+    expect(most).toBeLessThanOrEqual(group.limit);
+    expect(most).toBeGreaterThan(1);
+    for (const id of ids) expect(await effectsOf(env.db, env.schema, SCOPE, id)).toHaveLength(1);
+    expect((await takers(group.key)).length).toBeLessThan(ids.length);
+    await Promise.all(started.map((worker) => worker.close()));
+    expect(await slotRows(group.key)).toEqual([]);
+  });
+});
