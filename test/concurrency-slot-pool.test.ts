@@ -21,6 +21,7 @@ import { ConcurrencySlotPool, HeldSlot } from '../src/consumer/concurrency-slot-
 import { JobLogger } from '../src/consumer/job-logger.js';
 import { identityFromWireContract } from '../src/consumer/wire-contract.js';
 import { PostgresKeyStore, type KeyStore } from '../src/store/index.js';
+import { findLostKeyCandidates } from '../src/store/sql/find-lost-keys.js';
 import { createEffectsTable, effectsOf } from './support/protocol-fixtures.js';
 import { sleep, waitFor } from './support/queue-helpers.js';
 import { createTestEnv, type TestEnv } from './support/test-env.js';
@@ -260,6 +261,76 @@ describe('a runner that keeps slots', () => {
     expect(await takers(group.key)).toEqual(['l0']);
     // The kept slot's signal was listened to by all 20 runs; none of them is still on it.
     expect(Math.max(...[...signals].map((signal) => getEventListeners(signal, 'abort').length))).toBeLessThanOrEqual(1);
+    await kept.close();
+  });
+});
+
+describe('a leased run lent a slot', () => {
+  const group = { key: 'tenant:leased', limit: 4 };
+  const records = async (key: string) =>
+    (
+      await sql<{ group_key: string; concurrency_limit: number }>`select group_key, concurrency_limit from ${sql.id(env.schema, 'key_concurrency_limits')}
+        where scope = ${SCOPE} and key = ${key} order by group_key`.execute(env.db)
+    ).rows;
+
+  it("records its key's concurrency keys with its claim, alone or in a batch, dropping the key's records of others; a fast-path claim records nothing", async () => {
+    const fingerprint = keys.fingerprint(1);
+    await sql`insert into ${sql.id(env.schema, 'key_concurrency_limits')} (scope, key, group_key, concurrency_limit) values (${SCOPE}, 'alone', 'tenant:old', 9)`.execute(env.db);
+    await keys.claim(SCOPE, 'alone', fingerprint, { concurrency: [group, { key: 'all', limit: 10 }] });
+    expect(await records('alone')).toEqual([
+      { group_key: 'all', concurrency_limit: 10 },
+      { group_key: group.key, concurrency_limit: group.limit },
+    ]);
+    // Claims of one turn go as one statement (claim_keys): each records its own, a key claimed twice once.
+    const batch = ['b1', 'b2', 'b3', 'b1'];
+    const outcomes = await Promise.all(batch.map((key, n) => keys.claim(SCOPE, key, fingerprint, { concurrency: [{ key: group.key, limit: 4 + n }] })));
+    expect(outcomes.map((o) => o.kind)).toEqual(['claimed', 'claimed', 'claimed', 'in-progress']);
+    for (const key of ['b1', 'b2', 'b3']) expect(await records(key)).toHaveLength(1);
+    expect((await records('b2'))[0]!.concurrency_limit).toBe(5);
+    // Beside claims without records, in one batch.
+    await Promise.all([keys.claim(SCOPE, 'c1', fingerprint), keys.claim(SCOPE, 'c2', fingerprint, { concurrency: [group] })]);
+    expect(await records('c1')).toEqual([]);
+    expect(await records('c2')).toHaveLength(1);
+    // Malformed, refused before anything is sent.
+    for (const concurrency of [[{ key: '', limit: 1 }], [{ key: 'k', limit: 0 }], [{ key: 'k', limit: 1.5 }], [null]]) {
+      await expect(keys.claim(SCOPE, 'malformed', fingerprint, { concurrency: concurrency as never })).rejects.toMatchObject({ code: 'INVALID_OPTIONS' });
+    }
+    expect(await keys.get(SCOPE, 'malformed')).toBeUndefined();
+    await keys.executeOnce(SCOPE, 'fast', fingerprint, async () => null, { concurrency: [group] } as never);
+    expect(await records('fast')).toEqual([]);
+  });
+
+  it('runs in a kept slot with its claim recording its limit: the sweeper finds a lost key under it', async () => {
+    const kept = new KeyedJobRunner<unknown, unknown, Message>({
+      keys,
+      timing: resolveWorkerTiming({ concurrencySlotReuseMs: 60_000 }, 30_000),
+      identityOf: (message) => identityFromWireContract({ id: message.id, name: 'job', data: message.data }) as JobIdentity<unknown>,
+      handler: async (ctx) => {
+        if (ctx.key === 'lost') await new Promise(() => {}); // its worker dies mid-run: nothing ends it
+        return null;
+      },
+      logger: silent,
+    });
+    const delivery = (key: string) => ({
+      message: { id: key, data: { idempotencyKey: key, scope: SCOPE, payload: { key }, concurrencyKey: group.key, concurrencyLimit: group.limit } },
+      id: key,
+      label: `Job ${key}`,
+      queue: 'q',
+      name: 'job',
+      lastAttempt: false,
+      deferrals: 0,
+    });
+    expect((await kept.run(delivery('first'))).kind).toBe('completed');
+    expect(await slotRows(group.key)).toHaveLength(1);
+    void kept.run(delivery('lost'));
+    await waitFor('the lost key claimed', async () => (await keys.get(SCOPE, 'lost'))?.status === 'processing');
+    // Lent the first run's slot (no second row), and recorded by its claim.
+    expect(await slotRows(group.key)).toHaveLength(1);
+    expect(await records('lost')).toEqual([{ group_key: group.key, concurrency_limit: group.limit }]);
+    await sql`update ${sql.id(env.schema, 'idempotency_keys')} set locked_until = now() - interval '1 minute' where scope = ${SCOPE} and key = 'lost'`.execute(env.db);
+    const [candidate] = (await findLostKeyCandidates(env.db, env.schema, 0, 10)).filter((c) => c.key === 'lost');
+    expect(candidate?.concurrency).toEqual(group);
+    await kept.abandonActive();
     await kept.close();
   });
 });

@@ -85,9 +85,9 @@ export interface SlotPoolOptions {
  * heartbeat has passed since its time was last confirmed, so that its next renewal comes well
  * before that time is up.
  *
- * Only runs that leave their key's row untouched until they commit (the fast path) are lent
- * slots: a slot's take records the key it was taken for (`key_concurrency_limits`), which the
- * sweeper reads for a key left `processing`, and a lent slot records nothing.
+ * A slot's take records the key it was taken for (`key_concurrency_limits`, which the sweeper
+ * reads for a key left `processing`); a lent slot records nothing, so a leased run lent one has
+ * its claim record its key's limits in the claim's own statement (`ClaimOptions.concurrency`).
  */
 export class ConcurrencySlotPool {
   readonly #options: SlotPoolOptions;

@@ -52,11 +52,13 @@ export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly Concurre
   // database, which forgets it as a waiter (a lent slot would leave its row holding others back).
   const borrows = pool !== undefined && run.delivery.deferrals === 0 && (run.delivery.deliveryCount ?? 1) <= 1;
   const held: HeldSlot[] = [];
+  let lentAny = false;
   try {
     for (const limit of limits) {
       const lent = borrows ? pool.lend(limit, holder) : undefined;
       if (lent) {
         held.push(lent);
+        lentAny = true;
         continue;
       }
       const sentAt = performance.now();
@@ -78,7 +80,11 @@ export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly Concurre
       held.push(new HeldSlot(keys, answer, limit.limit, holder, sentAt, timing));
     }
     const slotsLost = held.length === 1 ? held[0]!.lost : AbortSignal.any(held.map((slot) => slot.lost));
-    return await deps.runClaimed({ ...run, slotsLost });
+    // A lent slot's take recorded another key: a leased claim records this one's limits itself
+    // (the sweeper reads them should its key be lost while processing; a fast-path claim leaves
+    // no key processing, and ignores them).
+    const claimOptions = lentAny ? { ...run.claimOptions, concurrency: limits } : run.claimOptions;
+    return await deps.runClaimed({ ...run, claimOptions, slotsLost });
   } finally {
     for (const slot of held) {
       const freeing = pool ? pool.giveBack(slot) : slot.free(keys);

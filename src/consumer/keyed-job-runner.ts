@@ -104,7 +104,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   readonly #failures: RunFailures<P, M>;
   readonly #reporter: RunReporter<P, M>;
   readonly #slotsRunDeps: SlotsRunDeps<P, M>;
-  /** The slot rows kept between fast-path runs of a concurrency key (`concurrencySlotReuseMs`); unset: each run takes its own. */
+  /** The slot rows kept between runs of a concurrency key (`concurrencySlotReuseMs`); unset: each run takes its own. */
   readonly #slotPool: ConcurrencySlotPool | undefined;
   readonly #coalescingRunDeps: CoalescingRunDeps<P, M>;
 
@@ -138,7 +138,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
     this.#reporter = new RunReporter(options);
     this.#slotsRunDeps = { keys: this.#keys, timing: this.#timing, failures: this.#failures, wakesWaiters: options.wakesConcurrencyWaiters === true, runClaimed: (run) => this.#runClaimed(run) };
     this.#slotPool =
-      this.#fastPath && this.#timing.concurrencySlotReuseMs > 0
+      this.#timing.concurrencySlotReuseMs > 0
         ? new ConcurrencySlotPool({
             keys: this.#keys,
             reuseMs: this.#timing.concurrencySlotReuseMs,
@@ -249,8 +249,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
   #runPath(run: Run<P, M>): Promise<RunResult> {
     const limits = concurrencyLimitsOf(run.identity.concurrency);
     if (limits.length === 0) return this.#runClaimed(run);
-    // A fast-path run leaves its key's row as it was until it commits: it may run in a kept slot.
-    if (this.#slotPool && run.leased !== true) return runInSlots(run, limits, this.#slotsRunDeps, this.#slotPool);
+    if (this.#slotPool) return runInSlots(run, limits, this.#slotsRunDeps, this.#slotPool);
     // A run that is one transaction holds its slots by it; a data layer's transaction is the
     // handler's, so its slots are rows as on the leased path.
     if (this.#fastPath && run.leased !== true && !this.#dataLayer && this.#keys.supportsSlotsInTransaction && !this.#slotsInTransactionUnavailable) {

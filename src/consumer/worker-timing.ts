@@ -73,11 +73,11 @@ export interface WorkerTimingOptions {
    */
   readonly concurrencyStarvationMs?: number;
   /**
-   * How long a worker keeps a concurrency slot it took for the next job of the same concurrency
-   * key (and limit) on the fast path, which then runs in it with no statement to take or free a
-   * slot: after this long from its take the slot is freed when its run ends, and one no run
-   * holds is freed within 50 ms. A waiter on another worker may wait this much longer than
-   * the runs ahead of it; `0`: every run takes and frees its own slots.
+   * How long a worker keeps a concurrency slot it took for its next job of the same concurrency
+   * key (and limit), which then runs in it with no statement to take or free a slot: after this
+   * long from its take the slot is freed when its run ends, and one no run holds is freed within
+   * 50 ms. A waiter on another worker may wait this much longer than the runs ahead of it; `0`:
+   * every run takes and frees its own slots (a fast-path run by its transaction).
    * @defaultValue `1_000`
    */
   readonly concurrencySlotReuseMs?: number;

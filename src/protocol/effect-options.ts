@@ -2,7 +2,7 @@ import type { GroupRefusal } from './group-refusals.js';
 import type { Transaction } from 'kysely';
 import type { Claim, ClaimOutcome } from '../store/claim-outcome.js';
 import type { HeldRecord } from '../store/one-trip-commit.js';
-import type { KeyRetention } from '../store/records.js';
+import type { ConcurrencyRecord, KeyRetention } from '../store/records.js';
 
 // The options and outcomes of IdempotencyKeys's methods (idempotency-keys.ts), apart from the
 // class so that each piece of the protocol can name them.
@@ -43,6 +43,15 @@ export interface ClaimOptions {
    * @defaultValue `false` (a released key is kept until a claim takes it over)
    */
   readonly expireWhenReleased?: boolean;
+  /**
+   * The concurrency keys and limits the claim's run holds slots of, recorded by the claim's own
+   * statement (the key's records of other concurrency keys dropped), so that the sweeper adds the
+   * job again under the same limits if the key is lost. A slot taken with
+   * {@link IdempotencyKeys.acquireConcurrencySlot} records its key already: this is for a run in a
+   * slot taken for another key (a worker's kept slot).
+   * @defaultValue unset (nothing recorded)
+   */
+  readonly concurrency?: readonly ConcurrencyRecord[];
 }
 
 /** How an effect may be run: options of {@link IdempotencyKeys.commitEffect}, `runEffect` and `executeOnce`. */

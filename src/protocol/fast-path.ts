@@ -144,7 +144,20 @@ export function claimInput(
     queue: options.queue ?? null,
     jobName: options.jobName ?? null,
     payloadJson: options.payload === undefined ? null : serializePayload(scope, key, options.payload),
+    ...(mode === 'lease' && options.concurrency?.length ? { concurrency: checkedConcurrency(options.concurrency) } : {}),
   };
+}
+
+/** A claim's concurrency records, refused with a `ValidationError` (`INVALID_OPTIONS`) unless each is a key of 1–255 characters and a whole limit of at least 1. */
+function checkedConcurrency(records: ClaimOptions['concurrency'] & object): NonNullable<ClaimOptions['concurrency']> {
+  if (!Array.isArray(records)) throw new ValidationError('INVALID_OPTIONS', 'concurrency', 'Invalid claim option concurrency: a list of { key, limit }.');
+  records.forEach((record: unknown, n) => {
+    const { key, limit } = (record ?? {}) as { key?: unknown; limit?: unknown };
+    if (typeof key !== 'string' || key.length < 1 || key.length > 255 || !Number.isInteger(limit) || (limit as number) < 1 || (limit as number) > 2_147_483_647) {
+      throw new ValidationError('INVALID_OPTIONS', `concurrency[${n}]`, `Invalid claim option concurrency[${n}]: a key of 1 to 255 characters and a whole limit of at least 1.`);
+    }
+  });
+  return records;
 }
 
 /**

@@ -178,6 +178,20 @@ export interface ClaimStatementInput {
    * flush). Ignored in `'complete'` mode, whose commit is the effect's. @defaultValue `true`
    */
   readonly synchronousCommit?: boolean;
+  /**
+   * A `'lease'` claim: the concurrency keys and limits its run holds slots of, recorded in
+   * `key_concurrency_limits` by the claim's own statement (the key's records of other concurrency
+   * keys dropped), so that the sweeper adds the job again under them should the key be lost. Set
+   * when a slot was not taken for this key (a kept slot lent to its run), whose take would have
+   * recorded it. @defaultValue unset (nothing recorded)
+   */
+  readonly concurrency?: readonly ConcurrencyRecord[];
+}
+
+/** A concurrency key and limit a key runs under, as `key_concurrency_limits` keeps it. */
+export interface ConcurrencyRecord {
+  readonly key: string;
+  readonly limit: number;
 }
 
 /** One row of `claim_key` (and, with its index, of `claim_keys`). */

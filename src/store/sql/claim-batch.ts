@@ -2,6 +2,7 @@ import { CompiledQuery, sql, type Kysely } from 'kysely';
 import pg from 'pg';
 import { prepared } from '../named-statements.js';
 import { keySettledChannel } from '../channels.js';
+import { concurrencyRecordsText } from './claim.js';
 import type { BatchClaimRow, ClaimStatementInput } from '../records.js';
 
 /**
@@ -22,37 +23,46 @@ import type { BatchClaimRow, ClaimStatementInput } from '../records.js';
 export async function claimKeysBatch(db: Kysely<any>, schema: string, inputs: readonly ClaimStatementInput[]): Promise<BatchClaimRow[]> {
   const column = <T>(pick: (input: ClaimStatementInput) => T) => inputs.map(pick);
   const asyncCommit = inputs.every((input) => input.synchronousCommit === false);
-  const statement = prepared(
-    CompiledQuery.raw(claimKeysText(schema), [
-      column((i) => i.scope),
-      column((i) => i.key),
-      column((i) => i.fingerprint),
-      column((i) => i.owner),
-      column((i) => i.leaseMs),
-      column((i) => i.retentionMs),
-      column((i) => i.lockTimeoutMs),
-      asyncCommit,
-      column((i) => i.jobId ?? null),
-      column((i) => i.queue ?? null),
-      column((i) => i.jobName ?? null),
-      column((i) => i.payloadJson ?? null),
-      keySettledChannel(schema),
-    ]),
-  );
-  const { rows } = await db.executeQuery<BatchClaimRow>(statement);
+  const records = inputs.flatMap((input) => (input.concurrency ?? []).map((record) => ({ input, record })));
+  const parameters: unknown[] = [
+    column((i) => i.scope),
+    column((i) => i.key),
+    column((i) => i.fingerprint),
+    column((i) => i.owner),
+    column((i) => i.leaseMs),
+    column((i) => i.retentionMs),
+    column((i) => i.lockTimeoutMs),
+    asyncCommit,
+    column((i) => i.jobId ?? null),
+    column((i) => i.queue ?? null),
+    column((i) => i.jobName ?? null),
+    column((i) => i.payloadJson ?? null),
+    keySettledChannel(schema),
+  ];
+  if (records.length > 0) {
+    parameters.push(
+      records.map((r) => r.input.scope),
+      records.map((r) => r.input.key),
+      records.map((r) => r.record.key),
+      records.map((r) => r.record.limit),
+    );
+  }
+  const { rows } = await db.executeQuery<BatchClaimRow>(prepared(CompiledQuery.raw(claimKeysText(schema, records.length > 0), parameters)));
   return rows;
 }
 
-/** The batch claim's text per schema: one string, so that it is one named prepared statement (see `named-statements.ts`). */
+/** The batch claim's texts per schema (and whether it records concurrency): one string each, so that each is one named prepared statement (see `named-statements.ts`). */
 const claimKeysTexts = new Map<string, string>();
 
-function claimKeysText(schema: string): string {
-  let text = claimKeysTexts.get(schema);
+function claimKeysText(schema: string, recordsConcurrency: boolean): string {
+  const textKey = recordsConcurrency ? `${schema}\u0000records` : schema;
+  let text = claimKeysTexts.get(textKey);
   if (text === undefined) {
-    text =
+    const call =
       `select * from ${pg.escapeIdentifier(schema)}."claim_keys"($1::text[], $2::text[], $3::text[], $4::uuid[], $5::int[], $6::bigint[], ` +
       `$7::int[], $8::boolean, $9::text[], $10::text[], $11::text[], $12::jsonb[], $13::text)`;
-    claimKeysTexts.set(schema, text);
+    text = recordsConcurrency ? `${concurrencyRecordsText(schema, { scopes: '$14::text[]', keys: '$15::text[]', groups: '$16::text[]', limits: '$17::int[]' })} ${call}` : call;
+    claimKeysTexts.set(textKey, text);
   }
   return text;
 }

@@ -110,38 +110,69 @@ export function classifyClaimRow(input: ClaimStatementInput, row: ClaimRow | und
   return { kind: 'in-progress', scope, key, retryAfterMs: Math.max(1, Number(row.retry_after_ms)) };
 }
 
-/** The claim's text per schema: one string, so that it is one named prepared statement (see `named-statements.ts`). */
+/** The claim's texts per schema (and whether it records concurrency): one string each, so that each is one named prepared statement (see `named-statements.ts`). */
 const claimTexts = new Map<string, string>();
 
 function claimStatement(input: ClaimStatementInput): CompiledQuery<ClaimRow> {
   const completing = input.mode === 'complete';
   // Never in 'complete' mode: that would make the caller's transaction, effect included, async.
   const asyncCommit = !completing && input.synchronousCommit === false;
-  let text = claimTexts.get(input.schema);
+  const records = !completing && input.concurrency?.length ? input.concurrency : undefined;
+  const textKey = records ? `${input.schema}\u0000records` : input.schema;
+  let text = claimTexts.get(textKey);
   if (text === undefined) {
-    text =
+    const call =
       `select * from ${pg.escapeIdentifier(input.schema)}."claim_key"($1::text, $2::text, $3::text, $4::uuid, $5::text, $6::int, $7::bigint, ` +
       `$8::int, $9::boolean, $10::text, $11::text, $12::text, $13::jsonb, $14::text)`;
-    claimTexts.set(input.schema, text);
+    text = records ? `${concurrencyRecordsText(input.schema, { scopes: '$1::text', keys: '$2::text', groups: '$15::text[]', limits: '$16::int[]' })} ${call}` : call;
+    claimTexts.set(textKey, text);
   }
-  return prepared(
-    CompiledQuery.raw(text, [
-      input.scope,
-      input.key,
-      input.fingerprint,
-      input.owner,
-      input.mode,
-      input.leaseMs,
-      input.retentionMs,
-      input.lockTimeoutMs,
-      asyncCommit,
-      input.jobId ?? null,
-      input.queue ?? null,
-      input.jobName ?? null,
-      input.payloadJson ?? null,
-      keySettledChannel(input.schema),
-    ]),
-  ) as CompiledQuery<ClaimRow>;
+  const parameters: unknown[] = [
+    input.scope,
+    input.key,
+    input.fingerprint,
+    input.owner,
+    input.mode,
+    input.leaseMs,
+    input.retentionMs,
+    input.lockTimeoutMs,
+    asyncCommit,
+    input.jobId ?? null,
+    input.queue ?? null,
+    input.jobName ?? null,
+    input.payloadJson ?? null,
+    keySettledChannel(input.schema),
+  ];
+  if (records) parameters.push(records.map((r) => r.key), records.map((r) => r.limit));
+  return prepared(CompiledQuery.raw(text, parameters)) as CompiledQuery<ClaimRow>;
+}
+
+/**
+ * The common table expressions that record the concurrency keys a claim's run holds slots of
+ * (`ClaimStatementInput.concurrency`), ahead of the claim's call in one statement: each key's
+ * records of other concurrency keys dropped, and its records written (its limit and time renewed
+ * when already there), as `acquire_concurrency_slot` records the key it takes a slot for. The
+ * records are written whatever the claim answers, as a take writes them before its claim is
+ * made; a claim that fails (a tombstone, a lock timeout) writes nothing. `columns` are SQL of one
+ * value each, or of arrays (then `unnest`ed side by side, one row per record; scopes and keys
+ * repeated per record).
+ */
+export function concurrencyRecordsText(schema: string, columns: { readonly scopes: string; readonly keys: string; readonly groups: string; readonly limits: string }): string {
+  const limits = `${pg.escapeIdentifier(schema)}."key_concurrency_limits"`;
+  const { scopes, keys, groups, limits: values } = columns;
+  const wanted = columns.scopes.endsWith('[]')
+    ? `select * from unnest(${scopes}, ${keys}, ${groups}, ${values}) as w(scope, key, group_key, concurrency_limit)`
+    : `select ${scopes} as scope, ${keys} as key, w.group_key, w.concurrency_limit from unnest(${groups}, ${values}) as w(group_key, concurrency_limit)`;
+  // Distinct, in the rows' order: a batch may claim one key twice, and two statements that write
+  // the same records lock them in one order.
+  return (
+    `with wanted as (${wanted}), ` +
+    `concurrency_dropped as (delete from ${limits} as r using (select scope, key, array_agg(group_key) as group_keys from wanted group by scope, key) as k ` +
+    `where r.scope = k.scope and r.key = k.key and r.group_key <> all(k.group_keys)), ` +
+    `concurrency_recorded as (insert into ${limits} as r (scope, key, group_key, concurrency_limit) ` +
+    `select distinct on (scope, key, group_key) scope, key, group_key, concurrency_limit from wanted order by scope, key, group_key ` +
+    `on conflict (scope, key, group_key) do update set concurrency_limit = excluded.concurrency_limit, recorded_at = now())`
+  );
 }
 
 /**
