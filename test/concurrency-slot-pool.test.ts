@@ -73,8 +73,14 @@ const pools: ConcurrencySlotPool[] = [];
 afterEach(async () => {
   await Promise.all(pools.splice(0).map((pool) => pool.close()));
 });
-function pool(options: { reuseMs?: number; idleMs?: number; heartbeatMs?: number; from?: IdempotencyKeys } = {}) {
-  const made = new ConcurrencySlotPool({ keys: options.from ?? keys, reuseMs: options.reuseMs ?? 60_000, idleMs: options.idleMs ?? 60_000, heartbeatMs: options.heartbeatMs ?? 10_000 });
+function pool(options: { reuseMs?: number; idleMs?: number; heartbeatMs?: number; from?: IdempotencyKeys; log?: JobLogger } = {}) {
+  const made = new ConcurrencySlotPool({
+    keys: options.from ?? keys,
+    reuseMs: options.reuseMs ?? 60_000,
+    idleMs: options.idleMs ?? 60_000,
+    heartbeatMs: options.heartbeatMs ?? 10_000,
+    log: options.log ?? new JobLogger(silent, {}),
+  });
   pools.push(made);
   return made;
 }
@@ -123,7 +129,7 @@ describe('the pool', () => {
     const kept = pool({ reuseMs: 300 });
     const [a, b] = [await take(group, 'a'), await take(group, 'b')];
     kept.giveBack(a);
-    kept.refused(group.key);
+    kept.contended(group.key);
     await waitFor('the kept slot freed', async () => (await slotRows(group.key)).length === 1, 2_000);
     expect(kept.lend(group, holder('c'))).toBeUndefined();
     await kept.giveBack(b);
@@ -191,6 +197,48 @@ interface Message {
   readonly data: unknown;
 }
 
+describe('contended keys', () => {
+  it('a take tells whether another key of the group waits (not the taker itself, not one gone for twice the bound)', async () => {
+    const group = { key: 'tenant:tells', limit: 3 };
+    const waiter = (key: string, seenAgo: string) => sql`insert into ${sql.id(env.schema, 'concurrency_waiters')} (group_key, scope, key, since, seen_at)
+      values (${group.key}, ${SCOPE}, ${key}, now() - interval '1 second', now() - ${seenAgo}::interval)`.execute(env.db);
+    const options = { leaseMs: 30_000, starvationMs: 60_000 };
+    const first = await keys.acquireConcurrencySlot(SCOPE, 'alone', group, options);
+    expect(first).toMatchObject({ acquired: true, othersWaiting: false });
+    await waiter('itself', '0 seconds');
+    expect(await keys.acquireConcurrencySlot(SCOPE, 'itself', group, options)).toMatchObject({ acquired: true, othersWaiting: false });
+    await waiter('long-gone', '3 minutes');
+    expect(await keys.acquireConcurrencySlot(SCOPE, 'after-gone', group, options)).toMatchObject({ acquired: true, othersWaiting: false });
+    await waiter('patient', '1 second');
+    expect(await keys.acquireConcurrencySlot(SCOPE, 'newcomer', { ...group, limit: 5 }, options)).toMatchObject({ acquired: true, othersWaiting: true });
+  });
+
+  it('a worker whose keys are all contended remembers no more of them than it must (no slot kept, no sweep)', async () => {
+    const kept = pool({ reuseMs: 1 });
+    for (let n = 0; n < 1_000; n++) {
+      kept.contended(`tenant:${n}`);
+      if (n % 100 === 0) await sleep(2);
+    }
+    expect(kept.contendedKeys).toBeLessThanOrEqual(200);
+  });
+
+  it("a kept slot's loss while no run is in it is told in the worker's log, not in the last run's", async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const capture = (name: string) => pino({ level: 'warn' }, { write: (line: string) => lines.push({ ...JSON.parse(line), logger: name }) });
+    const kept = pool({ heartbeatMs: 50, log: new JobLogger(capture('worker'), {}) });
+    const group = { key: 'tenant:idle-loss', limit: 1 };
+    const slot = await take(group, 'first', { leaseMs: 150, heartbeatMs: 50 });
+    kept.giveBack(slot);
+    const lent = kept.lend(group, { scope: SCOPE, key: 'second', log: new JobLogger(capture('second'), { key: 'second' }) });
+    expect(lent).toBe(slot);
+    kept.giveBack(slot);
+    await sql`update ${sql.id(env.schema, 'concurrency_slots')} set owner = gen_random_uuid() where group_key = ${group.key}`.execute(env.db);
+    await waitFor('the slot lost', async () => slot.lost.aborted, 2_000);
+    const lost = lines.filter((line) => line.outcome === 'concurrency-slot-lost');
+    expect(lost.map((line) => line.logger)).toEqual(['worker']);
+  });
+});
+
 describe('a runner that keeps slots', () => {
   const group = { key: 'tenant:runner', limit: 4 };
   const delivery = (key: string, more: { deferrals?: number; deliveryCount?: number } = {}) => ({
@@ -234,6 +282,33 @@ describe('a runner that keeps slots', () => {
     expect((await slotRows(group.key)).length).toBeGreaterThan(0);
     await kept.close();
     expect(await slotRows(group.key)).toEqual([]);
+  });
+
+  it('a take that finds another key waiting keeps nothing for reuseMs: its slot is freed as its run ends, and the next run takes its own', async () => {
+    const kept = runner();
+    await sql`insert into ${sql.id(env.schema, 'concurrency_waiters')} (group_key, scope, key, since, seen_at)
+              values (${group.key}, ${SCOPE}, 'elsewhere', now(), now())`.execute(env.db);
+    for (const key of ['c1', 'c2']) expect((await kept.run(delivery(key))).kind).toBe('completed');
+    expect(await takers(group.key)).toEqual(['c1', 'c2']);
+    expect(await slotRows(group.key)).toEqual([]);
+    await kept.close();
+  });
+
+  it("a job refused by its limit asks again within reuseMs at the latest (a kept slot frees by then, though its row's time runs a lease)", async () => {
+    const full = { key: 'tenant:full', limit: 1 };
+    const holderSlot = await keys.acquireConcurrencySlot(SCOPE, 'holding', full, { leaseMs: 30_000, starvationMs: 60_000 });
+    expect(holderSlot.acquired).toBe(true);
+    const kept = new KeyedJobRunner<unknown, unknown, Message>({
+      keys,
+      timing: resolveWorkerTiming({ concurrencySlotReuseMs: 400, deferMaxMs: 10_000, deferJitterRatio: 0 }, 30_000),
+      identityOf: (message) => identityFromWireContract({ id: message.id, name: 'job', data: message.data }) as JobIdentity<unknown>,
+      handler: { transaction: async () => null },
+      logger: silent,
+    });
+    const outcome = await kept.run({ ...delivery('refused'), message: { id: 'refused', data: { idempotencyKey: 'refused', scope: SCOPE, payload: {}, concurrencyKey: full.key, concurrencyLimit: 1 } } });
+    expect(outcome).toMatchObject({ kind: 'deferred', reason: 'concurrency-limit' });
+    expect((outcome as { retryAfterMs: number }).retryAfterMs).toBeLessThanOrEqual(400);
+    await kept.close();
   });
 
   it('with concurrencySlotReuseMs 0, every run takes and frees its own slot (held by its transaction)', async () => {

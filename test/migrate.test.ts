@@ -221,6 +221,7 @@ it('028 upgrades concurrency waiters: a waiter recorded before it stays, an eigh
       ['035_concurrency_slot_walk_from_random', 'Success'],
       ['036_concurrency_slot_takes_never_wait', 'Success'],
       ['037_concurrency_takes_without_waiters', 'Success'],
+      ['038_concurrency_takes_tell_waiters', 'Success'],
     ]);
     const uuid = '00000000-0000-4000-8000-000000000000';
     // An earlier worker's call: takes the one slot.

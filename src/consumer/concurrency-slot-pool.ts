@@ -1,5 +1,6 @@
 import type { ConcurrencySlot, IdempotencyKeys } from '../protocol/idempotency-keys.js';
 import { startSlotHeartbeat, type SlotHolder } from './concurrency-slot-heartbeat.js';
+import type { JobLogger } from './job-logger.js';
 import type { ConcurrencyLimit } from './wire-contract.js';
 
 /**
@@ -16,8 +17,10 @@ export class HeldSlot {
   readonly takenAt: number;
   /** When its last confirmed take or renewal was sent: its row is held until at least this + the lease. */
   confirmedAt: number;
-  /** The run in it now, or the last one: who its renewals and its loss are told under. */
+  /** The run in it now, or the worker keeping it: who its renewals and its loss are told under. */
   holder: SlotHolder;
+  /** The key it was taken for (its row names it). */
+  readonly takenFor: { readonly scope: string; readonly key: string };
   /** Since when no run holds it (kept by a pool); undefined while a run does. */
   idleSince: number | undefined;
   readonly #heartbeat: ReturnType<typeof startSlotHeartbeat>;
@@ -26,6 +29,7 @@ export class HeldSlot {
     this.slot = slot;
     this.limit = limit;
     this.holder = holder;
+    this.takenFor = { scope: holder.scope, key: holder.key };
     this.takenAt = takenAt;
     this.confirmedAt = takenAt;
     this.#heartbeat = startSlotHeartbeat({
@@ -63,6 +67,8 @@ export interface SlotPoolOptions {
   readonly idleMs: number;
   /** The slots' heartbeat period: a slot is lent only while half of it has not passed since its time was last confirmed. */
   readonly heartbeatMs: number;
+  /** The worker's log: a kept slot's renewals and loss are told there while no run is in it (not in the log of the run that was). */
+  readonly log: JobLogger;
 }
 
 /**
@@ -78,9 +84,9 @@ export interface SlotPoolOptions {
  *
  * *What bounds the hold:* a slot is lent again only within `reuseMs` of its take, then freed when
  * its run ends (a waiter elsewhere is woken by that release, as by any); a slot no run holds is
- * freed within `idleMs` or two; and a concurrency key whose take was refused on this worker (it is
- * at its limit, and has a waiter) gets no slot lent for `reuseMs`: every slot of it is freed as
- * its run ends, so the waiters' order decides again. So a worker keeps a slot from a waiter
+ * freed within `idleMs` or two; and a concurrency key whose take on this worker was refused (it
+ * is at its limit) or found another key waiting gets no slot lent for `reuseMs`: every slot of it
+ * is freed as its run ends, so the waiters' order decides again. So a worker keeps a slot from a waiter
  * elsewhere at most `reuseMs` longer than a run. A slot is lent only while less than half a
  * heartbeat has passed since its time was last confirmed, so that its next renewal comes well
  * before that time is up.
@@ -94,7 +100,7 @@ export class ConcurrencySlotPool {
   /** The slots no run holds, per concurrency key and limit; the last given back is lent first. */
   readonly #idle = new Map<string, HeldSlot[]>();
   #idleCount = 0;
-  /** Concurrency keys whose take was refused here, and until when none of their slots is lent. */
+  /** Concurrency keys contended here (a take refused, or another key found waiting), and until when none of their slots is lent. */
   readonly #contendedUntil = new Map<string, number>();
   #sweep: NodeJS.Timeout | undefined;
   #closed = false;
@@ -107,7 +113,7 @@ export class ConcurrencySlotPool {
   lend(limit: ConcurrencyLimit, holder: SlotHolder): HeldSlot | undefined {
     const key = poolKey(limit.key, limit.limit);
     const idle = this.#idle.get(key);
-    if (!idle || this.#contended(limit.key)) return undefined;
+    if (!idle || this.#isContended(limit.key)) return undefined;
     const now = performance.now();
     let lent: HeldSlot | undefined;
     while (!lent && idle.length > 0) {
@@ -124,9 +130,25 @@ export class ConcurrencySlotPool {
     return lent;
   }
 
-  /** A take of `group` was refused: it is at its limit. Its slots are freed as their runs end, none lent, for `reuseMs`. */
-  refused(group: string): void {
-    this.#contendedUntil.set(group, performance.now() + this.#options.reuseMs);
+  /** How many concurrency keys are remembered as contended (expired ones included until pruned): for tests and diagnostics. */
+  get contendedKeys(): number {
+    return this.#contendedUntil.size;
+  }
+
+  /** How long after its take a slot may be lent again. */
+  get reuseMs(): number {
+    return this.#options.reuseMs;
+  }
+
+  /**
+   * A take of `group` was refused (it is at its limit), or found another key waiting: its slots
+   * are freed as their runs end, none lent, for `reuseMs`, so that the waiters get them.
+   */
+  contended(group: string): void {
+    const now = performance.now();
+    // Pruned here too: a worker whose keys are all contended keeps no slot, so no sweep runs.
+    if (this.#contendedUntil.size >= PRUNE_CONTENDED_AT) for (const [key, until] of this.#contendedUntil) if (until <= now) this.#contendedUntil.delete(key);
+    this.#contendedUntil.set(group, now + this.#options.reuseMs);
     for (const [key, idle] of this.#idle) {
       if (idle[0]?.slot.group !== group) continue;
       this.#idle.delete(key);
@@ -141,12 +163,13 @@ export class ConcurrencySlotPool {
    */
   giveBack(slot: HeldSlot): Promise<void> | undefined {
     const now = performance.now();
-    if (this.#closed || this.#contended(slot.slot.group) || !this.#lendable(slot, now)) return slot.free(this.#options.keys);
+    if (this.#closed || this.#isContended(slot.slot.group) || !this.#lendable(slot, now)) return slot.free(this.#options.keys);
     const key = poolKey(slot.slot.group, slot.limit);
     const idle = this.#idle.get(key);
     if (idle) idle.push(slot);
     else this.#idle.set(key, [slot]);
     slot.idleSince = now;
+    slot.holder = { ...slot.takenFor, log: this.#options.log };
     this.#idleCount++;
     // Not unref'd: a process that ends frees its kept slots first (within idleMs or two), as its runs free theirs.
     this.#sweep ??= setInterval(() => void this.#freeIdle(this.#options.idleMs), this.#options.idleMs);
@@ -185,11 +208,14 @@ export class ConcurrencySlotPool {
     return !slot.lost.aborted && now - slot.takenAt < this.#options.reuseMs && now - slot.confirmedAt < this.#options.heartbeatMs / 2;
   }
 
-  #contended(group: string): boolean {
+  #isContended(group: string): boolean {
     const until = this.#contendedUntil.get(group);
     return until !== undefined && until > performance.now();
   }
 }
+
+/** How many contended keys are remembered before the expired ones are dropped at the next. */
+const PRUNE_CONTENDED_AT = 64;
 
 function poolKey(group: string, limit: number): string {
   return `${limit}\u0000${group}`;

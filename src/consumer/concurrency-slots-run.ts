@@ -74,9 +74,11 @@ export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly Concurre
         return failures.storeFault(run, error);
       }
       if (!answer.acquired) {
-        pool?.refused(limit.key);
-        return failures.defer(answer.retryAfterMs, 'concurrency-limit', limit.key);
+        pool?.contended(limit.key);
+        // A slot kept by a worker frees within its reuse (and its run): ask again by then at the latest.
+        return failures.defer(pool ? Math.min(answer.retryAfterMs, pool.reuseMs) : answer.retryAfterMs, 'concurrency-limit', limit.key);
       }
+      if (answer.othersWaiting) pool?.contended(limit.key);
       held.push(new HeldSlot(keys, answer, limit.limit, holder, sentAt, timing));
     }
     const slotsLost = held.length === 1 ? held[0]!.lost : AbortSignal.any(held.map((slot) => slot.lost));

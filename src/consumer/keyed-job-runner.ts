@@ -144,6 +144,7 @@ export class KeyedJobRunner<P = unknown, R = unknown, M = unknown> {
             reuseMs: this.#timing.concurrencySlotReuseMs,
             idleMs: Math.min(this.#timing.concurrencySlotReuseMs, SLOT_IDLE_MS),
             heartbeatMs: this.#timing.heartbeatMs,
+            log: new JobLogger(this.#log, {}),
           })
         : undefined;
     this.#coalescingRunDeps = {

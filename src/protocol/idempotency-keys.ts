@@ -83,6 +83,8 @@ export interface ConcurrencySlot {
   readonly slot: number;
   /** The slot's owner token: only this run frees it. */
   readonly owner: string;
+  /** When taken, another key of the group was waiting for a slot. @defaultValue `false` */
+  readonly othersWaiting?: boolean;
 }
 
 /**
@@ -397,7 +399,7 @@ export class IdempotencyKeys {
         ...(options.queue !== undefined && { queue: options.queue }),
       }),
     );
-    return answer.acquired ? { acquired: true, group: group.key, slot: answer.slot, owner } : answer;
+    return answer.acquired ? { acquired: true, group: group.key, slot: answer.slot, owner, othersWaiting: answer.othersWaiting } : answer;
   }
 
   /**

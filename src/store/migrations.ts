@@ -357,6 +357,11 @@ export function migrationsFor(schema: string, layout: SchemaLayout = {}): Record
         await concurrencySlotsInTransactionDdl(schema, { sharedTransaction: true }).execute(db);
       },
     },
+    '038_concurrency_takes_tell_waiters': {
+      async up(db: Kysely<any>) {
+        await acquireConcurrencySlotFunctionDdl(schema).execute(db);
+      },
+    },
   };
 
   /** A migration that only installs (the current body of) one function. */

@@ -9,6 +9,8 @@ export type SlotAnswer =
       readonly acquired: true;
       /** Which of the group's slots (0 … limit − 1). */
       readonly slot: number;
+      /** Another key of the group is waiting for a slot (seen within twice the starvation bound). */
+      readonly othersWaiting: boolean;
     }
   | {
       /** Always false: every slot of the group is held. */
@@ -129,7 +131,8 @@ export function compareSlotRequests(a: SlotRequest, b: SlotRequest): number {
 }
 
 function slotAnswerOf(row: { slot: number | null; retry_after_ms: string | null }): SlotAnswer {
-  return row.slot !== null ? { acquired: true, slot: row.slot } : { acquired: false, retryAfterMs: Math.max(1, Number(row.retry_after_ms ?? 1)) };
+  if (row.slot === null) return { acquired: false, retryAfterMs: Math.max(1, Number(row.retry_after_ms ?? 1)) };
+  return { acquired: true, slot: row.slot, othersWaiting: row.retry_after_ms !== null };
 }
 
 /**
@@ -342,7 +345,8 @@ export function concurrencySlotsDdl(schema: string) {
  * time ran out skip rows another transaction has locked: with takes and releases batched, a
  * wait on either could close a cycle) and `037_concurrency_takes_without_waiters` (a key with no
  * waiter at all, the common case below its limit, reads one index entry instead of sweeping and
- * reading its waiters). Besides taking the slot, it records the key's concurrency key and limit in
+ * reading its waiters) and `038_concurrency_takes_tell_waiters` (a slot taken while another key
+ * waits answers `retry_after_ms` 0 beside it, so that a worker keeping its slots frees them). Besides taking the slot, it records the key's concurrency key and limit in
  * `key_concurrency_limits` ({@link keyConcurrencyLimitsDdl}), in the same statement, so no round
  * trip is added; the key's records of keys outside `p_groups` (all the keys its job names; null:
  * only `p_group`) are dropped, so a key whose job now names other keys is not swept under old ones.
@@ -367,6 +371,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         v_row_live boolean;
         v_since timestamptz;
         v_starving boolean;
+        v_others_waiting boolean;
       begin
         -- Waiters that stopped coming back (their job finished elsewhere, or was removed) no
         -- longer count, and are deleted. A starving waiter older than this one goes first, if it
@@ -377,6 +382,7 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
         -- A key with no waiter at all (the common case, below its limit) skips the sweep and the reads.
         v_since := null;
         v_starving := false;
+        v_others_waiting := false;
         perform 1 from ${waiters} as w where w.group_key = p_group limit 1;
         if found then
           with stale as (
@@ -398,6 +404,12 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
                       and w.seen_at >= now() - p_starvation_ms * interval '1 millisecond'
                       and w.since < coalesce((select m.since from mine as m), now()))
             into v_since, v_starving;
+          -- Told with the slot taken: a worker that keeps its slots for its next runs frees them
+          -- instead while another key waits.
+          v_others_waiting := exists (
+            select 1 from ${waiters} as w
+             where w.group_key = p_group and not (w.scope = p_scope and w.key = p_key)
+               and w.seen_at >= now() - 2 * p_starvation_ms * interval '1 millisecond');
         end if;
         if not v_starving then
           ${freeSlotWalk(schema, 'p_group', 'p_limit', { rowTaker: true })}
@@ -421,7 +433,9 @@ export function acquireConcurrencySlotFunctionDdl(schema: string) {
           on conflict (scope, key, group_key) do update
              set concurrency_limit = excluded.concurrency_limit, recorded_at = now();
           slot := v_slot;
-          retry_after_ms := null;
+          -- 0 beside a slot: another key waits for one (a worker of an earlier release reads no
+          -- retry beside a slot).
+          retry_after_ms := case when v_others_waiting then 0 end;
           return next;
           return;
         end if;
