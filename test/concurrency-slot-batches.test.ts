@@ -57,7 +57,7 @@ describe('batched slot statements', () => {
     expect(answers[1]).toMatchObject({ acquired: true });
     expect(new Set(answers.slice(0, 2).map((a) => (a.acquired ? a.slot : -1)))).toEqual(new Set([0, 1]));
     expect(answers[2]).toMatchObject({ acquired: false, retryAfterMs: expect.any(Number) });
-    expect(answers[3]).toEqual({ acquired: true, slot: 0 });
+    expect(answers[3]).toEqual({ acquired: true, slot: 0, othersWaiting: false });
     expect(await concurrencyGroupCounts(env.db, env.schema, 'tenant:a')).toEqual({ running: 2, waiting: 1 });
     const { rows: waiters } = await sql`select key, job_id, queue from ${sql.id(env.schema, 'concurrency_waiters')}`.execute(env.db);
     expect(waiters).toEqual([{ key: 'job-3', job_id: '7', queue: 'q' }]);

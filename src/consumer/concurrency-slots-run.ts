@@ -53,6 +53,9 @@ export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly Concurre
   const borrows = pool !== undefined && run.delivery.deferrals === 0 && (run.delivery.deliveryCount ?? 1) <= 1;
   const held: HeldSlot[] = [];
   let lentAny = false;
+  // Refused by a later key, the job frees the slots it took before it is deferred: none is kept
+  // for the next job (a slot kept would still be held back from the key's waiters, for a while).
+  let refused = false;
   try {
     for (const limit of limits) {
       const lent = borrows ? pool.lend(limit, holder) : undefined;
@@ -74,6 +77,7 @@ export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly Concurre
         return failures.storeFault(run, error);
       }
       if (!answer.acquired) {
+        refused = true;
         pool?.contended(limit.key);
         // A slot kept by a worker frees within its reuse (and its run): ask again by then at the latest.
         return failures.defer(pool ? Math.min(answer.retryAfterMs, pool.reuseMs) : answer.retryAfterMs, 'concurrency-limit', limit.key);
@@ -89,7 +93,7 @@ export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly Concurre
     return await deps.runClaimed({ ...run, claimOptions, slotsLost });
   } finally {
     for (const slot of held) {
-      const freeing = pool ? pool.giveBack(slot) : slot.free(keys);
+      const freeing = pool && !refused ? pool.giveBack(slot) : slot.free(keys);
       if (freeing) await freeing;
     }
   }
