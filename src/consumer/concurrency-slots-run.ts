@@ -25,7 +25,7 @@ export interface SlotsRunDeps<P, M> {
 
 /**
  * A job with concurrency limits: takes a slot of each of its concurrency keys first (one
- * statement each), runs in them and frees them, whatever the run came to; a key at its limit
+ * statement each, or lent by the worker's pool), runs in them and frees them, whatever the run came to; a key at its limit
  * defers the job without using an attempt, as an in-progress duplicate is.
  *
  * *Why sorted, and why all or nothing:* every job takes its keys' slots in the same order (by
@@ -41,6 +41,11 @@ export interface SlotsRunDeps<P, M> {
  * A slot that cannot be freed (Postgres gone) frees itself when its time is up: never later
  * than the run's lease. Freeing a slot that a job waits for wakes the oldest waiter
  * (`sql/concurrency-slot-wakes.ts`).
+ *
+ * *With a pool* (`concurrencySlotReuseMs`): a slot the worker kept is lent instead of taken, and
+ * given back to the pool instead of freed when the run ends (`concurrency-slot-pool.ts`, which
+ * says when it is freed after all); a take refused, or one that found another key waiting, tells
+ * the pool its key is contended.
  */
 export async function runInSlots<P, M>(run: Run<P, M>, limits: readonly ConcurrencyLimit[], deps: SlotsRunDeps<P, M>, pool?: ConcurrencySlotPool): Promise<RunResult> {
   const { keys, timing, failures } = deps;
