@@ -29,7 +29,7 @@ export type { GroupCommitOptions } from './protocol/group-commit.js';
 export type { GroupRefusal, GroupRefusalReason } from './protocol/group-refusals.js';
 export type { Claim, ClaimOutcome, ExpiredResult, HeldClaim } from './store/claim-outcome.js';
 export { isHeld } from './store/claim-outcome.js';
-export type { CoalesceAnswer, CoalesceArrival, CoalesceSuccessor, KeyRecord, KeyRetention, KeyStatus } from './store/records.js';
+export type { CoalesceAnswer, CoalesceArrival, CoalesceSuccessor, ConcurrencyRecord, KeyRecord, KeyRetention, KeyStatus } from './store/records.js';
 export type { Fingerprinter } from './fingerprint.js';
 export type { PostgresDbOptions } from './store/create-postgres-db.js';
 export { createPostgresDb } from './store/create-postgres-db.js';

@@ -190,7 +190,9 @@ export interface ClaimStatementInput {
 
 /** A concurrency key and limit a key runs under, as `key_concurrency_limits` keeps it. */
 export interface ConcurrencyRecord {
+  /** The concurrency key, e.g. `tenant:acme` (1–255 characters). */
   readonly key: string;
+  /** Its limit: how many of its jobs may run at once (a whole number, at least 1). */
   readonly limit: number;
 }
 
