@@ -197,6 +197,20 @@ interface Message {
   readonly data: unknown;
 }
 
+/** A delivery of `key`'s job naming `group`'s concurrency key; a first one unless `more` says otherwise. */
+function deliveryOf(group: { key: string; limit: number }, key: string, more: { deferrals?: number; deliveryCount?: number } = {}) {
+  return {
+    message: { id: key, data: { idempotencyKey: key, scope: SCOPE, payload: { key }, concurrencyKey: group.key, concurrencyLimit: group.limit } },
+    id: key,
+    label: `Job ${key}`,
+    queue: 'q',
+    name: 'job',
+    lastAttempt: false,
+    deferrals: more.deferrals ?? 0,
+    ...(more.deliveryCount !== undefined && { deliveryCount: more.deliveryCount }),
+  };
+}
+
 describe('contended keys', () => {
   it('a take tells whether another key of the group waits (not the taker itself, not one gone for twice the bound)', async () => {
     const group = { key: 'tenant:tells', limit: 3 };
@@ -241,16 +255,7 @@ describe('contended keys', () => {
 
 describe('a runner that keeps slots', () => {
   const group = { key: 'tenant:runner', limit: 4 };
-  const delivery = (key: string, more: { deferrals?: number; deliveryCount?: number } = {}) => ({
-    message: { id: key, data: { idempotencyKey: key, scope: SCOPE, payload: { key }, concurrencyKey: group.key, concurrencyLimit: group.limit } },
-    id: key,
-    label: `Job ${key}`,
-    queue: 'q',
-    name: 'job',
-    lastAttempt: false,
-    deferrals: more.deferrals ?? 0,
-    ...(more.deliveryCount !== undefined && { deliveryCount: more.deliveryCount }),
-  });
+  const delivery = (key: string, more: { deferrals?: number; deliveryCount?: number } = {}) => deliveryOf(group, key, more);
   const runner = (reuseMs = 60_000) =>
     new KeyedJobRunner<unknown, unknown, Message>({
       keys,
@@ -386,15 +391,7 @@ describe('a leased run lent a slot', () => {
       },
       logger: silent,
     });
-    const delivery = (key: string) => ({
-      message: { id: key, data: { idempotencyKey: key, scope: SCOPE, payload: { key }, concurrencyKey: group.key, concurrencyLimit: group.limit } },
-      id: key,
-      label: `Job ${key}`,
-      queue: 'q',
-      name: 'job',
-      lastAttempt: false,
-      deferrals: 0,
-    });
+    const delivery = (key: string) => deliveryOf(group, key);
     expect((await kept.run(delivery('first'))).kind).toBe('completed');
     expect(await slotRows(group.key)).toHaveLength(1);
     void kept.run(delivery('lost'));
