@@ -21,6 +21,8 @@ export class HeldSlot {
   holder: SlotHolder;
   /** The key it was taken for (its row names it). */
   readonly takenFor: { readonly scope: string; readonly key: string };
+  /** Who it is told under while a pool keeps it with no run in it: made once, at its first give-back. */
+  #kept: SlotHolder | undefined;
   /** Since when no run holds it (kept by a pool); undefined while a run does. */
   idleSince: number | undefined;
   readonly #heartbeat: ReturnType<typeof startSlotHeartbeat>;
@@ -41,6 +43,11 @@ export class HeldSlot {
       heldSince: takenAt,
       onRenewed: (sentAt) => (this.confirmedAt = sentAt),
     });
+  }
+
+  /** The slot kept by a worker whose log is `log`, no run in it: told under the key it was taken for, in that log. */
+  keptBy(log: JobLogger): void {
+    this.holder = this.#kept ??= { ...this.takenFor, log };
   }
 
   /** Aborts, with a `ConcurrencySlotLostError`, once the slot can no longer be shown held: a run in it must not commit. */
@@ -113,8 +120,8 @@ export class ConcurrencySlotPool {
   lend(limit: ConcurrencyLimit, holder: SlotHolder): HeldSlot | undefined {
     const key = poolKey(limit.key, limit.limit);
     const idle = this.#idle.get(key);
-    if (!idle || this.#isContended(limit.key)) return undefined;
     const now = performance.now();
+    if (!idle || this.#isContended(limit.key, now)) return undefined;
     let lent: HeldSlot | undefined;
     while (!lent && idle.length > 0) {
       const slot = idle.pop()!;
@@ -163,13 +170,13 @@ export class ConcurrencySlotPool {
    */
   giveBack(slot: HeldSlot): Promise<void> | undefined {
     const now = performance.now();
-    if (this.#closed || this.#isContended(slot.slot.group) || !this.#lendable(slot, now)) return slot.free(this.#options.keys);
+    if (this.#closed || this.#isContended(slot.slot.group, now) || !this.#lendable(slot, now)) return slot.free(this.#options.keys);
     const key = poolKey(slot.slot.group, slot.limit);
     const idle = this.#idle.get(key);
     if (idle) idle.push(slot);
     else this.#idle.set(key, [slot]);
     slot.idleSince = now;
-    slot.holder = { ...slot.takenFor, log: this.#options.log };
+    slot.keptBy(this.#options.log);
     this.#idleCount++;
     // Not unref'd: a process that ends frees its kept slots first (within idleMs or two), as its runs free theirs.
     this.#sweep ??= setInterval(() => void this.#freeIdle(this.#options.idleMs), this.#options.idleMs);
@@ -208,9 +215,9 @@ export class ConcurrencySlotPool {
     return !slot.lost.aborted && now - slot.takenAt < this.#options.reuseMs && now - slot.confirmedAt < this.#options.heartbeatMs / 2;
   }
 
-  #isContended(group: string): boolean {
+  #isContended(group: string, now: number): boolean {
     const until = this.#contendedUntil.get(group);
-    return until !== undefined && until > performance.now();
+    return until !== undefined && until > now;
   }
 }
 

@@ -61,7 +61,8 @@ function claimKeysText(schema: string, recordsConcurrency: boolean): string {
     const call =
       `select * from ${pg.escapeIdentifier(schema)}."claim_keys"($1::text[], $2::text[], $3::text[], $4::uuid[], $5::int[], $6::bigint[], ` +
       `$7::int[], $8::boolean, $9::text[], $10::text[], $11::text[], $12::jsonb[], $13::text)`;
-    text = recordsConcurrency ? `${concurrencyRecordsText(schema, { scopes: '$14::text[]', keys: '$15::text[]', groups: '$16::text[]', limits: '$17::int[]' })} ${call}` : call;
+    const wanted = 'select * from unnest($14::text[], $15::text[], $16::text[], $17::int[]) as w(scope, key, group_key, concurrency_limit)';
+    text = recordsConcurrency ? `${concurrencyRecordsText(schema, wanted)} ${call}` : call;
     claimKeysTexts.set(textKey, text);
   }
   return text;

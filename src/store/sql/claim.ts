@@ -124,7 +124,8 @@ function claimStatement(input: ClaimStatementInput): CompiledQuery<ClaimRow> {
     const call =
       `select * from ${pg.escapeIdentifier(input.schema)}."claim_key"($1::text, $2::text, $3::text, $4::uuid, $5::text, $6::int, $7::bigint, ` +
       `$8::int, $9::boolean, $10::text, $11::text, $12::text, $13::jsonb, $14::text)`;
-    text = records ? `${concurrencyRecordsText(input.schema, { scopes: '$1::text', keys: '$2::text', groups: '$15::text[]', limits: '$16::int[]' })} ${call}` : call;
+    const wanted = 'select $1::text as scope, $2::text as key, w.group_key, w.concurrency_limit from unnest($15::text[], $16::int[]) as w(group_key, concurrency_limit)';
+    text = records ? `${concurrencyRecordsText(input.schema, wanted)} ${call}` : call;
     claimTexts.set(textKey, text);
   }
   const parameters: unknown[] = [
@@ -153,16 +154,11 @@ function claimStatement(input: ClaimStatementInput): CompiledQuery<ClaimRow> {
  * records of other concurrency keys dropped, and its records written (its limit and time renewed
  * when already there), as `acquire_concurrency_slot` records the key it takes a slot for. The
  * records are written whatever the claim answers, as a take writes them before its claim is
- * made; a claim that fails (a tombstone, a lock timeout) writes nothing. `columns` are SQL of one
- * value each, or of arrays (then `unnest`ed side by side, one row per record; scopes and keys
- * repeated per record).
+ * made; a claim that fails (a tombstone, a lock timeout) writes nothing. `wanted`: a query of the
+ * records, one row each, with the columns `scope`, `key`, `group_key` and `concurrency_limit`.
  */
-export function concurrencyRecordsText(schema: string, columns: { readonly scopes: string; readonly keys: string; readonly groups: string; readonly limits: string }): string {
+export function concurrencyRecordsText(schema: string, wanted: string): string {
   const limits = `${pg.escapeIdentifier(schema)}."key_concurrency_limits"`;
-  const { scopes, keys, groups, limits: values } = columns;
-  const wanted = columns.scopes.endsWith('[]')
-    ? `select * from unnest(${scopes}, ${keys}, ${groups}, ${values}) as w(scope, key, group_key, concurrency_limit)`
-    : `select ${scopes} as scope, ${keys} as key, w.group_key, w.concurrency_limit from unnest(${groups}, ${values}) as w(group_key, concurrency_limit)`;
   // Distinct, in the rows' order: a batch may claim one key twice, and two statements that write
   // the same records lock them in one order.
   return (
