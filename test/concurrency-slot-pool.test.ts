@@ -117,11 +117,11 @@ describe('the pool', () => {
     const group = { key: 'tenant:idle', limit: 2 };
     const idle = pool({ idleMs: 50 });
     idle.giveBack(await take(group, 'idle'));
-    await waitFor('the slot freed', async () => (await slotRows(group.key)).length === 0, 2_000);
+    await waitFor('the slot freed', async () => (await slotRows(group.key)).length === 0, 10_000);
     const other = { key: 'tenant:idle-reuse', limit: 2 };
     const reuse = pool({ reuseMs: 200, idleMs: 150 });
     reuse.giveBack(await take(other, 'reused'));
-    await waitFor('the slot freed', async () => (await slotRows(other.key)).length === 0, 2_000);
+    await waitFor('the slot freed', async () => (await slotRows(other.key)).length === 0, 10_000);
   });
 
   it('a key whose take was refused here gets nothing lent: its kept slots are freed at once, and those given back after, for reuseMs', async () => {
@@ -130,7 +130,7 @@ describe('the pool', () => {
     const [a, b] = [await take(group, 'a'), await take(group, 'b')];
     kept.giveBack(a);
     kept.contended(group.key);
-    await waitFor('the kept slot freed', async () => (await slotRows(group.key)).length === 1, 2_000);
+    await waitFor('the kept slot freed', async () => (await slotRows(group.key)).length === 1, 10_000);
     expect(kept.lend(group, holder('c'))).toBeUndefined();
     await kept.giveBack(b);
     expect(await slotRows(group.key)).toEqual([]);
@@ -160,7 +160,7 @@ describe('the pool', () => {
     kept.giveBack(slot);
     // Another run takes the slot over (its time ran out in the database): the next renewal finds it gone.
     await sql`update ${sql.id(env.schema, 'concurrency_slots')} set owner = gen_random_uuid() where group_key = ${group.key}`.execute(env.db);
-    await waitFor('the slot lost', async () => slot.lost.aborted, 2_000);
+    await waitFor('the slot lost', async () => slot.lost.aborted, 10_000);
     expect((slot.lost.reason as Error).name).toBe('ConcurrencySlotLostError');
     expect(kept.lend(group, holder('second'))).toBeUndefined();
   });
@@ -177,7 +177,7 @@ describe('the pool', () => {
     await sleep(150);
     // 150 ms since the take, and the renewal at 200 ms will hang: past half a heartbeat, not lent.
     expect(kept.lend(group, holder('late'))).toBeUndefined();
-    await waitFor('the slot freed', async () => (await slotRows(group.key)).length === 0, 2_000);
+    await waitFor('the slot freed', async () => (await slotRows(group.key)).length === 0, 10_000);
   });
 });
 
@@ -247,13 +247,23 @@ describe('contended keys', () => {
     expect(lent).toBe(slot);
     kept.giveBack(slot);
     await sql`update ${sql.id(env.schema, 'concurrency_slots')} set owner = gen_random_uuid() where group_key = ${group.key}`.execute(env.db);
-    await waitFor('the slot lost', async () => slot.lost.aborted, 2_000);
+    await waitFor('the slot lost', async () => slot.lost.aborted, 10_000);
     const lost = lines.filter((line) => line.outcome === 'concurrency-slot-lost');
     expect(lost.map((line) => line.logger)).toEqual(['worker']);
   });
 });
 
 describe('a runner that keeps slots', () => {
+  // The pool frees a slot no run has held for 50 ms, by a setInterval sweep: on a loaded machine
+  // two runs one after the other can be further apart than that, and the second would take a slot
+  // of its own. The sweep held off here (closing frees the kept slots without it), so that what
+  // these tests count is the lending, not the machine's speed.
+  beforeEach(() => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+  });
+  afterEach(() => {
+    vi.useRealTimers();
+  });
   const group = { key: 'tenant:runner', limit: 4 };
   const delivery = (key: string, more: { deferrals?: number; deliveryCount?: number } = {}) => deliveryOf(group, key, more);
   const runner = (reuseMs = 60_000) =>
@@ -346,6 +356,16 @@ describe('a runner that keeps slots', () => {
 });
 
 describe('a leased run lent a slot', () => {
+  // The pool frees a slot no run has held for 50 ms, by a setInterval sweep: on a loaded machine
+  // two runs one after the other can be further apart than that, and the second would take a slot
+  // of its own. The sweep held off here (closing frees the kept slots without it), so that what
+  // this file's runner tests count is the lending, not the machine's speed.
+  beforeEach(() => {
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'] });
+  });
+  afterEach(() => {
+    vi.useRealTimers();
+  });
   const group = { key: 'tenant:leased', limit: 4 };
   const records = async (key: string) =>
     (
